@@ -1,0 +1,53 @@
+#include "rendezvous/daemon.h"
+
+#include <grpcpp/grpcpp.h>
+
+namespace meshrun::rdzv {
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
+  std::unique_ptr<Daemon> daemon(new Daemon());
+  daemon->host_ = options.host;
+  daemon->store_ = std::make_unique<StoreService>(options.store);
+  daemon->rendezvous_ = std::make_unique<RendezvousService>();
+
+  grpc::ServerBuilder builder;
+  std::string address = options.host.find(':') != std::string::npos
+                            ? "[" + options.host + "]:" + std::to_string(options.port)
+                            : options.host + ":" + std::to_string(options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &daemon->port_);
+  builder.RegisterService(daemon->store_.get());
+  builder.RegisterService(daemon->rendezvous_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  // A port in use must fail the start, not be silently shared.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Agents keep Join streams open for hours; let idle connections live, and
+  // notice dead peers through keepalive pings.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  daemon->server_ = builder.BuildAndStart();
+  if (!daemon->server_ || daemon->port_ == 0) {
+    return absl::UnavailableError("cannot listen on " + address +
+                                  " (address in use or not local?)");
+  }
+  return daemon;
+}
+
+Daemon::~Daemon() { Shutdown(std::chrono::milliseconds(0)); }
+
+std::string Daemon::endpoint() const {
+  return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" +
+         std::to_string(port_);
+}
+
+void Daemon::Shutdown(std::chrono::milliseconds grace) {
+  if (!server_) return;
+  server_->Shutdown(std::chrono::system_clock::now() + grace);
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace meshrun::rdzv

@@ -1,0 +1,55 @@
+#pragma once
+
+// The rendezvous daemon as a library: a gRPC server carrying the Store and
+// Rendezvous services. `meshrun-rdzvd` wraps it; `meshrun --standalone`
+// embeds it in-process.
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "rendezvous/rendezvous_service.h"
+#include "rendezvous/store_service.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace meshrun::rdzv {
+
+struct DaemonOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: kernel-assigned; read the result from Daemon::port()
+  StoreServiceOptions store;
+  // gRPC refuses larger messages before they reach the services; kept a little
+  // above the store's value limit so an oversized value gets the store's
+  // clearer error.
+  size_t max_message_bytes = (64 << 20) + (1 << 20);
+};
+
+class Daemon {
+ public:
+  // Binds and starts serving. Fails if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions options);
+  ~Daemon();  // Shutdown() with no grace if still running
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  int port() const { return port_; }
+  std::string endpoint() const;
+  // Stops accepting calls; calls still open after `grace` are cancelled.
+  void Shutdown(std::chrono::milliseconds grace);
+  StoreService& store() { return *store_; }
+  RendezvousService& rendezvous() { return *rendezvous_; }
+
+ private:
+  Daemon() = default;
+  std::string host_;
+  int port_ = 0;
+  std::unique_ptr<StoreService> store_;
+  std::unique_ptr<RendezvousService> rendezvous_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+}  // namespace meshrun::rdzv

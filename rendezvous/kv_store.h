@@ -1,0 +1,175 @@
+#pragma once
+
+// The daemon's key-value store with c10d::Store semantics, as a pure class:
+// no threads, no clock, no I/O. Blocking operations (get, wait, multi_get)
+// register a waiter that a later mutation wakes or ExpireWaiters() times out;
+// every call returns the waiters it woke, and the caller (the gRPC adapter)
+// delivers them.
+//
+// Thread-safety: none; the owner serialises all calls.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace meshrun::rdzv {
+
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+
+struct StoreLimits {
+  size_t max_key_bytes = 4096;
+  size_t max_value_bytes = 64 << 20;
+  size_t max_keys_per_namespace = 1 << 20;
+  // Sum of key and value bytes in one namespace.
+  size_t max_bytes_per_namespace = size_t{1} << 30;
+  size_t max_namespaces = 100000;
+  size_t max_keys_per_request = 100000;
+  size_t max_waiters = 1 << 20;
+};
+
+using WaiterId = uint64_t;
+
+// A blocked request that became ready (or failed). `values` holds the keys'
+// values in request order for get/multi_get, and is empty for wait.
+struct Wakeup {
+  WaiterId waiter = 0;
+  absl::Status status;
+  std::vector<std::string> values;
+};
+
+// The result of a blocking operation: either done now (`ready`), or parked
+// as waiter `waiter` until a Wakeup with that id is returned by a later call.
+struct BlockingResult {
+  bool ready = false;
+  absl::Status status;
+  std::vector<std::string> values;
+};
+
+class KvStore {
+ public:
+  explicit KvStore(StoreLimits limits = {});
+
+  // Mutations. Each returns its result and appends woken waiters to `woken`.
+  absl::Status Set(const std::string& ns, const std::string& key,
+                   std::string value, std::vector<Wakeup>* woken);
+  absl::Status MultiSet(const std::string& ns,
+                        const std::vector<std::pair<std::string, std::string>>& entries,
+                        std::vector<Wakeup>* woken);
+  // Values are decimal integers, as in c10d; a non-integer value is an error.
+  absl::StatusOr<int64_t> Add(const std::string& ns, const std::string& key,
+                              int64_t delta, std::vector<Wakeup>* woken);
+  // c10d semantics: absent key and empty `expected` -> set to `desired`;
+  // absent key otherwise -> returns `expected`; present and equal -> set,
+  // returns `desired`; present and different -> returns the current value.
+  absl::StatusOr<std::string> CompareSet(const std::string& ns,
+                                         const std::string& key,
+                                         const std::string& expected,
+                                         std::string desired,
+                                         std::vector<Wakeup>* woken);
+  absl::Status Append(const std::string& ns, const std::string& key,
+                      const std::string& value, std::vector<Wakeup>* woken);
+  // True when the key existed.
+  bool Delete(const std::string& ns, const std::string& key);
+
+  // Non-blocking queries.
+  int64_t NumKeys(const std::string& ns) const;
+  absl::StatusOr<bool> Check(const std::string& ns,
+                             const std::vector<std::string>& keys) const;
+
+  // Blocking queries: answered now when every key exists, otherwise parked as
+  // `waiter` (an id unique among live waiters, chosen by the caller) until
+  // `deadline`. A timeout's status is DEADLINE_EXCEEDED and names the keys
+  // still missing.
+  BlockingResult Get(const std::string& ns, const std::string& key,
+                     WaiterId waiter, TimePoint deadline);
+  BlockingResult MultiGet(const std::string& ns,
+                          const std::vector<std::string>& keys, WaiterId waiter,
+                          TimePoint deadline);
+  BlockingResult Wait(const std::string& ns, const std::vector<std::string>& keys,
+                      WaiterId waiter, TimePoint deadline);
+
+  // Times out every waiter whose deadline is <= now.
+  void ExpireWaiters(TimePoint now, std::vector<Wakeup>* woken);
+  // Forgets a waiter whose client went away; no Wakeup is produced.
+  void CancelWaiter(WaiterId waiter);
+  // Earliest deadline among live waiters, if any.
+  std::optional<TimePoint> NextDeadline() const;
+
+  size_t num_waiters() const { return waiters_.size(); }
+  size_t num_namespaces() const { return namespaces_.size(); }
+  // Drops a whole namespace (run finished); its waiters fail with ABORTED.
+  void DropNamespace(const std::string& ns, std::vector<Wakeup>* woken);
+
+ private:
+  struct Namespace {
+    std::unordered_map<std::string, std::string> data;
+    // Sum of key and value sizes, kept exact for max_bytes_per_namespace.
+    size_t bytes = 0;
+    // key -> waiters registered until it exists. Sets are never left empty,
+    // so an empty map means no waiter is parked here. Ordered so that wake
+    // order is deterministic.
+    std::unordered_map<std::string, std::set<WaiterId>> waiting_on;
+  };
+  struct Waiter {
+    std::string ns;
+    std::vector<std::string> keys;  // in request order
+    // How many waiting_on sets hold this waiter. A Delete can make it stale
+    // (a key counted as present may vanish), so reaching zero only means
+    // "recheck"; see Deliver().
+    size_t missing = 0;
+    bool wants_values = false;
+    // Held so cancel and wake erase in O(1) even when 10,000 waiters share
+    // one deadline.
+    std::multimap<TimePoint, WaiterId>::iterator deadline;
+  };
+
+  absl::Status CheckKey(const std::string& key) const;
+  absl::Status CheckValueSize(size_t value_bytes) const;
+  absl::Status CheckRequestSize(size_t num_keys) const;
+  // `space` is null when namespace `ns` does not exist yet.
+  absl::Status CheckNewNamespace(const Namespace* space) const;
+  absl::Status CheckCapacity(const std::string& ns, const Namespace* space,
+                             size_t added_keys, size_t bytes_after) const;
+  // Everything a single-key write of `value_bytes` must satisfy.
+  absl::Status CheckWrite(const std::string& ns, const std::string& key,
+                          size_t value_bytes) const;
+  const Namespace* FindNamespace(const std::string& ns) const;
+
+  // Stores an already validated write. Waiters whose last registered key it
+  // creates are appended to `ready`; Deliver() must follow before the call
+  // that did the write returns.
+  void Put(const std::string& ns, const std::string& key, std::string value,
+           std::vector<WaiterId>* ready);
+  // Wakes `ready` waiters with values read now, i.e. after the whole
+  // mutation, and re-parks any that a Delete left short of a key.
+  void Deliver(const std::vector<WaiterId>& ready, std::vector<Wakeup>* woken);
+  BlockingResult Block(const std::string& ns, const std::vector<std::string>& keys,
+                       bool wants_values, WaiterId waiter, TimePoint deadline);
+  // Registers `waiter` under each distinct key of `keys` absent from `space`;
+  // returns how many.
+  size_t Park(Namespace& space, WaiterId waiter, const std::vector<std::string>& keys);
+  // REQUIRES: every key exists in `space`.
+  static std::vector<std::string> ValuesOf(const Namespace& space,
+                                           const std::vector<std::string>& keys);
+  std::string MissingKeysMessage(const Waiter& waiter) const;
+  void RemoveWaiter(WaiterId id);
+  // Namespaces with neither keys nor waiters are dropped, so stray waits in
+  // mistyped namespaces do not use up max_namespaces forever.
+  void EraseIfEmpty(std::unordered_map<std::string, Namespace>::iterator it);
+
+  StoreLimits limits_;
+  std::unordered_map<std::string, Namespace> namespaces_;
+  std::unordered_map<WaiterId, Waiter> waiters_;
+  std::multimap<TimePoint, WaiterId> deadlines_;
+};
+
+}  // namespace meshrun::rdzv

@@ -1,0 +1,79 @@
+// meshrun-rdzvd: the rendezvous daemon. Prints one machine-readable line,
+// `MESHRUN_RDZVD_ENDPOINT=host:port`, on stdout once it serves; logs go to
+// stderr. SIGTERM/SIGINT shut it down gracefully.
+
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "rendezvous/daemon.h"
+
+int main(int argc, char** argv) {
+  meshrun::rdzv::DaemonOptions options;
+  int grace_ms = 2000;
+  int default_timeout_s = 300;
+  std::string log_level = "info";
+
+  CLI::App app{"meshrun-rdzvd: rendezvous and key-value store daemon for meshrun"};
+  app.add_option("--host", options.host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", options.port, "Port to listen on (0: kernel-assigned)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  auto& limits = options.store.limits;
+  app.add_option("--max-key-bytes", limits.max_key_bytes)->capture_default_str();
+  app.add_option("--max-value-bytes", limits.max_value_bytes)->capture_default_str();
+  app.add_option("--max-keys-per-run", limits.max_keys_per_namespace)
+      ->capture_default_str();
+  app.add_option("--max-bytes-per-run", limits.max_bytes_per_namespace)
+      ->capture_default_str();
+  app.add_option("--store-timeout", default_timeout_s,
+                 "Seconds a blocking store call waits when it names no timeout")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--shutdown-grace-ms", grace_ms)->check(CLI::NonNegativeNumber);
+  app.add_option("--log-level", log_level)
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "meshrun-rdzvd: " << e.what() << " (see --help)\n";
+    return 2;
+  }
+
+  auto log = spdlog::stderr_color_mt("rdzvd");
+  spdlog::set_default_logger(log);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  options.store.default_timeout = std::chrono::seconds(default_timeout_s);
+  options.max_message_bytes = limits.max_value_bytes + limits.max_key_bytes + (1 << 20);
+
+  // Block the shutdown signals in every thread (gRPC's inherit this mask) and
+  // take them synchronously here.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto daemon = meshrun::rdzv::Daemon::Start(options);
+  if (!daemon.ok()) {
+    std::cerr << "meshrun-rdzvd: " << daemon.status().message() << "\n";
+    return 1;
+  }
+  std::printf("MESHRUN_RDZVD_ENDPOINT=%s\n", (*daemon)->endpoint().c_str());
+  std::fflush(stdout);
+  log->info("serving on {}", (*daemon)->endpoint());
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  log->info("signal {} received, shutting down", signal_number);
+  (*daemon)->Shutdown(std::chrono::milliseconds(grace_ms));
+  return 0;
+}

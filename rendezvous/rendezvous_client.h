@@ -1,0 +1,70 @@
+#pragma once
+
+// Client of the daemon's Rendezvous service, for agents and tests. A
+// JoinSession holds the node's Join stream open and queues the events the
+// daemon pushes; the unary calls report heartbeats, failures and departures.
+//
+// Thread-safe.
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "meshrun/v1/rendezvous.grpc.pb.h"
+
+namespace meshrun::rdzv {
+
+class RendezvousClient {
+ public:
+  // `channel` must remain live while the client and its sessions are.
+  explicit RendezvousClient(std::shared_ptr<grpc::Channel> channel);
+
+  class JoinSession {
+   public:
+    ~JoinSession();  // cancels the stream (the daemon sees the node leave)
+    // The next pushed event, or DEADLINE_EXCEEDED after `timeout`. Once the
+    // stream has ended and every event was taken: the stream's final status
+    // (OK after a terminal event, else why it broke, e.g. a refused join).
+    absl::StatusOr<meshrun::v1::RendezvousEvent> Next(std::chrono::milliseconds timeout);
+    // Cancels the stream now.
+    void Cancel();
+
+   private:
+    friend class RendezvousClient;
+    class Reactor;
+    JoinSession() = default;
+    std::unique_ptr<Reactor> reactor_;
+  };
+
+  std::unique_ptr<JoinSession> Join(const meshrun::v1::JoinRequest& request);
+  absl::StatusOr<meshrun::v1::HeartbeatReply> Heartbeat(const std::string& run_id,
+                                                        const std::string& node_id);
+  absl::StatusOr<meshrun::v1::FailureReply> ReportFailure(const std::string& run_id,
+                                                          const std::string& node_id,
+                                                          uint64_t round,
+                                                          const std::string& detail);
+  absl::Status ReportSuccess(const std::string& run_id, const std::string& node_id,
+                             uint64_t round);
+  absl::Status Leave(const std::string& run_id, const std::string& node_id);
+  absl::Status Close(const std::string& run_id, meshrun::v1::RunOutcome outcome,
+                     const std::string& reason);
+
+  // Deadline of every unary call.
+  void set_call_timeout(std::chrono::milliseconds timeout) { call_timeout_ = timeout; }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> MakeContext() const;
+  std::unique_ptr<meshrun::v1::Rendezvous::Stub> stub_;
+  std::chrono::milliseconds call_timeout_{10000};
+};
+
+// Converts a gRPC status to an absl one (same codes).
+absl::Status FromGrpc(const grpc::Status& status);
+
+}  // namespace meshrun::rdzv

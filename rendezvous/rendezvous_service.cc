@@ -1,0 +1,369 @@
+#include "rendezvous/rendezvous_service.h"
+
+#include <deque>
+
+namespace meshrun::rdzv {
+
+namespace v1 = meshrun::v1;
+
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
+                               const absl::Status& status) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpc(status));
+  return reactor;
+}
+
+Outcome FromProto(v1::RunOutcome outcome) {
+  switch (outcome) {
+    case v1::OUTCOME_SUCCEEDED:
+      return Outcome::kSucceeded;
+    case v1::OUTCOME_FAILED:
+      return Outcome::kFailed;
+    default:
+      return Outcome::kAborted;
+  }
+}
+
+v1::RunOutcome ToProto(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::kSucceeded:
+      return v1::OUTCOME_SUCCEEDED;
+    case Outcome::kFailed:
+      return v1::OUTCOME_FAILED;
+    case Outcome::kAborted:
+      return v1::OUTCOME_ABORTED;
+  }
+  return v1::OUTCOME_UNSPECIFIED;
+}
+
+v1::ReformReason ToProto(ReformReason reason) {
+  switch (reason) {
+    case ReformReason::kNodesWaiting:
+      return v1::REFORM_NODES_WAITING;
+    case ReformReason::kNodeExpired:
+      return v1::REFORM_NODE_EXPIRED;
+    case ReformReason::kNodeLeft:
+      return v1::REFORM_NODE_LEFT;
+    case ReformReason::kWorkerFailure:
+      return v1::REFORM_WORKER_FAILURE;
+  }
+  return v1::REFORM_UNSPECIFIED;
+}
+
+RunOptions FromProto(const v1::RunConfig& config) {
+  RunOptions options;
+  options.min_nodes = config.min_nodes();
+  options.max_nodes = config.max_nodes();
+  options.max_restarts = config.max_restarts();
+  // Zero means "the default" for the timeouts, as in torchrun's rdzv-conf.
+  if (config.last_call_timeout_ms() > 0 || config.min_nodes() == config.max_nodes())
+    options.last_call_timeout = Millis(config.last_call_timeout_ms());
+  if (config.join_timeout_ms() > 0) options.join_timeout = Millis(config.join_timeout_ms());
+  if (config.keep_alive_interval_ms() > 0)
+    options.keep_alive_interval = Millis(config.keep_alive_interval_ms());
+  if (config.keep_alive_max_attempt() > 0)
+    options.keep_alive_max_attempt = config.keep_alive_max_attempt();
+  options.uniform_nproc = config.uniform_nproc();
+  return options;
+}
+
+v1::RendezvousEvent ToProto(const NodeEvent& event) {
+  v1::RendezvousEvent out;
+  switch (event.kind) {
+    case NodeEvent::Kind::kWaiting:
+      out.mutable_waiting()->set_round(event.round);
+      break;
+    case NodeEvent::Kind::kAssigned: {
+      const Assignment& a = event.assignment;
+      auto* m = out.mutable_assigned();
+      m->set_round(a.round);
+      m->set_group_rank(a.group_rank);
+      m->set_group_world_size(a.group_world_size);
+      m->set_rank_base(a.rank_base);
+      m->set_world_size(a.world_size);
+      m->set_restart_count(a.restart_count);
+      m->set_store_prefix(a.store_prefix);
+      for (const ParticipantView& p : a.participants) {
+        auto* q = m->add_participants();
+        q->set_node_id(p.node_id);
+        q->set_host(p.host);
+        q->set_group_rank(p.group_rank);
+        q->set_nproc(p.nproc);
+        q->set_rank_base(p.rank_base);
+      }
+      break;
+    }
+    case NodeEvent::Kind::kReform:
+      out.mutable_reform()->set_next_round(event.round);
+      out.mutable_reform()->set_reason(ToProto(event.reason));
+      out.mutable_reform()->set_detail(event.detail);
+      break;
+    case NodeEvent::Kind::kClosed:
+      out.mutable_closed()->set_outcome(ToProto(event.outcome));
+      out.mutable_closed()->set_reason(event.detail);
+      break;
+    case NodeEvent::Kind::kJoinTimeout:
+      out.mutable_closed()->set_outcome(v1::OUTCOME_ABORTED);
+      out.mutable_closed()->set_reason(event.detail.empty()
+                                           ? "not enough nodes joined within join_timeout"
+                                           : event.detail);
+      break;
+  }
+  return out;
+}
+
+bool IsTerminal(NodeEvent::Kind kind) {
+  return kind == NodeEvent::Kind::kClosed || kind == NodeEvent::Kind::kJoinTimeout;
+}
+
+}  // namespace
+
+// One node's Join stream: events are queued and written one at a time; a
+// terminal event (closed, join timeout) ends the stream once written. gRPC
+// calls are made outside mu_, since a reaction may run inline.
+class RendezvousService::JoinStream final
+    : public grpc::ServerWriteReactor<v1::RendezvousEvent> {
+ public:
+  JoinStream(RendezvousService* service, NodeKey node)
+      : service_(service), node_(std::move(node)) {}
+
+  // REQUIRES: the service's mu_ held and this stream registered (alive).
+  void Push(v1::RendezvousEvent event, bool terminal) {
+    v1::RendezvousEvent* to_write = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finish_requested_) return;
+      events_.push_back(std::move(event));
+      finish_requested_ = terminal;
+      if (!writing_) {
+        writing_ = true;
+        to_write = &events_.front();
+      }
+    }
+    if (to_write) StartWrite(to_write);
+  }
+
+  // Ends the stream after the queued events (replaced by a newer join, left,
+  // refused, or cancelled).
+  void End(const grpc::Status& status) {
+    bool finish;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!finish_requested_) final_status_ = status;
+      finish_requested_ = true;
+      finish = ShouldFinishLocked();
+    }
+    if (finish) Finish(final_status_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    v1::RendezvousEvent* next = nullptr;
+    bool finish;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      events_.pop_front();
+      if (ok && !events_.empty()) {
+        next = &events_.front();
+      } else {
+        writing_ = false;
+        if (!ok) events_.clear();
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (next) StartWrite(next);
+    if (finish) Finish(final_status_);
+  }
+
+  void OnCancel() override { service_->StreamBroken(node_, this); }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // REQUIRES: mu_ held. True exactly once: when the caller must Finish().
+  bool ShouldFinishLocked() {
+    if (finished_ || !finish_requested_ || writing_) return false;
+    finished_ = true;
+    return true;
+  }
+
+  RendezvousService* const service_;
+  const NodeKey node_;
+  std::mutex mu_;
+  std::deque<v1::RendezvousEvent> events_;  // guarded by mu_
+  bool writing_ = false;                    // guarded by mu_
+  bool finish_requested_ = false;           // guarded by mu_
+  bool finished_ = false;                   // guarded by mu_
+  grpc::Status final_status_ = grpc::Status::OK;  // guarded by mu_ until finished_
+};
+
+RendezvousService::RendezvousService() {
+  timer_ = std::make_unique<DeadlineTimer>(
+      [this](DeadlineTimer::TimePoint now) { return Tick(now); });
+}
+
+RendezvousService::~RendezvousService() { timer_.reset(); }
+
+grpc::ServerWriteReactor<v1::RendezvousEvent>* RendezvousService::Join(
+    grpc::CallbackServerContext* /*context*/, const v1::JoinRequest* request) {
+  NodeKey key{request->run_id(), request->node_id()};
+  auto* stream = new JoinStream(this, key);
+  NodeInfo node;
+  node.node_id = request->node_id();
+  node.host = request->host();
+  node.nproc = request->nproc();
+  node.node_rank_hint = request->node_rank_hint();
+
+  std::vector<NodeEvent> events;
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status status = state_.Join(request->run_id(), node, FromProto(request->config()),
+                                    RdzvClock::now(), &events);
+  if (!status.ok()) {
+    stream->End(ToGrpc(status));
+    return stream;
+  }
+  auto it = streams_.find(key);
+  if (it != streams_.end()) {
+    it->second->End(grpc::Status(grpc::StatusCode::ABORTED,
+                                 "replaced by a newer join of the same node"));
+    it->second = stream;
+  } else {
+    streams_.emplace(key, stream);
+  }
+  DispatchLocked(events);
+  PokeTimerLocked();
+  return stream;
+}
+
+void RendezvousService::DispatchLocked(std::vector<NodeEvent>& events) {
+  for (const NodeEvent& event : events) {
+    auto it = streams_.find({event.run_id, event.node_id});
+    if (it == streams_.end()) continue;  // the node's stream is already gone
+    bool terminal = IsTerminal(event.kind);
+    it->second->Push(ToProto(event), terminal);
+    // Once a terminal event is queued the stream finishes by itself, so it
+    // must not be reachable any more.
+    if (terminal) streams_.erase(it);
+  }
+}
+
+void RendezvousService::StreamBroken(const NodeKey& node, JoinStream* stream) {
+  std::vector<NodeEvent> events;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = streams_.find(node);
+  if (it == streams_.end() || it->second != stream) {
+    stream->End(grpc::Status::CANCELLED);
+    return;
+  }
+  streams_.erase(it);
+  stream->End(grpc::Status::CANCELLED);
+  // Not finding the node is fine: it may have left or expired already.
+  (void)state_.Leave(node.first, node.second, RdzvClock::now(), &events);
+  DispatchLocked(events);
+  PokeTimerLocked();
+}
+
+std::optional<DeadlineTimer::TimePoint> RendezvousService::Tick(
+    DeadlineTimer::TimePoint now) {
+  std::vector<NodeEvent> events;
+  std::lock_guard<std::mutex> lock(mu_);
+  state_.Tick(now, &events);
+  DispatchLocked(events);
+  return state_.NextDeadline();
+}
+
+void RendezvousService::PokeTimerLocked() {
+  if (auto next = state_.NextDeadline()) timer_->Poke(*next);
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Heartbeat(
+    grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+    v1::HeartbeatReply* reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto status = state_.Heartbeat(request->run_id(), request->node_id(), RdzvClock::now());
+  if (status.ok()) {
+    reply->set_round(status->round);
+    reply->set_restart_count(status->restart_count);
+    reply->set_run_closed(status->closed);
+  }
+  PokeTimerLocked();
+  return Done(context, status.status());
+}
+
+grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
+    grpc::CallbackServerContext* context, const v1::FailureReport* request,
+    v1::FailureReply* reply) {
+  std::vector<NodeEvent> events;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto verdict = state_.ReportFailure(request->run_id(), request->node_id(),
+                                      request->round(), request->detail(),
+                                      RdzvClock::now(), &events);
+  if (verdict.ok()) {
+    reply->set_will_restart(verdict->will_restart);
+    reply->set_restart_count(verdict->restart_count);
+  }
+  DispatchLocked(events);
+  PokeTimerLocked();
+  return Done(context, verdict.status());
+}
+
+grpc::ServerUnaryReactor* RendezvousService::ReportSuccess(
+    grpc::CallbackServerContext* context, const v1::SuccessReport* request,
+    v1::Empty* /*reply*/) {
+  std::vector<NodeEvent> events;
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status status = state_.ReportSuccess(request->run_id(), request->node_id(),
+                                             request->round(), RdzvClock::now(), &events);
+  DispatchLocked(events);
+  PokeTimerLocked();
+  return Done(context, status);
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* context,
+                                                   const v1::LeaveRequest* request,
+                                                   v1::Empty* /*reply*/) {
+  std::vector<NodeEvent> events;
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status status =
+      state_.Leave(request->run_id(), request->node_id(), RdzvClock::now(), &events);
+  DispatchLocked(events);
+  // The leaver's own stream ends cleanly; it is no longer a member.
+  auto it = streams_.find({request->run_id(), request->node_id()});
+  if (status.ok() && it != streams_.end()) {
+    it->second->End(grpc::Status::OK);
+    streams_.erase(it);
+  }
+  PokeTimerLocked();
+  return Done(context, status);
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Close(grpc::CallbackServerContext* context,
+                                                   const v1::CloseRequest* request,
+                                                   v1::Empty* /*reply*/) {
+  std::vector<NodeEvent> events;
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status status = state_.Close(request->run_id(), FromProto(request->outcome()),
+                                     request->reason(), RdzvClock::now(), &events);
+  DispatchLocked(events);
+  PokeTimerLocked();
+  return Done(context, status);
+}
+
+std::optional<RunSummary> RendezvousService::Summary(const std::string& run_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_.Summary(run_id);
+}
+
+std::vector<std::string> RendezvousService::RunIds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_.RunIds();
+}
+
+}  // namespace meshrun::rdzv

@@ -1,0 +1,69 @@
+#pragma once
+
+// gRPC adapter of the Rendezvous service: proto <-> RendezvousState, and the
+// push of each NodeEvent on the addressed node's Join stream. A Join stream
+// that breaks (agent killed, connection lost) counts as the node leaving, so
+// survivors re-form at once instead of waiting for the lease to run out.
+//
+// Thread-safe; one mutex serialises the state machine.
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshrun/v1/rendezvous.grpc.pb.h"
+#include "rendezvous/deadline_timer.h"
+#include "rendezvous/rendezvous_state.h"
+
+namespace meshrun::rdzv {
+
+class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService {
+ public:
+  RendezvousService();
+  ~RendezvousService() override;
+
+  grpc::ServerWriteReactor<meshrun::v1::RendezvousEvent>* Join(
+      grpc::CallbackServerContext* context,
+      const meshrun::v1::JoinRequest* request) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const meshrun::v1::HeartbeatRequest* request,
+                                      meshrun::v1::HeartbeatReply* reply) override;
+  grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext* context,
+                                          const meshrun::v1::FailureReport* request,
+                                          meshrun::v1::FailureReply* reply) override;
+  grpc::ServerUnaryReactor* ReportSuccess(grpc::CallbackServerContext* context,
+                                          const meshrun::v1::SuccessReport* request,
+                                          meshrun::v1::Empty* reply) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const meshrun::v1::LeaveRequest* request,
+                                  meshrun::v1::Empty* reply) override;
+  grpc::ServerUnaryReactor* Close(grpc::CallbackServerContext* context,
+                                  const meshrun::v1::CloseRequest* request,
+                                  meshrun::v1::Empty* reply) override;
+
+  std::optional<RunSummary> Summary(const std::string& run_id);
+  std::vector<std::string> RunIds();
+
+  class JoinStream;  // one node's event stream; defined in the .cc
+
+ private:
+  friend class JoinStream;
+  using NodeKey = std::pair<std::string, std::string>;  // run id, node id
+
+  // REQUIRES: mu_ held.
+  void DispatchLocked(std::vector<NodeEvent>& events);
+  // The stream of `node` broke; REQUIRES: mu_ not held.
+  void StreamBroken(const NodeKey& node, JoinStream* stream);
+  std::optional<DeadlineTimer::TimePoint> Tick(DeadlineTimer::TimePoint now);
+  void PokeTimerLocked();
+
+  std::mutex mu_;
+  RendezvousState state_;                    // guarded by mu_
+  std::map<NodeKey, JoinStream*> streams_;   // guarded by mu_; entry => stream alive
+  std::unique_ptr<DeadlineTimer> timer_;
+};
+
+}  // namespace meshrun::rdzv

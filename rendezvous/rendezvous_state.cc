@@ -1,0 +1,903 @@
+#include "rendezvous/rendezvous_state.h"
+
+#include <cstdint>
+#include <limits>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace meshrun::rdzv {
+namespace {
+
+constexpr size_t kMaxIdBytes = 256;
+constexpr uint32_t kMaxNodesLimit = 100000;
+constexpr uint32_t kMaxNproc = 65536;
+// Bounds every timeout so `now + timeout` cannot overflow the clock.
+constexpr Millis kMaxTimeout = std::chrono::hours(24 * 366);
+// Global ranks are int32 in torch.distributed.
+constexpr uint64_t kMaxWorldSize = std::numeric_limits<int32_t>::max();
+// Rounds start at 1 so that 0 can mean "unset" on the wire (proto3).
+constexpr uint64_t kFirstRound = 1;
+
+enum class Phase { kGathering, kActive, kClosed };
+enum class Role { kGathering, kWaiting, kParticipant };
+
+absl::Status CheckId(const char* what, const std::string& id, bool required) {
+  if (required && id.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " must not be empty"));
+  }
+  if (id.size() > kMaxIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is ", id.size(),
+                                                   " bytes; at most ",
+                                                   kMaxIdBytes, " allowed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTimeout(const char* what, Millis value, bool zero_ok) {
+  if (value.count() < 0 || (!zero_ok && value.count() == 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " must be ", zero_ok ? "non-negative" : "positive",
+                     ", got ", value.count(), "ms"));
+  }
+  if (value > kMaxTimeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " of ", value.count(), "ms exceeds the limit of ",
+        kMaxTimeout.count(), "ms"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateJoin(const std::string& run_id, const NodeInfo& node,
+                          const RunOptions& o) {
+  if (auto s = CheckId("run_id", run_id, true); !s.ok()) return s;
+  if (auto s = CheckId("node_id", node.node_id, true); !s.ok()) return s;
+  if (auto s = CheckId("host", node.host, false); !s.ok()) return s;
+  if (node.nproc == 0) {
+    return absl::InvalidArgumentError("nproc must be at least 1");
+  }
+  if (node.nproc > kMaxNproc) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nproc ", node.nproc, " exceeds the limit of ", kMaxNproc));
+  }
+  if (o.max_nodes == 0) {
+    return absl::InvalidArgumentError("max_nodes must be at least 1");
+  }
+  if (o.max_nodes > kMaxNodesLimit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_nodes ", o.max_nodes, " exceeds the limit of ", kMaxNodesLimit));
+  }
+  // min_nodes 0 would let a round form with nobody in it.
+  if (o.min_nodes == 0) {
+    return absl::InvalidArgumentError("min_nodes must be at least 1");
+  }
+  if (o.min_nodes > o.max_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_nodes (", o.min_nodes, ") must not exceed max_nodes (",
+                     o.max_nodes, ")"));
+  }
+  if (auto s = CheckTimeout("last_call_timeout", o.last_call_timeout, true);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckTimeout("join_timeout", o.join_timeout, false); !s.ok()) {
+    return s;
+  }
+  if (auto s =
+          CheckTimeout("keep_alive_interval", o.keep_alive_interval, false);
+      !s.ok()) {
+    return s;
+  }
+  if (o.keep_alive_max_attempt == 0) {
+    return absl::InvalidArgumentError(
+        "keep_alive_max_attempt must be at least 1");
+  }
+  // Divide rather than multiply: interval * attempts can overflow int64.
+  if (o.keep_alive_max_attempt >
+      kMaxTimeout.count() / o.keep_alive_interval.count()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keep_alive_interval * keep_alive_max_attempt exceeds the limit of ",
+        kMaxTimeout.count(), "ms"));
+  }
+  if (node.node_rank_hint < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_rank_hint must be -1 (none) or a rank, got ",
+                     node.node_rank_hint));
+  }
+  if (node.node_rank_hint >= 0 &&
+      static_cast<uint32_t>(node.node_rank_hint) >= o.max_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_rank_hint ", node.node_rank_hint,
+                     " must be below max_nodes (", o.max_nodes, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// "min_nodes: run has 2, node asked for 3; ..." or empty when equal.
+std::string DescribeOptionDiff(const RunOptions& run, const RunOptions& asked) {
+  std::vector<std::string> diffs;
+  auto number = [&](const char* name, uint64_t have, uint64_t want) {
+    if (have != want) {
+      diffs.push_back(absl::StrCat(name, ": run has ", have,
+                                   ", node asked for ", want));
+    }
+  };
+  auto millis = [&](const char* name, Millis have, Millis want) {
+    if (have != want) {
+      diffs.push_back(absl::StrCat(name, ": run has ", have.count(),
+                                   "ms, node asked for ", want.count(), "ms"));
+    }
+  };
+  number("min_nodes", run.min_nodes, asked.min_nodes);
+  number("max_nodes", run.max_nodes, asked.max_nodes);
+  number("max_restarts", run.max_restarts, asked.max_restarts);
+  millis("last_call_timeout", run.last_call_timeout, asked.last_call_timeout);
+  millis("join_timeout", run.join_timeout, asked.join_timeout);
+  millis("keep_alive_interval", run.keep_alive_interval,
+         asked.keep_alive_interval);
+  number("keep_alive_max_attempt", run.keep_alive_max_attempt,
+         asked.keep_alive_max_attempt);
+  if (run.uniform_nproc != asked.uniform_nproc) {
+    diffs.push_back(absl::StrCat(
+        "uniform_nproc: run has ", run.uniform_nproc ? "true" : "false",
+        ", node asked for ", asked.uniform_nproc ? "true" : "false"));
+  }
+  return absl::StrJoin(diffs, "; ");
+}
+
+NodeEvent& Emit(std::vector<NodeEvent>* events, const std::string& run_id,
+                const std::string& node_id, NodeEvent::Kind kind,
+                uint64_t round) {
+  NodeEvent& event = events->emplace_back();
+  event.run_id = run_id;
+  event.node_id = node_id;
+  event.kind = kind;
+  event.round = round;
+  return event;
+}
+
+}  // namespace
+
+const char* ToString(ReformReason reason) {
+  switch (reason) {
+    case ReformReason::kNodesWaiting:
+      return "nodes waiting";
+    case ReformReason::kNodeExpired:
+      return "node expired";
+    case ReformReason::kNodeLeft:
+      return "node left";
+    case ReformReason::kWorkerFailure:
+      return "worker failure";
+  }
+  return "unknown";
+}
+
+const char* ToString(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::kSucceeded:
+      return "succeeded";
+    case Outcome::kFailed:
+      return "failed";
+    case Outcome::kAborted:
+      return "aborted";
+  }
+  return "unknown";
+}
+
+struct RendezvousState::Node {
+  NodeInfo info;
+  // Join order: ties in rank assignment and the wait list go by it. A node
+  // that re-joins keeps its number.
+  uint64_t seq = 0;
+  Role role = Role::kGathering;
+  RdzvTime lease_until{};
+  bool leased = false;
+  // Group rank in the last completed round this node took part in; makes
+  // ranks sticky across re-forms.
+  std::optional<uint32_t> group_rank;
+  bool succeeded = false;
+  // A participant that succeeded and then left or expired: still counted for
+  // the round's success, but no longer live (no events, no lease).
+  bool departed = false;
+};
+
+struct RendezvousState::Run {
+  std::string id;
+  RunOptions options;
+  // The first node's nproc: the reference when options.uniform_nproc.
+  uint32_t nproc = 0;
+  Phase phase = Phase::kGathering;
+  uint64_t round = kFirstRound;
+  uint32_t restart_count = 0;
+  std::string last_failure;
+  std::optional<Outcome> outcome;
+  RdzvTime closed_at{};
+  uint64_t next_seq = 0;
+  // Sum of nproc over live nodes, to refuse a join that no round could fit.
+  uint64_t live_nproc = 0;
+
+  std::unordered_map<std::string, Node> nodes;
+  std::map<uint64_t, std::string> gathering;  // join seq -> node id
+  std::map<uint64_t, std::string> waiting;    // join seq -> node id
+  std::map<int32_t, std::string> hint_owner;  // live nodes only
+
+  // The active round (or, once closed, the last one), by group rank.
+  std::vector<std::string> participants;
+  std::shared_ptr<const std::vector<ParticipantView>> roster;
+  std::string store_prefix;
+  uint32_t world_size = 0;
+  uint32_t succeeded = 0;
+
+  std::optional<RdzvTime> min_reached_at;
+  std::optional<RdzvTime> last_call_at;  // mirrored in deadlines_
+  std::optional<RdzvTime> join_deadline_at;  // mirrored in deadlines_
+};
+
+bool RendezvousState::Deadline::operator<(const Deadline& other) const {
+  return std::tie(at, kind, run_id, node_id) <
+         std::tie(other.at, other.kind, other.run_id, other.node_id);
+}
+
+RendezvousState::RendezvousState() = default;
+RendezvousState::~RendezvousState() = default;
+
+absl::Status RendezvousState::Join(const std::string& run_id,
+                                   const NodeInfo& node,
+                                   const RunOptions& options, RdzvTime now,
+                                   std::vector<NodeEvent>* events) {
+  std::vector<NodeEvent> scratch;
+  if (events == nullptr) events = &scratch;
+  if (auto s = ValidateJoin(run_id, node, options); !s.ok()) return s;
+
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) {
+    auto run = std::make_unique<Run>();
+    run->id = run_id;
+    run->options = options;
+    run->nproc = node.nproc;
+    it = runs_.emplace(run_id, std::move(run)).first;
+  }
+  Run& run = *it->second;
+  if (run.phase == Phase::kClosed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run ", run_id, " is closed (", ToString(*run.outcome), ")"));
+  }
+  if (std::string diff = DescribeOptionDiff(run.options, options);
+      !diff.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run ", run_id, " was started with different options: ", diff));
+  }
+  if (run.options.uniform_nproc && node.nproc != run.nproc) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run ", run_id, " requires uniform nproc: run has nproc ", run.nproc,
+        ", node ", node.node_id, " asked for ", node.nproc));
+  }
+  if (node.node_rank_hint >= 0) {
+    auto owner = run.hint_owner.find(node.node_rank_hint);
+    if (owner != run.hint_owner.end() && owner->second != node.node_id) {
+      const Node& other = run.nodes.at(owner->second);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node_rank_hint ", node.node_rank_hint, " is already taken by node ",
+          other.info.node_id, " on host ", other.info.host));
+    }
+  }
+  auto existing = run.nodes.find(node.node_id);
+  uint64_t live_nproc = run.live_nproc + node.nproc;
+  if (existing != run.nodes.end() && !existing->second.departed) {
+    live_nproc -= existing->second.info.nproc;
+  }
+  if (live_nproc > kMaxWorldSize) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("run ", run_id, " would exceed ", kMaxWorldSize,
+                     " workers with node ", node.node_id));
+  }
+
+  if (existing != run.nodes.end()) {
+    return Rejoin(run, existing->second, node, now, events);
+  }
+  Enrol(run, node, now, events);
+  return absl::OkStatus();
+}
+
+// The agent reconnected (its old stream is gone). Re-sending the current
+// state keeps a reconnect from costing everyone a re-form.
+absl::Status RendezvousState::Rejoin(Run& run, Node& node, const NodeInfo& info,
+                                     RdzvTime now,
+                                     std::vector<NodeEvent>* events) {
+  const bool same = node.info.nproc == info.nproc &&
+                    node.info.node_rank_hint == info.node_rank_hint &&
+                    node.info.host == info.host;
+  if (node.role == Role::kParticipant) {
+    // A succeeded node's round is over for it; its new details cannot matter.
+    if (same || node.succeeded) {
+      if (node.departed) {
+        node.departed = false;
+        run.live_nproc += node.info.nproc;
+        if (node.info.node_rank_hint >= 0) {
+          run.hint_owner.emplace(node.info.node_rank_hint, node.info.node_id);
+        }
+      }
+      SetLease(run, node, now + run.options.lease());
+      NodeEvent& event = Emit(events, run.id, node.info.node_id,
+                              NodeEvent::Kind::kAssigned, run.round);
+      event.assignment = AssignmentFor(run, *node.group_rank);
+      return absl::OkStatus();
+    }
+    // Its assignment is stale (other nproc, host or hint): the round must
+    // re-form without the old incarnation, then the node joins afresh.
+    RemoveNode(run, info.node_id, ReformReason::kNodeLeft, now, events);
+    Enrol(run, info, now, events);
+    return absl::OkStatus();
+  }
+
+  if (node.info.node_rank_hint != info.node_rank_hint) {
+    if (node.info.node_rank_hint >= 0) {
+      run.hint_owner.erase(node.info.node_rank_hint);
+    }
+    if (info.node_rank_hint >= 0) {
+      run.hint_owner.emplace(info.node_rank_hint, info.node_id);
+    }
+  }
+  run.live_nproc = run.live_nproc - node.info.nproc + info.nproc;
+  node.info = info;
+  SetLease(run, node, now + run.options.lease());
+  Emit(events, run.id, info.node_id, NodeEvent::Kind::kWaiting,
+       node.role == Role::kGathering ? run.round : run.round + 1);
+  return absl::OkStatus();
+}
+
+void RendezvousState::Enrol(Run& run, const NodeInfo& info, RdzvTime now,
+                            std::vector<NodeEvent>* events) {
+  Node& node = run.nodes[info.node_id];
+  node.info = info;
+  node.seq = run.next_seq++;
+  run.live_nproc += info.nproc;
+  if (info.node_rank_hint >= 0) {
+    run.hint_owner.emplace(info.node_rank_hint, info.node_id);
+  }
+  SetLease(run, node, now + run.options.lease());
+
+  if (run.phase == Phase::kGathering) {
+    // The join timeout runs from the first node of a gathering round: the
+    // run's first join, the re-form moment, or the first join after the round
+    // emptied (a timeout with nobody to tell is pointless).
+    if (run.gathering.empty()) {
+      SetRunTimer(run, DeadlineKind::kJoinTimeout,
+                  now + run.options.join_timeout);
+    }
+    node.role = Role::kGathering;
+    run.gathering.emplace(node.seq, info.node_id);
+    Emit(events, run.id, info.node_id, NodeEvent::Kind::kWaiting, run.round);
+    OnGatheringGrew(run, now, events);
+    return;
+  }
+
+  node.role = Role::kWaiting;
+  run.waiting.emplace(node.seq, info.node_id);
+  Emit(events, run.id, info.node_id, NodeEvent::Kind::kWaiting, run.round + 1);
+  // Once a participant has succeeded the job is finishing: restarting it to
+  // admit a newcomer would throw away finished work, so the node just waits
+  // (it gets kClosed when the run ends, or joins a failure re-form).
+  if (run.participants.size() < run.options.max_nodes && run.succeeded == 0) {
+    Reform(run, ReformReason::kNodesWaiting,
+           absl::StrCat(run.waiting.size(), " node(s) waiting to join"), now,
+           events);
+  }
+}
+
+void RendezvousState::OnGatheringGrew(Run& run, RdzvTime now,
+                                      std::vector<NodeEvent>* events) {
+  const size_t joined = run.gathering.size();
+  if (joined >= run.options.max_nodes) {
+    CompleteRound(run, events);
+    return;
+  }
+  if (joined < run.options.min_nodes) return;
+  // The last call counts from when min was first reached in this round, even
+  // if the count dipped below min in between: stragglers already had their
+  // chance.
+  if (!run.min_reached_at) run.min_reached_at = now;
+  const RdzvTime last_call = *run.min_reached_at + run.options.last_call_timeout;
+  if (last_call <= now) {
+    CompleteRound(run, events);
+    return;
+  }
+  SetRunTimer(run, DeadlineKind::kLastCall, last_call);
+}
+
+void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
+  const uint32_t n = static_cast<uint32_t>(run.gathering.size());
+  std::vector<Node*> slots(n, nullptr);
+  std::vector<Node*> unhinted;
+  unhinted.reserve(n);
+  // 1. Hints win: the user (or SLURM) asked for that rank. Hints are unique
+  // among live nodes, so two never compete for one slot.
+  for (const auto& [seq, id] : run.gathering) {
+    Node& node = run.nodes.at(id);
+    const int32_t hint = node.info.node_rank_hint;
+    if (hint >= 0 && static_cast<uint32_t>(hint) < n && slots[hint] == nullptr) {
+      slots[hint] = &node;
+    } else {
+      unhinted.push_back(&node);
+    }
+  }
+  // 2. Sticky: keep last round's rank where it still fits, so rank 0 (the
+  // MASTER_ADDR host) stays put when it survives.
+  std::vector<Node*> rest;
+  rest.reserve(unhinted.size());
+  for (Node* node : unhinted) {
+    if (node->group_rank && *node->group_rank < n &&
+        slots[*node->group_rank] == nullptr) {
+      slots[*node->group_rank] = node;
+    } else {
+      rest.push_back(node);
+    }
+  }
+  // 3. Everyone else fills the free slots ascending, in join order.
+  uint32_t next_free = 0;
+  for (Node* node : rest) {
+    while (slots[next_free] != nullptr) ++next_free;
+    slots[next_free] = node;
+  }
+
+  auto roster = std::make_shared<std::vector<ParticipantView>>();
+  roster->reserve(n);
+  run.participants.clear();
+  run.participants.reserve(n);
+  uint64_t rank_base = 0;
+  for (uint32_t rank = 0; rank < n; ++rank) {
+    Node& node = *slots[rank];
+    node.role = Role::kParticipant;
+    node.group_rank = rank;
+    node.succeeded = false;
+    roster->push_back(ParticipantView{node.info.node_id, node.info.host, rank,
+                                      node.info.nproc,
+                                      static_cast<uint32_t>(rank_base)});
+    rank_base += node.info.nproc;
+    run.participants.push_back(node.info.node_id);
+  }
+  run.roster = std::move(roster);
+  // Bounded by kMaxWorldSize at join.
+  run.world_size = static_cast<uint32_t>(rank_base);
+  run.store_prefix = absl::StrCat(run.id, "/r", run.round);
+  run.succeeded = 0;
+  run.phase = Phase::kActive;
+  run.gathering.clear();
+  run.min_reached_at.reset();
+  SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
+  SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
+
+  events->reserve(events->size() + n);
+  for (uint32_t rank = 0; rank < n; ++rank) {
+    NodeEvent& event = Emit(events, run.id, run.participants[rank],
+                            NodeEvent::Kind::kAssigned, run.round);
+    event.assignment = AssignmentFor(run, rank);
+  }
+}
+
+Assignment RendezvousState::AssignmentFor(const Run& run,
+                                          uint32_t group_rank) const {
+  Assignment a;
+  a.round = run.round;
+  a.group_rank = group_rank;
+  a.group_world_size = static_cast<uint32_t>(run.participants.size());
+  a.rank_base = (*run.roster)[group_rank].rank_base;
+  a.world_size = run.world_size;
+  a.restart_count = run.restart_count;
+  a.store_prefix = run.store_prefix;
+  a.roster = run.roster;
+  if (a.group_world_size <= kMaxInlineParticipants) {
+    a.participants = *run.roster;
+  }
+  return a;
+}
+
+// Re-forms the active round as round + 1 with its live participants and as
+// many waiting nodes as fit. The daemon already knows every live node, so
+// waiting for a last call would only add latency: a re-formed round with at
+// least min_nodes completes at once. With fewer it gathers like a fresh round
+// (completes on joins / last call, or times out after join_timeout).
+void RendezvousState::Reform(Run& run, ReformReason reason,
+                             const std::string& detail, RdzvTime now,
+                             std::vector<NodeEvent>* events) {
+  const uint64_t next = run.round + 1;
+  for (const std::string& id : run.participants) {
+    auto it = run.nodes.find(id);
+    if (it == run.nodes.end() || it->second.departed) continue;
+    NodeEvent& event =
+        Emit(events, run.id, id, NodeEvent::Kind::kReform, next);
+    event.reason = reason;
+    event.detail = detail;
+  }
+
+  run.round = next;
+  run.phase = Phase::kGathering;
+  run.gathering.clear();
+  for (const std::string& id : run.participants) {
+    auto it = run.nodes.find(id);
+    if (it == run.nodes.end()) continue;
+    if (it->second.departed) {
+      run.nodes.erase(it);
+      continue;
+    }
+    it->second.role = Role::kGathering;
+    it->second.succeeded = false;
+    run.gathering.emplace(it->second.seq, id);
+  }
+  run.participants.clear();
+  run.roster.reset();
+  run.store_prefix.clear();
+  run.world_size = 0;
+  run.succeeded = 0;
+  // Waiting nodes beyond max_nodes keep waiting, in join order.
+  while (run.gathering.size() < run.options.max_nodes && !run.waiting.empty()) {
+    auto first = run.waiting.begin();
+    run.nodes.at(first->second).role = Role::kGathering;
+    run.gathering.emplace(first->first, std::move(first->second));
+    run.waiting.erase(first);
+  }
+  run.min_reached_at.reset();
+  SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
+  if (run.gathering.empty()) {
+    SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
+    return;
+  }
+  SetRunTimer(run, DeadlineKind::kJoinTimeout, now + run.options.join_timeout);
+  if (run.gathering.size() >= run.options.min_nodes) {
+    CompleteRound(run, events);
+  }
+}
+
+void RendezvousState::RemoveNode(Run& run, const std::string& node_id,
+                                 ReformReason reason, RdzvTime now,
+                                 std::vector<NodeEvent>* events) {
+  auto it = run.nodes.find(node_id);
+  if (it == run.nodes.end()) return;
+  Node& node = it->second;
+  switch (node.role) {
+    case Role::kParticipant: {
+      if (node.succeeded) {
+        // Its work is done; the round can still succeed without it.
+        if (!node.departed) Depart(run, node);
+        return;
+      }
+      std::string detail =
+          reason == ReformReason::kNodeExpired
+              ? absl::StrCat("node ", node_id, " on host ", node.info.host,
+                             " missed its heartbeats for ",
+                             run.options.lease().count(), "ms")
+              : absl::StrCat("node ", node_id, " on host ", node.info.host,
+                             " left");
+      Forget(run, node_id);
+      Reform(run, reason, detail, now, events);
+      return;
+    }
+    case Role::kGathering: {
+      run.gathering.erase(node.seq);
+      Forget(run, node_id);
+      if (run.gathering.empty()) {
+        run.min_reached_at.reset();
+        SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
+      }
+      if (run.gathering.size() < run.options.min_nodes) {
+        SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
+      }
+      return;
+    }
+    case Role::kWaiting:
+      run.waiting.erase(node.seq);
+      Forget(run, node_id);
+      return;
+  }
+}
+
+void RendezvousState::Depart(Run& run, Node& node) {
+  node.departed = true;
+  DropLease(run, node);
+  run.live_nproc -= node.info.nproc;
+  auto owner = run.hint_owner.find(node.info.node_rank_hint);
+  if (owner != run.hint_owner.end() && owner->second == node.info.node_id) {
+    run.hint_owner.erase(owner);
+  }
+}
+
+void RendezvousState::Forget(Run& run, const std::string& node_id) {
+  auto it = run.nodes.find(node_id);
+  if (it == run.nodes.end()) return;
+  if (!it->second.departed) Depart(run, it->second);
+  run.nodes.erase(it);
+}
+
+void RendezvousState::TimeOutJoin(Run& run, std::vector<NodeEvent>* events) {
+  const std::string detail = absl::StrCat(
+      "round ", run.round, " of run ", run.id, " gathered ",
+      run.gathering.size(), " of the ", run.options.min_nodes,
+      " nodes needed within join_timeout (",
+      run.options.join_timeout.count(), "ms)");
+  for (const auto& [seq, id] : run.gathering) {
+    NodeEvent& event =
+        Emit(events, run.id, id, NodeEvent::Kind::kJoinTimeout, run.round);
+    event.detail = detail;
+  }
+  // Copy: Forget() edits the map being walked.
+  std::vector<std::string> ids;
+  ids.reserve(run.gathering.size());
+  for (const auto& [seq, id] : run.gathering) ids.push_back(id);
+  run.gathering.clear();
+  for (const std::string& id : ids) Forget(run, id);
+  run.min_reached_at.reset();
+  SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
+  SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
+}
+
+void RendezvousState::CloseRun(Run& run, Outcome outcome,
+                               const std::string& reason, RdzvTime now,
+                               std::vector<NodeEvent>* events) {
+  auto tell = [&](const std::string& id) {
+    auto it = run.nodes.find(id);
+    if (it == run.nodes.end() || it->second.departed) return;
+    NodeEvent& event =
+        Emit(events, run.id, id, NodeEvent::Kind::kClosed, run.round);
+    event.outcome = outcome;
+    event.detail = reason;
+  };
+  // Participants by rank, then the rest in join order: a stable order for
+  // the adapter and the tests.
+  if (run.phase == Phase::kActive) {
+    for (const std::string& id : run.participants) tell(id);
+  }
+  for (const auto& [seq, id] : run.gathering) tell(id);
+  for (const auto& [seq, id] : run.waiting) tell(id);
+
+  for (auto& [id, node] : run.nodes) DropLease(run, node);
+  SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
+  SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
+  run.phase = Phase::kClosed;
+  run.outcome = outcome;
+  run.closed_at = now;
+}
+
+void RendezvousState::SetLease(Run& run, Node& node, RdzvTime until) {
+  DropLease(run, node);
+  node.lease_until = until;
+  node.leased = true;
+  deadlines_.insert(
+      Deadline{until, DeadlineKind::kLease, run.id, node.info.node_id});
+}
+
+void RendezvousState::DropLease(Run& run, Node& node) {
+  if (!node.leased) return;
+  deadlines_.erase(Deadline{node.lease_until, DeadlineKind::kLease, run.id,
+                            node.info.node_id});
+  node.leased = false;
+}
+
+void RendezvousState::SetRunTimer(Run& run, DeadlineKind kind,
+                                  std::optional<RdzvTime> at) {
+  std::optional<RdzvTime>& slot = kind == DeadlineKind::kLastCall
+                                      ? run.last_call_at
+                                      : run.join_deadline_at;
+  if (slot == at) return;
+  if (slot) deadlines_.erase(Deadline{*slot, kind, run.id, {}});
+  slot = at;
+  if (slot) deadlines_.insert(Deadline{*slot, kind, run.id, {}});
+}
+
+absl::StatusOr<HeartbeatStatus> RendezvousState::Heartbeat(
+    const std::string& run_id, const std::string& node_id, RdzvTime now) {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
+  }
+  Run& run = *it->second;
+  HeartbeatStatus status{run.round, run.restart_count,
+                         run.phase == Phase::kClosed};
+  if (status.closed) return status;
+  auto node = run.nodes.find(node_id);
+  // A departed node must re-join to be live again, like an expired one.
+  if (node == run.nodes.end() || node->second.departed) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", node_id, " is not enrolled in run ", run_id));
+  }
+  SetLease(run, node->second, now + run.options.lease());
+  return status;
+}
+
+absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
+    const std::string& run_id, const std::string& node_id, uint64_t round,
+    const std::string& detail, RdzvTime now, std::vector<NodeEvent>* events) {
+  std::vector<NodeEvent> scratch;
+  if (events == nullptr) events = &scratch;
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
+  }
+  Run& run = *it->second;
+  if (run.phase == Phase::kClosed) {
+    return FailureVerdict{false, run.restart_count};
+  }
+  auto node_it = run.nodes.find(node_id);
+  if (node_it == run.nodes.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", node_id, " is not enrolled in run ", run_id));
+  }
+  Node& node = node_it->second;
+  // Any message from the node proves it alive.
+  if (!node.departed) SetLease(run, node, now + run.options.lease());
+
+  // Only the first report of the active round counts: its re-form moves the
+  // run to a new round, so the other nodes' reports of the same failure are
+  // stale by the time they arrive.
+  if (run.phase != Phase::kActive || round != run.round ||
+      node.role != Role::kParticipant) {
+    return FailureVerdict{true, run.restart_count};
+  }
+  ++run.restart_count;
+  run.last_failure =
+      detail.empty() ? absl::StrCat("node ", node_id, " on host ",
+                                    node.info.host,
+                                    " reported a worker failure in round ",
+                                    round)
+                     : detail;
+  if (run.restart_count <= run.options.max_restarts) {
+    const std::string reason = run.last_failure;
+    Reform(run, ReformReason::kWorkerFailure, reason, now, events);
+    return FailureVerdict{true, run.restart_count};
+  }
+  const std::string reason = run.last_failure;
+  CloseRun(run, Outcome::kFailed, reason, now, events);
+  return FailureVerdict{false, run.restart_count};
+}
+
+absl::Status RendezvousState::ReportSuccess(const std::string& run_id,
+                                            const std::string& node_id,
+                                            uint64_t round, RdzvTime now,
+                                            std::vector<NodeEvent>* events) {
+  std::vector<NodeEvent> scratch;
+  if (events == nullptr) events = &scratch;
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
+  }
+  Run& run = *it->second;
+  if (run.phase == Phase::kClosed) return absl::OkStatus();
+  auto node_it = run.nodes.find(node_id);
+  if (node_it == run.nodes.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", node_id, " is not enrolled in run ", run_id));
+  }
+  Node& node = node_it->second;
+  if (!node.departed) SetLease(run, node, now + run.options.lease());
+  // A report for a round that has since re-formed is stale: those workers
+  // are being restarted anyway.
+  if (run.phase != Phase::kActive || round != run.round ||
+      node.role != Role::kParticipant || node.succeeded) {
+    return absl::OkStatus();
+  }
+  node.succeeded = true;
+  if (++run.succeeded == run.participants.size()) {
+    CloseRun(run, Outcome::kSucceeded,
+             absl::StrCat("all ", run.participants.size(),
+                          " nodes succeeded in round ", run.round),
+             now, events);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RendezvousState::Leave(const std::string& run_id,
+                                    const std::string& node_id, RdzvTime now,
+                                    std::vector<NodeEvent>* events) {
+  std::vector<NodeEvent> scratch;
+  if (events == nullptr) events = &scratch;
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
+  }
+  Run& run = *it->second;
+  if (run.nodes.find(node_id) == run.nodes.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", node_id, " is not enrolled in run ", run_id));
+  }
+  // A closed run is a record; departures no longer change it.
+  if (run.phase == Phase::kClosed) return absl::OkStatus();
+  RemoveNode(run, node_id, ReformReason::kNodeLeft, now, events);
+  return absl::OkStatus();
+}
+
+absl::Status RendezvousState::Close(const std::string& run_id, Outcome outcome,
+                                    const std::string& reason, RdzvTime now,
+                                    std::vector<NodeEvent>* events) {
+  std::vector<NodeEvent> scratch;
+  if (events == nullptr) events = &scratch;
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
+  }
+  Run& run = *it->second;
+  // Idempotent: the first outcome stands.
+  if (run.phase == Phase::kClosed) return absl::OkStatus();
+  CloseRun(run, outcome, reason, now, events);
+  return absl::OkStatus();
+}
+
+void RendezvousState::Tick(RdzvTime now, std::vector<NodeEvent>* events) {
+  std::vector<NodeEvent> scratch;
+  if (events == nullptr) events = &scratch;
+  // Handlers add and remove timers, so re-read the front every time.
+  while (!deadlines_.empty() && deadlines_.begin()->at <= now) {
+    Deadline due = std::move(deadlines_.extract(deadlines_.begin()).value());
+    auto run_it = runs_.find(due.run_id);
+    if (run_it == runs_.end()) continue;
+    Run& run = *run_it->second;
+    switch (due.kind) {
+      case DeadlineKind::kLease: {
+        auto node = run.nodes.find(due.node_id);
+        if (node == run.nodes.end()) break;
+        node->second.leased = false;
+        RemoveNode(run, due.node_id, ReformReason::kNodeExpired, now, events);
+        break;
+      }
+      case DeadlineKind::kLastCall:
+        run.last_call_at.reset();
+        if (run.phase == Phase::kGathering &&
+            run.gathering.size() >= run.options.min_nodes) {
+          CompleteRound(run, events);
+        }
+        break;
+      case DeadlineKind::kJoinTimeout:
+        run.join_deadline_at.reset();
+        if (run.phase == Phase::kGathering && !run.gathering.empty() &&
+            run.gathering.size() < run.options.min_nodes) {
+          TimeOutJoin(run, events);
+        }
+        break;
+    }
+  }
+}
+
+std::optional<RdzvTime> RendezvousState::NextDeadline() const {
+  if (deadlines_.empty()) return std::nullopt;
+  return deadlines_.begin()->at;
+}
+
+std::optional<RunSummary> RendezvousState::Summary(
+    const std::string& run_id) const {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) return std::nullopt;
+  const Run& run = *it->second;
+  RunSummary summary;
+  summary.run_id = run.id;
+  summary.round = run.round;
+  summary.round_active = run.phase == Phase::kActive;
+  summary.restart_count = run.restart_count;
+  if (run.roster) summary.participants = *run.roster;
+  // While gathering, every enrolled node is waiting for the round.
+  summary.waiting.reserve(run.gathering.size() + run.waiting.size());
+  for (const auto& [seq, id] : run.gathering) summary.waiting.push_back(id);
+  for (const auto& [seq, id] : run.waiting) summary.waiting.push_back(id);
+  summary.outcome = run.outcome;
+  summary.last_failure = run.last_failure;
+  return summary;
+}
+
+std::vector<std::string> RendezvousState::RunIds() const {
+  std::vector<std::string> ids;
+  ids.reserve(runs_.size());
+  for (const auto& [id, run] : runs_) ids.push_back(id);
+  return ids;
+}
+
+void RendezvousState::ForgetClosedBefore(RdzvTime cutoff) {
+  for (auto it = runs_.begin(); it != runs_.end();) {
+    if (it->second->phase == Phase::kClosed && it->second->closed_at < cutoff) {
+      it = runs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace meshrun::rdzv

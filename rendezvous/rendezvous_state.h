@@ -1,0 +1,232 @@
+#pragma once
+
+// Server-side rendezvous for elastic runs, as a pure state machine: inputs are
+// requests and `now`, outputs are events addressed to nodes (plain data the
+// gRPC adapter pushes on each node's Join stream). No threads, clock or I/O.
+//
+// Per run: a round number, the participants of the current round, a wait list,
+// one job-global restart counter and the run's outcome. A round completes when
+// max_nodes have joined, or when min_nodes have joined and last_call_timeout
+// has passed since. While a round is active, a new node waits and the
+// participants are told to re-form (scale-up); a participant that expires,
+// leaves or reports a worker failure also makes the round re-form, the last
+// one counting against max_restarts.
+//
+// Thread-safety: none; the owner serialises all calls.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/status/statusor.h"
+
+namespace meshrun::rdzv {
+
+using RdzvClock = std::chrono::steady_clock;
+using RdzvTime = RdzvClock::time_point;
+using Millis = std::chrono::milliseconds;
+
+struct RunOptions {
+  uint32_t min_nodes = 1;
+  uint32_t max_nodes = 1;
+  uint32_t max_restarts = 0;
+  Millis last_call_timeout{30000};
+  Millis join_timeout{600000};
+  Millis keep_alive_interval{5000};
+  uint32_t keep_alive_max_attempt = 3;
+  bool uniform_nproc = false;
+
+  Millis lease() const { return keep_alive_interval * keep_alive_max_attempt; }
+};
+
+struct NodeInfo {
+  std::string node_id;
+  std::string host;
+  uint32_t nproc = 1;
+  int32_t node_rank_hint = -1;  // -1: none
+};
+
+struct ParticipantView {
+  std::string node_id;
+  std::string host;
+  uint32_t group_rank = 0;
+  uint32_t nproc = 0;
+  uint32_t rank_base = 0;
+};
+
+// Rounds up to this many nodes also carry the roster inline in
+// Assignment::participants. Beyond it, copying the roster into every node's
+// event would make forming a round O(n^2) (10,000 nodes: 10^8 entries, ~8 GB),
+// so larger rounds share it through Assignment::roster only.
+inline constexpr uint32_t kMaxInlineParticipants = 256;
+
+struct Assignment {
+  uint64_t round = 0;
+  uint32_t group_rank = 0;
+  uint32_t group_world_size = 0;
+  uint32_t rank_base = 0;
+  uint32_t world_size = 0;
+  uint32_t restart_count = 0;
+  std::string store_prefix;  // "<run_id>/r<round>"
+  // By group rank; empty when group_world_size > kMaxInlineParticipants.
+  std::vector<ParticipantView> participants;
+  // The same roster, always set on kAssigned events and shared (not copied)
+  // by every participant's event of the round. Adapters should prefer it.
+  std::shared_ptr<const std::vector<ParticipantView>> roster;
+};
+
+enum class ReformReason { kNodesWaiting, kNodeExpired, kNodeLeft, kWorkerFailure };
+enum class Outcome { kSucceeded, kFailed, kAborted };
+
+const char* ToString(ReformReason reason);
+const char* ToString(Outcome outcome);
+
+// One message for one node's Join stream.
+struct NodeEvent {
+  enum class Kind {
+    kWaiting,    // enrolled, round not yet complete (round)
+    kAssigned,   // round complete (assignment)
+    kReform,     // stop workers; a new round follows (round = next round)
+    kClosed,     // run over (outcome, detail); the stream ends
+    kJoinTimeout // not enough nodes within join_timeout; the stream ends
+  };
+  std::string run_id;
+  std::string node_id;
+  Kind kind = Kind::kWaiting;
+  uint64_t round = 0;
+  Assignment assignment;
+  ReformReason reason = ReformReason::kNodesWaiting;
+  Outcome outcome = Outcome::kSucceeded;
+  std::string detail;
+};
+
+struct HeartbeatStatus {
+  uint64_t round = 0;
+  uint32_t restart_count = 0;
+  bool closed = false;
+};
+
+struct FailureVerdict {
+  bool will_restart = false;
+  uint32_t restart_count = 0;
+};
+
+struct RunSummary {
+  std::string run_id;
+  uint64_t round = 0;
+  bool round_active = false;
+  uint32_t restart_count = 0;
+  std::vector<ParticipantView> participants;
+  std::vector<std::string> waiting;
+  std::optional<Outcome> outcome;
+  std::string last_failure;
+};
+
+class RendezvousState {
+ public:
+  // Enrols a node. The first node of a run fixes its options; a node whose
+  // options differ is refused with FAILED_PRECONDITION naming each field that
+  // differs ("min_nodes: run has 2, node asked for 3"). A node id already in
+  // the run is re-enrolled (its previous stream is considered gone). Joining a
+  // closed run answers FAILED_PRECONDITION. Invalid input (empty ids, nproc 0,
+  // min > max, max 0) answers INVALID_ARGUMENT.
+  absl::Status Join(const std::string& run_id, const NodeInfo& node,
+                    const RunOptions& options, RdzvTime now,
+                    std::vector<NodeEvent>* events);
+
+  // Refreshes the node's lease. NOT_FOUND for an unknown run or node.
+  absl::StatusOr<HeartbeatStatus> Heartbeat(const std::string& run_id,
+                                            const std::string& node_id,
+                                            RdzvTime now);
+
+  // A participant's workers failed in `round`. Re-forms the run (restart
+  // count + 1) while the budget lasts, else closes it as kFailed with `detail`
+  // as the root cause. Reports for an older round than the current one are
+  // acknowledged without a second restart (several nodes may see one failure).
+  absl::StatusOr<FailureVerdict> ReportFailure(const std::string& run_id,
+                                               const std::string& node_id,
+                                               uint64_t round,
+                                               const std::string& detail,
+                                               RdzvTime now,
+                                               std::vector<NodeEvent>* events);
+
+  // A participant's workers all succeeded in `round`. When every participant
+  // of the round has succeeded, the run closes as kSucceeded.
+  absl::Status ReportSuccess(const std::string& run_id,
+                             const std::string& node_id, uint64_t round,
+                             RdzvTime now, std::vector<NodeEvent>* events);
+
+  // The node departs (graceful leave, or its stream broke). Never closes the
+  // run; an active round that loses a participant that has not succeeded
+  // re-forms with the others.
+  absl::Status Leave(const std::string& run_id, const std::string& node_id,
+                     RdzvTime now, std::vector<NodeEvent>* events);
+
+  // Ends the run for everyone with the given outcome.
+  absl::Status Close(const std::string& run_id, Outcome outcome,
+                     const std::string& reason, RdzvTime now,
+                     std::vector<NodeEvent>* events);
+
+  // Expires leases, completes rounds whose last call passed, times out joins.
+  void Tick(RdzvTime now, std::vector<NodeEvent>* events);
+  // When Tick must run next, if anything is pending.
+  std::optional<RdzvTime> NextDeadline() const;
+
+  std::optional<RunSummary> Summary(const std::string& run_id) const;
+  std::vector<std::string> RunIds() const;
+  // Forgets closed runs that closed before `cutoff`.
+  void ForgetClosedBefore(RdzvTime cutoff);
+
+ private:
+  struct Run;   // defined in rendezvous_state.cc
+  struct Node;  // defined in rendezvous_state.cc
+
+  enum class DeadlineKind : uint8_t { kLease, kLastCall, kJoinTimeout };
+  // One pending timer. All timers live in one ordered index so Tick costs
+  // O(expired * log n) instead of a scan over every node of every run.
+  struct Deadline {
+    RdzvTime at;
+    DeadlineKind kind;
+    std::string run_id;
+    std::string node_id;  // empty unless kind == kLease
+    bool operator<(const Deadline& other) const;
+  };
+
+  absl::Status Rejoin(Run& run, Node& node, const NodeInfo& info, RdzvTime now,
+                      std::vector<NodeEvent>* events);
+  void Enrol(Run& run, const NodeInfo& info, RdzvTime now,
+             std::vector<NodeEvent>* events);
+  void OnGatheringGrew(Run& run, RdzvTime now, std::vector<NodeEvent>* events);
+  void CompleteRound(Run& run, std::vector<NodeEvent>* events);
+  void Reform(Run& run, ReformReason reason, const std::string& detail,
+              RdzvTime now, std::vector<NodeEvent>* events);
+  void RemoveNode(Run& run, const std::string& node_id, ReformReason reason,
+                  RdzvTime now, std::vector<NodeEvent>* events);
+  void Depart(Run& run, Node& node);
+  void Forget(Run& run, const std::string& node_id);
+  void TimeOutJoin(Run& run, std::vector<NodeEvent>* events);
+  void CloseRun(Run& run, Outcome outcome, const std::string& reason,
+                RdzvTime now, std::vector<NodeEvent>* events);
+  void SetLease(Run& run, Node& node, RdzvTime until);
+  void DropLease(Run& run, Node& node);
+  void SetRunTimer(Run& run, DeadlineKind kind, std::optional<RdzvTime> at);
+  Assignment AssignmentFor(const Run& run, uint32_t group_rank) const;
+
+  std::map<std::string, std::unique_ptr<Run>> runs_;
+  std::set<Deadline> deadlines_;
+
+ public:
+  RendezvousState();
+  ~RendezvousState();
+  RendezvousState(const RendezvousState&) = delete;
+  RendezvousState& operator=(const RendezvousState&) = delete;
+};
+
+}  // namespace meshrun::rdzv

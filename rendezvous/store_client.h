@@ -1,0 +1,82 @@
+#pragma once
+
+// Client of the daemon's Store service. One StoreClient is one bidirectional
+// stream; any number of threads may call it at once and their requests are
+// multiplexed on that stream (each call blocks its own thread only). Several
+// clients can share one channel (one TCP connection) or each have their own.
+//
+// Thread-safe. Blocking calls return UNAVAILABLE if the stream breaks.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace grpc {
+class Channel;
+}
+
+namespace meshrun::rdzv {
+
+struct StoreClientOptions {
+  // "host:port" of meshrun-rdzvd. Ignored when `channel` is set.
+  std::string target;
+  // Reuse an existing channel (shared connection); optional.
+  std::shared_ptr<grpc::Channel> channel;
+  // The store namespace every call of this client uses.
+  std::string ns;
+  // Default for get/wait/multi_get (c10d's default store timeout is 300 s).
+  std::chrono::milliseconds timeout{300000};
+  // How long Connect() waits for the daemon to answer.
+  std::chrono::milliseconds connect_timeout{10000};
+};
+
+// A channel to `target` tuned for the store; `own_connection` gives it a TCP
+// connection of its own instead of gRPC's process-wide shared one.
+std::shared_ptr<grpc::Channel> MakeStoreChannel(const std::string& target,
+                                                bool own_connection);
+
+class StoreClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<StoreClient>> Connect(
+      StoreClientOptions options);
+  ~StoreClient();
+  StoreClient(const StoreClient&) = delete;
+  StoreClient& operator=(const StoreClient&) = delete;
+
+  absl::Status Set(const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> Get(const std::string& key);
+  absl::StatusOr<std::string> Get(const std::string& key,
+                                  std::chrono::milliseconds timeout);
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
+  absl::StatusOr<std::string> CompareSet(const std::string& key,
+                                         const std::string& expected,
+                                         const std::string& desired);
+  absl::Status Wait(const std::vector<std::string>& keys);
+  absl::Status Wait(const std::vector<std::string>& keys,
+                    std::chrono::milliseconds timeout);
+  absl::StatusOr<bool> Delete(const std::string& key);
+  absl::StatusOr<int64_t> NumKeys();
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys);
+  absl::StatusOr<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys);
+  absl::Status MultiSet(
+      const std::vector<std::pair<std::string, std::string>>& entries);
+  absl::Status Append(const std::string& key, const std::string& value);
+
+  const std::string& ns() const;
+  std::chrono::milliseconds timeout() const;
+
+ private:
+  class Stream;  // the gRPC reactor, in store_client.cc
+  explicit StoreClient(StoreClientOptions options, std::shared_ptr<Stream> stream);
+  StoreClientOptions options_;
+  std::shared_ptr<Stream> stream_;
+};
+
+}  // namespace meshrun::rdzv

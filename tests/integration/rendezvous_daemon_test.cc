@@ -1,0 +1,204 @@
+// The Rendezvous service end to end: real daemon, real Join streams.
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "rendezvous/rendezvous_client.h"
+#include "rendezvous/store_client.h"
+#include "tests/support/child_process.h"
+
+namespace meshrun {
+namespace {
+
+namespace v1 = meshrun::v1;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::DaemonProcess;
+using Session = rdzv::RendezvousClient::JoinSession;
+
+v1::JoinRequest MakeJoin(const std::string& node, uint32_t min_nodes, uint32_t max_nodes,
+                         uint32_t nproc = 2, int32_t hint = -1) {
+  v1::JoinRequest join;
+  join.set_run_id("job");
+  join.set_node_id(node);
+  join.set_host("host-" + node);
+  join.set_nproc(nproc);
+  join.set_node_rank_hint(hint);
+  auto* config = join.mutable_config();
+  config->set_min_nodes(min_nodes);
+  config->set_max_nodes(max_nodes);
+  config->set_max_restarts(1);
+  config->set_last_call_timeout_ms(200);
+  config->set_keep_alive_interval_ms(1000);
+  config->set_keep_alive_max_attempt(3);
+  return join;
+}
+
+// Skips "waiting" events and returns the next other one.
+v1::RendezvousEvent NextNonWaiting(Session& session) {
+  while (true) {
+    auto event = session.Next(seconds(20));
+    EXPECT_TRUE(event.ok()) << event.status();
+    if (!event.ok()) return {};
+    if (!event->has_waiting()) return *event;
+  }
+}
+
+class RendezvousDaemonTest : public ::testing::Test {
+ protected:
+  DaemonProcess daemon_;
+  std::shared_ptr<grpc::Channel> channel_ =
+      grpc::CreateChannel(daemon_.endpoint(), grpc::InsecureChannelCredentials());
+  rdzv::RendezvousClient client_{channel_};
+};
+
+TEST_F(RendezvousDaemonTest, ThreeNodesFormOneWorldWithPrefixSumRanks) {
+  std::vector<std::unique_ptr<Session>> sessions;
+  const uint32_t nprocs[] = {2, 4, 1};
+  for (int i = 0; i < 3; ++i)
+    sessions.push_back(client_.Join(MakeJoin("n" + std::to_string(i), 3, 3, nprocs[i], i)));
+  std::set<uint32_t> ranks;
+  for (int i = 0; i < 3; ++i) {
+    auto event = NextNonWaiting(*sessions[i]);
+    ASSERT_TRUE(event.has_assigned());
+    const auto& a = event.assigned();
+    EXPECT_EQ(a.group_rank(), static_cast<uint32_t>(i));  // hints honoured
+    EXPECT_EQ(a.group_world_size(), 3u);
+    EXPECT_EQ(a.world_size(), 7u);
+    EXPECT_EQ(a.rank_base(), std::vector<uint32_t>({0, 2, 6})[i]);
+    EXPECT_EQ(a.participants_size(), 3);
+    EXPECT_FALSE(a.store_prefix().empty());
+    ranks.insert(a.group_rank());
+  }
+  EXPECT_EQ(ranks.size(), 3u);
+}
+
+TEST_F(RendezvousDaemonTest, BrokenStreamMakesSurvivorsReformAtOnce) {
+  auto a = client_.Join(MakeJoin("a", 2, 3));
+  auto b = client_.Join(MakeJoin("b", 2, 3));
+  auto c = client_.Join(MakeJoin("c", 2, 3));
+  uint64_t round = 0;
+  for (auto* s : {a.get(), b.get(), c.get()}) {
+    auto event = NextNonWaiting(*s);
+    ASSERT_TRUE(event.has_assigned());
+    round = event.assigned().round();
+  }
+  c.reset();  // the agent dies: its stream is cancelled
+  for (auto* s : {a.get(), b.get()}) {
+    auto reform = NextNonWaiting(*s);
+    ASSERT_TRUE(reform.has_reform());
+    EXPECT_EQ(reform.reform().reason(), v1::REFORM_NODE_LEFT);
+    auto assigned = NextNonWaiting(*s);
+    ASSERT_TRUE(assigned.has_assigned());
+    EXPECT_EQ(assigned.assigned().round(), round + 1);
+    EXPECT_EQ(assigned.assigned().group_world_size(), 2u);
+  }
+}
+
+TEST_F(RendezvousDaemonTest, WorkerFailureRestartsUntilTheBudgetIsSpent) {
+  auto a = client_.Join(MakeJoin("a", 2, 2));
+  auto b = client_.Join(MakeJoin("b", 2, 2));
+  uint64_t round = NextNonWaiting(*a).assigned().round();
+  NextNonWaiting(*b);
+  auto verdict = client_.ReportFailure("job", "b", round, "rank 3 exited with code 1");
+  ASSERT_TRUE(verdict.ok()) << verdict.status();
+  EXPECT_TRUE(verdict->will_restart());
+  EXPECT_EQ(verdict->restart_count(), 1u);
+  for (auto* s : {a.get(), b.get()}) {
+    EXPECT_EQ(NextNonWaiting(*s).reform().reason(), v1::REFORM_WORKER_FAILURE);
+    auto assigned = NextNonWaiting(*s).assigned();
+    EXPECT_EQ(assigned.restart_count(), 1u);
+    round = assigned.round();
+  }
+  // max_restarts is 1: the second failure closes the run for everyone.
+  verdict = client_.ReportFailure("job", "a", round, "rank 0 killed by SIGSEGV");
+  ASSERT_TRUE(verdict.ok());
+  EXPECT_FALSE(verdict->will_restart());
+  for (auto* s : {a.get(), b.get()}) {
+    auto closed = NextNonWaiting(*s);
+    ASSERT_TRUE(closed.has_closed());
+    EXPECT_EQ(closed.closed().outcome(), v1::OUTCOME_FAILED);
+    EXPECT_NE(closed.closed().reason().find("SIGSEGV"), std::string::npos);
+    // The stream ends after the terminal event.
+    EXPECT_FALSE(s->Next(seconds(10)).ok());
+  }
+}
+
+TEST_F(RendezvousDaemonTest, SuccessOfEveryNodeClosesTheRun) {
+  auto a = client_.Join(MakeJoin("a", 2, 2));
+  auto b = client_.Join(MakeJoin("b", 2, 2));
+  uint64_t round = NextNonWaiting(*a).assigned().round();
+  NextNonWaiting(*b);
+  ASSERT_TRUE(client_.ReportSuccess("job", "a", round).ok());
+  ASSERT_TRUE(client_.ReportSuccess("job", "b", round).ok());
+  for (auto* s : {a.get(), b.get()})
+    EXPECT_EQ(NextNonWaiting(*s).closed().outcome(), v1::OUTCOME_SUCCEEDED);
+  auto late = client_.Join(MakeJoin("late", 2, 2));
+  auto refused = late->Next(seconds(10));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(RendezvousDaemonTest, LateNodeTriggersScaleUp) {
+  auto a = client_.Join(MakeJoin("a", 1, 2));
+  ASSERT_TRUE(NextNonWaiting(*a).has_assigned());
+  auto b = client_.Join(MakeJoin("b", 1, 2));
+  auto reform = NextNonWaiting(*a);
+  ASSERT_TRUE(reform.has_reform());
+  EXPECT_EQ(reform.reform().reason(), v1::REFORM_NODES_WAITING);
+  auto a2 = NextNonWaiting(*a).assigned();
+  auto b2 = NextNonWaiting(*b).assigned();
+  EXPECT_EQ(a2.group_world_size(), 2u);
+  EXPECT_EQ(a2.group_rank(), 0u);  // rank 0 stays put
+  EXPECT_EQ(b2.group_rank(), 1u);
+  EXPECT_EQ(a2.restart_count(), 0u);  // scale-up is not a restart
+}
+
+TEST_F(RendezvousDaemonTest, MismatchedConfigIsRefusedSayingWhatDiffers) {
+  auto a = client_.Join(MakeJoin("a", 2, 2));
+  auto b = client_.Join(MakeJoin("b", 3, 3));
+  auto refused = b->Next(seconds(10));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("min_nodes"), std::string::npos)
+      << refused.status();
+}
+
+TEST_F(RendezvousDaemonTest, SilentNodeExpiresAndSurvivorsReform) {
+  auto join_a = MakeJoin("a", 1, 2);
+  auto join_b = MakeJoin("b", 1, 2);
+  for (auto* j : {&join_a, &join_b}) {
+    j->mutable_config()->set_keep_alive_interval_ms(100);
+    j->mutable_config()->set_keep_alive_max_attempt(2);
+  }
+  auto a = client_.Join(join_a);
+  auto b = client_.Join(join_b);
+  NextNonWaiting(*a);
+  NextNonWaiting(*b);
+  // Only a heartbeats: b's lease (200 ms) runs out even though its stream is
+  // open (a partitioned node looks like this).
+  auto deadline = std::chrono::steady_clock::now() + seconds(20);
+  bool reformed = false;
+  while (!reformed && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE(client_.Heartbeat("job", "a").ok());
+    auto event = a->Next(milliseconds(50));
+    if (event.ok() && event->has_reform()) {
+      EXPECT_EQ(event->reform().reason(), v1::REFORM_NODE_EXPIRED);
+      reformed = true;
+    }
+  }
+  ASSERT_TRUE(reformed);
+  auto assigned = NextNonWaiting(*a).assigned();
+  EXPECT_EQ(assigned.group_world_size(), 1u);
+}
+
+TEST_F(RendezvousDaemonTest, UnknownNodesAndRunsAreNotFound) {
+  EXPECT_EQ(client_.Heartbeat("nope", "x").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_.Leave("nope", "x").code(), absl::StatusCode::kNotFound);
+  auto bad = MakeJoin("", 1, 1);
+  auto refused = client_.Join(bad)->Next(seconds(10));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshrun

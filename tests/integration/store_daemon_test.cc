@@ -1,0 +1,261 @@
+// The Store service end to end: the real meshrun-rdzvd binary on 127.0.0.1
+// with a kernel-assigned port, real clients over gRPC.
+
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "meshrun/v1/store.grpc.pb.h"
+#include "rendezvous/store_client.h"
+#include "tests/support/child_process.h"
+
+namespace meshrun {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::ChildProcess;
+using testing::DaemonProcess;
+
+std::unique_ptr<rdzv::StoreClient> Connect(const std::string& endpoint,
+                                           const std::string& ns = "run",
+                                           bool own_connection = false) {
+  rdzv::StoreClientOptions options;
+  options.target = endpoint;
+  options.ns = ns;
+  options.timeout = std::chrono::seconds(30);
+  if (own_connection) options.channel = rdzv::MakeStoreChannel(endpoint, true);
+  auto client = rdzv::StoreClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+TEST(StoreDaemonTest, ConcurrentClientsAddExactly) {
+  DaemonProcess daemon;
+  constexpr int kClients = 8, kAdds = 500;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = Connect(daemon.endpoint(), "run", /*own_connection=*/c % 2 == 0);
+      for (int i = 0; i < kAdds; ++i) ASSERT_TRUE(client->Add("counter", 1).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto client = Connect(daemon.endpoint());
+  EXPECT_EQ(*client->Add("counter", 0), kClients * kAdds);
+}
+
+TEST(StoreDaemonTest, EveryOperationOverTheWire) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon.endpoint());
+  ASSERT_TRUE(client->Set("a", "1").ok());
+  EXPECT_EQ(*client->Get("a"), "1");
+  EXPECT_EQ(*client->Add("n", 5), 5);
+  EXPECT_EQ(*client->CompareSet("a", "1", "2"), "2");
+  EXPECT_EQ(*client->CompareSet("a", "1", "3"), "2");
+  EXPECT_EQ(*client->CompareSet("fresh", "", "x"), "x");
+  ASSERT_TRUE(client->Append("log", "ab").ok());
+  ASSERT_TRUE(client->Append("log", "cd").ok());
+  EXPECT_EQ(*client->Get("log"), "abcd");
+  ASSERT_TRUE(client->MultiSet({{"k1", "v1"}, {"k2", "v2"}}).ok());
+  EXPECT_EQ(*client->MultiGet({"k2", "k1"}), (std::vector<std::string>{"v2", "v1"}));
+  EXPECT_TRUE(*client->Check({"k1", "k2"}));
+  EXPECT_FALSE(*client->Check({"k1", "nope"}));
+  EXPECT_EQ(*client->NumKeys(), 6);
+  EXPECT_TRUE(*client->Delete("k1"));
+  EXPECT_FALSE(*client->Delete("k1"));
+  EXPECT_EQ(*client->NumKeys(), 5);
+  // Namespaces are separate runs.
+  auto other = Connect(daemon.endpoint(), "other-run");
+  EXPECT_EQ(*other->NumKeys(), 0);
+}
+
+TEST(StoreDaemonTest, WaitIsWokenBySetFromAnotherClient) {
+  DaemonProcess daemon;
+  auto waiter = Connect(daemon.endpoint());
+  auto setter = Connect(daemon.endpoint(), "run", /*own_connection=*/true);
+  std::atomic<bool> woke{false};
+  std::thread t([&] {
+    EXPECT_TRUE(waiter->Wait({"ready", "go"}, std::chrono::seconds(30)).ok());
+    woke = true;
+  });
+  ASSERT_TRUE(setter->Set("ready", "1").ok());
+  EXPECT_EQ(*setter->Get("ready"), "1");
+  EXPECT_FALSE(woke.load());  // still misses "go"
+  ASSERT_TRUE(setter->Set("go", "1").ok());
+  t.join();
+  EXPECT_TRUE(woke.load());
+  // A blocked get returns the value set later.
+  std::thread getter([&] { EXPECT_EQ(*waiter->Get("late"), "value"); });
+  ASSERT_TRUE(setter->Set("late", "value").ok());
+  getter.join();
+}
+
+TEST(StoreDaemonTest, TimeoutNamesTheMissingKeys) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon.endpoint());
+  ASSERT_TRUE(client->Set("present", "1").ok());
+  absl::Status status = client->Wait({"present", "absent-key"}, milliseconds(100));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(status.message().find("absent-key"), std::string::npos) << status;
+  EXPECT_EQ(status.message().find("present"), std::string::npos) << status;
+  auto got = client->Get("missing", milliseconds(50));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(got.status().message().find("missing"), std::string::npos);
+  // The stream is still fine after timeouts.
+  EXPECT_EQ(*client->Get("present"), "1");
+}
+
+TEST(StoreDaemonTest, LimitsAnswerWithClearErrorsAndChangeNothing) {
+  DaemonProcess daemon({"--max-key-bytes", "16", "--max-value-bytes", "1024",
+                        "--max-keys-per-run", "3"});
+  auto client = Connect(daemon.endpoint());
+  absl::Status big = client->Set("k", std::string(2048, 'x'));
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted) << big;
+  EXPECT_NE(big.message().find("1024"), std::string::npos) << big;
+  absl::Status long_key = client->Set(std::string(17, 'k'), "v");
+  EXPECT_EQ(long_key.code(), absl::StatusCode::kInvalidArgument) << long_key;
+  ASSERT_TRUE(client->Set("a", "1").ok());
+  ASSERT_TRUE(client->Set("b", "1").ok());
+  ASSERT_TRUE(client->Set("c", "1").ok());
+  absl::Status full = client->Set("d", "1");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_EQ(*client->NumKeys(), 3);
+  ASSERT_TRUE(client->Set("a", "overwrite is fine").ok());
+  // Another run has its own key budget.
+  auto other = Connect(daemon.endpoint(), "other-run");
+  EXPECT_TRUE(other->Set("d", "1").ok());
+}
+
+TEST(StoreDaemonTest, ClientKilledMidWaitDisturbsNobody) {
+  DaemonProcess daemon;
+  ChildProcess doomed({testing::BinDir() + "/store_tool", daemon.endpoint(), "run", "wait",
+                       "never", "60000"});
+  ASSERT_EQ(doomed.ReadLine(std::chrono::seconds(20)), "waiting");
+  auto client = Connect(daemon.endpoint());
+  std::thread waiter([&] { EXPECT_TRUE(client->Wait({"go"}, std::chrono::seconds(30)).ok()); });
+  doomed.Signal(SIGKILL);
+  auto status = doomed.Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFSIGNALED(*status));
+  // Setting the key the dead client waited on must not trip over its corpse.
+  auto setter = Connect(daemon.endpoint(), "run", /*own_connection=*/true);
+  ASSERT_TRUE(setter->Set("never", "1").ok());
+  ASSERT_TRUE(setter->Set("go", "1").ok());
+  waiter.join();
+  EXPECT_TRUE(daemon.process().Running());
+}
+
+TEST(StoreDaemonTest, MalformedRequestsGetErrorsAndTheDaemonKeepsServing) {
+  DaemonProcess daemon({"--max-value-bytes", "1024"});
+  auto channel = rdzv::MakeStoreChannel(daemon.endpoint(), true);
+  auto stub = meshrun::v1::Store::NewStub(channel);
+  {
+    // A request naming no operation, then a valid one, on one raw stream.
+    grpc::ClientContext context;
+    auto stream = stub->Session(&context);
+    meshrun::v1::StoreRequest empty;
+    empty.set_id(7);
+    ASSERT_TRUE(stream->Write(empty));
+    meshrun::v1::StoreResponse reply;
+    ASSERT_TRUE(stream->Read(&reply));
+    EXPECT_EQ(reply.id(), 7u);
+    EXPECT_EQ(reply.code(), meshrun::v1::STORE_INVALID_ARGUMENT);
+    EXPECT_NE(reply.error().find("no operation"), std::string::npos);
+    meshrun::v1::StoreRequest num;
+    num.set_id(8);
+    num.mutable_num_keys();
+    ASSERT_TRUE(stream->Write(num));
+    ASSERT_TRUE(stream->Read(&reply));
+    EXPECT_EQ(reply.id(), 8u);
+    EXPECT_EQ(reply.code(), meshrun::v1::STORE_OK);
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  {
+    // A message far over gRPC's limit ends that stream only.
+    grpc::ClientContext context;
+    auto stream = stub->Session(&context);
+    meshrun::v1::StoreRequest huge;
+    huge.mutable_set()->set_key("k");
+    huge.mutable_set()->set_value(std::string(8 << 20, 'x'));
+    stream->Write(huge);
+    meshrun::v1::StoreResponse reply;
+    EXPECT_FALSE(stream->Read(&reply));
+    grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << status.error_message();
+  }
+  {
+    // Raw garbage on the port is not HTTP/2; the daemon drops the connection.
+    auto colon = daemon.endpoint().rfind(':');
+    int port = std::stoi(daemon.endpoint().substr(colon + 1));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    std::mt19937 rng(42);
+    std::string junk(64 << 10, '\0');
+    for (char& c : junk) c = static_cast<char>(rng());
+    (void)!write(fd, junk.data(), junk.size());
+    close(fd);
+  }
+  // Too many keys in one request.
+  auto client = Connect(daemon.endpoint());
+  std::vector<std::string> keys(200000, "k");
+  EXPECT_EQ(client->Check(keys).status().code(), absl::StatusCode::kInvalidArgument);
+  // And the daemon still serves a new client.
+  auto fresh = Connect(daemon.endpoint(), "run", /*own_connection=*/true);
+  ASSERT_TRUE(fresh->Set("alive", "yes").ok());
+  EXPECT_EQ(*fresh->Get("alive"), "yes");
+  EXPECT_TRUE(daemon.process().Running());
+}
+
+TEST(StoreDaemonTest, SigtermShutsDownPromptlyWithParkedWaits) {
+  DaemonProcess daemon({"--shutdown-grace-ms", "200"});
+  auto client = Connect(daemon.endpoint());
+  std::thread waiter([&] {
+    auto status = client->Wait({"never"}, std::chrono::seconds(60));
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  });
+  ASSERT_TRUE(client->Set("x", "1").ok());  // the wait above is parked by now or soon
+  daemon.process().Signal(SIGTERM);
+  auto status = daemon.process().Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(status.has_value()) << "daemon did not exit after SIGTERM";
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+  waiter.join();
+}
+
+TEST(StoreDaemonTest, BadFlagsExitWithCodeTwo) {
+  ChildProcess bad({testing::BinDir() + "/meshrun-rdzvd", "--port", "70000"});
+  auto status = bad.Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(WEXITSTATUS(*status), 2);
+  ChildProcess unknown({testing::BinDir() + "/meshrun-rdzvd", "--no-such-flag"});
+  status = unknown.Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(WEXITSTATUS(*status), 2);
+}
+
+TEST(StoreDaemonTest, PortInUseIsAClearFailure) {
+  DaemonProcess first;
+  auto port = first.endpoint().substr(first.endpoint().rfind(':') + 1);
+  ChildProcess second({testing::BinDir() + "/meshrun-rdzvd", "--port", port});
+  auto status = second.Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(WEXITSTATUS(*status), 1);
+}
+
+}  // namespace
+}  // namespace meshrun

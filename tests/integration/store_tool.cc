@@ -1,0 +1,37 @@
+// Test helper: one store operation against a daemon, from its own process,
+// so tests can kill a client in the middle of a call.
+//   store_tool ENDPOINT NS set KEY VALUE
+//   store_tool ENDPOINT NS wait KEY TIMEOUT_MS   (prints "waiting" first)
+#include <cstdio>
+#include <string>
+
+#include "rendezvous/store_client.h"
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: store_tool ENDPOINT NS set|wait KEY [VALUE|TIMEOUT_MS]\n");
+    return 2;
+  }
+  meshrun::rdzv::StoreClientOptions options;
+  options.target = argv[1];
+  options.ns = argv[2];
+  auto client = meshrun::rdzv::StoreClient::Connect(options);
+  if (!client.ok()) {
+    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  std::string op = argv[3];
+  absl::Status status;
+  if (op == "set" && argc == 6) {
+    status = (*client)->Set(argv[4], argv[5]);
+  } else if (op == "wait" && argc == 6) {
+    std::printf("waiting\n");
+    std::fflush(stdout);
+    status = (*client)->Wait({argv[4]}, std::chrono::milliseconds(std::stol(argv[5])));
+  } else {
+    std::fprintf(stderr, "store_tool: bad arguments\n");
+    return 2;
+  }
+  std::printf("%s\n", status.ok() ? "ok" : status.ToString().c_str());
+  return status.ok() ? 0 : 1;
+}

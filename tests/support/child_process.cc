@@ -1,0 +1,112 @@
+#include "tests/support/child_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+extern char** environ;
+
+namespace meshrun::testing {
+
+std::string BinDir() { return MESHRUN_BIN_DIR; }
+
+ChildProcess::ChildProcess(std::vector<std::string> argv) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+  }
+  stdout_fd_ = fds[0];
+}
+
+ChildProcess::~ChildProcess() {
+  if (Running()) {
+    kill(pid_, SIGKILL);
+    Wait(std::chrono::seconds(10));
+  }
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+std::optional<std::string> ChildProcess::ReadLine(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    auto newline = buffer_.find('\n');
+    if (newline != std::string::npos) {
+      std::string line = buffer_.substr(0, newline);
+      buffer_.erase(0, newline + 1);
+      return line;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    pollfd pfd{stdout_fd_, POLLIN, 0};
+    int ready = poll(&pfd, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return std::nullopt;
+    char chunk[4096];
+    ssize_t n = read(stdout_fd_, chunk, sizeof chunk);
+    if (n <= 0) return std::nullopt;
+    buffer_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+void ChildProcess::Signal(int signal_number) {
+  if (Running()) kill(pid_, signal_number);
+}
+
+std::optional<int> ChildProcess::Wait(std::chrono::milliseconds timeout) {
+  if (exit_status_) return exit_status_;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exit_status_ = status;
+      return exit_status_;
+    }
+    if (r < 0 && errno != EINTR) return std::nullopt;
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    // Polling waitpid is the portable way to bound a wait on a child; 5 ms
+    // keeps it cheap.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+bool ChildProcess::Running() {
+  if (exit_status_ || pid_ <= 0) return false;
+  return !Wait(std::chrono::milliseconds(0)).has_value();
+}
+
+DaemonProcess::DaemonProcess(std::vector<std::string> extra_args)
+    : process_([&] {
+        std::vector<std::string> argv{BinDir() + "/meshrun-rdzvd", "--host", "127.0.0.1",
+                                      "--port", "0", "--log-level", "warn"};
+        argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+        return argv;
+      }()) {
+  const std::string prefix = "MESHRUN_RDZVD_ENDPOINT=";
+  auto line = process_.ReadLine(std::chrono::seconds(20));
+  if (!line || line->rfind(prefix, 0) != 0)
+    throw std::runtime_error("meshrun-rdzvd did not print its endpoint");
+  endpoint_ = line->substr(prefix.size());
+}
+
+}  // namespace meshrun::testing

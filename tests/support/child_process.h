@@ -1,0 +1,55 @@
+#pragma once
+
+// Test support: a real child process started with posix_spawn, its stdout on
+// a pipe, and ended by its pid when the object goes away. Every wait has a
+// deadline.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshrun::testing {
+
+class ChildProcess {
+ public:
+  // Starts argv[0] (a path) with argv; stderr is inherited.
+  explicit ChildProcess(std::vector<std::string> argv);
+  ~ChildProcess();  // SIGKILL and reap if still running
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // The next line of stdout (without '\n'), or nullopt at EOF or timeout.
+  std::optional<std::string> ReadLine(std::chrono::milliseconds timeout);
+  // Sends a signal to the child.
+  void Signal(int signal_number);
+  // Waits for exit; returns the wait status, or nullopt on timeout.
+  std::optional<int> Wait(std::chrono::milliseconds timeout);
+  bool Running();
+
+ private:
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::string buffer_;
+  std::optional<int> exit_status_;
+};
+
+// The real meshrun-rdzvd on 127.0.0.1 with a kernel-assigned port.
+class DaemonProcess {
+ public:
+  explicit DaemonProcess(std::vector<std::string> extra_args = {});
+  const std::string& endpoint() const { return endpoint_; }
+  ChildProcess& process() { return process_; }
+
+ private:
+  ChildProcess process_;
+  std::string endpoint_;
+};
+
+// Directory holding the built binaries (build/bin).
+std::string BinDir();
+
+}  // namespace meshrun::testing

@@ -1,0 +1,891 @@
+#include "rendezvous/kv_store.h"
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace meshrun::rdzv {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+constexpr char kNs[] = "run";
+
+TimePoint At(int ms) { return TimePoint{} + std::chrono::milliseconds(ms); }
+
+// Reads a key without parking: nullopt when absent.
+std::optional<std::string> Peek(KvStore& store, const std::string& ns,
+                                const std::string& key) {
+  absl::StatusOr<bool> present = store.Check(ns, {key});
+  if (!present.ok() || !*present) return std::nullopt;
+  BlockingResult result = store.Get(ns, key, /*waiter=*/~WaiterId{0}, At(0));
+  EXPECT_TRUE(result.ready);
+  EXPECT_TRUE(result.status.ok()) << result.status;
+  return result.values.at(0);
+}
+
+std::vector<WaiterId> Ids(const std::vector<Wakeup>& woken) {
+  std::vector<WaiterId> ids;
+  for (const Wakeup& wake : woken) ids.push_back(wake.waiter);
+  return ids;
+}
+
+// --- Plain operations -------------------------------------------------------
+
+TEST(KvStoreTest, SetOverwrites) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "k", "one", &woken).ok());
+  ASSERT_TRUE(store.Set(kNs, "k", "two", &woken).ok());
+  EXPECT_EQ(Peek(store, kNs, "k"), "two");
+  EXPECT_EQ(store.NumKeys(kNs), 1);
+  EXPECT_THAT(woken, IsEmpty());
+}
+
+TEST(KvStoreTest, SetAcceptsEmptyAndBinaryValues) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  const std::string binary("a\0b", 3);
+  ASSERT_TRUE(store.Set(kNs, "empty", "", &woken).ok());
+  ASSERT_TRUE(store.Set(kNs, binary, binary, &woken).ok());
+  EXPECT_EQ(Peek(store, kNs, "empty"), "");
+  EXPECT_EQ(Peek(store, kNs, binary), binary);
+}
+
+TEST(KvStoreTest, Add) {
+  struct Case {
+    const char* name;
+    std::optional<std::string> initial;
+    int64_t delta;
+    absl::StatusCode code;
+    int64_t result;  // when ok
+  };
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  const std::vector<Case> cases = {
+      {"absent counts as zero", std::nullopt, 5, absl::StatusCode::kOk, 5},
+      {"absent with negative delta", std::nullopt, -3, absl::StatusCode::kOk, -3},
+      {"adds to existing", "10", 7, absl::StatusCode::kOk, 17},
+      {"negative existing", "-4", 4, absl::StatusCode::kOk, 0},
+      {"zero delta reads", "42", 0, absl::StatusCode::kOk, 42},
+      {"reaches int64 max", absl::StrCat(kMax - 1), 1, absl::StatusCode::kOk, kMax},
+      {"reaches int64 min", absl::StrCat(kMin + 1), -1, absl::StatusCode::kOk, kMin},
+      {"text", "abc", 1, absl::StatusCode::kInvalidArgument, 0},
+      {"empty string", "", 1, absl::StatusCode::kInvalidArgument, 0},
+      {"fraction", "1.5", 1, absl::StatusCode::kInvalidArgument, 0},
+      {"trailing garbage", "12abc", 1, absl::StatusCode::kInvalidArgument, 0},
+      {"too big for int64", "99999999999999999999", 1, absl::StatusCode::kInvalidArgument,
+       0},
+      {"overflow", absl::StrCat(kMax), 1, absl::StatusCode::kOutOfRange, 0},
+      {"underflow", absl::StrCat(kMin), -1, absl::StatusCode::kOutOfRange, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    KvStore store;
+    std::vector<Wakeup> woken;
+    if (c.initial) {
+      ASSERT_TRUE(store.Set(kNs, "n", *c.initial, &woken).ok());
+    }
+    absl::StatusOr<int64_t> sum = store.Add(kNs, "n", c.delta, &woken);
+    ASSERT_EQ(sum.status().code(), c.code) << sum.status();
+    if (sum.ok()) {
+      EXPECT_EQ(*sum, c.result);
+      // Stored as a decimal string, as c10d clients expect.
+      EXPECT_EQ(Peek(store, kNs, "n"), absl::StrCat(c.result));
+    } else {
+      EXPECT_EQ(Peek(store, kNs, "n"), c.initial) << "a failed add changed the value";
+    }
+  }
+}
+
+TEST(KvStoreTest, AddNamesTheKeyOfANonIntegerValue) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "rank", "abc", &woken).ok());
+  EXPECT_THAT(store.Add(kNs, "rank", 1, &woken).status().message(), HasSubstr("rank"));
+}
+
+TEST(KvStoreTest, CompareSetFollowsC10d) {
+  struct Case {
+    const char* name;
+    std::optional<std::string> initial;
+    std::string expected;
+    std::string desired;
+    std::string returned;
+    std::optional<std::string> stored;
+  };
+  const std::vector<Case> cases = {
+      {"absent, empty expected: sets", std::nullopt, "", "new", "new", "new"},
+      {"absent, other expected: returns expected", std::nullopt, "old", "new", "old",
+       std::nullopt},
+      {"present and equal: sets", "old", "old", "new", "new", "new"},
+      {"present and different: returns current", "cur", "old", "new", "cur", "cur"},
+      {"present empty, empty expected: sets", "", "", "new", "new", "new"},
+      {"present, empty expected: returns current", "cur", "", "new", "cur", "cur"},
+      {"desired may be empty", "old", "old", "", "", ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    KvStore store;
+    std::vector<Wakeup> woken;
+    if (c.initial) {
+      ASSERT_TRUE(store.Set(kNs, "k", *c.initial, &woken).ok());
+    }
+    absl::StatusOr<std::string> result =
+        store.CompareSet(kNs, "k", c.expected, c.desired, &woken);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(*result, c.returned);
+    EXPECT_EQ(Peek(store, kNs, "k"), c.stored);
+  }
+}
+
+TEST(KvStoreTest, AppendCreatesThenAppends) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Append(kNs, "log", "a", &woken).ok());
+  ASSERT_TRUE(store.Append(kNs, "log", "bc", &woken).ok());
+  ASSERT_TRUE(store.Append(kNs, "log", "", &woken).ok());
+  EXPECT_EQ(Peek(store, kNs, "log"), "abc");
+}
+
+TEST(KvStoreTest, MultiSetSetsAllInOrder) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.MultiSet(kNs, {{"a", "1"}, {"b", "2"}, {"a", "3"}}, &woken).ok());
+  EXPECT_EQ(Peek(store, kNs, "a"), "3");
+  EXPECT_EQ(Peek(store, kNs, "b"), "2");
+  EXPECT_EQ(store.NumKeys(kNs), 2);
+  ASSERT_TRUE(store.MultiSet(kNs, {}, &woken).ok());
+  EXPECT_EQ(store.NumKeys(kNs), 2);
+}
+
+TEST(KvStoreTest, DeleteReportsWhetherTheKeyExisted) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  EXPECT_TRUE(store.Delete(kNs, "k"));
+  EXPECT_FALSE(store.Delete(kNs, "k"));
+  EXPECT_FALSE(store.Delete("other", "k"));
+  EXPECT_EQ(Peek(store, kNs, "k"), std::nullopt);
+  EXPECT_EQ(store.NumKeys(kNs), 0);
+}
+
+TEST(KvStoreTest, NumKeysCountsPerNamespace) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  EXPECT_EQ(store.NumKeys("unknown"), 0);
+  ASSERT_TRUE(store.Set("a", "x", "1", &woken).ok());
+  ASSERT_TRUE(store.Set("a", "y", "1", &woken).ok());
+  ASSERT_TRUE(store.Set("a", "y", "2", &woken).ok());
+  ASSERT_TRUE(store.Set("b", "x", "1", &woken).ok());
+  EXPECT_EQ(store.NumKeys("a"), 2);
+  EXPECT_EQ(store.NumKeys("b"), 1);
+  store.Delete("a", "x");
+  EXPECT_EQ(store.NumKeys("a"), 1);
+}
+
+TEST(KvStoreTest, Check) {
+  struct Case {
+    const char* name;
+    std::string ns;
+    std::vector<std::string> keys;
+    absl::StatusCode code;
+    bool result;
+  };
+  const std::vector<Case> cases = {
+      {"all present", kNs, {"a", "b"}, absl::StatusCode::kOk, true},
+      {"one missing", kNs, {"a", "missing"}, absl::StatusCode::kOk, false},
+      {"empty list", kNs, {}, absl::StatusCode::kOk, true},
+      {"empty list, unknown namespace", "unknown", {}, absl::StatusCode::kOk, true},
+      {"unknown namespace", "unknown", {"a"}, absl::StatusCode::kOk, false},
+      {"empty key", kNs, {"a", ""}, absl::StatusCode::kInvalidArgument, false},
+  };
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.MultiSet(kNs, {{"a", "1"}, {"b", "2"}}, &woken).ok());
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<bool> present = store.Check(c.ns, c.keys);
+    ASSERT_EQ(present.status().code(), c.code) << present.status();
+    if (present.ok()) {
+      EXPECT_EQ(*present, c.result);
+    }
+  }
+}
+
+// --- Blocking queries answered at once --------------------------------------
+
+TEST(KvStoreTest, BlockingQueriesAreReadyWhenKeysExist) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.MultiSet(kNs, {{"a", "1"}, {"b", "2"}}, &woken).ok());
+
+  BlockingResult get = store.Get(kNs, "a", 1, At(10));
+  EXPECT_TRUE(get.ready);
+  EXPECT_TRUE(get.status.ok());
+  EXPECT_THAT(get.values, ElementsAre("1"));
+
+  BlockingResult multi = store.MultiGet(kNs, {"b", "a", "b"}, 2, At(10));
+  EXPECT_TRUE(multi.ready);
+  EXPECT_THAT(multi.values, ElementsAre("2", "1", "2"));
+
+  BlockingResult wait = store.Wait(kNs, {"a", "b"}, 3, At(10));
+  EXPECT_TRUE(wait.ready);
+  EXPECT_TRUE(wait.status.ok());
+  EXPECT_THAT(wait.values, IsEmpty());
+
+  EXPECT_EQ(store.num_waiters(), 0u);
+  EXPECT_EQ(store.NextDeadline(), std::nullopt);
+}
+
+TEST(KvStoreTest, EmptyKeyListIsReadyAtOnce) {
+  KvStore store;
+  BlockingResult wait = store.Wait("unknown", {}, 1, At(10));
+  EXPECT_TRUE(wait.ready);
+  EXPECT_TRUE(wait.status.ok());
+  BlockingResult multi = store.MultiGet("unknown", {}, 2, At(10));
+  EXPECT_TRUE(multi.ready);
+  EXPECT_TRUE(multi.status.ok());
+  EXPECT_THAT(multi.values, IsEmpty());
+  EXPECT_EQ(store.num_waiters(), 0u);
+  EXPECT_EQ(store.num_namespaces(), 0u);
+}
+
+TEST(KvStoreTest, BlockingQueriesRejectInvalidKeys) {
+  KvStore store;
+  BlockingResult get = store.Get(kNs, "", 1, At(10));
+  EXPECT_TRUE(get.ready);
+  EXPECT_EQ(get.status.code(), absl::StatusCode::kInvalidArgument);
+  BlockingResult wait = store.Wait(kNs, {"ok", ""}, 2, At(10));
+  EXPECT_TRUE(wait.ready);
+  EXPECT_EQ(wait.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.num_waiters(), 0u);
+}
+
+// --- Waking -----------------------------------------------------------------
+
+TEST(KvStoreTest, EveryCreatingMutationWakesAGet) {
+  struct Case {
+    const char* name;
+    std::function<void(KvStore&, std::vector<Wakeup>*)> mutate;
+    std::string value;
+  };
+  const std::vector<Case> cases = {
+      {"set", [](KvStore& s, auto* w) { ASSERT_TRUE(s.Set(kNs, "k", "v", w).ok()); },
+       "v"},
+      {"add", [](KvStore& s, auto* w) { ASSERT_TRUE(s.Add(kNs, "k", 3, w).ok()); }, "3"},
+      {"append",
+       [](KvStore& s, auto* w) { ASSERT_TRUE(s.Append(kNs, "k", "tail", w).ok()); },
+       "tail"},
+      {"multi_set",
+       [](KvStore& s, auto* w) {
+         ASSERT_TRUE(s.MultiSet(kNs, {{"other", "x"}, {"k", "v"}}, w).ok());
+       },
+       "v"},
+      {"compare_set",
+       [](KvStore& s, auto* w) {
+         ASSERT_EQ(s.CompareSet(kNs, "k", "", "new", w).value(), "new");
+       },
+       "new"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    KvStore store;
+    BlockingResult get = store.Get(kNs, "k", 7, At(100));
+    ASSERT_FALSE(get.ready);
+    ASSERT_EQ(store.num_waiters(), 1u);
+    std::vector<Wakeup> woken;
+    c.mutate(store, &woken);
+    ASSERT_EQ(woken.size(), 1u);
+    EXPECT_EQ(woken[0].waiter, 7u);
+    EXPECT_TRUE(woken[0].status.ok()) << woken[0].status;
+    EXPECT_THAT(woken[0].values, ElementsAre(c.value));
+    EXPECT_EQ(store.num_waiters(), 0u);
+    EXPECT_EQ(store.NextDeadline(), std::nullopt);
+  }
+}
+
+TEST(KvStoreTest, MutationsThatCreateNothingWakeNobody) {
+  StoreLimits limits;
+  limits.max_value_bytes = 4;
+  KvStore store(limits);
+  std::vector<Wakeup> woken;
+  ASSERT_FALSE(store.Wait(kNs, {"k"}, 1, At(100)).ready);
+  // CompareSet on an absent key with a non-empty expectation stores nothing.
+  ASSERT_EQ(store.CompareSet(kNs, "k", "old", "new", &woken).value(), "old");
+  ASSERT_TRUE(store.Set(kNs, "unrelated", "v", &woken).ok());
+  ASSERT_TRUE(store.Set("other-ns", "k", "v", &woken).ok());
+  // Failed mutations of the awaited key wake nobody either.
+  ASSERT_FALSE(store.Set(kNs, "k", "12345", &woken).ok());
+  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(store.num_waiters(), 1u);
+}
+
+TEST(KvStoreTest, WaitWakesWithoutValues) {
+  KvStore store;
+  ASSERT_FALSE(store.Wait(kNs, {"k"}, 1, At(100)).ready);
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  ASSERT_EQ(woken.size(), 1u);
+  EXPECT_TRUE(woken[0].status.ok());
+  EXPECT_THAT(woken[0].values, IsEmpty());
+}
+
+TEST(KvStoreTest, MultiKeyWaitWakesOnlyWhenTheLastKeyArrives) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "a", "1", &woken).ok());
+  ASSERT_FALSE(store.MultiGet(kNs, {"c", "a", "b", "c"}, 1, At(100)).ready);
+  ASSERT_TRUE(store.Set(kNs, "b", "2", &woken).ok());
+  EXPECT_THAT(woken, IsEmpty());
+  ASSERT_TRUE(store.Set(kNs, "b", "2b", &woken).ok());
+  EXPECT_THAT(woken, IsEmpty());
+  ASSERT_TRUE(store.Set(kNs, "c", "3", &woken).ok());
+  ASSERT_EQ(woken.size(), 1u);
+  EXPECT_THAT(woken[0].values, ElementsAre("3", "1", "2b", "3"));
+}
+
+TEST(KvStoreTest, ValuesAreReadAtWakeTime) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_FALSE(store.MultiGet(kNs, {"a", "b"}, 1, At(100)).ready);
+  ASSERT_TRUE(store.Set(kNs, "a", "first", &woken).ok());
+  ASSERT_TRUE(store.Append(kNs, "a", "+more", &woken).ok());
+  ASSERT_TRUE(store.Set(kNs, "b", "b", &woken).ok());
+  ASSERT_EQ(woken.size(), 1u);
+  EXPECT_THAT(woken[0].values, ElementsAre("first+more", "b"));
+}
+
+TEST(KvStoreTest, MultiSetWakesWithItsFinalValues) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_FALSE(store.Get(kNs, "a", 1, At(100)).ready);
+  ASSERT_FALSE(store.MultiGet(kNs, {"a", "b"}, 2, At(100)).ready);
+  ASSERT_TRUE(store.MultiSet(kNs, {{"a", "1"}, {"b", "2"}, {"a", "3"}}, &woken).ok());
+  ASSERT_EQ(woken.size(), 2u);
+  EXPECT_THAT(Ids(woken), ElementsAre(1u, 2u));
+  EXPECT_THAT(woken[0].values, ElementsAre("3"));
+  EXPECT_THAT(woken[1].values, ElementsAre("3", "2"));
+}
+
+TEST(KvStoreTest, OneSetWakesEveryWaiterOnTheKeyAndNoOther) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  for (WaiterId id = 1; id <= 5; ++id)
+    ASSERT_FALSE(store.Wait(kNs, {"k"}, id, At(100)).ready);
+  ASSERT_FALSE(store.Wait(kNs, {"k", "other"}, 6, At(100)).ready);
+  ASSERT_FALSE(store.Wait(kNs, {"other"}, 7, At(100)).ready);
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  EXPECT_THAT(Ids(woken), ElementsAre(1u, 2u, 3u, 4u, 5u));
+  EXPECT_EQ(store.num_waiters(), 2u);
+}
+
+TEST(KvStoreTest, DeleteDoesNotWakeAndAWaiterNeverSeesADeletedKey) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "a", "1", &woken).ok());
+  ASSERT_FALSE(store.MultiGet(kNs, {"a", "b"}, 1, At(100)).ready);
+  EXPECT_TRUE(store.Delete(kNs, "a"));
+  EXPECT_THAT(woken, IsEmpty());
+  // "a" was present when the waiter parked but is gone now: "b" alone must
+  // not complete it.
+  ASSERT_TRUE(store.Set(kNs, "b", "2", &woken).ok());
+  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(store.num_waiters(), 1u);
+  ASSERT_TRUE(store.Set(kNs, "a", "again", &woken).ok());
+  ASSERT_EQ(woken.size(), 1u);
+  EXPECT_THAT(woken[0].values, ElementsAre("again", "2"));
+}
+
+TEST(KvStoreTest, DuplicateWaiterIdIsRefused) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "present", "v", &woken).ok());
+  ASSERT_FALSE(store.Wait(kNs, {"k"}, 1, At(100)).ready);
+  for (bool answerable : {false, true}) {
+    SCOPED_TRACE(answerable);
+    BlockingResult again = answerable ? store.Get(kNs, "present", 1, At(200))
+                                      : store.Get(kNs, "k2", 1, At(200));
+    EXPECT_TRUE(again.ready);
+    EXPECT_EQ(again.status.code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(store.num_waiters(), 1u);
+  EXPECT_EQ(store.NextDeadline(), At(100));
+  // The original is untouched and the id is free again once it is woken.
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  EXPECT_THAT(Ids(woken), ElementsAre(1u));
+  EXPECT_FALSE(store.Wait(kNs, {"k2"}, 1, At(100)).ready);
+}
+
+// --- Expiry, cancel, deadlines ----------------------------------------------
+
+TEST(KvStoreTest, ExpireTimesOutDueWaitersInDeadlineOrder) {
+  KvStore store;
+  ASSERT_FALSE(store.Wait(kNs, {"k"}, 1, At(30)).ready);
+  ASSERT_FALSE(store.Wait(kNs, {"k"}, 2, At(10)).ready);
+  ASSERT_FALSE(store.Wait(kNs, {"k"}, 3, At(20)).ready);
+  ASSERT_FALSE(store.Wait(kNs, {"k"}, 4, At(10)).ready);
+  std::vector<Wakeup> woken;
+
+  store.ExpireWaiters(At(9), &woken);
+  EXPECT_THAT(woken, IsEmpty());
+
+  store.ExpireWaiters(At(20), &woken);  // deadline <= now expires
+  EXPECT_THAT(Ids(woken), ElementsAre(2u, 4u, 3u));
+  for (const Wakeup& wake : woken) {
+    EXPECT_EQ(wake.status.code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(wake.values, IsEmpty());
+  }
+  EXPECT_EQ(store.num_waiters(), 1u);
+  EXPECT_EQ(store.NextDeadline(), At(30));
+
+  // Timed-out waiters are gone: the key arriving wakes only the live one.
+  woken.clear();
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  EXPECT_THAT(Ids(woken), ElementsAre(1u));
+}
+
+TEST(KvStoreTest, TimeoutNamesOnlyTheKeysStillMissing) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "here", "v", &woken).ok());
+  ASSERT_FALSE(store.MultiGet(kNs, {"here", "b", "a", "b", "late"}, 1, At(10)).ready);
+  ASSERT_TRUE(store.Set(kNs, "late", "v", &woken).ok());
+  store.ExpireWaiters(At(10), &woken);
+  ASSERT_EQ(woken.size(), 1u);
+  EXPECT_EQ(woken[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(woken[0].status.message(), "timed out waiting for keys: 'b', 'a'");
+}
+
+TEST(KvStoreTest, TimeoutListsTenKeysThenCountsTheRest) {
+  KvStore store;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 15; ++i) keys.push_back(absl::StrCat("key", i));
+  ASSERT_FALSE(store.Wait(kNs, keys, 1, At(10)).ready);
+  std::vector<Wakeup> woken;
+  store.ExpireWaiters(At(10), &woken);
+  ASSERT_EQ(woken.size(), 1u);
+  const std::string message(woken[0].status.message());
+  EXPECT_THAT(message, HasSubstr("'key0', 'key1'"));
+  EXPECT_THAT(message, HasSubstr("'key9' and 5 more"));
+  EXPECT_THAT(message, Not(HasSubstr("key10")));
+}
+
+TEST(KvStoreTest, CancelForgetsSilently) {
+  KvStore store;
+  ASSERT_FALSE(store.Get(kNs, "k", 1, At(10)).ready);
+  ASSERT_FALSE(store.Get(kNs, "k", 2, At(20)).ready);
+  store.CancelWaiter(1);
+  store.CancelWaiter(99);  // unknown: no-op
+  EXPECT_EQ(store.num_waiters(), 1u);
+  EXPECT_EQ(store.NextDeadline(), At(20));
+
+  std::vector<Wakeup> woken;
+  store.ExpireWaiters(At(15), &woken);
+  EXPECT_THAT(woken, IsEmpty());
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  EXPECT_THAT(Ids(woken), ElementsAre(2u));
+  // A cancelled id may be reused.
+  EXPECT_TRUE(store.Get(kNs, "k", 1, At(10)).ready);
+}
+
+TEST(KvStoreTest, NextDeadlineTracksTheEarliestLiveWaiter) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  EXPECT_EQ(store.NextDeadline(), std::nullopt);
+  ASSERT_FALSE(store.Wait(kNs, {"a"}, 1, At(50)).ready);
+  EXPECT_EQ(store.NextDeadline(), At(50));
+  ASSERT_FALSE(store.Wait(kNs, {"b"}, 2, At(20)).ready);
+  EXPECT_EQ(store.NextDeadline(), At(20));
+  ASSERT_FALSE(store.Wait(kNs, {"c"}, 3, At(30)).ready);
+  ASSERT_TRUE(store.Set(kNs, "b", "v", &woken).ok());  // woken
+  EXPECT_EQ(store.NextDeadline(), At(30));
+  store.CancelWaiter(3);
+  EXPECT_EQ(store.NextDeadline(), At(50));
+  store.ExpireWaiters(At(50), &woken);
+  EXPECT_EQ(store.NextDeadline(), std::nullopt);
+}
+
+TEST(KvStoreTest, AParkedWaiterPastItsDeadlineWaitsForExpire) {
+  // The core has no clock: a deadline already past still parks, and the
+  // adapter's next ExpireWaiters() times it out.
+  KvStore store;
+  ASSERT_FALSE(store.Wait(kNs, {"k"}, 1, At(0)).ready);
+  std::vector<Wakeup> woken;
+  store.ExpireWaiters(At(0), &woken);
+  EXPECT_THAT(Ids(woken), ElementsAre(1u));
+}
+
+// --- Namespaces ---------------------------------------------------------------
+
+TEST(KvStoreTest, NamespacesAreIsolated) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_FALSE(store.Get("a", "k", 1, At(100)).ready);
+  ASSERT_TRUE(store.Set("b", "k", "in b", &woken).ok());
+  EXPECT_THAT(woken, IsEmpty());
+  ASSERT_TRUE(store.Add("c", "k", 5, &woken).ok());
+  EXPECT_EQ(Peek(store, "b", "k"), "in b");
+  EXPECT_EQ(Peek(store, "c", "k"), "5");
+  EXPECT_EQ(Peek(store, "a", "k"), std::nullopt);
+  ASSERT_TRUE(store.Set("a", "k", "in a", &woken).ok());
+  ASSERT_EQ(woken.size(), 1u);
+  EXPECT_THAT(woken[0].values, ElementsAre("in a"));
+}
+
+TEST(KvStoreTest, DropNamespaceRemovesDataAndAbortsItsWaiters) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.MultiSet("done", {{"a", "1"}, {"b", "2"}}, &woken).ok());
+  ASSERT_TRUE(store.Set("live", "a", "1", &woken).ok());
+  ASSERT_FALSE(store.Wait("done", {"x", "y"}, 1, At(10)).ready);
+  ASSERT_FALSE(store.Get("done", "x", 2, At(20)).ready);
+  ASSERT_FALSE(store.Get("live", "x", 3, At(30)).ready);
+  ASSERT_EQ(store.num_namespaces(), 2u);
+
+  store.DropNamespace("done", &woken);
+  EXPECT_THAT(Ids(woken), ElementsAre(1u, 2u));
+  for (const Wakeup& wake : woken) {
+    EXPECT_EQ(wake.status.code(), absl::StatusCode::kAborted);
+    EXPECT_THAT(wake.status.message(), HasSubstr("done"));
+  }
+  EXPECT_EQ(store.NumKeys("done"), 0);
+  EXPECT_EQ(Peek(store, "done", "a"), std::nullopt);
+  EXPECT_EQ(store.num_namespaces(), 1u);
+  EXPECT_EQ(store.num_waiters(), 1u);
+  EXPECT_EQ(store.NextDeadline(), At(30));
+
+  // The other namespace is untouched, and the dropped one starts afresh.
+  woken.clear();
+  store.DropNamespace("never-existed", &woken);
+  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(Peek(store, "live", "a"), "1");
+  ASSERT_TRUE(store.Set("done", "x", "v", &woken).ok());
+  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(store.NumKeys("done"), 1);
+}
+
+TEST(KvStoreTest, EmptyNamespacesAreForgotten) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set("a", "k", "v", &woken).ok());
+  ASSERT_FALSE(store.Wait("b", {"k"}, 1, At(10)).ready);
+  ASSERT_FALSE(store.Wait("c", {"k"}, 2, At(10)).ready);
+  EXPECT_EQ(store.num_namespaces(), 3u);
+  store.Delete("a", "k");
+  store.CancelWaiter(1);
+  store.ExpireWaiters(At(10), &woken);
+  EXPECT_EQ(store.num_namespaces(), 0u);
+  // Queries do not create namespaces.
+  EXPECT_EQ(store.NumKeys("d"), 0);
+  EXPECT_FALSE(store.Check("d", {"k"}).value());
+  EXPECT_EQ(store.num_namespaces(), 0u);
+}
+
+// --- Limits -------------------------------------------------------------------
+
+// What a refused operation must leave as it was.
+struct Snapshot {
+  std::vector<std::optional<std::string>> values;
+  std::vector<int64_t> num_keys;
+  size_t num_namespaces;
+  size_t num_waiters;
+  std::optional<TimePoint> next_deadline;
+
+  bool operator==(const Snapshot& o) const {
+    return values == o.values && num_keys == o.num_keys &&
+           num_namespaces == o.num_namespaces && num_waiters == o.num_waiters &&
+           next_deadline == o.next_deadline;
+  }
+};
+
+Snapshot Take(KvStore& store) {
+  Snapshot snap;
+  for (const char* ns : {"run", "other", "new"}) {
+    snap.num_keys.push_back(store.NumKeys(ns));
+    for (const char* key : {"a", "b", "c", "n", "k"})
+      snap.values.push_back(Peek(store, ns, key));
+  }
+  snap.num_namespaces = store.num_namespaces();
+  snap.num_waiters = store.num_waiters();
+  snap.next_deadline = store.NextDeadline();
+  return snap;
+}
+
+TEST(KvStoreTest, LimitsRefuseAndChangeNothing) {
+  using Op = std::function<absl::Status(KvStore&, std::vector<Wakeup>*)>;
+  auto blocking = [](BlockingResult r) {
+    EXPECT_TRUE(r.ready) << "a refused blocking call must not park";
+    return r.status;
+  };
+  struct Case {
+    const char* name;
+    StoreLimits limits;
+    Op setup;  // may be null; brings the store up to the limit
+    Op op;     // must be refused
+    absl::StatusCode code;
+    std::string message;  // a substring
+  };
+  StoreLimits small;
+  small.max_key_bytes = 8;
+  small.max_value_bytes = 8;
+  small.max_keys_per_namespace = 3;
+  small.max_bytes_per_namespace = 20;
+  small.max_namespaces = 2;
+  small.max_keys_per_request = 3;
+  small.max_waiters = 2;
+  auto with = [&](size_t StoreLimits::*field, size_t value) {
+    StoreLimits limits = small;
+    limits.*field = value;
+    return limits;
+  };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  const auto kExhausted = absl::StatusCode::kResourceExhausted;
+  const std::vector<std::string> four_keys = {"a", "b", "c", "n"};
+
+  // Every case starts from run = {a: "1", b: "22"} (5 bytes, 2 keys) and a
+  // waiter on "k" in namespace "other": two of two namespaces, one of two
+  // waiters.
+  const std::vector<Case> cases = {
+      {"empty key", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Set(kNs, "", "v", w); }, kInvalid, "empty"},
+      {"long key", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Set(kNs, "123456789", "v", w); }, kInvalid,
+       "key of 9 bytes exceeds the limit of 8 bytes"},
+      {"long key on add", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Add(kNs, "123456789", 1, w).status(); },
+       kInvalid, "limit of 8"},
+      {"long key on append", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Append(kNs, "123456789", "v", w); }, kInvalid,
+       "limit of 8"},
+      {"long key on compare_set", small, nullptr,
+       [](KvStore& s, auto* w) {
+         return s.CompareSet(kNs, "123456789", "", "v", w).status();
+       },
+       kInvalid, "limit of 8"},
+      {"long key on get", small, nullptr,
+       [&](KvStore& s, auto*) { return blocking(s.Get(kNs, "123456789", 9, At(5))); },
+       kInvalid, "limit of 8"},
+      {"long key on check", small, nullptr,
+       [](KvStore& s, auto*) { return s.Check(kNs, {"123456789"}).status(); }, kInvalid,
+       "limit of 8"},
+      {"large value", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Set(kNs, "c", "123456789", w); }, kExhausted,
+       "value of 9 bytes exceeds the limit of 8 bytes"},
+      {"large value overwriting", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Set(kNs, "a", "123456789", w); }, kExhausted,
+       "value of 9 bytes"},
+      {"large value waking nobody", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Set("other", "k", "123456789", w); },
+       kExhausted, "value of 9 bytes"},
+      {"append past the value limit", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Append(kNs, "b", "1234567", w); }, kExhausted,
+       "value of 9 bytes"},
+      {"large value on creating append", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Append(kNs, "c", "123456789", w); }, kExhausted,
+       "value of 9 bytes"},
+      {"add past the value limit", with(&StoreLimits::max_value_bytes, 2), nullptr,
+       [](KvStore& s, auto* w) { return s.Add(kNs, "b", 78, w).status(); }, kExhausted,
+       "value of 3 bytes exceeds the limit of 2 bytes"},
+      {"large desired on compare_set", small, nullptr,
+       [](KvStore& s, auto* w) {
+         return s.CompareSet(kNs, "a", "1", "123456789", w).status();
+       },
+       kExhausted, "value of 9 bytes"},
+      {"large desired on a losing compare_set", small, nullptr,
+       [](KvStore& s, auto* w) {
+         return s.CompareSet(kNs, "a", "other", "123456789", w).status();
+       },
+       kExhausted, "value of 9 bytes"},
+      {"too many keys in namespace", small,
+       [](KvStore& s, auto* w) {
+         EXPECT_TRUE(s.Set(kNs, "c", "3", w).ok());
+         // Overwriting needs no new key.
+         return s.Set(kNs, "c", "33", w);
+       },
+       [](KvStore& s, auto* w) { return s.Add(kNs, "n", 1, w).status(); }, kExhausted,
+       "4 keys, more than the limit of 3"},
+      {"new key past namespace bytes", with(&StoreLimits::max_keys_per_namespace, 10),
+       // 5 + 9 = 14, then 14 + 7 = 21.
+       [](KvStore& s, auto* w) { return s.Set(kNs, "c", "12345678", w); },
+       [](KvStore& s, auto* w) { return s.Set(kNs, "n", "123456", w); }, kExhausted,
+       "21 bytes, more than the limit of 20 bytes"},
+      {"overwrite past namespace bytes", with(&StoreLimits::max_bytes_per_namespace, 10),
+       // b grows from 3 to 8 bytes: exactly 10; one more byte is refused.
+       [](KvStore& s, auto* w) { return s.Set(kNs, "b", "1234567", w); },
+       [](KvStore& s, auto* w) { return s.Set(kNs, "b", "12345678", w); }, kExhausted,
+       "11 bytes, more than the limit of 10 bytes"},
+      {"append past namespace bytes", with(&StoreLimits::max_bytes_per_namespace, 10),
+       nullptr, [](KvStore& s, auto* w) { return s.Append(kNs, "a", "123456", w); },
+       kExhausted, "11 bytes"},
+      {"compare_set past namespace bytes",
+       with(&StoreLimits::max_bytes_per_namespace, 10), nullptr,
+       [](KvStore& s, auto* w) {
+         return s.CompareSet(kNs, "a", "1", "1234567", w).status();
+       },
+       kExhausted, "11 bytes"},
+      {"too many namespaces", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Set("new", "a", "1", w); }, kExhausted,
+       "limit of 2 namespaces"},
+      {"too many namespaces on add", small, nullptr,
+       [](KvStore& s, auto* w) { return s.Add("new", "a", 1, w).status(); }, kExhausted,
+       "limit of 2 namespaces"},
+      {"too many namespaces on wait", with(&StoreLimits::max_waiters, 10), nullptr,
+       [&](KvStore& s, auto*) { return blocking(s.Wait("new", {"k"}, 9, At(5))); },
+       kExhausted, "limit of 2 namespaces"},
+      {"multi_set with too many entries", small, nullptr,
+       [](KvStore& s, auto* w) {
+         return s.MultiSet(kNs, {{"a", "1"}, {"b", "2"}, {"c", "3"}, {"n", "4"}}, w);
+       },
+       kInvalid, "4 keys, more than the limit of 3"},
+      {"multi_get with too many keys", small, nullptr,
+       [&](KvStore& s, auto*) { return blocking(s.MultiGet(kNs, four_keys, 9, At(5))); },
+       kInvalid, "limit of 3"},
+      {"wait with too many keys", small, nullptr,
+       [&](KvStore& s, auto*) { return blocking(s.Wait(kNs, four_keys, 9, At(5))); },
+       kInvalid, "limit of 3"},
+      {"check with too many keys", small, nullptr,
+       [&](KvStore& s, auto*) { return s.Check(kNs, four_keys).status(); }, kInvalid,
+       "limit of 3"},
+      {"too many waiters", small,
+       [&](KvStore& s, auto*) {
+         // Answered calls do not count against the limit.
+         EXPECT_TRUE(s.Get(kNs, "a", 8, At(5)).ready);
+         EXPECT_FALSE(s.Wait(kNs, {"c"}, 8, At(5)).ready);
+         return absl::OkStatus();
+       },
+       [&](KvStore& s, auto*) { return blocking(s.Wait(kNs, {"c"}, 9, At(5))); },
+       kExhausted, "limit of 2 blocked requests"},
+      {"multi_set with one large value sets nothing", small, nullptr,
+       [](KvStore& s, auto* w) {
+         return s.MultiSet(kNs, {{"a", "new"}, {"k", "v"}, {"c", "123456789"}}, w);
+       },
+       kExhausted, "value of 9 bytes"},
+      {"multi_set with one bad key sets nothing", small, nullptr,
+       [](KvStore& s, auto* w) {
+         return s.MultiSet(kNs, {{"k", "v"}, {"", "v"}}, w);
+       },
+       kInvalid, "empty"},
+      {"multi_set past keys per namespace sets nothing", small, nullptr,
+       [](KvStore& s, auto* w) {
+         return s.MultiSet(kNs, {{"k", "v"}, {"c", "v"}}, w);
+       },
+       kExhausted, "4 keys, more than the limit of 3"},
+      {"multi_set past namespace bytes sets nothing",
+       with(&StoreLimits::max_bytes_per_namespace, 15), nullptr,
+       // a: 2 -> 9, k: +2, b: 3 -> 9 makes 20.
+       [](KvStore& s, auto* w) {
+         return s.MultiSet(kNs, {{"a", "12345678"}, {"k", "v"}, {"b", "12345678"}}, w);
+       },
+       kExhausted, "20 bytes, more than the limit of 15 bytes"},
+      {"multi_set into a new namespace past the limit", small, nullptr,
+       [](KvStore& s, auto* w) {
+         return s.MultiSet("new", {{"a", "1"}}, w);
+       },
+       kExhausted, "namespaces"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    KvStore store(c.limits);
+    std::vector<Wakeup> woken;
+    ASSERT_TRUE(store.MultiSet(kNs, {{"a", "1"}, {"b", "22"}}, &woken).ok());
+    ASSERT_FALSE(store.Wait("other", {"k"}, 1, At(50)).ready);
+    if (c.setup) {
+      ASSERT_TRUE(c.setup(store, &woken).ok());
+    }
+    const Snapshot before = Take(store);
+    absl::Status status = c.op(store, &woken);
+    EXPECT_EQ(status.code(), c.code) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.message));
+    EXPECT_TRUE(Take(store) == before) << "a refused op changed the store";
+    EXPECT_THAT(woken, IsEmpty());
+  }
+}
+
+TEST(KvStoreTest, MultiSetCountsARepeatedKeyOnce) {
+  StoreLimits limits;
+  limits.max_keys_per_namespace = 2;
+  limits.max_bytes_per_namespace = 4;
+  KvStore store(limits);
+  std::vector<Wakeup> woken;
+  // Summed naively this is 3 keys and 6 bytes; finally it is 2 keys, 4 bytes.
+  ASSERT_TRUE(store.MultiSet(kNs, {{"a", "1"}, {"a", "2"}, {"b", "3"}}, &woken).ok());
+  EXPECT_EQ(store.NumKeys(kNs), 2);
+}
+
+TEST(KvStoreTest, NamespaceBytesAreTrackedExactly) {
+  StoreLimits limits;
+  limits.max_bytes_per_namespace = 10;
+  KvStore store(limits);
+  std::vector<Wakeup> woken;
+  // The comments give the namespace's bytes after each call.
+  ASSERT_TRUE(store.Set(kNs, "ab", "12345678", &woken).ok());       // 10
+  EXPECT_FALSE(store.Set(kNs, "c", "", &woken).ok());               // 11: refused
+  ASSERT_TRUE(store.Set(kNs, "ab", "1", &woken).ok());              // 3
+  ASSERT_TRUE(store.Append(kNs, "ab", "23", &woken).ok());          // 5
+  ASSERT_TRUE(store.Add(kNs, "c", 10, &woken).ok());                // 8
+  EXPECT_FALSE(store.Append(kNs, "c", "000", &woken).ok());         // 11: refused
+  ASSERT_TRUE(store.Add(kNs, "c", -9, &woken).ok());                // 7
+  ASSERT_TRUE(store.CompareSet(kNs, "c", "1", "10", &woken).ok());  // 8
+  ASSERT_TRUE(store.MultiSet(kNs, {{"c", "1234"}, {"c", "1"}}, &woken).ok());  // 7
+  ASSERT_TRUE(store.Set(kNs, "d", "", &woken).ok());                           // 8
+  EXPECT_FALSE(store.Set(kNs, "d", "123", &woken).ok());  // 11: refused
+  EXPECT_TRUE(store.Delete(kNs, "c"));                    // 6
+  ASSERT_TRUE(store.Set(kNs, "d", "1234", &woken).ok());  // 10
+  EXPECT_FALSE(store.Set(kNs, "e", "", &woken).ok());     // 11: refused
+  // Other namespaces have their own budget.
+  EXPECT_TRUE(store.Set("other", "0123456789", "", &woken).ok());
+}
+
+// --- Scale ----------------------------------------------------------------------
+
+TEST(KvStoreTest, TenThousandClientBarrier) {
+  constexpr int kClients = 10000;
+  KvStore store;
+  std::vector<Wakeup> woken;
+  for (int rank = 0; rank < kClients; ++rank) {
+    absl::StatusOr<int64_t> arrived = store.Add(kNs, "arrived", 1, &woken);
+    ASSERT_TRUE(arrived.ok());
+    ASSERT_EQ(*arrived, rank + 1);
+  }
+  for (int rank = 0; rank < kClients; ++rank) {
+    ASSERT_FALSE(store.Wait(kNs, {"done"}, rank, At(1000 + rank % 7)).ready);
+  }
+  EXPECT_EQ(store.num_waiters(), size_t{kClients});
+  EXPECT_EQ(store.NextDeadline(), At(1000));
+
+  ASSERT_TRUE(store.Set(kNs, "done", "1", &woken).ok());
+  ASSERT_EQ(woken.size(), size_t{kClients});
+  for (const Wakeup& wake : woken) ASSERT_TRUE(wake.status.ok());
+  EXPECT_EQ(store.num_waiters(), 0u);
+  EXPECT_EQ(store.NextDeadline(), std::nullopt);
+}
+
+TEST(KvStoreTest, TenThousandWaitersExpireTogether) {
+  constexpr int kClients = 10000;
+  KvStore store;
+  for (int rank = 0; rank < kClients; ++rank) {
+    ASSERT_FALSE(store.Get(kNs, "done", rank, At(100)).ready);
+  }
+  // Cancelling many waiters that share a key and a deadline stays cheap.
+  for (int rank = 0; rank < kClients; rank += 2) store.CancelWaiter(rank);
+  std::vector<Wakeup> woken;
+  store.ExpireWaiters(At(100), &woken);
+  EXPECT_EQ(woken.size(), size_t{kClients / 2});
+  EXPECT_EQ(store.num_waiters(), 0u);
+  EXPECT_EQ(store.num_namespaces(), 0u);
+}
+
+}  // namespace
+}  // namespace meshrun::rdzv
