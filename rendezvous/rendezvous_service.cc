@@ -98,6 +98,11 @@ v1::RendezvousEvent ToProto(const NodeEvent& event) {
         q->set_group_rank(p.group_rank);
         q->set_nproc(p.nproc);
         q->set_rank_base(p.rank_base);
+        q->set_master_port(p.master_port);
+      }
+      if (a.roster && !a.roster->empty()) {
+        m->set_master_host(a.roster->front().host);
+        m->set_master_port(a.roster->front().master_port);
       }
       break;
     }
@@ -220,6 +225,7 @@ grpc::ServerWriteReactor<v1::RendezvousEvent>* RendezvousService::Join(
   node.host = request->host();
   node.nproc = request->nproc();
   node.node_rank_hint = request->node_rank_hint();
+  node.master_port = request->master_port();
 
   std::vector<NodeEvent> events;
   std::lock_guard<std::mutex> lock(mu_);

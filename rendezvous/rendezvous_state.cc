@@ -30,23 +30,22 @@ absl::Status CheckId(const char* what, const std::string& id, bool required) {
     return absl::InvalidArgumentError(absl::StrCat(what, " must not be empty"));
   }
   if (id.size() > kMaxIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is ", id.size(),
-                                                   " bytes; at most ",
-                                                   kMaxIdBytes, " allowed"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is ", id.size(), " bytes; at most ", kMaxIdBytes, " allowed"));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckTimeout(const char* what, Millis value, bool zero_ok) {
   if (value.count() < 0 || (!zero_ok && value.count() == 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " must be ", zero_ok ? "non-negative" : "positive",
-                     ", got ", value.count(), "ms"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " must be ",
+                                                   zero_ok ? "non-negative" : "positive",
+                                                   ", got ", value.count(), "ms"));
   }
   if (value > kMaxTimeout) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " of ", value.count(), "ms exceeds the limit of ",
-        kMaxTimeout.count(), "ms"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " of ", value.count(),
+                                                   "ms exceeds the limit of ",
+                                                   kMaxTimeout.count(), "ms"));
   }
   return absl::OkStatus();
 }
@@ -60,8 +59,8 @@ absl::Status ValidateJoin(const std::string& run_id, const NodeInfo& node,
     return absl::InvalidArgumentError("nproc must be at least 1");
   }
   if (node.nproc > kMaxNproc) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nproc ", node.nproc, " exceeds the limit of ", kMaxNproc));
+    return absl::InvalidArgumentError(
+        absl::StrCat("nproc ", node.nproc, " exceeds the limit of ", kMaxNproc));
   }
   if (o.max_nodes == 0) {
     return absl::InvalidArgumentError("max_nodes must be at least 1");
@@ -75,43 +74,37 @@ absl::Status ValidateJoin(const std::string& run_id, const NodeInfo& node,
     return absl::InvalidArgumentError("min_nodes must be at least 1");
   }
   if (o.min_nodes > o.max_nodes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("min_nodes (", o.min_nodes, ") must not exceed max_nodes (",
-                     o.max_nodes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_nodes (", o.min_nodes, ") must not exceed max_nodes (", o.max_nodes, ")"));
   }
-  if (auto s = CheckTimeout("last_call_timeout", o.last_call_timeout, true);
-      !s.ok()) {
+  if (auto s = CheckTimeout("last_call_timeout", o.last_call_timeout, true); !s.ok()) {
     return s;
   }
   if (auto s = CheckTimeout("join_timeout", o.join_timeout, false); !s.ok()) {
     return s;
   }
-  if (auto s =
-          CheckTimeout("keep_alive_interval", o.keep_alive_interval, false);
+  if (auto s = CheckTimeout("keep_alive_interval", o.keep_alive_interval, false);
       !s.ok()) {
     return s;
   }
   if (o.keep_alive_max_attempt == 0) {
-    return absl::InvalidArgumentError(
-        "keep_alive_max_attempt must be at least 1");
+    return absl::InvalidArgumentError("keep_alive_max_attempt must be at least 1");
   }
   // Divide rather than multiply: interval * attempts can overflow int64.
-  if (o.keep_alive_max_attempt >
-      kMaxTimeout.count() / o.keep_alive_interval.count()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "keep_alive_interval * keep_alive_max_attempt exceeds the limit of ",
-        kMaxTimeout.count(), "ms"));
+  if (o.keep_alive_max_attempt > kMaxTimeout.count() / o.keep_alive_interval.count()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_alive_interval * keep_alive_max_attempt exceeds the limit of ",
+                     kMaxTimeout.count(), "ms"));
   }
   if (node.node_rank_hint < -1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("node_rank_hint must be -1 (none) or a rank, got ",
-                     node.node_rank_hint));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node_rank_hint must be -1 (none) or a rank, got ", node.node_rank_hint));
   }
   if (node.node_rank_hint >= 0 &&
       static_cast<uint32_t>(node.node_rank_hint) >= o.max_nodes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("node_rank_hint ", node.node_rank_hint,
-                     " must be below max_nodes (", o.max_nodes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("node_rank_hint ", node.node_rank_hint,
+                                                   " must be below max_nodes (",
+                                                   o.max_nodes, ")"));
   }
   return absl::OkStatus();
 }
@@ -121,8 +114,7 @@ std::string DescribeOptionDiff(const RunOptions& run, const RunOptions& asked) {
   std::vector<std::string> diffs;
   auto number = [&](const char* name, uint64_t have, uint64_t want) {
     if (have != want) {
-      diffs.push_back(absl::StrCat(name, ": run has ", have,
-                                   ", node asked for ", want));
+      diffs.push_back(absl::StrCat(name, ": run has ", have, ", node asked for ", want));
     }
   };
   auto millis = [&](const char* name, Millis have, Millis want) {
@@ -136,21 +128,19 @@ std::string DescribeOptionDiff(const RunOptions& run, const RunOptions& asked) {
   number("max_restarts", run.max_restarts, asked.max_restarts);
   millis("last_call_timeout", run.last_call_timeout, asked.last_call_timeout);
   millis("join_timeout", run.join_timeout, asked.join_timeout);
-  millis("keep_alive_interval", run.keep_alive_interval,
-         asked.keep_alive_interval);
+  millis("keep_alive_interval", run.keep_alive_interval, asked.keep_alive_interval);
   number("keep_alive_max_attempt", run.keep_alive_max_attempt,
          asked.keep_alive_max_attempt);
   if (run.uniform_nproc != asked.uniform_nproc) {
-    diffs.push_back(absl::StrCat(
-        "uniform_nproc: run has ", run.uniform_nproc ? "true" : "false",
-        ", node asked for ", asked.uniform_nproc ? "true" : "false"));
+    diffs.push_back(
+        absl::StrCat("uniform_nproc: run has ", run.uniform_nproc ? "true" : "false",
+                     ", node asked for ", asked.uniform_nproc ? "true" : "false"));
   }
   return absl::StrJoin(diffs, "; ");
 }
 
 NodeEvent& Emit(std::vector<NodeEvent>* events, const std::string& run_id,
-                const std::string& node_id, NodeEvent::Kind kind,
-                uint64_t round) {
+                const std::string& node_id, NodeEvent::Kind kind, uint64_t round) {
   NodeEvent& event = events->emplace_back();
   event.run_id = run_id;
   event.node_id = node_id;
@@ -232,7 +222,7 @@ struct RendezvousState::Run {
   uint32_t succeeded = 0;
 
   std::optional<RdzvTime> min_reached_at;
-  std::optional<RdzvTime> last_call_at;  // mirrored in deadlines_
+  std::optional<RdzvTime> last_call_at;      // mirrored in deadlines_
   std::optional<RdzvTime> join_deadline_at;  // mirrored in deadlines_
 };
 
@@ -244,8 +234,7 @@ bool RendezvousState::Deadline::operator<(const Deadline& other) const {
 RendezvousState::RendezvousState() = default;
 RendezvousState::~RendezvousState() = default;
 
-absl::Status RendezvousState::Join(const std::string& run_id,
-                                   const NodeInfo& node,
+absl::Status RendezvousState::Join(const std::string& run_id, const NodeInfo& node,
                                    const RunOptions& options, RdzvTime now,
                                    std::vector<NodeEvent>* events) {
   std::vector<NodeEvent> scratch;
@@ -262,18 +251,17 @@ absl::Status RendezvousState::Join(const std::string& run_id,
   }
   Run& run = *it->second;
   if (run.phase == Phase::kClosed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "run ", run_id, " is closed (", ToString(*run.outcome), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("run ", run_id, " is closed (", ToString(*run.outcome), ")"));
   }
-  if (std::string diff = DescribeOptionDiff(run.options, options);
-      !diff.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "run ", run_id, " was started with different options: ", diff));
+  if (std::string diff = DescribeOptionDiff(run.options, options); !diff.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("run ", run_id, " was started with different options: ", diff));
   }
   if (run.options.uniform_nproc && node.nproc != run.nproc) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "run ", run_id, " requires uniform nproc: run has nproc ", run.nproc,
-        ", node ", node.node_id, " asked for ", node.nproc));
+    return absl::FailedPreconditionError(
+        absl::StrCat("run ", run_id, " requires uniform nproc: run has nproc ", run.nproc,
+                     ", node ", node.node_id, " asked for ", node.nproc));
   }
   if (node.node_rank_hint >= 0) {
     auto owner = run.hint_owner.find(node.node_rank_hint);
@@ -290,9 +278,9 @@ absl::Status RendezvousState::Join(const std::string& run_id,
     live_nproc -= existing->second.info.nproc;
   }
   if (live_nproc > kMaxWorldSize) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("run ", run_id, " would exceed ", kMaxWorldSize,
-                     " workers with node ", node.node_id));
+    return absl::ResourceExhaustedError(absl::StrCat("run ", run_id, " would exceed ",
+                                                     kMaxWorldSize, " workers with node ",
+                                                     node.node_id));
   }
 
   if (existing != run.nodes.end()) {
@@ -305,11 +293,10 @@ absl::Status RendezvousState::Join(const std::string& run_id,
 // The agent reconnected (its old stream is gone). Re-sending the current
 // state keeps a reconnect from costing everyone a re-form.
 absl::Status RendezvousState::Rejoin(Run& run, Node& node, const NodeInfo& info,
-                                     RdzvTime now,
-                                     std::vector<NodeEvent>* events) {
+                                     RdzvTime now, std::vector<NodeEvent>* events) {
   const bool same = node.info.nproc == info.nproc &&
                     node.info.node_rank_hint == info.node_rank_hint &&
-                    node.info.host == info.host;
+                    node.info.host == info.host && node.info.master_port == info.master_port;
   if (node.role == Role::kParticipant) {
     // A succeeded node's round is over for it; its new details cannot matter.
     if (same || node.succeeded) {
@@ -321,8 +308,8 @@ absl::Status RendezvousState::Rejoin(Run& run, Node& node, const NodeInfo& info,
         }
       }
       SetLease(run, node, now + run.options.lease());
-      NodeEvent& event = Emit(events, run.id, node.info.node_id,
-                              NodeEvent::Kind::kAssigned, run.round);
+      NodeEvent& event =
+          Emit(events, run.id, node.info.node_id, NodeEvent::Kind::kAssigned, run.round);
       event.assignment = AssignmentFor(run, *node.group_rank);
       return absl::OkStatus();
     }
@@ -365,8 +352,7 @@ void RendezvousState::Enrol(Run& run, const NodeInfo& info, RdzvTime now,
     // run's first join, the re-form moment, or the first join after the round
     // emptied (a timeout with nobody to tell is pointless).
     if (run.gathering.empty()) {
-      SetRunTimer(run, DeadlineKind::kJoinTimeout,
-                  now + run.options.join_timeout);
+      SetRunTimer(run, DeadlineKind::kJoinTimeout, now + run.options.join_timeout);
     }
     node.role = Role::kGathering;
     run.gathering.emplace(node.seq, info.node_id);
@@ -383,8 +369,7 @@ void RendezvousState::Enrol(Run& run, const NodeInfo& info, RdzvTime now,
   // (it gets kClosed when the run ends, or joins a failure re-form).
   if (run.participants.size() < run.options.max_nodes && run.succeeded == 0) {
     Reform(run, ReformReason::kNodesWaiting,
-           absl::StrCat(run.waiting.size(), " node(s) waiting to join"), now,
-           events);
+           absl::StrCat(run.waiting.size(), " node(s) waiting to join"), now, events);
   }
 }
 
@@ -454,8 +439,8 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
     node.group_rank = rank;
     node.succeeded = false;
     roster->push_back(ParticipantView{node.info.node_id, node.info.host, rank,
-                                      node.info.nproc,
-                                      static_cast<uint32_t>(rank_base)});
+                                      node.info.nproc, static_cast<uint32_t>(rank_base),
+                                      node.info.master_port});
     rank_base += node.info.nproc;
     run.participants.push_back(node.info.node_id);
   }
@@ -478,8 +463,7 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
   }
 }
 
-Assignment RendezvousState::AssignmentFor(const Run& run,
-                                          uint32_t group_rank) const {
+Assignment RendezvousState::AssignmentFor(const Run& run, uint32_t group_rank) const {
   Assignment a;
   a.round = run.round;
   a.group_rank = group_rank;
@@ -500,15 +484,13 @@ Assignment RendezvousState::AssignmentFor(const Run& run,
 // waiting for a last call would only add latency: a re-formed round with at
 // least min_nodes completes at once. With fewer it gathers like a fresh round
 // (completes on joins / last call, or times out after join_timeout).
-void RendezvousState::Reform(Run& run, ReformReason reason,
-                             const std::string& detail, RdzvTime now,
-                             std::vector<NodeEvent>* events) {
+void RendezvousState::Reform(Run& run, ReformReason reason, const std::string& detail,
+                             RdzvTime now, std::vector<NodeEvent>* events) {
   const uint64_t next = run.round + 1;
   for (const std::string& id : run.participants) {
     auto it = run.nodes.find(id);
     if (it == run.nodes.end() || it->second.departed) continue;
-    NodeEvent& event =
-        Emit(events, run.id, id, NodeEvent::Kind::kReform, next);
+    NodeEvent& event = Emit(events, run.id, id, NodeEvent::Kind::kReform, next);
     event.reason = reason;
     event.detail = detail;
   }
@@ -567,10 +549,9 @@ void RendezvousState::RemoveNode(Run& run, const std::string& node_id,
       std::string detail =
           reason == ReformReason::kNodeExpired
               ? absl::StrCat("node ", node_id, " on host ", node.info.host,
-                             " missed its heartbeats for ",
-                             run.options.lease().count(), "ms")
-              : absl::StrCat("node ", node_id, " on host ", node.info.host,
-                             " left");
+                             " missed its heartbeats for ", run.options.lease().count(),
+                             "ms")
+              : absl::StrCat("node ", node_id, " on host ", node.info.host, " left");
       Forget(run, node_id);
       Reform(run, reason, detail, now, events);
       return;
@@ -613,13 +594,11 @@ void RendezvousState::Forget(Run& run, const std::string& node_id) {
 
 void RendezvousState::TimeOutJoin(Run& run, std::vector<NodeEvent>* events) {
   const std::string detail = absl::StrCat(
-      "round ", run.round, " of run ", run.id, " gathered ",
-      run.gathering.size(), " of the ", run.options.min_nodes,
-      " nodes needed within join_timeout (",
+      "round ", run.round, " of run ", run.id, " gathered ", run.gathering.size(),
+      " of the ", run.options.min_nodes, " nodes needed within join_timeout (",
       run.options.join_timeout.count(), "ms)");
   for (const auto& [seq, id] : run.gathering) {
-    NodeEvent& event =
-        Emit(events, run.id, id, NodeEvent::Kind::kJoinTimeout, run.round);
+    NodeEvent& event = Emit(events, run.id, id, NodeEvent::Kind::kJoinTimeout, run.round);
     event.detail = detail;
   }
   // Copy: Forget() edits the map being walked.
@@ -633,14 +612,12 @@ void RendezvousState::TimeOutJoin(Run& run, std::vector<NodeEvent>* events) {
   SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
 }
 
-void RendezvousState::CloseRun(Run& run, Outcome outcome,
-                               const std::string& reason, RdzvTime now,
-                               std::vector<NodeEvent>* events) {
+void RendezvousState::CloseRun(Run& run, Outcome outcome, const std::string& reason,
+                               RdzvTime now, std::vector<NodeEvent>* events) {
   auto tell = [&](const std::string& id) {
     auto it = run.nodes.find(id);
     if (it == run.nodes.end() || it->second.departed) return;
-    NodeEvent& event =
-        Emit(events, run.id, id, NodeEvent::Kind::kClosed, run.round);
+    NodeEvent& event = Emit(events, run.id, id, NodeEvent::Kind::kClosed, run.round);
     event.outcome = outcome;
     event.detail = reason;
   };
@@ -664,37 +641,35 @@ void RendezvousState::SetLease(Run& run, Node& node, RdzvTime until) {
   DropLease(run, node);
   node.lease_until = until;
   node.leased = true;
-  deadlines_.insert(
-      Deadline{until, DeadlineKind::kLease, run.id, node.info.node_id});
+  deadlines_.insert(Deadline{until, DeadlineKind::kLease, run.id, node.info.node_id});
 }
 
 void RendezvousState::DropLease(Run& run, Node& node) {
   if (!node.leased) return;
-  deadlines_.erase(Deadline{node.lease_until, DeadlineKind::kLease, run.id,
-                            node.info.node_id});
+  deadlines_.erase(
+      Deadline{node.lease_until, DeadlineKind::kLease, run.id, node.info.node_id});
   node.leased = false;
 }
 
 void RendezvousState::SetRunTimer(Run& run, DeadlineKind kind,
                                   std::optional<RdzvTime> at) {
-  std::optional<RdzvTime>& slot = kind == DeadlineKind::kLastCall
-                                      ? run.last_call_at
-                                      : run.join_deadline_at;
+  std::optional<RdzvTime>& slot =
+      kind == DeadlineKind::kLastCall ? run.last_call_at : run.join_deadline_at;
   if (slot == at) return;
   if (slot) deadlines_.erase(Deadline{*slot, kind, run.id, {}});
   slot = at;
   if (slot) deadlines_.insert(Deadline{*slot, kind, run.id, {}});
 }
 
-absl::StatusOr<HeartbeatStatus> RendezvousState::Heartbeat(
-    const std::string& run_id, const std::string& node_id, RdzvTime now) {
+absl::StatusOr<HeartbeatStatus> RendezvousState::Heartbeat(const std::string& run_id,
+                                                           const std::string& node_id,
+                                                           RdzvTime now) {
   auto it = runs_.find(run_id);
   if (it == runs_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
   }
   Run& run = *it->second;
-  HeartbeatStatus status{run.round, run.restart_count,
-                         run.phase == Phase::kClosed};
+  HeartbeatStatus status{run.round, run.restart_count, run.phase == Phase::kClosed};
   if (status.closed) return status;
   auto node = run.nodes.find(node_id);
   // A departed node must re-join to be live again, like an expired one.
@@ -736,12 +711,10 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
     return FailureVerdict{true, run.restart_count};
   }
   ++run.restart_count;
-  run.last_failure =
-      detail.empty() ? absl::StrCat("node ", node_id, " on host ",
-                                    node.info.host,
-                                    " reported a worker failure in round ",
-                                    round)
-                     : detail;
+  run.last_failure = detail.empty()
+                         ? absl::StrCat("node ", node_id, " on host ", node.info.host,
+                                        " reported a worker failure in round ", round)
+                         : detail;
   if (run.restart_count <= run.options.max_restarts) {
     const std::string reason = run.last_failure;
     Reform(run, ReformReason::kWorkerFailure, reason, now, events);
@@ -753,8 +726,8 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
 }
 
 absl::Status RendezvousState::ReportSuccess(const std::string& run_id,
-                                            const std::string& node_id,
-                                            uint64_t round, RdzvTime now,
+                                            const std::string& node_id, uint64_t round,
+                                            RdzvTime now,
                                             std::vector<NodeEvent>* events) {
   std::vector<NodeEvent> scratch;
   if (events == nullptr) events = &scratch;
@@ -780,16 +753,15 @@ absl::Status RendezvousState::ReportSuccess(const std::string& run_id,
   node.succeeded = true;
   if (++run.succeeded == run.participants.size()) {
     CloseRun(run, Outcome::kSucceeded,
-             absl::StrCat("all ", run.participants.size(),
-                          " nodes succeeded in round ", run.round),
+             absl::StrCat("all ", run.participants.size(), " nodes succeeded in round ",
+                          run.round),
              now, events);
   }
   return absl::OkStatus();
 }
 
-absl::Status RendezvousState::Leave(const std::string& run_id,
-                                    const std::string& node_id, RdzvTime now,
-                                    std::vector<NodeEvent>* events) {
+absl::Status RendezvousState::Leave(const std::string& run_id, const std::string& node_id,
+                                    RdzvTime now, std::vector<NodeEvent>* events) {
   std::vector<NodeEvent> scratch;
   if (events == nullptr) events = &scratch;
   auto it = runs_.find(run_id);
@@ -863,8 +835,7 @@ std::optional<RdzvTime> RendezvousState::NextDeadline() const {
   return deadlines_.begin()->at;
 }
 
-std::optional<RunSummary> RendezvousState::Summary(
-    const std::string& run_id) const {
+std::optional<RunSummary> RendezvousState::Summary(const std::string& run_id) const {
   auto it = runs_.find(run_id);
   if (it == runs_.end()) return std::nullopt;
   const Run& run = *it->second;

@@ -12,6 +12,10 @@
 // leaves or reports a worker failure also makes the round re-form, the last
 // one counting against max_restarts.
 //
+// Rounds are numbered from 1 (0 reads as "unset" on the wire). Ranks: a node's
+// rank hint if it fits the round, else its rank of the previous round if that
+// still fits (rank 0 stays put), else the lowest free rank in join order.
+//
 // Thread-safety: none; the owner serialises all calls.
 
 #include <chrono>
@@ -24,7 +28,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/status/statusor.h"
 
 namespace meshrun::rdzv {
@@ -51,6 +54,9 @@ struct NodeInfo {
   std::string host;
   uint32_t nproc = 1;
   int32_t node_rank_hint = -1;  // -1: none
+  // A free port on this node for the workers' MASTER_PORT should it become
+  // group rank 0 (0: none offered).
+  uint32_t master_port = 0;
 };
 
 struct ParticipantView {
@@ -59,6 +65,7 @@ struct ParticipantView {
   uint32_t group_rank = 0;
   uint32_t nproc = 0;
   uint32_t rank_base = 0;
+  uint32_t master_port = 0;
 };
 
 // Rounds up to this many nodes also carry the roster inline in
@@ -91,11 +98,11 @@ const char* ToString(Outcome outcome);
 // One message for one node's Join stream.
 struct NodeEvent {
   enum class Kind {
-    kWaiting,    // enrolled, round not yet complete (round)
-    kAssigned,   // round complete (assignment)
-    kReform,     // stop workers; a new round follows (round = next round)
-    kClosed,     // run over (outcome, detail); the stream ends
-    kJoinTimeout // not enough nodes within join_timeout; the stream ends
+    kWaiting,     // enrolled, round not yet complete (round)
+    kAssigned,    // round complete (assignment)
+    kReform,      // stop workers; a new round follows (round = next round)
+    kClosed,      // run over (outcome, detail); the stream ends
+    kJoinTimeout  // not enough nodes within join_timeout; the stream ends
   };
   std::string run_id;
   std::string node_id;
@@ -143,31 +150,28 @@ class RendezvousState {
 
   // Refreshes the node's lease. NOT_FOUND for an unknown run or node.
   absl::StatusOr<HeartbeatStatus> Heartbeat(const std::string& run_id,
-                                            const std::string& node_id,
-                                            RdzvTime now);
+                                            const std::string& node_id, RdzvTime now);
 
   // A participant's workers failed in `round`. Re-forms the run (restart
   // count + 1) while the budget lasts, else closes it as kFailed with `detail`
   // as the root cause. Reports for an older round than the current one are
   // acknowledged without a second restart (several nodes may see one failure).
   absl::StatusOr<FailureVerdict> ReportFailure(const std::string& run_id,
-                                               const std::string& node_id,
-                                               uint64_t round,
-                                               const std::string& detail,
-                                               RdzvTime now,
+                                               const std::string& node_id, uint64_t round,
+                                               const std::string& detail, RdzvTime now,
                                                std::vector<NodeEvent>* events);
 
   // A participant's workers all succeeded in `round`. When every participant
   // of the round has succeeded, the run closes as kSucceeded.
-  absl::Status ReportSuccess(const std::string& run_id,
-                             const std::string& node_id, uint64_t round,
-                             RdzvTime now, std::vector<NodeEvent>* events);
+  absl::Status ReportSuccess(const std::string& run_id, const std::string& node_id,
+                             uint64_t round, RdzvTime now,
+                             std::vector<NodeEvent>* events);
 
   // The node departs (graceful leave, or its stream broke). Never closes the
   // run; an active round that loses a participant that has not succeeded
   // re-forms with the others.
-  absl::Status Leave(const std::string& run_id, const std::string& node_id,
-                     RdzvTime now, std::vector<NodeEvent>* events);
+  absl::Status Leave(const std::string& run_id, const std::string& node_id, RdzvTime now,
+                     std::vector<NodeEvent>* events);
 
   // Ends the run for everyone with the given outcome.
   absl::Status Close(const std::string& run_id, Outcome outcome,
@@ -205,15 +209,15 @@ class RendezvousState {
              std::vector<NodeEvent>* events);
   void OnGatheringGrew(Run& run, RdzvTime now, std::vector<NodeEvent>* events);
   void CompleteRound(Run& run, std::vector<NodeEvent>* events);
-  void Reform(Run& run, ReformReason reason, const std::string& detail,
-              RdzvTime now, std::vector<NodeEvent>* events);
-  void RemoveNode(Run& run, const std::string& node_id, ReformReason reason,
-                  RdzvTime now, std::vector<NodeEvent>* events);
+  void Reform(Run& run, ReformReason reason, const std::string& detail, RdzvTime now,
+              std::vector<NodeEvent>* events);
+  void RemoveNode(Run& run, const std::string& node_id, ReformReason reason, RdzvTime now,
+                  std::vector<NodeEvent>* events);
   void Depart(Run& run, Node& node);
   void Forget(Run& run, const std::string& node_id);
   void TimeOutJoin(Run& run, std::vector<NodeEvent>* events);
-  void CloseRun(Run& run, Outcome outcome, const std::string& reason,
-                RdzvTime now, std::vector<NodeEvent>* events);
+  void CloseRun(Run& run, Outcome outcome, const std::string& reason, RdzvTime now,
+                std::vector<NodeEvent>* events);
   void SetLease(Run& run, Node& node, RdzvTime until);
   void DropLease(Run& run, Node& node);
   void SetRunTimer(Run& run, DeadlineKind kind, std::optional<RdzvTime> at);

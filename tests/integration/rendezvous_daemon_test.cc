@@ -30,7 +30,9 @@ v1::JoinRequest MakeJoin(const std::string& node, uint32_t min_nodes, uint32_t m
   config->set_min_nodes(min_nodes);
   config->set_max_nodes(max_nodes);
   config->set_max_restarts(1);
-  config->set_last_call_timeout_ms(200);
+  // Long enough that a round never closes before every node of a test has
+  // joined; tests of the last call shorten it.
+  config->set_last_call_timeout_ms(10000);
   config->set_keep_alive_interval_ms(1000);
   config->set_keep_alive_max_attempt(3);
   return join;
@@ -141,9 +143,13 @@ TEST_F(RendezvousDaemonTest, SuccessOfEveryNodeClosesTheRun) {
 }
 
 TEST_F(RendezvousDaemonTest, LateNodeTriggersScaleUp) {
-  auto a = client_.Join(MakeJoin("a", 1, 2));
-  ASSERT_TRUE(NextNonWaiting(*a).has_assigned());
-  auto b = client_.Join(MakeJoin("b", 1, 2));
+  auto join_a = MakeJoin("a", 1, 2);
+  join_a.mutable_config()->set_last_call_timeout_ms(50);
+  auto a = client_.Join(join_a);
+  ASSERT_TRUE(NextNonWaiting(*a).has_assigned());  // alone, after the last call
+  auto join_b = MakeJoin("b", 1, 2);
+  join_b.mutable_config()->set_last_call_timeout_ms(50);
+  auto b = client_.Join(join_b);
   auto reform = NextNonWaiting(*a);
   ASSERT_TRUE(reform.has_reform());
   EXPECT_EQ(reform.reform().reason(), v1::REFORM_NODES_WAITING);
@@ -157,6 +163,8 @@ TEST_F(RendezvousDaemonTest, LateNodeTriggersScaleUp) {
 
 TEST_F(RendezvousDaemonTest, MismatchedConfigIsRefusedSayingWhatDiffers) {
   auto a = client_.Join(MakeJoin("a", 2, 2));
+  // Joins race on the wire; make sure a's options define the run.
+  ASSERT_TRUE(a->Next(seconds(10))->has_waiting());
   auto b = client_.Join(MakeJoin("b", 3, 3));
   auto refused = b->Next(seconds(10));
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -9,16 +10,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace meshrun::rdzv {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using ::testing::IsEmpty;
-using ::testing::Not;
+// Plain gtest (the target does not link gmock): vectors compare with ==.
+using Ids = std::vector<WaiterId>;
+using Values = std::vector<std::string>;
 
 constexpr char kNs[] = "run";
 
@@ -35,8 +34,9 @@ std::optional<std::string> Peek(KvStore& store, const std::string& ns,
   return result.values.at(0);
 }
 
-std::vector<WaiterId> Ids(const std::vector<Wakeup>& woken) {
+std::vector<WaiterId> IdsOf(const std::vector<Wakeup>& woken) {
   std::vector<WaiterId> ids;
+  ids.reserve(woken.size());
   for (const Wakeup& wake : woken) ids.push_back(wake.waiter);
   return ids;
 }
@@ -50,7 +50,7 @@ TEST(KvStoreTest, SetOverwrites) {
   ASSERT_TRUE(store.Set(kNs, "k", "two", &woken).ok());
   EXPECT_EQ(Peek(store, kNs, "k"), "two");
   EXPECT_EQ(store.NumKeys(kNs), 1);
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
 }
 
 TEST(KvStoreTest, SetAcceptsEmptyAndBinaryValues) {
@@ -113,7 +113,8 @@ TEST(KvStoreTest, AddNamesTheKeyOfANonIntegerValue) {
   KvStore store;
   std::vector<Wakeup> woken;
   ASSERT_TRUE(store.Set(kNs, "rank", "abc", &woken).ok());
-  EXPECT_THAT(store.Add(kNs, "rank", 1, &woken).status().message(), HasSubstr("rank"));
+  EXPECT_PRED_FORMAT2(testing::IsSubstring, "rank",
+                      std::string(store.Add(kNs, "rank", 1, &woken).status().message()));
 }
 
 TEST(KvStoreTest, CompareSetFollowsC10d) {
@@ -234,16 +235,16 @@ TEST(KvStoreTest, BlockingQueriesAreReadyWhenKeysExist) {
   BlockingResult get = store.Get(kNs, "a", 1, At(10));
   EXPECT_TRUE(get.ready);
   EXPECT_TRUE(get.status.ok());
-  EXPECT_THAT(get.values, ElementsAre("1"));
+  EXPECT_EQ(get.values, (Values{"1"}));
 
   BlockingResult multi = store.MultiGet(kNs, {"b", "a", "b"}, 2, At(10));
   EXPECT_TRUE(multi.ready);
-  EXPECT_THAT(multi.values, ElementsAre("2", "1", "2"));
+  EXPECT_EQ(multi.values, (Values{"2", "1", "2"}));
 
   BlockingResult wait = store.Wait(kNs, {"a", "b"}, 3, At(10));
   EXPECT_TRUE(wait.ready);
   EXPECT_TRUE(wait.status.ok());
-  EXPECT_THAT(wait.values, IsEmpty());
+  EXPECT_EQ(wait.values, Values{});
 
   EXPECT_EQ(store.num_waiters(), 0u);
   EXPECT_EQ(store.NextDeadline(), std::nullopt);
@@ -257,7 +258,7 @@ TEST(KvStoreTest, EmptyKeyListIsReadyAtOnce) {
   BlockingResult multi = store.MultiGet("unknown", {}, 2, At(10));
   EXPECT_TRUE(multi.ready);
   EXPECT_TRUE(multi.status.ok());
-  EXPECT_THAT(multi.values, IsEmpty());
+  EXPECT_EQ(multi.values, Values{});
   EXPECT_EQ(store.num_waiters(), 0u);
   EXPECT_EQ(store.num_namespaces(), 0u);
 }
@@ -310,7 +311,7 @@ TEST(KvStoreTest, EveryCreatingMutationWakesAGet) {
     ASSERT_EQ(woken.size(), 1u);
     EXPECT_EQ(woken[0].waiter, 7u);
     EXPECT_TRUE(woken[0].status.ok()) << woken[0].status;
-    EXPECT_THAT(woken[0].values, ElementsAre(c.value));
+    EXPECT_EQ(woken[0].values, (Values{c.value}));
     EXPECT_EQ(store.num_waiters(), 0u);
     EXPECT_EQ(store.NextDeadline(), std::nullopt);
   }
@@ -328,7 +329,7 @@ TEST(KvStoreTest, MutationsThatCreateNothingWakeNobody) {
   ASSERT_TRUE(store.Set("other-ns", "k", "v", &woken).ok());
   // Failed mutations of the awaited key wake nobody either.
   ASSERT_FALSE(store.Set(kNs, "k", "12345", &woken).ok());
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
   EXPECT_EQ(store.num_waiters(), 1u);
 }
 
@@ -339,7 +340,7 @@ TEST(KvStoreTest, WaitWakesWithoutValues) {
   ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
   ASSERT_EQ(woken.size(), 1u);
   EXPECT_TRUE(woken[0].status.ok());
-  EXPECT_THAT(woken[0].values, IsEmpty());
+  EXPECT_EQ(woken[0].values, Values{});
 }
 
 TEST(KvStoreTest, MultiKeyWaitWakesOnlyWhenTheLastKeyArrives) {
@@ -348,12 +349,12 @@ TEST(KvStoreTest, MultiKeyWaitWakesOnlyWhenTheLastKeyArrives) {
   ASSERT_TRUE(store.Set(kNs, "a", "1", &woken).ok());
   ASSERT_FALSE(store.MultiGet(kNs, {"c", "a", "b", "c"}, 1, At(100)).ready);
   ASSERT_TRUE(store.Set(kNs, "b", "2", &woken).ok());
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
   ASSERT_TRUE(store.Set(kNs, "b", "2b", &woken).ok());
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
   ASSERT_TRUE(store.Set(kNs, "c", "3", &woken).ok());
   ASSERT_EQ(woken.size(), 1u);
-  EXPECT_THAT(woken[0].values, ElementsAre("3", "1", "2b", "3"));
+  EXPECT_EQ(woken[0].values, (Values{"3", "1", "2b", "3"}));
 }
 
 TEST(KvStoreTest, ValuesAreReadAtWakeTime) {
@@ -364,7 +365,7 @@ TEST(KvStoreTest, ValuesAreReadAtWakeTime) {
   ASSERT_TRUE(store.Append(kNs, "a", "+more", &woken).ok());
   ASSERT_TRUE(store.Set(kNs, "b", "b", &woken).ok());
   ASSERT_EQ(woken.size(), 1u);
-  EXPECT_THAT(woken[0].values, ElementsAre("first+more", "b"));
+  EXPECT_EQ(woken[0].values, (Values{"first+more", "b"}));
 }
 
 TEST(KvStoreTest, MultiSetWakesWithItsFinalValues) {
@@ -374,9 +375,9 @@ TEST(KvStoreTest, MultiSetWakesWithItsFinalValues) {
   ASSERT_FALSE(store.MultiGet(kNs, {"a", "b"}, 2, At(100)).ready);
   ASSERT_TRUE(store.MultiSet(kNs, {{"a", "1"}, {"b", "2"}, {"a", "3"}}, &woken).ok());
   ASSERT_EQ(woken.size(), 2u);
-  EXPECT_THAT(Ids(woken), ElementsAre(1u, 2u));
-  EXPECT_THAT(woken[0].values, ElementsAre("3"));
-  EXPECT_THAT(woken[1].values, ElementsAre("3", "2"));
+  EXPECT_EQ(IdsOf(woken), (Ids{1u, 2u}));
+  EXPECT_EQ(woken[0].values, (Values{"3"}));
+  EXPECT_EQ(woken[1].values, (Values{"3", "2"}));
 }
 
 TEST(KvStoreTest, OneSetWakesEveryWaiterOnTheKeyAndNoOther) {
@@ -387,7 +388,7 @@ TEST(KvStoreTest, OneSetWakesEveryWaiterOnTheKeyAndNoOther) {
   ASSERT_FALSE(store.Wait(kNs, {"k", "other"}, 6, At(100)).ready);
   ASSERT_FALSE(store.Wait(kNs, {"other"}, 7, At(100)).ready);
   ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
-  EXPECT_THAT(Ids(woken), ElementsAre(1u, 2u, 3u, 4u, 5u));
+  EXPECT_EQ(IdsOf(woken), (Ids{1u, 2u, 3u, 4u, 5u}));
   EXPECT_EQ(store.num_waiters(), 2u);
 }
 
@@ -397,15 +398,15 @@ TEST(KvStoreTest, DeleteDoesNotWakeAndAWaiterNeverSeesADeletedKey) {
   ASSERT_TRUE(store.Set(kNs, "a", "1", &woken).ok());
   ASSERT_FALSE(store.MultiGet(kNs, {"a", "b"}, 1, At(100)).ready);
   EXPECT_TRUE(store.Delete(kNs, "a"));
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
   // "a" was present when the waiter parked but is gone now: "b" alone must
   // not complete it.
   ASSERT_TRUE(store.Set(kNs, "b", "2", &woken).ok());
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
   EXPECT_EQ(store.num_waiters(), 1u);
   ASSERT_TRUE(store.Set(kNs, "a", "again", &woken).ok());
   ASSERT_EQ(woken.size(), 1u);
-  EXPECT_THAT(woken[0].values, ElementsAre("again", "2"));
+  EXPECT_EQ(woken[0].values, (Values{"again", "2"}));
 }
 
 TEST(KvStoreTest, DuplicateWaiterIdIsRefused) {
@@ -424,7 +425,7 @@ TEST(KvStoreTest, DuplicateWaiterIdIsRefused) {
   EXPECT_EQ(store.NextDeadline(), At(100));
   // The original is untouched and the id is free again once it is woken.
   ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
-  EXPECT_THAT(Ids(woken), ElementsAre(1u));
+  EXPECT_EQ(IdsOf(woken), (Ids{1u}));
   EXPECT_FALSE(store.Wait(kNs, {"k2"}, 1, At(100)).ready);
 }
 
@@ -439,13 +440,13 @@ TEST(KvStoreTest, ExpireTimesOutDueWaitersInDeadlineOrder) {
   std::vector<Wakeup> woken;
 
   store.ExpireWaiters(At(9), &woken);
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
 
   store.ExpireWaiters(At(20), &woken);  // deadline <= now expires
-  EXPECT_THAT(Ids(woken), ElementsAre(2u, 4u, 3u));
+  EXPECT_EQ(IdsOf(woken), (Ids{2u, 4u, 3u}));
   for (const Wakeup& wake : woken) {
     EXPECT_EQ(wake.status.code(), absl::StatusCode::kDeadlineExceeded);
-    EXPECT_THAT(wake.values, IsEmpty());
+    EXPECT_EQ(wake.values, Values{});
   }
   EXPECT_EQ(store.num_waiters(), 1u);
   EXPECT_EQ(store.NextDeadline(), At(30));
@@ -453,7 +454,7 @@ TEST(KvStoreTest, ExpireTimesOutDueWaitersInDeadlineOrder) {
   // Timed-out waiters are gone: the key arriving wakes only the live one.
   woken.clear();
   ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
-  EXPECT_THAT(Ids(woken), ElementsAre(1u));
+  EXPECT_EQ(IdsOf(woken), (Ids{1u}));
 }
 
 TEST(KvStoreTest, TimeoutNamesOnlyTheKeysStillMissing) {
@@ -477,9 +478,9 @@ TEST(KvStoreTest, TimeoutListsTenKeysThenCountsTheRest) {
   store.ExpireWaiters(At(10), &woken);
   ASSERT_EQ(woken.size(), 1u);
   const std::string message(woken[0].status.message());
-  EXPECT_THAT(message, HasSubstr("'key0', 'key1'"));
-  EXPECT_THAT(message, HasSubstr("'key9' and 5 more"));
-  EXPECT_THAT(message, Not(HasSubstr("key10")));
+  EXPECT_PRED_FORMAT2(testing::IsSubstring, "'key0', 'key1'", message);
+  EXPECT_PRED_FORMAT2(testing::IsSubstring, "'key9' and 5 more", message);
+  EXPECT_PRED_FORMAT2(testing::IsNotSubstring, "key10", message);
 }
 
 TEST(KvStoreTest, CancelForgetsSilently) {
@@ -493,9 +494,9 @@ TEST(KvStoreTest, CancelForgetsSilently) {
 
   std::vector<Wakeup> woken;
   store.ExpireWaiters(At(15), &woken);
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
   ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
-  EXPECT_THAT(Ids(woken), ElementsAre(2u));
+  EXPECT_EQ(IdsOf(woken), (Ids{2u}));
   // A cancelled id may be reused.
   EXPECT_TRUE(store.Get(kNs, "k", 1, At(10)).ready);
 }
@@ -524,7 +525,7 @@ TEST(KvStoreTest, AParkedWaiterPastItsDeadlineWaitsForExpire) {
   ASSERT_FALSE(store.Wait(kNs, {"k"}, 1, At(0)).ready);
   std::vector<Wakeup> woken;
   store.ExpireWaiters(At(0), &woken);
-  EXPECT_THAT(Ids(woken), ElementsAre(1u));
+  EXPECT_EQ(IdsOf(woken), (Ids{1u}));
 }
 
 // --- Namespaces ---------------------------------------------------------------
@@ -534,14 +535,14 @@ TEST(KvStoreTest, NamespacesAreIsolated) {
   std::vector<Wakeup> woken;
   ASSERT_FALSE(store.Get("a", "k", 1, At(100)).ready);
   ASSERT_TRUE(store.Set("b", "k", "in b", &woken).ok());
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
   ASSERT_TRUE(store.Add("c", "k", 5, &woken).ok());
   EXPECT_EQ(Peek(store, "b", "k"), "in b");
   EXPECT_EQ(Peek(store, "c", "k"), "5");
   EXPECT_EQ(Peek(store, "a", "k"), std::nullopt);
   ASSERT_TRUE(store.Set("a", "k", "in a", &woken).ok());
   ASSERT_EQ(woken.size(), 1u);
-  EXPECT_THAT(woken[0].values, ElementsAre("in a"));
+  EXPECT_EQ(woken[0].values, (Values{"in a"}));
 }
 
 TEST(KvStoreTest, DropNamespaceRemovesDataAndAbortsItsWaiters) {
@@ -555,10 +556,10 @@ TEST(KvStoreTest, DropNamespaceRemovesDataAndAbortsItsWaiters) {
   ASSERT_EQ(store.num_namespaces(), 2u);
 
   store.DropNamespace("done", &woken);
-  EXPECT_THAT(Ids(woken), ElementsAre(1u, 2u));
+  EXPECT_EQ(IdsOf(woken), (Ids{1u, 2u}));
   for (const Wakeup& wake : woken) {
     EXPECT_EQ(wake.status.code(), absl::StatusCode::kAborted);
-    EXPECT_THAT(wake.status.message(), HasSubstr("done"));
+    EXPECT_PRED_FORMAT2(testing::IsSubstring, "done", std::string(wake.status.message()));
   }
   EXPECT_EQ(store.NumKeys("done"), 0);
   EXPECT_EQ(Peek(store, "done", "a"), std::nullopt);
@@ -569,10 +570,10 @@ TEST(KvStoreTest, DropNamespaceRemovesDataAndAbortsItsWaiters) {
   // The other namespace is untouched, and the dropped one starts afresh.
   woken.clear();
   store.DropNamespace("never-existed", &woken);
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
   EXPECT_EQ(Peek(store, "live", "a"), "1");
   ASSERT_TRUE(store.Set("done", "x", "v", &woken).ok());
-  EXPECT_THAT(woken, IsEmpty());
+  EXPECT_EQ(IdsOf(woken), Ids{});
   EXPECT_EQ(store.NumKeys("done"), 1);
 }
 
@@ -625,7 +626,7 @@ Snapshot Take(KvStore& store) {
 
 TEST(KvStoreTest, LimitsRefuseAndChangeNothing) {
   using Op = std::function<absl::Status(KvStore&, std::vector<Wakeup>*)>;
-  auto blocking = [](BlockingResult r) {
+  auto blocking = [](const BlockingResult& r) {
     EXPECT_TRUE(r.ready) << "a refused blocking call must not park";
     return r.status;
   };
@@ -807,9 +808,9 @@ TEST(KvStoreTest, LimitsRefuseAndChangeNothing) {
     const Snapshot before = Take(store);
     absl::Status status = c.op(store, &woken);
     EXPECT_EQ(status.code(), c.code) << status;
-    EXPECT_THAT(std::string(status.message()), HasSubstr(c.message));
+    EXPECT_PRED_FORMAT2(testing::IsSubstring, c.message, std::string(status.message()));
     EXPECT_TRUE(Take(store) == before) << "a refused op changed the store";
-    EXPECT_THAT(woken, IsEmpty());
+    EXPECT_EQ(IdsOf(woken), Ids{});
   }
 }
 

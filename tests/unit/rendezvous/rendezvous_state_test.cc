@@ -109,8 +109,7 @@ class RendezvousStateTest : public ::testing::Test {
   absl::Status Join(const NodeInfo& node, RdzvTime now = kT0) {
     return Join(node, options_, now);
   }
-  absl::Status Join(const NodeInfo& node, const RunOptions& options,
-                    RdzvTime now) {
+  absl::Status Join(const NodeInfo& node, const RunOptions& options, RdzvTime now) {
     return state_.Join(kRun, node, options, now, &events_);
   }
   // Joins every node at `now`, expecting success.
@@ -148,8 +147,8 @@ TEST_F(RendezvousStateTest, CompletesAsSoonAsMaxNodesJoined) {
   events = Take();
   ExpectConsistentAssignments(events);
   ASSERT_EQ(Of(events, Kind::kAssigned).size(), 3u);
-  EXPECT_EQ(Ranks(events), (std::map<std::string, uint32_t>{
-                               {"a", 0}, {"b", 1}, {"c", 2}}));
+  EXPECT_EQ(Ranks(events),
+            (std::map<std::string, uint32_t>{{"a", 0}, {"b", 1}, {"c", 2}}));
   const Assignment a = Of(events, Kind::kAssigned)[0].assignment;
   EXPECT_EQ(a.round, 1u);
   EXPECT_EQ(a.group_world_size, 3u);
@@ -170,8 +169,8 @@ TEST_F(RendezvousStateTest, CompletesAtMinAfterLastCall) {
   EXPECT_TRUE(events_.empty());
   EXPECT_FALSE(Summary().round_active);
   state_.Tick(At(1100), &events_);
-  EXPECT_EQ(Ranks(Take()), (std::map<std::string, uint32_t>{
-                               {"a", 0}, {"b", 1}, {"c", 2}}));
+  EXPECT_EQ(Ranks(Take()),
+            (std::map<std::string, uint32_t>{{"a", 0}, {"b", 1}, {"c", 2}}));
   EXPECT_TRUE(Summary().round_active);
 }
 
@@ -207,8 +206,7 @@ TEST_F(RendezvousStateTest, JoinTimeoutDismissesGatheringNodes) {
   EXPECT_TRUE(events_.empty());
   state_.Tick(At(5000), &events_);
   auto events = Take();
-  EXPECT_EQ(Ids(Of(events, Kind::kJoinTimeout)),
-            (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(Ids(Of(events, Kind::kJoinTimeout)), (std::vector<std::string>{"a", "b"}));
   EXPECT_NE(events[0].detail.find("2 of the 3 nodes"), std::string::npos)
       << events[0].detail;
   RunSummary s = Summary();
@@ -251,8 +249,7 @@ struct RankCase {
 
 TEST_F(RendezvousStateTest, RankAssignmentTable) {
   const std::vector<RankCase> cases = {
-      {"join order", {Node("x"), Node("b"), Node("a")},
-       {{"x", 0}, {"b", 1}, {"a", 2}}},
+      {"join order", {Node("x"), Node("b"), Node("a")}, {{"x", 0}, {"b", 1}, {"a", 2}}},
       {"hints honoured",
        {Node("a", 1, 2), Node("b", 1, 0), Node("c", 1, 1)},
        {{"a", 2}, {"b", 0}, {"c", 1}}},
@@ -286,10 +283,10 @@ TEST_F(RendezvousStateTest, AssignmentIsDeterministic) {
     std::mt19937 rng(seed);
     for (int i = 0; i < 50; ++i) {
       int32_t hint = (i % 7 == 0) ? i : -1;
-      EXPECT_TRUE(state
-                      .Join("r", Node(absl::StrCat("n", i), 1 + rng() % 4, hint),
-                            o, kT0, &events)
-                      .ok());
+      EXPECT_TRUE(
+          state
+              .Join("r", Node(absl::StrCat("n", i), 1 + rng() % 4, hint), o, kT0, &events)
+              .ok());
     }
     return Ranks(events);
   };
@@ -349,16 +346,14 @@ TEST_F(RendezvousStateTest, StickyRanksKeepRankZeroWhenMembershipChanges) {
             (std::map<std::string, uint32_t>{{"a", 0}, {"b", 1}, {"c", 2}}));
   // b leaves: a keeps 0; c's old rank 2 no longer fits, so it takes 1.
   ASSERT_TRUE(state_.Leave(kRun, "b", At(1), &events_).ok());
-  EXPECT_EQ(Ranks(Take()),
-            (std::map<std::string, uint32_t>{{"a", 0}, {"c", 1}}));
+  EXPECT_EQ(Ranks(Take()), (std::map<std::string, uint32_t>{{"a", 0}, {"c", 1}}));
   // d joins: a and c keep theirs, d takes the free slot.
   JoinAll({Node("d")}, At(2));
   EXPECT_EQ(Ranks(Take()),
             (std::map<std::string, uint32_t>{{"a", 0}, {"c", 1}, {"d", 2}}));
   // The old rank 0 leaving: the others keep theirs where they fit.
   ASSERT_TRUE(state_.Leave(kRun, "a", At(3), &events_).ok());
-  EXPECT_EQ(Ranks(Take()),
-            (std::map<std::string, uint32_t>{{"c", 1}, {"d", 0}}));
+  EXPECT_EQ(Ranks(Take()), (std::map<std::string, uint32_t>{{"c", 1}, {"d", 0}}));
 }
 
 TEST_F(RendezvousStateTest, HintBeatsStickiness) {
@@ -410,14 +405,13 @@ TEST_F(RendezvousStateTest, InvalidInputIsRefused) {
       {"empty node", "r", Node(""), Opts(1, 4), "node_id must not be empty"},
       {"long run", long_id, Node("a"), Opts(1, 4), "run_id is 257 bytes"},
       {"long node", "r", Node(long_id), Opts(1, 4), "node_id is 257 bytes"},
-      {"long host", "r", NodeInfo{"a", long_id, 1, -1}, Opts(1, 4),
-       "host is 257 bytes"},
+      {"long host", "r", NodeInfo{"a", long_id, 1, -1}, Opts(1, 4), "host is 257 bytes"},
       {"nproc 0", "r", Node("a", 0), Opts(1, 4), "nproc must be at least 1"},
       {"nproc big", "r", Node("a", 65537), Opts(1, 4), "nproc 65537"},
       {"max 0", "r", Node("a"), opts([](RunOptions& o) { o.max_nodes = 0; }),
        "max_nodes must be at least 1"},
-      {"max big", "r", Node("a"),
-       opts([](RunOptions& o) { o.max_nodes = 100001; }), "max_nodes 100001"},
+      {"max big", "r", Node("a"), opts([](RunOptions& o) { o.max_nodes = 100001; }),
+       "max_nodes 100001"},
       {"min 0", "r", Node("a"), opts([](RunOptions& o) { o.min_nodes = 0; }),
        "min_nodes must be at least 1"},
       {"min > max", "r", Node("a"), Opts(3, 2),
@@ -458,12 +452,10 @@ TEST_F(RendezvousStateTest, WorldSizeBeyondInt32IsRefused) {
   options_.last_call_timeout = Millis(100000);
   // 32767 * 65536 = 2^31 - 65536 fits; one more node of 65536 does not.
   for (int i = 0; i < 32767; ++i) {
-    ASSERT_TRUE(state_.Join(kRun, Node(absl::StrCat(i), 65536), options_, kT0,
-                            &events_)
-                    .ok());
+    ASSERT_TRUE(
+        state_.Join(kRun, Node(absl::StrCat(i), 65536), options_, kT0, &events_).ok());
   }
-  absl::Status s = state_.Join(kRun, Node("last", 65536), options_, kT0,
-                               &events_);
+  absl::Status s = state_.Join(kRun, Node("last", 65536), options_, kT0, &events_);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_TRUE(state_.Join(kRun, Node("small", 1), options_, kT0, &events_).ok());
 }
@@ -471,11 +463,8 @@ TEST_F(RendezvousStateTest, WorldSizeBeyondInt32IsRefused) {
 TEST_F(RendezvousStateTest, UnknownRunOrNodeIsNotFound) {
   EXPECT_EQ(state_.Heartbeat("nope", "a", kT0).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(state_.Leave("nope", "a", kT0, &events_).code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(state_.ReportFailure("nope", "a", 1, "", kT0, &events_)
-                .status()
-                .code(),
+  EXPECT_EQ(state_.Leave("nope", "a", kT0, &events_).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(state_.ReportFailure("nope", "a", 1, "", kT0, &events_).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(state_.ReportSuccess("nope", "a", 1, kT0, &events_).code(),
             absl::StatusCode::kNotFound);
@@ -484,8 +473,7 @@ TEST_F(RendezvousStateTest, UnknownRunOrNodeIsNotFound) {
   JoinAll({Node("a")});
   EXPECT_EQ(state_.Heartbeat(kRun, "zz", kT0).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(state_.Leave(kRun, "zz", kT0, &events_).code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(state_.Leave(kRun, "zz", kT0, &events_).code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(state_.Summary("nope").has_value());
 }
 
@@ -511,8 +499,8 @@ TEST_F(RendezvousStateTest, JoinDuringActiveRoundScalesUp) {
     EXPECT_EQ(e.reason, ReformReason::kNodesWaiting);
     EXPECT_EQ(e.round, 2u);
   }
-  EXPECT_EQ(Ranks(events), (std::map<std::string, uint32_t>{
-                               {"a", 0}, {"b", 1}, {"c", 2}}));
+  EXPECT_EQ(Ranks(events),
+            (std::map<std::string, uint32_t>{{"a", 0}, {"b", 1}, {"c", 2}}));
   EXPECT_EQ(Of(events, Kind::kAssigned)[0].assignment.round, 2u);
   EXPECT_EQ(Of(events, Kind::kAssigned)[0].assignment.restart_count, 0u)
       << "scale-up is not a restart";
@@ -541,8 +529,7 @@ TEST_F(RendezvousStateTest, FullRunMakesNewNodesWaitWithoutReform) {
   events = Take();
   EXPECT_EQ(Ids(Of(events, Kind::kReform)), (std::vector<std::string>{"a"}));
   EXPECT_EQ(Of(events, Kind::kReform)[0].reason, ReformReason::kNodeExpired);
-  EXPECT_EQ(Ranks(events),
-            (std::map<std::string, uint32_t>{{"a", 0}, {"c", 1}}));
+  EXPECT_EQ(Ranks(events), (std::map<std::string, uint32_t>{{"a", 0}, {"c", 1}}));
   EXPECT_EQ(Summary().waiting, (std::vector<std::string>{"d"}));
 }
 
@@ -557,8 +544,7 @@ TEST_F(RendezvousStateTest, NoScaleUpOnceAParticipantSucceeded) {
   JoinAll({Node("c")}, At(2));
   EXPECT_EQ(Ids(Take()), (std::vector<std::string>{"c"}));
   ASSERT_TRUE(state_.ReportSuccess(kRun, "b", 2, At(3), &events_).ok());
-  EXPECT_EQ(Ids(Of(Take(), Kind::kClosed)),
-            (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(Ids(Of(Take(), Kind::kClosed)), (std::vector<std::string>{"a", "b", "c"}));
 }
 
 // ---------------------------------------------------------------------------
@@ -580,8 +566,7 @@ TEST_F(RendezvousStateTest, ExpiredParticipantReformsTheOthers) {
   EXPECT_EQ(reform.reason, ReformReason::kNodeExpired);
   EXPECT_NE(reform.detail.find("node b on host host-b"), std::string::npos);
   for (const auto& e : events) EXPECT_NE(e.node_id, "b");
-  EXPECT_EQ(Ranks(events),
-            (std::map<std::string, uint32_t>{{"a", 0}, {"c", 1}}));
+  EXPECT_EQ(Ranks(events), (std::map<std::string, uint32_t>{{"a", 0}, {"c", 1}}));
   EXPECT_EQ(Summary().restart_count, 0u) << "expiry is not a worker failure";
   EXPECT_EQ(state_.Heartbeat(kRun, "b", At(3001)).status().code(),
             absl::StatusCode::kNotFound);
@@ -605,8 +590,7 @@ TEST_F(RendezvousStateTest, LeaveOfParticipantReformsAtOnceWhenMinRemains) {
   auto events = Take();
   EXPECT_EQ(Ids(Of(events, Kind::kReform)), (std::vector<std::string>{"b", "c"}));
   EXPECT_EQ(Of(events, Kind::kReform)[0].reason, ReformReason::kNodeLeft);
-  EXPECT_EQ(Ranks(events),
-            (std::map<std::string, uint32_t>{{"b", 1}, {"c", 0}}));
+  EXPECT_EQ(Ranks(events), (std::map<std::string, uint32_t>{{"b", 1}, {"c", 0}}));
   EXPECT_EQ(Summary().round, 2u);
 }
 
@@ -628,8 +612,7 @@ TEST_F(RendezvousStateTest, LeaveBelowMinGathersAndTimesOut) {
   // re-form moment.
   EXPECT_EQ(state_.NextDeadline(), At(5020));
   state_.Tick(At(5020), &events_);
-  EXPECT_EQ(Ids(Of(Take(), Kind::kJoinTimeout)),
-            (std::vector<std::string>{"c"}));
+  EXPECT_EQ(Ids(Of(Take(), Kind::kJoinTimeout)), (std::vector<std::string>{"c"}));
 }
 
 TEST_F(RendezvousStateTest, ReformBelowMinCompletesOnJoinAndLastCall) {
@@ -643,8 +626,7 @@ TEST_F(RendezvousStateTest, ReformBelowMinCompletesOnJoinAndLastCall) {
   JoinAll({Node("d")}, At(100));
   EXPECT_TRUE(Of(Take(), Kind::kAssigned).empty());
   state_.Tick(At(1100), &events_);
-  EXPECT_EQ(Ranks(Take()),
-            (std::map<std::string, uint32_t>{{"c", 0}, {"d", 1}}));
+  EXPECT_EQ(Ranks(Take()), (std::map<std::string, uint32_t>{{"c", 0}, {"d", 1}}));
 }
 
 TEST_F(RendezvousStateTest, LeaveOfWaitingOrGatheringNodeEmitsNothing) {
@@ -658,8 +640,7 @@ TEST_F(RendezvousStateTest, LeaveOfWaitingOrGatheringNodeEmitsNothing) {
   EXPECT_TRUE(events_.empty());
   EXPECT_TRUE(Summary().waiting.empty());
   EXPECT_EQ(Summary().round, 1u);
-  EXPECT_EQ(state_.Leave(kRun, "d", At(2), &events_).code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(state_.Leave(kRun, "d", At(2), &events_).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(RendezvousStateTest, LastParticipantLeavingLeavesAnEmptyOpenRun) {
@@ -684,8 +665,7 @@ TEST_F(RendezvousStateTest, FailureRestartsOncePerRoundJobGlobally) {
   options_.max_restarts = 3;
   JoinAll({Node("a"), Node("b"), Node("c")});
   Take();
-  auto v = state_.ReportFailure(kRun, "b", 1, "rank 1 exited with 1", At(1),
-                                &events_);
+  auto v = state_.ReportFailure(kRun, "b", 1, "rank 1 exited with 1", At(1), &events_);
   ASSERT_TRUE(v.ok());
   EXPECT_TRUE(v->will_restart);
   EXPECT_EQ(v->restart_count, 1u);
@@ -699,8 +679,8 @@ TEST_F(RendezvousStateTest, FailureRestartsOncePerRoundJobGlobally) {
   auto assigned = Of(events, Kind::kAssigned);
   ASSERT_EQ(assigned.size(), 3u);
   EXPECT_EQ(assigned[0].assignment.restart_count, 1u);
-  EXPECT_EQ(Ranks(events), (std::map<std::string, uint32_t>{
-                               {"a", 0}, {"b", 1}, {"c", 2}}));
+  EXPECT_EQ(Ranks(events),
+            (std::map<std::string, uint32_t>{{"a", 0}, {"b", 1}, {"c", 2}}));
 
   // The other nodes saw the same failure: no second restart.
   for (const char* node : {"a", "c"}) {
@@ -803,15 +783,13 @@ TEST_F(RendezvousStateTest, CloseEndsTheRunForEveryone) {
   options_ = Opts(2, 2);
   JoinAll({Node("a"), Node("b"), Node("w")});
   Take();
-  ASSERT_TRUE(state_.Close(kRun, Outcome::kAborted, "operator", At(1), &events_)
-                  .ok());
+  ASSERT_TRUE(state_.Close(kRun, Outcome::kAborted, "operator", At(1), &events_).ok());
   auto closed = Of(Take(), Kind::kClosed);
   EXPECT_EQ(Ids(closed), (std::vector<std::string>{"a", "b", "w"}));
   EXPECT_EQ(closed[0].outcome, Outcome::kAborted);
   EXPECT_EQ(closed[0].detail, "operator");
   // Idempotent; the first outcome stands.
-  ASSERT_TRUE(
-      state_.Close(kRun, Outcome::kSucceeded, "x", At(2), &events_).ok());
+  ASSERT_TRUE(state_.Close(kRun, Outcome::kSucceeded, "x", At(2), &events_).ok());
   EXPECT_TRUE(events_.empty());
   EXPECT_EQ(Summary().outcome, Outcome::kAborted);
 }
@@ -852,8 +830,7 @@ TEST_F(RendezvousStateTest, ClosedRunAnswersWithClosedStatus) {
 TEST_F(RendezvousStateTest, ForgetKeepsOpenRuns) {
   ASSERT_TRUE(state_.Join("open", Node("a"), Opts(2, 2), kT0, &events_).ok());
   ASSERT_TRUE(state_.Join("done", Node("a"), Opts(1, 1), kT0, &events_).ok());
-  ASSERT_TRUE(
-      state_.Close("done", Outcome::kAborted, "x", At(1), &events_).ok());
+  ASSERT_TRUE(state_.Close("done", Outcome::kAborted, "x", At(1), &events_).ok());
   state_.ForgetClosedBefore(At(100));
   EXPECT_EQ(state_.RunIds(), (std::vector<std::string>{"open"}));
 }
@@ -887,8 +864,8 @@ TEST_F(RendezvousStateTest, RejoinWhileGatheringOrWaitingIsIdempotent) {
   EXPECT_EQ(Of(events, Kind::kWaiting).size(), 3u);
   EXPECT_TRUE(Of(events, Kind::kAssigned).empty()) << "a counted once";
   JoinAll({Node("c")});
-  EXPECT_EQ(Ranks(Take()), (std::map<std::string, uint32_t>{
-                               {"a", 0}, {"b", 1}, {"c", 2}}));
+  EXPECT_EQ(Ranks(Take()),
+            (std::map<std::string, uint32_t>{{"a", 0}, {"b", 1}, {"c", 2}}));
   JoinAll({Node("w"), Node("w")}, At(1));
   events = Take();
   EXPECT_EQ(Ids(events), (std::vector<std::string>{"w", "w"}));
@@ -914,8 +891,7 @@ TEST_F(RendezvousStateTest, HeartbeatReportsRoundAndRestarts) {
   options_.max_restarts = 5;
   options_.last_call_timeout = Millis(0);
   JoinAll({Node("a")});
-  ASSERT_TRUE(
-      state_.ReportFailure(kRun, "a", 1, "x", At(1), &events_).ok());
+  ASSERT_TRUE(state_.ReportFailure(kRun, "a", 1, "x", At(1), &events_).ok());
   auto hb = state_.Heartbeat(kRun, "a", At(2));
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ(hb->round, 2u);
@@ -973,8 +949,7 @@ TEST(RendezvousStateScaleTest, TenThousandNodesFormOneRound) {
   std::vector<NodeEvent> events;
   for (int i = 0; i < kNodes; ++i) {
     events.clear();
-    ASSERT_TRUE(state.Join("big", Node(absl::StrCat("n", i), 8), o, kT0, &events)
-                    .ok());
+    ASSERT_TRUE(state.Join("big", Node(absl::StrCat("n", i), 8), o, kT0, &events).ok());
   }
   ASSERT_EQ(events.size(), static_cast<size_t>(kNodes + 1));  // + kWaiting
   events.erase(events.begin());
@@ -1014,8 +989,7 @@ class Simulation {
   static constexpr Millis kStep{100};
   static constexpr Millis kWork{15000};
 
-  Simulation(uint32_t seed, int initial, int late, int deaths)
-      : rng_(seed) {
+  Simulation(uint32_t seed, int initial, int late, int deaths) : rng_(seed) {
     options_.min_nodes = 900;
     options_.max_nodes = 1100;
     options_.max_restarts = 5;
@@ -1065,16 +1039,15 @@ class Simulation {
       }
       if (a.state == SimAgent::State::kNotJoined && now_ >= a.join_at) {
         ASSERT_TRUE(state_
-                        .Join(kRunId, NodeInfo{a.id, "h" + a.id, a.nproc, -1},
-                              options_, now_, &events)
+                        .Join(kRunId, NodeInfo{a.id, "h" + a.id, a.nproc, -1}, options_,
+                              now_, &events)
                         .ok());
         a.state = SimAgent::State::kWaiting;
         a.next_heartbeat = now_ + options_.keep_alive_interval;
         Deliver(&events);
         continue;
       }
-      if (a.state != SimAgent::State::kWaiting &&
-          a.state != SimAgent::State::kRunning) {
+      if (a.state != SimAgent::State::kWaiting && a.state != SimAgent::State::kRunning) {
         continue;
       }
       if (now_ >= a.next_heartbeat) {
@@ -1086,8 +1059,7 @@ class Simulation {
       if (a.state == SimAgent::State::kRunning && !a.reported_success &&
           now_ - a.running_since >= kWork) {
         a.reported_success = true;
-        ASSERT_TRUE(
-            state_.ReportSuccess(kRunId, a.id, a.round, now_, &events).ok());
+        ASSERT_TRUE(state_.ReportSuccess(kRunId, a.id, a.round, now_, &events).ok());
         Deliver(&events);
       }
     }
@@ -1113,8 +1085,8 @@ class Simulation {
     const uint32_t before = s->restart_count;
     for (int i = 0; i < 3; ++i) {
       auto v = state_.ReportFailure(kRunId, running[i]->id, running[i]->round,
-                                    absl::StrCat("injected on ", running[i]->id),
-                                    now_, events);
+                                    absl::StrCat("injected on ", running[i]->id), now_,
+                                    events);
       ASSERT_TRUE(v.ok());
       EXPECT_EQ(v->will_restart, before + 1 <= options_.max_restarts);
       EXPECT_EQ(v->restart_count, before + 1);
@@ -1204,10 +1176,14 @@ class Simulation {
   int restarts_injected_ = 0;
 };
 
-TEST(RendezvousStateSimulationTest, ThousandAgentsJoinDieFailAndSucceed) {
-  Simulation sim(/*seed=*/42, /*initial=*/1000, /*late=*/40, /*deaths=*/25);
-  sim.InjectFailureAt(At(40000));
-  sim.InjectFailureAt(At(55000));
+class RendezvousStateSimulationSeedTest : public ::testing::TestWithParam<uint32_t> {};
+
+// Two injected failures 13s apart, with 15s of work per round: both land
+// before the run can succeed, whatever the seed.
+TEST_P(RendezvousStateSimulationSeedTest, ThousandAgentsJoinDieFailAndSucceed) {
+  Simulation sim(/*seed=*/GetParam(), /*initial=*/1000, /*late=*/40, /*deaths=*/25);
+  sim.InjectFailureAt(At(35000));
+  sim.InjectFailureAt(At(48000));
   sim.Run(At(600000));
   ASSERT_FALSE(::testing::Test::HasFailure());
 
@@ -1228,6 +1204,9 @@ TEST(RendezvousStateSimulationTest, ThousandAgentsJoinDieFailAndSucceed) {
   EXPECT_EQ(live, 1040 - 25);
   EXPECT_EQ(s->participants.size(), static_cast<size_t>(live));
 }
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RendezvousStateSimulationSeedTest,
+                         ::testing::Values(42u, 1u, 2u, 3u, 2024u));
 
 TEST(RendezvousStateSimulationTest, SpentBudgetFailsEveryAgent) {
   Simulation sim(/*seed=*/7, /*initial=*/1000, /*late=*/0, /*deaths=*/0);

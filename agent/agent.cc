@@ -1,0 +1,445 @@
+#include "agent/agent.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include "agent/agent_state.h"
+#include "agent/worker_env.h"
+#include "agent/worker_group.h"
+#include "rendezvous/rendezvous_client.h"
+
+namespace meshrun::agent {
+
+namespace v1 = meshrun::v1;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string ReplaceAll(std::string text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+  return text;
+}
+
+std::string Now() {
+  std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d_%H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
+std::string SignalName(int number) {
+  const char* abbrev = sigabbrev_np(number);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(number);
+}
+
+// What torch's @record wrote to TORCHELASTIC_ERROR_FILE: the error message and
+// the Python traceback, or empty strings when there is no (valid) file.
+struct ErrorFile {
+  std::string message;
+  std::string traceback;
+};
+
+ErrorFile ReadErrorFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return {};
+  std::stringstream text;
+  text << in.rdbuf();
+  google::protobuf::Struct root;
+  if (!google::protobuf::util::JsonStringToMessage(text.str(), &root).ok()) return {};
+  ErrorFile out;
+  auto message = root.fields().find("message");
+  if (message == root.fields().end()) return out;
+  if (message->second.has_string_value()) {
+    out.message = message->second.string_value();
+    return out;
+  }
+  const auto& fields = message->second.struct_value().fields();
+  if (auto m = fields.find("message"); m != fields.end()) out.message = m->second.string_value();
+  if (auto extra = fields.find("extraInfo"); extra != fields.end()) {
+    const auto& info = extra->second.struct_value().fields();
+    if (auto tb = info.find("py_callstack"); tb != info.end())
+      out.traceback = tb->second.string_value();
+  }
+  return out;
+}
+
+RunEnd FromProto(v1::RunOutcome outcome) {
+  switch (outcome) {
+    case v1::OUTCOME_SUCCEEDED:
+      return RunEnd::kSucceeded;
+    case v1::OUTCOME_FAILED:
+      return RunEnd::kFailed;
+    default:
+      return RunEnd::kAborted;
+  }
+}
+
+// A port nobody listens on now, from the kernel. The worker that becomes
+// the TCPStore master binds it later (the same race torchrun accepts).
+int PickFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+int StreamsFor(const std::vector<int>& per_rank, int all, int local_rank) {
+  if (local_rank < static_cast<int>(per_rank.size())) return per_rank[local_rank];
+  return all;
+}
+
+class Agent {
+ public:
+  explicit Agent(const AgentOptions& options)
+      : options_(options),
+        state_(options.nproc),
+        signals_(io_),
+        workers_(io_, [this](const WorkerExit& exit) { OnWorkerExit(exit); }) {}
+
+  int Run() {
+    for (int number : options_.signals_to_handle) signals_.add(number);
+    WaitForSignal();
+    if (!PrepareLogRoot()) return 1;
+    channel_ = grpc::CreateChannel(options_.rdzv_endpoint, grpc::InsecureChannelCredentials());
+    client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
+    master_port_ = PickFreePort();
+    Join();
+    io_.run();
+    StopBackgroundThreads();
+    CleanUpLogRoot();
+    return exit_code_;
+  }
+
+ private:
+  void WaitForSignal() {
+    signals_.async_wait([this](const boost::system::error_code& error, int number) {
+      if (error) return;
+      spdlog::info("received {}, stopping workers", SignalName(number));
+      Dispatch(event::Signal{number});
+      WaitForSignal();
+    });
+  }
+
+  void Join() {
+    v1::JoinRequest join;
+    join.set_run_id(options_.run_id);
+    join.set_node_id(options_.node_id);
+    join.set_host(options_.host);
+    join.set_nproc(static_cast<uint32_t>(options_.nproc));
+    join.set_node_rank_hint(options_.node_rank_hint);
+    join.set_master_port(static_cast<uint32_t>(master_port_));
+    *join.mutable_config() = options_.run_config;
+    session_ = client_->Join(join);
+    reader_ = std::thread([this] { ReadRendezvous(); });
+    heartbeat_ = std::thread([this] { Heartbeat(); });
+  }
+
+  // Runs on its own thread: turns the daemon's pushes into events on io_.
+  void ReadRendezvous() {
+    while (true) {
+      auto next = session_->Next(std::chrono::hours(24 * 365));
+      if (!next.ok()) {
+        if (next.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+        std::string reason(next.status().message());
+        boost::asio::post(io_, [this, reason] {
+          if (!closed_) Dispatch(event::RendezvousLost{reason});
+        });
+        return;
+      }
+      v1::RendezvousEvent pushed = std::move(*next);
+      bool terminal = pushed.has_closed();
+      boost::asio::post(io_, [this, pushed] { OnRendezvousEvent(pushed); });
+      if (terminal) return;
+    }
+  }
+
+  void Heartbeat() {
+    const auto interval =
+        std::chrono::milliseconds(options_.run_config.keep_alive_interval_ms() > 0
+                                      ? options_.run_config.keep_alive_interval_ms()
+                                      : 5000);
+    std::unique_lock<std::mutex> lock(stop_mu_);
+    while (!stop_threads_) {
+      if (stop_cv_.wait_for(lock, interval, [this] { return stop_threads_; })) break;
+      lock.unlock();
+      auto reply = client_->Heartbeat(options_.run_id, options_.node_id);
+      if (!reply.ok())
+        spdlog::warn("heartbeat to {} failed: {}", options_.rdzv_endpoint,
+                     reply.status().message());
+      lock.lock();
+    }
+  }
+
+  void StopBackgroundThreads() {
+    {
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      stop_threads_ = true;
+    }
+    stop_cv_.notify_all();
+    if (heartbeat_.joinable()) heartbeat_.join();
+    if (session_) session_->Cancel();
+    if (reader_.joinable()) reader_.join();
+  }
+
+  void OnRendezvousEvent(const v1::RendezvousEvent& pushed) {
+    if (pushed.has_assigned()) {
+      const auto& a = pushed.assigned();
+      RoundInfo round;
+      round.round = a.round();
+      round.group_rank = a.group_rank();
+      round.group_world_size = a.group_world_size();
+      round.rank_base = a.rank_base();
+      round.world_size = a.world_size();
+      round.restart_count = a.restart_count();
+      round.store_prefix = a.store_prefix();
+      round.master_host = a.master_host();
+      round.master_port = static_cast<int>(a.master_port());
+      spdlog::info("round {}: group rank {}/{}, ranks {}..{} of {}, restart {}", round.round,
+                   round.group_rank, round.group_world_size, round.rank_base,
+                   round.rank_base + options_.nproc - 1, round.world_size,
+                   round.restart_count);
+      Dispatch(event::Assigned{round});
+    } else if (pushed.has_reform()) {
+      spdlog::info("re-forming into round {}: {} {}", pushed.reform().next_round(),
+                   v1::ReformReason_Name(pushed.reform().reason()), pushed.reform().detail());
+      Dispatch(event::Reform{pushed.reform().next_round(), pushed.reform().detail()});
+    } else if (pushed.has_closed()) {
+      closed_ = true;
+      Dispatch(event::Closed{FromProto(pushed.closed().outcome()), pushed.closed().reason()});
+    }
+  }
+
+  void OnWorkerExit(const WorkerExit& exit) {
+    ExitInfo info;
+    info.local_rank = exit.local_rank;
+    info.global_rank = exit.global_rank;
+    info.exit_code = exit.exit_code < 0 ? 0 : exit.exit_code;
+    info.signal = exit.signal;
+    if (info.failed() && state_.phase() == AgentState::Phase::kRunning) {
+      last_failure_detail_[exit.local_rank] = DescribeFailure(info, exit.pid);
+    }
+    Dispatch(event::WorkerExited{info});
+  }
+
+  std::string DescribeFailure(const ExitInfo& exit, pid_t pid) {
+    std::ostringstream out;
+    out << "  time      : " << Now() << "\n"
+        << "  host      : " << options_.host << "\n"
+        << "  rank      : " << exit.global_rank << " (local_rank: " << exit.local_rank << ")\n";
+    if (exit.signal != 0) {
+      out << "  exitcode  : " << -exit.signal << " (pid: " << pid << ", "
+          << SignalName(exit.signal) << ")\n";
+    } else {
+      out << "  exitcode  : " << exit.exit_code << " (pid: " << pid << ")\n";
+    }
+    std::string path = ErrorFilePath(exit.local_rank);
+    ErrorFile error = ReadErrorFile(path);
+    if (!error.message.empty() || !error.traceback.empty()) {
+      out << "  error_file: " << path << "\n";
+      if (!error.message.empty()) out << "  message   : " << error.message << "\n";
+      if (!error.traceback.empty()) out << "  traceback :\n" << error.traceback;
+    } else {
+      out << "  error_file: <N/A>\n"
+          << "  traceback : To enable traceback see: "
+             "https://pytorch.org/docs/stable/elastic/errors.html\n";
+    }
+    return out.str();
+  }
+
+  void Dispatch(const Event& event) {
+    for (const Action& action : state_.Step(event)) Perform(action);
+  }
+
+  void Perform(const Action& action) {
+    if (auto* start = std::get_if<action::StartWorkers>(&action)) {
+      StartWorkers(start->round);
+    } else if (auto* stop = std::get_if<action::StopWorkers>(&action)) {
+      workers_.Stop(stop->signal, options_.shutdown_timeout,
+                    [this] { boost::asio::post(io_, [this] { Dispatch(event::WorkersStopped{}); }); });
+    } else if (auto* forward = std::get_if<action::ForwardSignal>(&action)) {
+      workers_.Signal(forward->number);
+    } else if (auto* failure = std::get_if<action::ReportFailure>(&action)) {
+      std::string detail = "[" + std::to_string(failure->exit.global_rank) + "]:\n" +
+                           last_failure_detail_[failure->exit.local_rank];
+      auto verdict = client_->ReportFailure(options_.run_id, options_.node_id,
+                                            failure->round, detail);
+      if (!verdict.ok()) {
+        spdlog::error("cannot report the failure to the daemon: {}", verdict.status().message());
+      } else if (verdict->will_restart()) {
+        spdlog::warn("worker failed; restarting the run (restart {} of {})",
+                     verdict->restart_count(), options_.run_config.max_restarts());
+      }
+    } else if (auto* success = std::get_if<action::ReportSuccess>(&action)) {
+      absl::Status status = client_->ReportSuccess(options_.run_id, options_.node_id,
+                                                   success->round);
+      if (!status.ok())
+        spdlog::error("cannot report success to the daemon: {}", status.message());
+    } else if (std::holds_alternative<action::LeaveRun>(action)) {
+      (void)client_->Leave(options_.run_id, options_.node_id);
+    } else if (auto* exit = std::get_if<action::Exit>(&action)) {
+      Finish(*exit);
+    }
+  }
+
+  void StartWorkers(const RoundInfo& round) {
+    std::vector<WorkerSpec> specs;
+    specs.reserve(options_.nproc);
+    const std::string attempt_dir = log_root_ + "/attempt_" + std::to_string(round.restart_count);
+    for (int local_rank = 0; local_rank < options_.nproc; ++local_rank) {
+      const int rank = static_cast<int>(round.rank_base) + local_rank;
+      const std::string rank_dir = attempt_dir + "/" + std::to_string(local_rank);
+      std::error_code ignored;
+      fs::create_directories(rank_dir, ignored);
+      const std::string error_file = rank_dir + "/error.json";
+      fs::remove(error_file, ignored);
+      error_files_[local_rank] = error_file;
+
+      WorkerEnvInputs in;
+      in.role = options_.role;
+      in.run_id = options_.run_id;
+      in.local_rank = local_rank;
+      in.local_world_size = options_.nproc;
+      in.max_restarts = options_.run_config.max_restarts();
+      in.round = round;
+      in.master_addr = round.master_host;
+      in.master_port = round.master_port;
+      in.store_endpoint = options_.rdzv_endpoint;
+      in.error_file = error_file;
+      in.has_omp_num_threads = getenv("OMP_NUM_THREADS") != nullptr;
+      in.has_nccl_async_error_handling = getenv("NCCL_ASYNC_ERROR_HANDLING") != nullptr;
+
+      WorkerSpec spec;
+      spec.local_rank = local_rank;
+      spec.global_rank = rank;
+      spec.argv = options_.worker_argv;
+      spec.env = BuildWorkerEnv(in);
+      std::string prefix = ReplaceAll(options_.prefix_template, "${role_name}", options_.role);
+      prefix = ReplaceAll(prefix, "${rank}", std::to_string(rank));
+      prefix = ReplaceAll(prefix, "${local_rank}", std::to_string(local_rank));
+      spec.console_prefix = ReplaceAll(prefix, "${host}", options_.host);
+      const int redirect = StreamsFor(options_.redirects, options_.redirects_all, local_rank);
+      const int tee = StreamsFor(options_.tee, options_.tee_all, local_rank);
+      const bool shown = options_.local_ranks_filter.empty() ||
+                         options_.local_ranks_filter.count(local_rank) > 0;
+      // -t implies the file; -r without -t keeps the stream off the console.
+      const int to_file = options_.log_dir ? (redirect | tee) : kNone;
+      spec.stdout_to_console = shown && (!(redirect & kStdout) || (tee & kStdout));
+      spec.stderr_to_console = shown && (!(redirect & kStderr) || (tee & kStderr));
+      if (to_file & kStdout) spec.stdout_file = rank_dir + "/stdout.log";
+      if (to_file & kStderr) spec.stderr_file = rank_dir + "/stderr.log";
+      specs.push_back(std::move(spec));
+    }
+    absl::Status status = workers_.Start(std::move(specs));
+    if (!status.ok()) {
+      spdlog::error("cannot start workers: {}", status.message());
+      Finish(action::Exit{1, "cannot start workers: " + std::string(status.message())});
+    }
+  }
+
+  std::string ErrorFilePath(int local_rank) {
+    auto it = error_files_.find(local_rank);
+    return it == error_files_.end() ? std::string() : it->second;
+  }
+
+  bool PrepareLogRoot() {
+    std::error_code error;
+    if (options_.log_dir) {
+      log_root_ = *options_.log_dir + "/" + options_.run_id;
+      fs::create_directories(log_root_, error);
+      if (error) {
+        spdlog::error("cannot create log directory {}: {}", log_root_, error.message());
+        return false;
+      }
+      return true;
+    }
+    // Error files need a home even without --log-dir, like torchrun's tmp dir.
+    std::string pattern = (fs::temp_directory_path() / "meshrun-XXXXXX").string();
+    if (!mkdtemp(pattern.data())) {
+      spdlog::error("cannot create a temporary directory: {}", std::strerror(errno));
+      return false;
+    }
+    log_root_ = pattern;
+    temporary_log_root_ = true;
+    return true;
+  }
+
+  void CleanUpLogRoot() {
+    if (!temporary_log_root_) return;
+    std::error_code ignored;
+    fs::remove_all(log_root_, ignored);
+  }
+
+  void Finish(const action::Exit& exit) {
+    exit_code_ = exit.code;
+    if (exit.code != 0 && exit.code < 128) {
+      std::fprintf(stderr, "meshrun: %s\n", exit.summary.c_str());
+      if (auto failure = state_.first_failure()) {
+        std::fprintf(stderr, "Local failure on this node:\n[%d]:\n%s", failure->global_rank,
+                     last_failure_detail_[failure->local_rank].c_str());
+      }
+    } else if (exit.code >= 128) {
+      spdlog::warn("{}", exit.summary);
+    } else {
+      spdlog::info("{}", exit.summary);
+    }
+    signals_.cancel();
+    io_.stop();
+  }
+
+  const AgentOptions& options_;
+  boost::asio::io_context io_;
+  AgentState state_;
+  boost::asio::signal_set signals_;
+  WorkerGroup workers_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<rdzv::RendezvousClient> client_;
+  std::unique_ptr<rdzv::RendezvousClient::JoinSession> session_;
+  std::thread reader_;
+  std::thread heartbeat_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_threads_ = false;  // guarded by stop_mu_
+  bool closed_ = false;
+  int master_port_ = 0;
+  std::map<int, std::string> error_files_;
+  std::map<int, std::string> last_failure_detail_;
+  std::string log_root_;
+  bool temporary_log_root_ = false;
+  int exit_code_ = 1;
+};
+
+}  // namespace
+
+int RunAgent(const AgentOptions& options) {
+  Agent agent(options);
+  return agent.Run();
+}
+
+}  // namespace meshrun::agent

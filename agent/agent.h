@@ -1,0 +1,53 @@
+#pragma once
+
+// The per-node elastic agent: joins the run at the daemon, starts the local
+// workers for each round, and carries out AgentState's decisions. One Asio
+// io_context on the calling thread drives everything: SIGCHLD, worker pipes,
+// signals, timers, and rendezvous events (posted from the gRPC reader).
+
+#include <chrono>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "meshrun/v1/rendezvous.pb.h"
+
+namespace meshrun::agent {
+
+// Which of a worker's streams go to log files (-r) or also to the console
+// (-t). Indexed by local rank; a missing entry means "none".
+enum StdStreams : int { kNone = 0, kStdout = 1, kStderr = 2, kBoth = 3 };
+
+struct AgentOptions {
+  std::string run_id;
+  std::string role = "default";
+  // Unique per agent process; the daemon tells agents apart by it.
+  std::string node_id;
+  // This node's address as other nodes reach it (MASTER_ADDR when it is
+  // group rank 0).
+  std::string host;
+  int nproc = 1;
+  int node_rank_hint = -1;
+  std::string rdzv_endpoint;  // the daemon's host:port
+  meshrun::v1::RunConfig run_config;
+  std::vector<std::string> worker_argv;
+  // Logs: <log_dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log and
+  // error.json. Without a log dir, a temporary one holds the error files.
+  std::optional<std::string> log_dir;
+  int redirects_all = kNone;
+  std::vector<int> redirects;  // per local rank; overrides redirects_all
+  int tee_all = kNone;
+  std::vector<int> tee;
+  // Console prefix; ${role_name} ${rank} ${local_rank} ${host} are replaced.
+  std::string prefix_template = "[${role_name}${local_rank}]:";
+  std::set<int> local_ranks_filter;  // empty: every local rank on the console
+  std::chrono::milliseconds shutdown_timeout{30000};
+  std::vector<int> signals_to_handle;
+};
+
+// Runs the agent until the run ends for this node; returns the launcher's
+// exit code (0, the root-cause worker's code, or 128 + a signal).
+int RunAgent(const AgentOptions& options);
+
+}  // namespace meshrun::agent

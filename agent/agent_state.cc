@@ -1,0 +1,178 @@
+#include "agent/agent_state.h"
+
+#include <signal.h>
+
+#include <utility>
+
+namespace meshrun::agent {
+
+namespace {
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+bool StopsTheAgent(int signal_number) {
+  return signal_number == SIGTERM || signal_number == SIGINT || signal_number == SIGHUP ||
+         signal_number == SIGQUIT;
+}
+}  // namespace
+
+const char* ToString(AgentState::Phase phase) {
+  switch (phase) {
+    case AgentState::Phase::kJoining:
+      return "joining";
+    case AgentState::Phase::kRunning:
+      return "running";
+    case AgentState::Phase::kStopping:
+      return "stopping";
+    case AgentState::Phase::kSucceeded:
+      return "succeeded";
+    case AgentState::Phase::kExited:
+      return "exited";
+  }
+  return "?";
+}
+
+AgentState::AgentState(int nproc) : nproc_(nproc) {}
+
+std::vector<Action> AgentState::Step(const Event& event) {
+  if (phase_ == Phase::kExited) return {};
+  return std::visit(
+      Overloaded{
+          [&](const event::Assigned& e) { return OnAssigned(e.round); },
+          [&](const event::Reform&) -> std::vector<Action> {
+            if (phase_ == Phase::kRunning) return BeginStop(SIGTERM);
+            // Succeeded workers are gone already; the whole world restarts
+            // together, so this node runs the next round too.
+            if (phase_ == Phase::kSucceeded) phase_ = Phase::kJoining;
+            return {};
+          },
+          [&](const event::Closed& e) -> std::vector<Action> {
+            int code = 0;
+            std::string summary;
+            switch (e.outcome) {
+              case RunEnd::kSucceeded:
+                summary = "run succeeded";
+                break;
+              case RunEnd::kFailed:
+                code = first_failure_ ? first_failure_->status_code() : 1;
+                if (code == 0) code = 1;
+                summary = "run failed: " + e.reason;
+                break;
+              case RunEnd::kAborted:
+                code = 1;
+                summary = "run aborted: " + e.reason;
+                break;
+            }
+            if (phase_ == Phase::kRunning || phase_ == Phase::kStopping) {
+              exit_after_stop_ = action::Exit{code, summary};
+              return BeginStop(SIGTERM);
+            }
+            return ExitNow(code, std::move(summary));
+          },
+          [&](const event::WorkerExited& e) { return OnWorkerExited(e.exit); },
+          [&](const event::WorkersStopped&) { return OnStopped(); },
+          [&](const event::Signal& e) -> std::vector<Action> {
+            if (!StopsTheAgent(e.number)) return {action::ForwardSignal{e.number}};
+            std::string summary = "stopped by signal " + std::to_string(e.number);
+            std::vector<Action> actions{action::LeaveRun{}};
+            if (phase_ == Phase::kRunning || phase_ == Phase::kStopping) {
+              exit_after_stop_ = action::Exit{128 + e.number, summary};
+              // The workers get the same signal, then SIGKILL after the grace
+              // (again if a stop was under way: the user's signal wins).
+              phase_ = Phase::kStopping;
+              actions.push_back(action::StopWorkers{e.number});
+              return actions;
+            }
+            auto exit = ExitNow(128 + e.number, summary);
+            actions.insert(actions.end(), exit.begin(), exit.end());
+            return actions;
+          },
+          [&](const event::RendezvousLost& e) -> std::vector<Action> {
+            std::string summary = "lost the rendezvous: " + e.reason;
+            if (phase_ == Phase::kRunning || phase_ == Phase::kStopping) {
+              exit_after_stop_ = action::Exit{1, summary};
+              return BeginStop(SIGTERM);
+            }
+            return ExitNow(1, std::move(summary));
+          },
+      },
+      event);
+}
+
+std::vector<Action> AgentState::OnAssigned(const RoundInfo& round) {
+  switch (phase_) {
+    case Phase::kJoining:
+    case Phase::kSucceeded:
+      if (current_ && round.round == current_->round && phase_ == Phase::kSucceeded)
+        return {};  // a re-sent assignment of the round we finished
+      current_ = round;
+      phase_ = Phase::kRunning;
+      live_workers_ = nproc_;
+      succeeded_workers_ = 0;
+      failure_reported_this_round_ = false;
+      return {action::StartWorkers{round}};
+    case Phase::kStopping:
+      next_ = round;
+      return {};
+    case Phase::kRunning:
+      if (current_ && round.round == current_->round) return {};  // re-sent
+      // A newer round without a re-form first: restart into it.
+      next_ = round;
+      return BeginStop(SIGTERM);
+    case Phase::kExited:
+      return {};
+  }
+  return {};
+}
+
+std::vector<Action> AgentState::OnWorkerExited(const ExitInfo& exit) {
+  if (live_workers_ > 0) --live_workers_;
+  if (phase_ != Phase::kRunning) return {};  // expected during a stop
+  if (exit.failed()) {
+    if (!first_failure_) first_failure_ = exit;
+    std::vector<Action> actions = BeginStop(SIGTERM);
+    if (!failure_reported_this_round_) {
+      failure_reported_this_round_ = true;
+      actions.push_back(action::ReportFailure{current_->round, exit});
+    }
+    return actions;
+  }
+  if (++succeeded_workers_ == nproc_) {
+    phase_ = Phase::kSucceeded;
+    return {action::ReportSuccess{current_->round}};
+  }
+  return {};
+}
+
+std::vector<Action> AgentState::OnStopped() {
+  if (phase_ != Phase::kStopping) return {};
+  live_workers_ = 0;
+  if (exit_after_stop_) {
+    action::Exit exit = *exit_after_stop_;
+    return ExitNow(exit.code, exit.summary);
+  }
+  phase_ = Phase::kJoining;
+  if (next_) {
+    RoundInfo round = *next_;
+    next_.reset();
+    return OnAssigned(round);
+  }
+  return {};
+}
+
+std::vector<Action> AgentState::BeginStop(int signal) {
+  if (phase_ == Phase::kStopping) return {};
+  phase_ = Phase::kStopping;
+  return {action::StopWorkers{signal}};
+}
+
+std::vector<Action> AgentState::ExitNow(int code, std::string summary) {
+  phase_ = Phase::kExited;
+  return {action::Exit{code, std::move(summary)}};
+}
+
+}  // namespace meshrun::agent

@@ -1,0 +1,117 @@
+#pragma once
+
+// The elastic agent's decisions as a pure state machine: events in (round
+// assigned, re-form, run closed, a worker exited, workers stopped, a signal),
+// actions out (start or stop the workers, report to the daemon, exit). No
+// processes, sockets or clocks; the Agent adapter performs the actions.
+//
+// Restart policy lives in the daemon (one job-global budget), so the agent's
+// job is sequencing: a local failure stops the local workers and is
+// reported; whatever the daemon decides arrives as a re-form or a close.
+//
+// Thread-safety: none; the owner serialises all calls.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace meshrun::agent {
+
+struct RoundInfo {
+  uint64_t round = 0;
+  uint32_t group_rank = 0;
+  uint32_t group_world_size = 0;
+  uint32_t rank_base = 0;
+  uint32_t world_size = 0;
+  uint32_t restart_count = 0;
+  std::string store_prefix;
+  std::string master_host;  // host of group rank 0
+  int master_port = 0;      // the free port group rank 0 offered
+};
+
+// One worker's end. `signal` is 0 for a normal exit.
+struct ExitInfo {
+  int local_rank = 0;
+  int global_rank = 0;
+  int exit_code = 0;
+  int signal = 0;
+  bool failed() const { return signal != 0 || exit_code != 0; }
+  // Shell convention: the code, or 128 + the signal.
+  int status_code() const { return signal != 0 ? 128 + signal : exit_code; }
+};
+
+enum class RunEnd { kSucceeded, kFailed, kAborted };
+
+namespace event {
+struct Assigned { RoundInfo round; };
+struct Reform { uint64_t next_round; std::string reason; };
+struct Closed { RunEnd outcome; std::string reason; };
+struct WorkerExited { ExitInfo exit; };
+struct WorkersStopped {};
+struct Signal { int number; };
+// The Join stream ended without a close (daemon gone, refused join).
+struct RendezvousLost { std::string reason; };
+}  // namespace event
+
+using Event = std::variant<event::Assigned, event::Reform, event::Closed,
+                           event::WorkerExited, event::WorkersStopped, event::Signal,
+                           event::RendezvousLost>;
+
+namespace action {
+struct StartWorkers { RoundInfo round; };
+struct StopWorkers { int signal; };
+struct ForwardSignal { int number; };
+struct ReportFailure { uint64_t round; ExitInfo exit; };
+struct ReportSuccess { uint64_t round; };
+struct LeaveRun {};
+struct Exit { int code; std::string summary; };
+}  // namespace action
+
+using Action = std::variant<action::StartWorkers, action::StopWorkers,
+                            action::ForwardSignal, action::ReportFailure,
+                            action::ReportSuccess, action::LeaveRun, action::Exit>;
+
+class AgentState {
+ public:
+  // `nproc`: local workers per round.
+  explicit AgentState(int nproc);
+
+  std::vector<Action> Step(const Event& event);
+
+  enum class Phase {
+    kJoining,    // waiting for a round assignment
+    kRunning,    // workers alive
+    kStopping,   // stopping workers; then start the next round or exit
+    kSucceeded,  // local workers all succeeded; waiting for the run to close
+    kExited,
+  };
+  Phase phase() const { return phase_; }
+  // The first local failure of the run, if any (the summary's root cause
+  // when the daemon has none).
+  const std::optional<ExitInfo>& first_failure() const { return first_failure_; }
+
+ private:
+  std::vector<Action> OnAssigned(const RoundInfo& round);
+  std::vector<Action> OnWorkerExited(const ExitInfo& exit);
+  std::vector<Action> OnStopped();
+  std::vector<Action> BeginStop(int signal);
+  std::vector<Action> ExitNow(int code, std::string summary);
+
+  const int nproc_;
+  Phase phase_ = Phase::kJoining;
+  std::optional<RoundInfo> current_;
+  // An assignment that arrived while workers were still stopping.
+  std::optional<RoundInfo> next_;
+  // What to do once the workers are stopped, if not starting the next round.
+  std::optional<action::Exit> exit_after_stop_;
+  int live_workers_ = 0;
+  int succeeded_workers_ = 0;
+  bool failure_reported_this_round_ = false;
+  std::optional<ExitInfo> first_failure_;
+};
+
+const char* ToString(AgentState::Phase phase);
+
+}  // namespace meshrun::agent

@@ -1,0 +1,154 @@
+#pragma once
+
+// Supervision of one node's local workers: fork/exec, exit detection on
+// SIGCHLD, output pipes to the console and log files, and stopping with a
+// grace period. Event-driven on a Boost.Asio io_context; nothing polls.
+//
+// Each worker is the leader of its own process group, so a signal reaches
+// everything it started (data loader processes, shells' children), and dies
+// with the agent (PR_SET_PDEATHSIG = SIGKILL): a SIGKILLed agent leaves no
+// running workers behind.
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "agent/log_sink.h"
+
+namespace meshrun::agent {
+
+struct WorkerSpec {
+  int local_rank = 0;
+  int global_rank = 0;
+  // argv[0] without a '/' is looked up in the worker's PATH (the agent's,
+  // unless `env` sets one), like execvp. The arguments reach the worker
+  // byte for byte; no shell is involved.
+  std::vector<std::string> argv;
+  // Set on top of the agent's own environment.
+  std::map<std::string, std::string> env;
+  // Put before every console line, e.g. "[default0]:"; rendered by the caller.
+  std::string console_prefix;
+  // Console: prefixed, line by line, through the group's ConsoleWriter.
+  bool stdout_to_console = true;
+  bool stderr_to_console = true;
+  // Raw bytes; created with parent directories and appended to. A stream on
+  // neither the console nor a file goes to /dev/null.
+  std::optional<std::string> stdout_file;
+  std::optional<std::string> stderr_file;
+};
+
+struct WorkerExit {
+  int local_rank = 0;
+  int global_rank = 0;
+  pid_t pid = 0;
+  int exit_code = 0;  // -1 if killed by a signal
+  int signal = 0;     // 0 if it exited
+  // When the agent reaped it (before its output was drained).
+  std::chrono::system_clock::time_point when;
+};
+
+struct WorkerGroupOptions {
+  // How long a worker's exit may wait for its output pipes to reach EOF. A
+  // background process the worker left behind can hold them open forever;
+  // after this the pipes are closed (that process gets SIGPIPE on its next
+  // write) and the exit is reported. While a Stop is under way, the bound
+  // starts only when its grace period ends.
+  std::chrono::milliseconds output_drain_timeout{1000};
+  // Console for the workers' prefixed lines; null means
+  // ConsoleWriter::Default(). Must outlive the group.
+  ConsoleWriter* console = nullptr;
+};
+
+// A set of worker processes started together.
+//
+// Thread-compatible: every method, and the constructor and destructor, must
+// be called on the thread that runs `io`, and all callbacks run there. That
+// thread must also outlive the workers: PR_SET_PDEATHSIG fires when the
+// *thread* that forked a worker exits, not the process, so a worker forked
+// from a short-lived thread would be killed with it.
+//
+// A worker is "live" from Start until its exit is reported: it is running,
+// or it has exited and its output is still being drained.
+class WorkerGroup {
+ public:
+  // `io` must outlive the group. `on_exit` runs once per worker, after all of
+  // the worker's output reached the console and files (or after the bounded
+  // drain, see WorkerGroupOptions). Callbacks may call the group's methods
+  // but must not destroy it.
+  WorkerGroup(boost::asio::io_context& io, std::function<void(const WorkerExit&)> on_exit,
+              WorkerGroupOptions options = {});
+  // Kills (SIGKILL to each live worker's process group) and reaps the live
+  // workers without reporting them. Blocks only until the kernel tears them
+  // down.
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Spawns one worker per spec, in order. Returns once every worker has
+  // exec'd (or failed to): a worker whose program cannot be executed is
+  // reported through on_exit with 127 (not found) or 126 (any other exec
+  // error), like a shell, after the line "meshrun: cannot execute 'x':
+  // <reason>" on its stderr. Errors (bad spec, log file, fork or pipe
+  // failure) leave no worker started.
+  // REQUIRES: live() == 0 and no Stop is under way.
+  absl::Status Start(std::vector<WorkerSpec> specs);
+
+  // Sends `signal` to every live worker's process group, then SIGKILL to the
+  // groups still there after `grace`. `done` runs on `io` after the last
+  // exit has been reported, always posted, never from inside Stop (also when
+  // nothing is live); the group may be destroyed from within it. Calling Stop
+  // again while stopping sends the new signal, moves the SIGKILL deadline
+  // earlier if the new grace ends sooner, and adds its `done`.
+  void Stop(int signal, std::chrono::milliseconds grace, std::function<void()> done);
+
+  // Forwards `signal` to the process group of every worker still running.
+  void Signal(int signal);
+
+  size_t live() const { return workers_.size(); }
+  std::vector<pid_t> pids() const;  // of the live workers, in start order
+
+ private:
+  struct Worker;
+  struct Pipe;
+
+  void WaitForSigchld();
+  void Reap();
+  void OnReaped(const std::shared_ptr<Worker>& worker);
+  void ReadPipe(const std::shared_ptr<Worker>& worker, Pipe* pipe);
+  void OnPipeClosed(const std::shared_ptr<Worker>& worker);
+  void StartDrainTimer(const std::shared_ptr<Worker>& worker);
+  void ArmGraceTimer(std::chrono::steady_clock::time_point deadline);
+  void OnGraceExpired();
+  void Finish(const std::shared_ptr<Worker>& worker);
+  void MaybeFinishStop();
+  void KillGroup(const Worker& worker, int signal);
+
+  boost::asio::io_context& io_;
+  const std::function<void(const WorkerExit&)> on_exit_;
+  const WorkerGroupOptions options_;
+  ConsoleWriter* const console_;
+  boost::asio::signal_set sigchld_;
+  boost::asio::steady_timer grace_timer_;
+  std::vector<std::shared_ptr<Worker>> workers_;  // live, in start order
+  bool stopping_ = false;
+  bool grace_expired_ = false;
+  std::chrono::steady_clock::time_point grace_deadline_;
+  uint64_t grace_generation_ = 0;  // tells a stale grace timer expiry apart
+  std::vector<std::function<void()>> stop_done_;
+  // Handlers hold a weak_ptr to this, so ones still queued after the group
+  // is destroyed do nothing.
+  std::shared_ptr<WorkerGroup*> self_;
+};
+
+}  // namespace meshrun::agent

@@ -1,0 +1,203 @@
+#pragma once
+
+// The `meshrun` command line as a pure function: argv (without argv[0]) and the
+// process environment in, a validated LaunchConfig or one-line error out. It
+// accepts torchrun's flags in both spellings (--nproc-per-node and
+// --nproc_per_node), takes unset flags from PET_* variables as torchrun does,
+// and passes the training script and everything after it through untouched.
+//
+// Nothing here spawns, binds, logs or reads the environment by itself; the only
+// facts taken from the machine (CPU and GPU counts, a fresh run id) come in
+// through HostProbe so tests can pin them.
+//
+// Thread-safety: ParseLaunchArgs is reentrant; it keeps no state.
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace meshrun::launcher {
+
+// Which rendezvous implementation the agent talks to.
+enum class RdzvBackend {
+  // meshrun's rendezvous daemon (names "c10d", "meshrun", "dynamic"): elastic
+  // membership, heartbeats, restarts agreed by every node.
+  kDynamic,
+  // A fixed node set: every node states its --node-rank and the node count is
+  // fixed; the endpoint defaults to --master-addr:--master-port.
+  kStatic,
+};
+
+// Which of a worker's standard streams a -r/-t setting applies to. The values
+// are torchrun's Std flags, so "3" means both, as on torchrun's command line.
+enum class StdStreams { kNone = 0, kOut = 1, kErr = 2, kAll = 3 };
+
+// A -r/--redirects or -t/--tee value: "N" applies to every local rank,
+// "LR:N,LR:N" names local ranks one by one and leaves the others untouched
+// (torchrun's Std.from_str + to_map).
+struct StdStreamsSpec {
+  // Applies to local ranks absent from by_local_rank; kNone when a per-rank
+  // mapping was given.
+  StdStreams all_ranks = StdStreams::kNone;
+  // Explicit settings by local rank.
+  std::map<int, StdStreams> by_local_rank;
+
+  StdStreams ForLocalRank(int local_rank) const;
+  bool operator==(const StdStreamsSpec& other) const {
+    return all_ranks == other.all_ranks && by_local_rank == other.by_local_rank;
+  }
+};
+
+// A host and a port as given on the command line, brackets of an IPv6 literal
+// removed ("[::1]:29400" -> host "::1").
+struct HostPort {
+  std::string host;
+  // 0 asks the server side to let the kernel pick a free port.
+  int port = 0;
+
+  bool operator==(const HostPort& other) const {
+    return host == other.host && port == other.port;
+  }
+};
+
+// --rdzv-conf, typed. Durations are given in (possibly fractional) seconds on
+// the command line and kept to the millisecond.
+struct RdzvConf {
+  // How long a node waits for a round to close before giving up (also spelt
+  // `timeout`, the static backend's name for it).
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  // Once min nodes have joined, how long to wait for more before closing.
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
+  // How long the round may take to close once closing began.
+  std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
+  // Heartbeat period of an agent.
+  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
+  // Missed heartbeats after which a node is presumed dead.
+  int keep_alive_max_attempt = 3;
+  // Timeout of one store read by the agent.
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
+  // Whether this node hosts the rendezvous daemon; unset means "decide by
+  // whether the endpoint names this host", as torch's c10d backend does.
+  std::optional<bool> is_host;
+};
+
+struct LaunchConfig {
+  // Non-empty iff -h/--help came before the script: main prints it and exits
+  // 0. No other field is meaningful then.
+  std::string help_text;
+
+  // --nnodes MIN:MAX (or N for N:N). 1 <= min_nodes <= max_nodes.
+  int min_nodes = 1;
+  int max_nodes = 1;
+
+  // --nproc-per-node as written ("4", "cpu", "gpu", "auto"), for messages.
+  std::string nproc_per_node_spec = "1";
+  // Workers on this node, resolved from the spec; >= 1.
+  int nproc_per_node = 1;
+
+  RdzvBackend rdzv_backend = RdzvBackend::kDynamic;
+  // Where the rendezvous is served. Static backend without --rdzv-endpoint:
+  // --master-addr:--master-port. --standalone: localhost:0.
+  HostPort rdzv_endpoint{"localhost", 29400};
+  // False when rdzv_endpoint is a default (a flag/PET_ value was not given).
+  bool rdzv_endpoint_given = false;
+  // --rdzv-id: the run (job) id shared by all nodes; a fresh UUID under
+  // --standalone.
+  std::string rdzv_id = "none";
+  RdzvConf rdzv_conf;
+  // --standalone: single node, embedded daemon on a kernel-chosen port.
+  bool standalone = false;
+
+  // --max-restarts: restarts of the worker group before the run fails; >= 0.
+  int max_restarts = 0;
+  // --monitor-interval. meshrun supervises on events, not by polling; kept so
+  // torchrun command lines parse and for anything that must poll.
+  std::chrono::milliseconds monitor_interval{100};
+  // --role: ROLE_NAME of the workers and the log prefix's ${role_name}.
+  std::string role = "default";
+
+  // -m/--module: run the script as `python -m <script>`.
+  bool module = false;
+  // --no-python: execute the script directly.
+  bool no_python = false;
+  // --run-path: torchrun runs the script in its own interpreter; meshrun has
+  // none, so the script runs under python like without the flag (see notices).
+  bool run_path = false;
+
+  // --log-dir: base directory for worker log files; empty: the agent picks a
+  // temporary directory, as torchrun does.
+  std::string log_dir;
+  // -r/--redirects: streams written only to log files.
+  StdStreamsSpec redirects;
+  // -t/--tee: streams written to log files and the console.
+  StdStreamsSpec tee;
+  // --local-ranks-filter: local ranks whose output reaches the console; empty
+  // means all of them.
+  std::set<int> local_ranks_filter;
+
+  // --node-rank: this node's rank hint (sticky group rank) or -1 for none.
+  int node_rank = -1;
+  // Whether --node-rank (or PET_NODE_RANK) was given.
+  bool node_rank_given = false;
+  // --master-addr/--master-port: the static backend's rendezvous address. The
+  // dynamic backend publishes a kernel-chosen port instead.
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // --local-addr: the address other nodes reach this node by; empty: the
+  // agent looks it up (FQDN), as torchrun does.
+  std::string local_addr;
+
+  // --shutdown-timeout: grace between SIGTERM and SIGKILL when stopping
+  // workers.
+  std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // --signals-to-handle as signal numbers, in the order given, no repeats.
+  std::vector<int> signals_to_handle;
+  // --log-line-prefix-template: console prefix of worker output lines, with
+  // ${role_name}, ${rank}, ${local_rank} and ${host} placeholders.
+  std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
+
+  // The training script (or module, or program with --no-python) and its
+  // arguments, exactly as given.
+  std::string script;
+  std::vector<std::string> script_args;
+  // What each worker executes, torchrun's way: [python, "-u", ("-m",) script,
+  // args...], or [script, args...] with --no-python. argv[0] is resolved from
+  // PATH by the spawner when it has no slash.
+  std::vector<std::string> worker_argv;
+
+  // Things the user should be told (overridden or ignored flags), one line
+  // each; main logs them before launching.
+  std::vector<std::string> notices;
+};
+
+// The machine facts the command line depends on, behind one seam.
+// REQUIRES: all three functions set.
+struct HostProbe {
+  // Online CPUs (--nproc-per-node=cpu|auto).
+  std::function<int()> cpu_count;
+  // Visible GPUs (--nproc-per-node=gpu|auto); 0 when none.
+  std::function<int()> gpu_count;
+  // A fresh, unique run id for --standalone.
+  std::function<std::string()> new_run_id;
+};
+
+// The real machine: sysconf CPUs, /dev/nvidiaN device nodes, random UUIDv4.
+HostProbe SystemHostProbe();
+
+// Parses `args` (argv without argv[0]); `env` supplies PET_* defaults and
+// PYTHON_EXEC. Errors are InvalidArgument with a one-line message that starts
+// with the flag concerned ("--nnodes: ..."), fit for "meshrun: <message>".
+absl::StatusOr<LaunchConfig> ParseLaunchArgs(const std::vector<std::string>& args,
+                                             const std::map<std::string, std::string>& env,
+                                             const HostProbe& host);
+// As above with SystemHostProbe().
+absl::StatusOr<LaunchConfig> ParseLaunchArgs(
+    const std::vector<std::string>& args, const std::map<std::string, std::string>& env);
+
+}  // namespace meshrun::launcher
