@@ -129,6 +129,18 @@ class Agent {
     if (!PrepareLogRoot()) return 1;
     channel_ = grpc::CreateChannel(options_.rdzv_endpoint, grpc::InsecureChannelCredentials());
     client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
+    // The daemon may be starting on another node (agent-hosted or static
+    // rank 0): wait for it as long as a join may take.
+    const auto join_timeout =
+        std::chrono::milliseconds(options_.run_config.join_timeout_ms() > 0
+                                      ? options_.run_config.join_timeout_ms()
+                                      : 600000);
+    if (!channel_->WaitForConnected(std::chrono::system_clock::now() + join_timeout)) {
+      std::fprintf(stderr, "meshrun: cannot reach the rendezvous daemon at %s within %lld s\n",
+                   options_.rdzv_endpoint.c_str(),
+                   static_cast<long long>(join_timeout.count() / 1000));
+      return 1;
+    }
     master_port_ = PickFreePort();
     Join();
     io_.run();
@@ -169,7 +181,7 @@ class Agent {
         if (next.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
         std::string reason(next.status().message());
         boost::asio::post(io_, [this, reason] {
-          if (!closed_) Dispatch(event::RendezvousLost{reason});
+          if (!closed_ && !left_) Dispatch(event::RendezvousLost{reason});
         });
         return;
       }
@@ -192,7 +204,7 @@ class Agent {
       auto reply = client_->Heartbeat(options_.run_id, options_.node_id);
       if (!reply.ok())
         spdlog::warn("heartbeat to {} failed: {}", options_.rdzv_endpoint,
-                     reply.status().message());
+                     std::string(reply.status().message()));
       lock.lock();
     }
   }
@@ -291,7 +303,7 @@ class Agent {
       auto verdict = client_->ReportFailure(options_.run_id, options_.node_id,
                                             failure->round, detail);
       if (!verdict.ok()) {
-        spdlog::error("cannot report the failure to the daemon: {}", verdict.status().message());
+        spdlog::error("cannot report the failure to the daemon: {}", std::string(verdict.status().message()));
       } else if (verdict->will_restart()) {
         spdlog::warn("worker failed; restarting the run (restart {} of {})",
                      verdict->restart_count(), options_.run_config.max_restarts());
@@ -300,8 +312,9 @@ class Agent {
       absl::Status status = client_->ReportSuccess(options_.run_id, options_.node_id,
                                                    success->round);
       if (!status.ok())
-        spdlog::error("cannot report success to the daemon: {}", status.message());
+        spdlog::error("cannot report success to the daemon: {}", std::string(status.message()));
     } else if (std::holds_alternative<action::LeaveRun>(action)) {
+      left_ = true;  // the stream ends now, and that is expected
       (void)client_->Leave(options_.run_id, options_.node_id);
     } else if (auto* exit = std::get_if<action::Exit>(&action)) {
       Finish(*exit);
@@ -358,7 +371,7 @@ class Agent {
     }
     absl::Status status = workers_.Start(std::move(specs));
     if (!status.ok()) {
-      spdlog::error("cannot start workers: {}", status.message());
+      spdlog::error("cannot start workers: {}", std::string(status.message()));
       Finish(action::Exit{1, "cannot start workers: " + std::string(status.message())});
     }
   }
@@ -374,7 +387,7 @@ class Agent {
       log_root_ = *options_.log_dir + "/" + options_.run_id;
       fs::create_directories(log_root_, error);
       if (error) {
-        spdlog::error("cannot create log directory {}: {}", log_root_, error.message());
+        spdlog::error("cannot create log directory {}: {}", log_root_, std::string(error.message()));
         return false;
       }
       return true;
@@ -385,24 +398,28 @@ class Agent {
       spdlog::error("cannot create a temporary directory: {}", std::strerror(errno));
       return false;
     }
-    log_root_ = pattern;
-    temporary_log_root_ = true;
-    return true;
+    temporary_root_ = pattern;
+    log_root_ = pattern + "/" + options_.run_id;
+    fs::create_directories(log_root_, error);
+    return !error;
   }
 
   void CleanUpLogRoot() {
-    if (!temporary_log_root_) return;
+    if (temporary_root_.empty()) return;
     std::error_code ignored;
-    fs::remove_all(log_root_, ignored);
+    fs::remove_all(temporary_root_, ignored);
   }
 
   void Finish(const action::Exit& exit) {
     exit_code_ = exit.code;
     if (exit.code != 0 && exit.code < 128) {
       std::fprintf(stderr, "meshrun: %s\n", exit.summary.c_str());
+      // This node's own first failure, when it was not the run's root cause.
       if (auto failure = state_.first_failure()) {
-        std::fprintf(stderr, "Local failure on this node:\n[%d]:\n%s", failure->global_rank,
-                     last_failure_detail_[failure->local_rank].c_str());
+        const std::string& local = last_failure_detail_[failure->local_rank];
+        if (exit.summary.find(local) == std::string::npos)
+          std::fprintf(stderr, "First failure on this node:\n[%d]:\n%s", failure->global_rank,
+                       local.c_str());
       }
     } else if (exit.code >= 128) {
       spdlog::warn("{}", exit.summary);
@@ -427,11 +444,12 @@ class Agent {
   std::condition_variable stop_cv_;
   bool stop_threads_ = false;  // guarded by stop_mu_
   bool closed_ = false;
+  bool left_ = false;
   int master_port_ = 0;
   std::map<int, std::string> error_files_;
   std::map<int, std::string> last_failure_detail_;
   std::string log_root_;
-  bool temporary_log_root_ = false;
+  std::string temporary_root_;  // made by us when there is no --log-dir
   int exit_code_ = 1;
 };
 

@@ -60,7 +60,10 @@ std::vector<Action> AgentState::Step(const Event& event) {
               case RunEnd::kFailed:
                 code = first_failure_ ? first_failure_->status_code() : 1;
                 if (code == 0) code = 1;
-                summary = "run failed: " + e.reason;
+                // The daemon's reason is the run's first failure, wherever it was.
+                summary = "run failed\n" + std::string(60, '=') +
+                          "\nRoot Cause (first observed failure):\n" + e.reason +
+                          std::string(60, '=');
                 break;
               case RunEnd::kAborted:
                 code = 1;
@@ -92,6 +95,8 @@ std::vector<Action> AgentState::Step(const Event& event) {
             return actions;
           },
           [&](const event::RendezvousLost& e) -> std::vector<Action> {
+            // Already on the way out (a signal, a close): that reason stands.
+            if (exit_after_stop_) return {};
             std::string summary = "lost the rendezvous: " + e.reason;
             if (phase_ == Phase::kRunning || phase_ == Phase::kStopping) {
               exit_after_stop_ = action::Exit{1, summary};

@@ -36,8 +36,9 @@ class ConsoleWriter {
 
   // REQUIRES: `lines` is empty or ends with '\n'.
   // Writes `lines` with write(2), retrying partial writes while holding the
-  // lock, so another Write never lands inside them. A broken console (EPIPE,
-  // EIO...) drops the lines: workers must not stall on it.
+  // lock, so another Write never lands inside them. A broken console (EIO,
+  // or EPIPE when the agent ignores SIGPIPE; otherwise SIGPIPE ends the agent
+  // as it would `cat`) drops the lines: workers must not stall on it.
   void Write(OutputStream stream, std::string_view lines);
 
  private:

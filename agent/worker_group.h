@@ -80,6 +80,11 @@ struct WorkerGroupOptions {
 //
 // A worker is "live" from Start until its exit is reported: it is running,
 // or it has exited and its output is still being drained.
+//
+// Exits come from SIGCHLD through an Asio signal_set; the group then
+// waitpid()s its own pids only. So the agent must not set SIGCHLD to
+// SIG_IGN nor reap with waitpid(-1). The handler gets SA_RESTART, so worker
+// exits do not fail blocking calls on the agent's other threads with EINTR.
 class WorkerGroup {
  public:
   // `io` must outlive the group. `on_exit` runs once per worker, after all of
@@ -100,8 +105,8 @@ class WorkerGroup {
   // reported through on_exit with 127 (not found) or 126 (any other exec
   // error), like a shell, after the line "meshrun: cannot execute 'x':
   // <reason>" on its stderr. Errors (bad spec, log file, fork or pipe
-  // failure) leave no worker started.
-  // REQUIRES: live() == 0 and no Stop is under way.
+  // failure) leave no worker started. FailedPrecondition unless live() == 0
+  // and no Stop is under way (start the next workers from Stop's `done`).
   absl::Status Start(std::vector<WorkerSpec> specs);
 
   // Sends `signal` to every live worker's process group, then SIGKILL to the

@@ -101,8 +101,8 @@ std::optional<std::string> ChildProcess::ReadLine(SteadyTime deadline) {
       return line;
     }
     if (stdout_fd_ < 0) return std::nullopt;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - SteadyClock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                      SteadyClock::now());
     if (left.count() <= 0) return std::nullopt;
     pollfd pfd{stdout_fd_, POLLIN, 0};
     int ready = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
@@ -171,6 +171,14 @@ void ChildProcess::Kill() {
   if (pid_ <= 0 || status_) return;
   kill(pid_, SIGKILL);
   WaitUntil(SteadyClock::now() + std::chrono::seconds(30));
+}
+
+std::optional<int> ChildProcess::ExitStatus() { return WaitUntil(SteadyClock::now()); }
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("signal ") + strsignal(WTERMSIG(status));
+  return "wait status " + std::to_string(status);
 }
 
 void InstallChildCleanupHandlers() {

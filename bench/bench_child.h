@@ -41,6 +41,8 @@ class ChildProcess {
   int Stop(std::chrono::milliseconds grace);
   // SIGKILL and reap.
   void Kill();
+  // The wait status if the child has exited (reaping it), else nullopt.
+  std::optional<int> ExitStatus();
 
  private:
   ChildProcess() = default;
@@ -52,6 +54,9 @@ class ChildProcess {
   std::string buffer_;
   std::optional<int> status_;
 };
+
+// "exit code 1", "signal Aborted", ...
+std::string DescribeWaitStatus(int status);
 
 // On SIGINT/SIGTERM/SIGHUP, SIGKILLs every live child (by pid) and exits, so an
 // interrupted benchmark leaves no daemon or client behind. Also ignores SIGPIPE.

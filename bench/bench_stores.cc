@@ -1,9 +1,9 @@
 #include "bench/bench_stores.h"
 
 #include <grpcpp/grpcpp.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <exception>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
 
 #include "rendezvous/store_client.h"
@@ -30,6 +30,9 @@ class MeshrunStore final : public BenchStore {
   }
   absl::Status Wait(const std::vector<std::string>& keys) override {
     return client_->Wait(keys);
+  }
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override {
+    return client_->Check(keys);
   }
 
  private:
@@ -78,6 +81,13 @@ class TorchStore final : public BenchStore {
       return FromException("wait", e);
     }
   }
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override {
+    try {
+      return store_->check(keys);
+    } catch (const std::exception& e) {
+      return FromException("check", e);
+    }
+  }
 
  private:
   std::unique_ptr<c10d::TCPStore> store_;
@@ -85,7 +95,8 @@ class TorchStore final : public BenchStore {
 
 class TorchServer final : public TcpStoreServer {
  public:
-  explicit TorchServer(std::unique_ptr<c10d::TCPStore> store) : store_(std::move(store)) {}
+  explicit TorchServer(std::unique_ptr<c10d::TCPStore> store)
+      : store_(std::move(store)) {}
   int port() const override { return store_->getPort(); }
 
  private:
@@ -95,7 +106,15 @@ class TorchServer final : public TcpStoreServer {
 }  // namespace
 
 const char* ToString(Impl impl) {
-  return impl == Impl::kMeshrun ? "meshrun" : "tcpstore";
+  switch (impl) {
+    case Impl::kMeshrun:
+      return "meshrun";
+    case Impl::kTcpStore:
+      return "tcpstore";
+    case Impl::kMeshrunSync:
+      return "meshrun-sync";
+  }
+  return "?";
 }
 
 absl::StatusOr<std::unique_ptr<BenchStore>> ConnectMeshrun(
@@ -103,8 +122,8 @@ absl::StatusOr<std::unique_ptr<BenchStore>> ConnectMeshrun(
     std::chrono::milliseconds timeout) {
   rdzv::StoreClientOptions options;
   options.target = target;
-  options.channel =
-      channel ? std::move(channel) : rdzv::MakeStoreChannel(target, /*own_connection=*/true);
+  options.channel = channel ? std::move(channel)
+                            : rdzv::MakeStoreChannel(target, /*own_connection=*/true);
   options.ns = kBenchNamespace;
   options.timeout = timeout;
   options.connect_timeout = timeout;

@@ -22,7 +22,8 @@ class Channel;
 
 namespace meshrun::bench {
 
-enum class Impl { kMeshrun, kTcpStore };
+// kMeshrunSync: the diagnostic client of sync_stream_store.h, not a product.
+enum class Impl { kMeshrun, kTcpStore, kMeshrunSync };
 const char* ToString(Impl impl);
 
 class BenchStore {
@@ -32,6 +33,8 @@ class BenchStore {
   virtual absl::StatusOr<std::string> Get(const std::string& key) = 0;
   virtual absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
   virtual absl::Status Wait(const std::vector<std::string>& keys) = 0;
+  // A round trip that changes nothing (c10d check).
+  virtual absl::StatusOr<bool> Check(const std::vector<std::string>& keys) = 0;
 };
 
 // `channel` null: the client makes its own channel with its own connection.

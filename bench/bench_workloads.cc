@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench_child.h"
+#include "bench/sync_stream_store.h"
 #include "meshrun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/store_client.h"
 
@@ -95,6 +96,8 @@ absl::StatusOr<std::unique_ptr<BenchStore>> Connect(
     Impl impl, const std::string& target, std::shared_ptr<grpc::Channel> channel,
     std::chrono::milliseconds timeout) {
   if (impl == Impl::kMeshrun) return ConnectMeshrun(target, std::move(channel), timeout);
+  if (impl == Impl::kMeshrunSync)
+    return ConnectMeshrunSync(target, std::move(channel), timeout);
   auto [host, port] = SplitHostPort(target);
   if (port < 0) return absl::InvalidArgumentError("bad target " + target);
   return ConnectTcpStore(host, port, timeout);
@@ -123,14 +126,15 @@ std::pair<std::string, int> SplitHostPort(const std::string& target) {
 
 int RunOpsClient(const OpsOptions& options) {
   std::shared_ptr<grpc::Channel> shared;
-  if (options.impl == Impl::kMeshrun && options.shared_channel)
+  if (options.impl != Impl::kTcpStore && options.shared_channel)
     shared = rdzv::MakeStoreChannel(options.target, /*own_connection=*/false);
 
   std::vector<std::unique_ptr<BenchStore>> stores;
   for (int i = 0; i < options.clients; ++i) {
     auto store = Connect(options.impl, options.target, shared, options.timeout);
     if (!store.ok()) {
-      Emit(absl::StrCat("RESULT ops=0 errors=1 error=connect: ", store.status().ToString()));
+      Emit(absl::StrCat("RESULT ops=0 errors=1 error=connect: ",
+                        store.status().ToString()));
       return 1;
     }
     stores.push_back(std::move(*store));
@@ -210,7 +214,8 @@ int RunOpsClient(const OpsOptions& options) {
 int RunBarrierClient(const BarrierOptions& options) {
   const size_t n = static_cast<size_t>(options.clients);
   std::vector<std::unique_ptr<BenchStore>> stores(n);
-  std::atomic<int> connected{0}, connect_failed{0}, released{0}, barrier_failed{0};
+  std::atomic<int> connected{0}, connect_failed{0}, arrived{0}, released{0},
+      barrier_failed{0};
   std::atomic<int64_t> last_connect_ns{0}, last_release_ns{0};
   std::mutex error_mu;
   std::string first_error;  // guarded by error_mu
@@ -232,8 +237,12 @@ int RunBarrierClient(const BarrierOptions& options) {
     auto thread = std::make_unique<SmallThread>([&, i] {
       connect_gate.Pass();
       auto store = Connect(options.impl, options.target, nullptr, options.timeout);
-      if (!store.ok()) {
-        note_error(store.status());
+      // Connected means served: TCPStore's constructor returns once the
+      // kernel completed the handshake, before its server accepted the socket.
+      absl::Status served =
+          store.ok() ? (*store)->Check(done_key).status() : store.status();
+      if (!served.ok()) {
+        note_error(served);
         connect_failed.fetch_add(1);
         return;
       }
@@ -243,11 +252,12 @@ int RunBarrierClient(const BarrierOptions& options) {
       go_gate.Pass();
       BenchStore& s = *stores[i];
       absl::Status status;
-      auto arrived = s.Add("arrived", 1);
-      if (!arrived.ok()) {
-        status = arrived.status();
-      } else if (*arrived == options.total) {
-        status = s.Set("done", "1");
+      auto count = s.Add("arrived", 1);
+      if (!count.ok()) {
+        status = count.status();
+      } else {
+        arrived.fetch_add(1);
+        if (*count == options.total) status = s.Set("done", "1");
       }
       if (status.ok()) status = s.Wait(done_key);
       if (!status.ok()) {
@@ -270,9 +280,9 @@ int RunBarrierClient(const BarrierOptions& options) {
     while (!finished()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       if (SteadyClock::now() >= next_progress) {
-        Emit(absl::StrCat("PROGRESS connected=", connected.load(), " released=",
-                          released.load(), " failed=",
-                          connect_failed.load() + barrier_failed.load()));
+        Emit(absl::StrCat("PROGRESS connected=", connected.load(),
+                          " arrived=", arrived.load(), " released=", released.load(),
+                          " failed=", connect_failed.load() + barrier_failed.load()));
         next_progress += std::chrono::seconds(2);
       }
     }
@@ -287,9 +297,10 @@ int RunBarrierClient(const BarrierOptions& options) {
   while (std::getline(std::cin, command)) {
     if (command == "CONNECT") {
       connect_gate.Open();
-      wait_all([&] { return connected.load() + connect_failed.load() == options.clients; });
-      Emit(absl::StrCat("CONNECTED ok=", connected.load(), " failed=", connect_failed.load(),
-                        " t_ns=", last_connect_ns.load(), tail()));
+      wait_all(
+          [&] { return connected.load() + connect_failed.load() == options.clients; });
+      Emit(absl::StrCat("CONNECTED ok=", connected.load(), " failed=",
+                        connect_failed.load(), " t_ns=", last_connect_ns.load(), tail()));
     } else if (command == "GO") {
       go_gate.Open();
       wait_all([&] {
@@ -355,13 +366,13 @@ class RoundTracker {
   std::mutex mu_;
   std::condition_variable cv_;
   const int nodes_;
-  int assigned_ = 0;               // guarded by mu_
-  int done_ = 0;                   // guarded by mu_
-  int64_t last_assigned_ns_ = 0;   // guarded by mu_
-  std::vector<bool> rank_seen_;    // guarded by mu_
-  bool ranks_ok_ = true;           // guarded by mu_
-  bool world_ok_ = true;           // guarded by mu_
-  std::string error_;              // guarded by mu_
+  int assigned_ = 0;              // guarded by mu_
+  int done_ = 0;                  // guarded by mu_
+  int64_t last_assigned_ns_ = 0;  // guarded by mu_
+  std::vector<bool> rank_seen_;   // guarded by mu_
+  bool ranks_ok_ = true;          // guarded by mu_
+  bool world_ok_ = true;          // guarded by mu_
+  std::string error_;             // guarded by mu_
 };
 
 // One simulated node: a Join stream read to its end.
@@ -404,8 +415,8 @@ int RunRdzvClient(const RdzvOptions& options) {
   for (int c = 0; c < channels; ++c) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    auto channel =
-        grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+    auto channel = grpc::CreateCustomChannel(options.target,
+                                             grpc::InsecureChannelCredentials(), args);
     if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                    std::chrono::seconds(10))) {
       Emit("RESULT assigned=0 error=cannot connect to " + options.target);
@@ -472,8 +483,7 @@ int RunRdzvClient(const RdzvOptions& options) {
 
   std::lock_guard<std::mutex> lock(tracker.mu_);
   std::string line = absl::StrCat(
-      "RESULT seconds=",
-      static_cast<double>(tracker.last_assigned_ns_ - start_ns) / 1e9,
+      "RESULT seconds=", static_cast<double>(tracker.last_assigned_ns_ - start_ns) / 1e9,
       " issue_seconds=", static_cast<double>(issued_ns - start_ns) / 1e9,
       " assigned=", tracker.assigned_, " ranks_ok=", tracker.ranks_ok_ ? 1 : 0,
       " world_ok=", tracker.world_ok_ ? 1 : 0);
@@ -483,7 +493,8 @@ int RunRdzvClient(const RdzvOptions& options) {
                          " nodes assigned within ", options.timeout.count(), " ms");
   if (!error.empty()) absl::StrAppend(&line, " error=", OneLine(error));
   Emit(line);
-  bool ok = all_assigned && tracker.ranks_ok_ && tracker.world_ok_ && tracker.error_.empty();
+  bool ok =
+      all_assigned && tracker.ranks_ok_ && tracker.world_ok_ && tracker.error_.empty();
   return ok ? 0 : 1;
 }
 

@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -24,9 +25,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -51,7 +51,12 @@ struct Config {
   std::vector<int> rdzv_sizes{1000, 10000};
   int rdzv_channels = 8;
   std::vector<std::string> sections{"ops", "barrier", "rdzv"};
+  std::vector<std::string> peers{"meshrun", "tcpstore"};
   std::string json_path;
+
+  bool Runs(Impl impl) const {
+    return std::find(peers.begin(), peers.end(), ToString(impl)) != peers.end();
+  }
 
   bool Has(const std::string& section) const {
     return std::find(sections.begin(), sections.end(), section) != sections.end();
@@ -98,7 +103,8 @@ Report Parse(const std::string& line) {
   std::string token;
   while (in >> token) {
     auto eq = token.find('=');
-    if (eq != std::string::npos) report.fields[token.substr(0, eq)] = token.substr(eq + 1);
+    if (eq != std::string::npos)
+      report.fields[token.substr(0, eq)] = token.substr(eq + 1);
   }
   return report;
 }
@@ -133,9 +139,9 @@ struct Server {
 absl::StatusOr<Server> StartServer(Impl impl, const Config& config) {
   std::vector<std::string> argv;
   std::string marker;
-  if (impl == Impl::kMeshrun) {
-    argv = {config.rdzvd, "--host", "127.0.0.1", "--port", "0", "--log-level", "warn",
-            "--shutdown-grace-ms", "0"};
+  if (impl != Impl::kTcpStore) {
+    argv = {config.rdzvd,  "--host", "127.0.0.1",           "--port", "0",
+            "--log-level", "warn",   "--shutdown-grace-ms", "0"};
     marker = "MESHRUN_RDZVD_ENDPOINT=";
   } else {
     argv = {SelfPath(), "--mode", "tcpstore-server", "--timeout-ms",
@@ -149,13 +155,13 @@ absl::StatusOr<Server> StartServer(Impl impl, const Config& config) {
   while (auto line = server.process->ReadLine(deadline)) {
     if (line->rfind(marker, 0) == 0) {
       std::string value = line->substr(marker.size());
-      server.target = impl == Impl::kMeshrun ? value : "127.0.0.1:" + value;
+      server.target = impl != Impl::kTcpStore ? value : "127.0.0.1:" + value;
       return server;
     }
   }
   server.Stop();
-  return absl::UnavailableError(absl::StrCat(ToString(impl), " server did not report its ",
-                                             "endpoint within 30 s"));
+  return absl::UnavailableError(absl::StrCat(
+      ToString(impl), " server did not report its ", "endpoint within 30 s"));
 }
 
 // ------------------------------------------------------------------ cells --
@@ -223,23 +229,33 @@ BarrierSample RunBarrierCell(const Config& config, Impl impl, int total) {
     sample.note = server.status().ToString();
     return sample;
   }
+  SteadyTime connect_started = SteadyClock::now();
   const int procs = std::max(1, std::min(config.barrier_procs, total));
   std::vector<std::unique_ptr<ChildProcess>> children;
   std::vector<std::string> progress(static_cast<size_t>(procs));
   auto fail = [&](const std::string& why) {
     // Collect the latest progress of every child before ending them.
-    int connected = 0, released = 0;
+    int connected = 0, arrived = 0, released = 0;
     for (size_t i = 0; i < children.size(); ++i) {
       while (auto line = children[i]->ReadLine(SteadyClock::now() + milliseconds(300))) {
         if (line->rfind("PROGRESS", 0) == 0) progress[i] = *line;
       }
       Report p = Parse(progress[i]);
       connected += static_cast<int>(p.Num("connected"));
+      arrived += static_cast<int>(p.Num("arrived"));
       released += static_cast<int>(p.Num("released"));
     }
     sample.ok = false;
-    sample.note = absl::StrCat(why, " (last progress: connected ", connected, "/", total,
-                               ", released ", released, "/", total, ")");
+    sample.note = absl::StrCat(
+        why, " after ",
+        absl::StrFormat(
+            "%.1f",
+            std::chrono::duration<double>(SteadyClock::now() - connect_started).count()),
+        " s (last progress: connected ", connected, "/", total, ", add() answered ",
+        arrived, "/", total, ", released ", released, "/", total, ")");
+    if (auto status = server->process->ExitStatus())
+      absl::StrAppend(&sample.note,
+                      "; the server process had ended: ", DescribeWaitStatus(*status));
     for (auto& c : children) c->Kill();
     server->Stop();
     return sample;
@@ -262,7 +278,8 @@ BarrierSample RunBarrierCell(const Config& config, Impl impl, int total) {
 
   // Connect and barrier together are bounded by barrier_timeout.
   const int64_t connect_start = NowNs();
-  const SteadyTime deadline = SteadyClock::now() + config.barrier_timeout;
+  connect_started = SteadyClock::now();
+  const SteadyTime deadline = connect_started + config.barrier_timeout;
   for (auto& c : children) c->WriteLine("CONNECT");
   int64_t connected_at = 0;
   for (size_t i = 0; i < children.size(); ++i) {
@@ -282,14 +299,14 @@ BarrierSample RunBarrierCell(const Config& config, Impl impl, int total) {
   for (size_t i = 0; i < children.size(); ++i) {
     auto r = Expect(*children[i], "DONE", deadline, &progress[i]);
     if (!r) {
-      return fail(absl::StrCat("barrier not released within ",
-                               config.barrier_timeout.count(),
-                               " s of the start (connect took ",
-                               absl::StrFormat("%.2f", (connected_at - connect_start) / 1e9),
-                               " s)"));
+      return fail(absl::StrCat(
+          "barrier not released within ", config.barrier_timeout.count(),
+          " s of the start (connect took ",
+          absl::StrFormat("%.2f", (connected_at - connect_start) / 1e9), " s)"));
     }
     if (r->Num("failed") > 0)
-      return fail(absl::StrCat(r->Num("failed"), " clients failed the barrier: ", r->error));
+      return fail(
+          absl::StrCat(r->Num("failed"), " clients failed the barrier: ", r->error));
     released_at = std::max(released_at, static_cast<int64_t>(r->Num("t_ns")));
   }
   sample.ok = true;
@@ -358,7 +375,9 @@ struct Cell {
     return static_cast<int>(std::count_if(samples.begin(), samples.end(),
                                           [](const Sample& s) { return s.ok; }));
   }
-  bool ok() const { return !samples.empty() && ok_count() == static_cast<int>(samples.size()); }
+  bool ok() const {
+    return !samples.empty() && ok_count() == static_cast<int>(samples.size());
+  }
   std::string failure() const {
     for (const auto& s : samples)
       if (!s.ok) return s.note.empty() ? "failed" : s.note;
@@ -390,7 +409,23 @@ std::string Thousands(double v) {
   return out;
 }
 
-std::string JsonNum(double v) { return std::isnan(v) ? "null" : absl::StrFormat("%.6g", v); }
+// Greedy word wrap to `width` columns, ending in a newline.
+std::string Wrap(const std::string& text, size_t width = 90) {
+  std::istringstream in(text);
+  std::string word, line, out;
+  while (in >> word) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  return out + line + "\n";
+}
+
+std::string JsonNum(double v) {
+  return std::isnan(v) ? "null" : absl::StrFormat("%.6g", v);
+}
 
 std::string JsonStr(const std::string& s) {
   std::string out = "\"";
@@ -428,90 +463,114 @@ int RunAll(const Config& config) {
   bool all_ran = true;
 
   // ---- 1. store ops
-  std::map<int, Cell<OpsSample>> tcp_ops;
-  std::map<std::pair<int, bool>, Cell<OpsSample>> mesh_ops;
   if (config.Has("ops")) {
+    // (impl, clients, shared channel) -> runs
+    std::map<std::tuple<Impl, int, bool>, Cell<OpsSample>> ops;
     for (int rep = 0; rep < config.reps; ++rep) {
       for (int clients : config.ops_clients) {
-        // One client has no channel to share: the shared variant is the same.
-        std::vector<bool> variants = {false};
-        if (clients > 1) variants.push_back(true);
-        for (bool shared : variants) {
-          auto s = RunOpsCell(config, Impl::kMeshrun, clients, shared);
-          Log(absl::StrCat("ops rep ", rep + 1, " meshrun ", shared ? "shared" : "own",
-                           " clients=", clients, ": ", Thousands(s.ops_per_s),
-                           " ops/s p50 ", Fmt(s.p50_us), " p99 ", Fmt(s.p99_us), " us",
-                           s.ok ? "" : " FAILED " + s.note));
-          mesh_ops[{clients, shared}].samples.push_back(s);
+        for (Impl impl : {Impl::kMeshrun, Impl::kMeshrunSync, Impl::kTcpStore}) {
+          if (!config.Runs(impl)) continue;
+          // One client has no channel to share; TCPStore has no channels.
+          std::vector<bool> variants = {false};
+          if (impl != Impl::kTcpStore && clients > 1) variants.push_back(true);
+          for (bool shared : variants) {
+            auto s = RunOpsCell(config, impl, clients, shared);
+            Log(absl::StrCat("ops rep ", rep + 1, " ", ToString(impl),
+                             impl == Impl::kTcpStore ? ""
+                             : shared                ? " shared"
+                                                     : " own",
+                             " clients=", clients, ": ", Thousands(s.ops_per_s),
+                             " ops/s p50 ", Fmt(s.p50_us), " p99 ", Fmt(s.p99_us), " us",
+                             s.ok ? "" : " FAILED " + s.note));
+            ops[{impl, clients, shared}].samples.push_back(s);
+          }
         }
-        auto t = RunOpsCell(config, Impl::kTcpStore, clients, false);
-        Log(absl::StrCat("ops rep ", rep + 1, " tcpstore clients=", clients, ": ",
-                         Thousands(t.ops_per_s), " ops/s p50 ", Fmt(t.p50_us), " p99 ",
-                         Fmt(t.p99_us), " us", t.ok ? "" : " FAILED " + t.note));
-        tcp_ops[clients].samples.push_back(t);
       }
     }
     out << "\n## 1. Store ops: each client loops set(k_i) / get(k_i) / add(counter), "
         << "64-byte values\n"
-        << "Each client is one thread of one client process with its own store client: "
-        << "meshrun = its own Session stream, either on a channel (TCP connection) of "
-        << "its own or on one channel shared by the process; TCPStore = its own "
-        << "TCPStore object (isServer=false). Servers run in their own processes. "
-        << config.duration.count() / 1000.0 << " s measured per cell after "
-        << config.warmup.count() << " ms warm-up; median of " << config.reps
-        << " runs. Ratio columns are 'x better' for meshrun: ops/s meshrun/TCPStore, "
-        << "latency TCPStore/meshrun (> 1 = meshrun better).\n\n";
-    out << absl::StrFormat("%-7s | %-18s | %10s %8s %8s | %10s %8s %8s | %6s %6s %6s\n",
-                           "clients", "meshrun channel", "mesh op/s", "p50 us", "p99 us",
-                           "tcp op/s", "p50 us", "p99 us", "op/s x", "p50 x", "p99 x");
-    out << std::string(110, '-') << "\n";
-    for (int clients : config.ops_clients) {
-      const auto& t = tcp_ops[clients];
-      for (bool shared : {false, true}) {
-        auto it = mesh_ops.find({clients, shared});
-        if (it == mesh_ops.end()) continue;
-        const auto& m = it->second;
-        double m_ops = m.Med([](const OpsSample& s) { return s.ops_per_s; });
-        double m_p50 = m.Med([](const OpsSample& s) { return s.p50_us; });
-        double m_p99 = m.Med([](const OpsSample& s) { return s.p99_us; });
-        double t_ops = t.Med([](const OpsSample& s) { return s.ops_per_s; });
-        double t_p50 = t.Med([](const OpsSample& s) { return s.p50_us; });
-        double t_p99 = t.Med([](const OpsSample& s) { return s.p99_us; });
-        std::string variant = clients == 1 ? "own (= shared)" : shared ? "one shared" : "one per client";
-        out << absl::StrFormat("%-7d | %-18s | %10s %8s %8s | %10s %8s %8s | %6s %6s %6s\n",
-                               clients, variant, Thousands(m_ops), Fmt(m_p50), Fmt(m_p99),
-                               Thousands(t_ops), Fmt(t_p50), Fmt(t_p99),
-                               Fmt(m_ops / t_ops, "%.2f"), Fmt(t_p50 / m_p50, "%.2f"),
-                               Fmt(t_p99 / m_p99, "%.2f"));
-        if (!m.ok()) out << "        meshrun failures: " << m.failure() << "\n";
-        if (!t.ok()) out << "        TCPStore failures: " << t.failure() << "\n";
-        all_ran = all_ran && m.ok() && t.ok();
-        std::string v = shared ? "shared" : "own";
-        json.push_back(absl::StrCat(
-            "{\"section\":\"ops\",\"clients\":", clients, ",\"meshrun_channel\":\"", v,
-            "\",\"meshrun_ops_per_s\":", JsonNum(m_ops), ",\"meshrun_p50_us\":",
-            JsonNum(m_p50), ",\"meshrun_p99_us\":", JsonNum(m_p99),
-            ",\"tcpstore_ops_per_s\":", JsonNum(t_ops), ",\"tcpstore_p50_us\":",
-            JsonNum(t_p50), ",\"tcpstore_p99_us\":", JsonNum(t_p99),
-            ",\"ops_ratio\":", JsonNum(m_ops / t_ops), ",\"ok\":",
-            m.ok() && t.ok() ? "true" : "false", "}"));
-        std::string label = absl::StrCat("[", clients, " clients, meshrun channel ",
-                                         clients == 1 ? "own" : v, "] ");
-        if (clients == 64) {
-          targets.push_back({label + absl::StrFormat(
-                                         "ops/s >= 2x TCPStore with p99 no worse: %.2fx, "
+        << Wrap(absl::StrCat(
+               "Each client is one thread of one client process with its own store "
+               "client: "
+               "meshrun = its own rdzv::StoreClient (one Session stream), either on a "
+               "channel (TCP connection) of its own or on one channel shared by the "
+               "process; TCPStore = its own TCPStore object (isServer=false). Servers "
+               "run "
+               "in their own processes. ",
+               config.duration.count() / 1000.0, " s measured per cell after ",
+               config.warmup.count(), " ms warm-up; median of ", config.reps,
+               " runs. Ratio columns are 'x better' for meshrun: ops/s meshrun/TCPStore, "
+               "latency TCPStore/meshrun (> 1 = meshrun better)."));
+    const auto ops_of = [](const OpsSample& s) { return s.ops_per_s; };
+    const auto p50_of = [](const OpsSample& s) { return s.p50_us; };
+    const auto p99_of = [](const OpsSample& s) { return s.p99_us; };
+    for (Impl impl : {Impl::kMeshrun, Impl::kMeshrunSync}) {
+      if (!config.Runs(impl)) continue;
+      if (impl == Impl::kMeshrunSync) {
+        out << "\n"
+            << Wrap(
+                   "Diagnostic, not a product client: meshrun-sync = the same daemon "
+                   "with "
+                   "a client on gRPC's synchronous stream API "
+                   "(bench/sync_stream_store.h), where the calling thread does its own "
+                   "I/O "
+                   "instead of handing each operation to a callback thread and back.");
+      }
+      out << "\n"
+          << absl::StrFormat("%-7s | %-22s | %10s %8s %8s | %10s %8s %8s | %6s %6s %6s\n",
+                             "clients", std::string(ToString(impl)) + " channel",
+                             "mesh op/s", "p50 us", "p99 us", "tcp op/s", "p50 us",
+                             "p99 us", "op/s x", "p50 x", "p99 x");
+      out << std::string(114, '-') << "\n";
+      for (int clients : config.ops_clients) {
+        const auto& t = ops[{Impl::kTcpStore, clients, false}];
+        for (bool shared : {false, true}) {
+          auto it = ops.find({impl, clients, shared});
+          if (it == ops.end()) continue;
+          const auto& m = it->second;
+          double m_ops = m.Med(ops_of), m_p50 = m.Med(p50_of), m_p99 = m.Med(p99_of);
+          double t_ops = t.Med(ops_of), t_p50 = t.Med(p50_of), t_p99 = t.Med(p99_of);
+          std::string variant = clients == 1 ? "own (= shared)"
+                                : shared     ? "one shared"
+                                             : "one per client";
+          out << absl::StrFormat(
+              "%-7d | %-22s | %10s %8s %8s | %10s %8s %8s | %6s %6s %6s\n", clients,
+              variant, Thousands(m_ops), Fmt(m_p50), Fmt(m_p99), Thousands(t_ops),
+              Fmt(t_p50), Fmt(t_p99), Fmt(m_ops / t_ops, "%.2f"),
+              Fmt(t_p50 / m_p50, "%.2f"), Fmt(t_p99 / m_p99, "%.2f"));
+          if (!m.ok())
+            out << "        " << ToString(impl) << " failures: " << m.failure() << "\n";
+          if (!t.samples.empty() && !t.ok())
+            out << "        TCPStore failures: " << t.failure() << "\n";
+          all_ran = all_ran && m.ok() && (t.samples.empty() || t.ok());
+          const std::string v = shared ? "shared" : "own";
+          json.push_back(absl::StrCat(
+              "{\"section\":\"ops\",\"client\":\"", ToString(impl), "\",\"clients\":",
+              clients, ",\"channel\":\"", v, "\",\"meshrun_ops_per_s\":", JsonNum(m_ops),
+              ",\"meshrun_p50_us\":", JsonNum(m_p50), ",\"meshrun_p99_us\":",
+              JsonNum(m_p99), ",\"tcpstore_ops_per_s\":", JsonNum(t_ops),
+              ",\"tcpstore_p50_us\":", JsonNum(t_p50), ",\"tcpstore_p99_us\":",
+              JsonNum(t_p99), ",\"ops_ratio\":", JsonNum(m_ops / t_ops),
+              ",\"ok\":", m.ok() && t.ok() ? "true" : "false", "}"));
+          if (impl != Impl::kMeshrun || t.samples.empty()) continue;
+          const std::string label = absl::StrCat(
+              "[", clients, " clients, meshrun channel ", clients == 1 ? "own" : v, "] ");
+          if (clients == 64) {
+            targets.push_back(
+                {label + absl::StrFormat("ops/s >= 2x TCPStore with p99 no worse: %.2fx, "
                                          "p99 %s vs %s us",
                                          m_ops / t_ops, Fmt(m_p99), Fmt(t_p99)),
-                             m_ops >= 2 * t_ops && m_p99 <= t_p99});
-        } else if (clients == 8) {
-          targets.push_back(
-              {label + absl::StrFormat("ops/s ahead of TCPStore: %.2fx", m_ops / t_ops),
-               m_ops > t_ops});
-        } else if (clients == 1) {
-          targets.push_back({label + absl::StrFormat("p50 within 2x TCPStore's: %s vs %s us "
-                                                     "(%.2fx)",
-                                                     Fmt(m_p50), Fmt(t_p50), m_p50 / t_p50),
-                             m_p50 <= 2 * t_p50});
+                 m_ops >= 2 * t_ops && m_p99 <= t_p99});
+          } else if (clients == 8) {
+            targets.push_back(
+                {label + absl::StrFormat("ops/s ahead of TCPStore: %.2fx", m_ops / t_ops),
+                 m_ops > t_ops});
+          } else if (clients == 1) {
+            targets.push_back(
+                {label + absl::StrFormat("p50 within 2x TCPStore's: %s vs %s us (%.2fx)",
+                                         Fmt(m_p50), Fmt(t_p50), m_p50 / t_p50),
+                 m_p50 <= 2 * t_p50});
+          }
         }
       }
     }
@@ -522,13 +581,15 @@ int RunAll(const Config& config) {
     std::map<std::pair<int, Impl>, Cell<BarrierSample>> cells;
     for (int n : config.barrier_sizes) {
       for (Impl impl : {Impl::kMeshrun, Impl::kTcpStore}) {
+        if (!config.Runs(impl)) continue;
         auto& cell = cells[{n, impl}];
         for (int rep = 0; rep < config.reps; ++rep) {
           auto s = RunBarrierCell(config, impl, n);
-          Log(absl::StrCat("barrier rep ", rep + 1, " ", ToString(impl), " N=", n, ": ",
-                           s.ok ? absl::StrFormat("connect %.2f s + barrier %.2f s = %.2f s",
-                                                  s.connect_s, s.barrier_s, s.total_s())
-                                : "FAILED " + s.note));
+          Log(absl::StrCat(
+              "barrier rep ", rep + 1, " ", ToString(impl), " N=", n, ": ",
+              s.ok ? absl::StrFormat("connect %.2f s + barrier %.2f s = %.2f s",
+                                     s.connect_s, s.barrier_s, s.total_s())
+                   : "FAILED " + s.note));
           cell.samples.push_back(s);
           // A failure or timeout is reported once, not waited for three times.
           if (!s.ok) break;
@@ -537,18 +598,22 @@ int RunAll(const Config& config) {
     }
     out << "\n## 2. Store barrier: N clients add(arrived, 1); the N-th sets done; all "
         << "wait(done)\n"
-        << "Every client has its own connection (meshrun: MakeStoreChannel(target, "
-        << "own_connection=true) and one Session stream; TCPStore: its own TCPStore "
-        << "object, which opens two sockets) and its own thread, spread over "
-        << config.barrier_procs << " client processes; servers in their own process. "
-        << "connect = all clients connected (they connect concurrently); barrier = first "
-        << "add to last release; total (the headline) = both. Median of up to "
-        << config.reps << " runs (a failing cell is not repeated); bounded at "
-        << config.barrier_timeout.count() << " s. 'x' = TCPStore/meshrun (> 1 = meshrun "
-        << "faster).\n\n";
-    out << absl::StrFormat("%-6s | %9s %9s %9s | %9s %9s %9s | %7s\n", "N",
-                           "mesh conn", "barrier", "total s", "tcp conn", "barrier",
-                           "total s", "total x");
+        << Wrap(absl::StrCat(
+               "Every client has its own connection (meshrun: MakeStoreChannel(target, "
+               "own_connection=true) and one Session stream; TCPStore: its own TCPStore "
+               "object, which opens two sockets) and its own thread, spread over ",
+               config.barrier_procs,
+               " client processes; servers in their own process. connect = all clients "
+               "connected and served one request (check), all connecting at once; "
+               "barrier = first add to last release; total (the headline) = both. "
+               "Median of up to ",
+               config.reps, " runs (a failing cell is not repeated); bounded at ",
+               config.barrier_timeout.count(),
+               " s. 'x' = TCPStore/meshrun (> 1 = meshrun faster)."))
+        << "\n";
+    out << absl::StrFormat("%-6s | %9s %9s %9s | %9s %9s %9s | %7s\n", "N", "mesh conn",
+                           "barrier", "total s", "tcp conn", "barrier", "total s",
+                           "total x");
     out << std::string(84, '-') << "\n";
     for (int n : config.barrier_sizes) {
       const auto& m = cells[{n, Impl::kMeshrun}];
@@ -562,18 +627,22 @@ int RunAll(const Config& config) {
                              Fmt(mt, "%.2f"), Fmt(t.Med(conn), "%.2f"),
                              Fmt(t.Med(bar), "%.3f"), Fmt(tt, "%.2f"),
                              m.ok() && t.ok() ? Fmt(tt / mt, "%.2f") : "-");
-      if (!m.ok()) out << "         meshrun: FAILED: " << m.failure() << "\n";
-      if (!t.ok()) out << "         TCPStore: FAILED: " << t.failure() << "\n";
+      if (!m.samples.empty() && !m.ok())
+        out << "         meshrun: FAILED: " << m.failure() << "\n";
+      if (!t.samples.empty() && !t.ok())
+        out << "         TCPStore: FAILED: " << t.failure() << "\n";
       all_ran = all_ran && m.ok();
-      json.push_back(absl::StrCat(
-          "{\"section\":\"barrier\",\"n\":", n, ",\"meshrun_connect_s\":",
-          JsonNum(m.Med(conn)), ",\"meshrun_barrier_s\":", JsonNum(m.Med(bar)),
-          ",\"meshrun_total_s\":", JsonNum(mt), ",\"meshrun_ok\":",
-          m.ok() ? "true" : "false", ",\"meshrun_error\":", JsonStr(m.failure()),
-          ",\"tcpstore_connect_s\":", JsonNum(t.Med(conn)), ",\"tcpstore_barrier_s\":",
-          JsonNum(t.Med(bar)), ",\"tcpstore_total_s\":", JsonNum(tt),
-          ",\"tcpstore_ok\":", t.ok() ? "true" : "false", ",\"tcpstore_error\":",
-          JsonStr(t.failure()), "}"));
+      json.push_back(absl::StrCat("{\"section\":\"barrier\",\"n\":", n,
+                                  ",\"meshrun_connect_s\":", JsonNum(m.Med(conn)),
+                                  ",\"meshrun_barrier_s\":", JsonNum(m.Med(bar)),
+                                  ",\"meshrun_total_s\":", JsonNum(mt),
+                                  ",\"meshrun_ok\":", m.ok() ? "true" : "false",
+                                  ",\"meshrun_error\":", JsonStr(m.failure()),
+                                  ",\"tcpstore_connect_s\":", JsonNum(t.Med(conn)),
+                                  ",\"tcpstore_barrier_s\":", JsonNum(t.Med(bar)),
+                                  ",\"tcpstore_total_s\":", JsonNum(tt),
+                                  ",\"tcpstore_ok\":", t.ok() ? "true" : "false",
+                                  ",\"tcpstore_error\":", JsonStr(t.failure()), "}"));
     }
   }
 
@@ -583,19 +652,25 @@ int RunAll(const Config& config) {
     for (int rep = 0; rep < config.reps; ++rep) {
       for (int n : config.rdzv_sizes) {
         auto s = RunRdzvCell(config, n, rep);
-        Log(absl::StrCat("rdzv rep ", rep + 1, " nodes=", n, ": ",
-                         s.ok ? absl::StrFormat("%.3f s", s.seconds) : "FAILED " + s.note));
+        Log(absl::StrCat(
+            "rdzv rep ", rep + 1, " nodes=", n, ": ",
+            s.ok ? absl::StrFormat("%.3f s", s.seconds) : "FAILED " + s.note));
         cells[n].samples.push_back(s);
       }
     }
-    out << "\n## 3. One rendezvous round against meshrun-rdzvd (Rendezvous.Join streams)\n"
-        << "N simulated nodes, each a Join stream (callback API) with min_nodes = "
-        << "max_nodes = N, multiplexed over " << config.rdzv_channels << " connections "
-        << "(one issuing thread each); time = first join issued -> last node's "
-        << "`assigned` event. Verified: N assignments, distinct group ranks 0..N-1, "
-        << "group_world_size = world_size = N. Median of " << config.reps << " runs. "
-        << "No TCPStore column: torch's rendezvous (c10d/etcd handlers) is Python, "
-        << "with no C++ peer to run here.\n\n";
+    out << "\n## 3. One rendezvous round against meshrun-rdzvd (Rendezvous.Join "
+           "streams)\n"
+        << Wrap(absl::StrCat(
+               "N simulated nodes, each a Join stream (callback API) with min_nodes = "
+               "max_nodes = N, multiplexed over ",
+               config.rdzv_channels,
+               " connections (one issuing thread each); time = first join issued -> last "
+               "node's `assigned` event. Verified: N assignments, distinct group ranks "
+               "0..N-1, group_world_size = world_size = N. Median of ",
+               config.reps,
+               " runs. No TCPStore column: torch's rendezvous (c10d/etcd handlers) is "
+               "Python, with no C++ peer to run here."))
+        << "\n";
     out << absl::StrFormat("%-6s | %12s | %12s | %s\n", "nodes", "meshrun s",
                            "joins issued", "verified");
     out << std::string(52, '-') << "\n";
@@ -604,17 +679,16 @@ int RunAll(const Config& config) {
       double secs = c.Med([](const RdzvSample& s) { return s.seconds; });
       double issue = c.Med([](const RdzvSample& s) { return s.issue_seconds; });
       out << absl::StrFormat("%-6d | %12s | %12s | %s\n", n, Fmt(secs, "%.3f"),
-                             Fmt(issue, "%.3f"),
-                             c.ok() ? "yes" : "NO: " + c.failure());
+                             Fmt(issue, "%.3f"), c.ok() ? "yes" : "NO: " + c.failure());
       all_ran = all_ran && c.ok();
       json.push_back(absl::StrCat("{\"section\":\"rdzv\",\"nodes\":", n,
-                                  ",\"meshrun_s\":", JsonNum(secs), ",\"ok\":",
-                                  c.ok() ? "true" : "false", ",\"error\":",
-                                  JsonStr(c.failure()), "}"));
+                                  ",\"meshrun_s\":", JsonNum(secs),
+                                  ",\"ok\":", c.ok() ? "true" : "false",
+                                  ",\"error\":", JsonStr(c.failure()), "}"));
       if (n == 10000) {
-        targets.push_back({absl::StrFormat("[rendezvous 10,000 nodes] < 3 s: %s s",
-                                           Fmt(secs, "%.3f")),
-                           c.ok() && secs < 3.0});
+        targets.push_back(
+            {absl::StrFormat("[rendezvous 10,000 nodes] < 3 s: %s s", Fmt(secs, "%.3f")),
+             c.ok() && secs < 3.0});
       }
     }
   }
@@ -636,10 +710,10 @@ int RunAll(const Config& config) {
                                  ",\"met\":", targets[i].second ? "true" : "false", "}");
   }
   targets_json += "]";
-  std::string full = absl::StrCat("{\"nproc\":", sysconf(_SC_NPROCESSORS_ONLN),
-                                  ",\"reps\":", config.reps, ",\"duration_ms\":",
-                                  config.duration.count(), ",\"cells\":", summary,
-                                  ",\"targets\":", targets_json, "}");
+  std::string full = absl::StrCat(
+      "{\"nproc\":", sysconf(_SC_NPROCESSORS_ONLN), ",\"reps\":", config.reps,
+      ",\"duration_ms\":", config.duration.count(), ",\"cells\":", summary,
+      ",\"targets\":", targets_json, "}");
   out << "\nSUMMARY_JSON " << full << "\n";
   std::cout << out.str();
   std::cout.flush();
@@ -679,20 +753,29 @@ int main(int argc, char** argv) {
   app.add_option("--duration-ms", duration_ms, "Measured time per ops cell")
       ->capture_default_str();
   app.add_option("--warmup-ms", warmup_ms)->capture_default_str();
-  app.add_option("--ops-clients", config.ops_clients)->delimiter(',')->capture_default_str();
+  app.add_option("--ops-clients", config.ops_clients)
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--barrier-sizes", config.barrier_sizes)
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--barrier-procs", config.barrier_procs)->capture_default_str();
   app.add_option("--barrier-timeout-s", barrier_timeout_s)->capture_default_str();
-  app.add_option("--rdzv-sizes", config.rdzv_sizes)->delimiter(',')->capture_default_str();
+  app.add_option("--rdzv-sizes", config.rdzv_sizes)
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--rdzv-channels", config.rdzv_channels)->capture_default_str();
   app.add_option("--sections", config.sections, "ops,barrier,rdzv")
       ->delimiter(',')
       ->capture_default_str();
+  app.add_option("--peers", config.peers,
+                 "Clients to run: meshrun, tcpstore, and the diagnostic meshrun-sync")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--json", config.json_path, "Also write the summary JSON here");
   // Child roles.
-  app.add_option("--impl", impl)->check(CLI::IsMember({"meshrun", "tcpstore"}));
+  app.add_option("--impl", impl)
+      ->check(CLI::IsMember({"meshrun", "tcpstore", "meshrun-sync"}));
   app.add_option("--target", target);
   app.add_option("--clients", clients);
   app.add_flag("--shared-channel", shared_channel);
@@ -706,7 +789,9 @@ int main(int argc, char** argv) {
   config.duration = std::chrono::milliseconds(duration_ms);
   config.warmup = std::chrono::milliseconds(warmup_ms);
   config.barrier_timeout = std::chrono::seconds(barrier_timeout_s);
-  const Impl which = impl == "tcpstore" ? Impl::kTcpStore : Impl::kMeshrun;
+  const Impl which = impl == "tcpstore"       ? Impl::kTcpStore
+                     : impl == "meshrun-sync" ? Impl::kMeshrunSync
+                                              : Impl::kMeshrun;
   const auto timeout = std::chrono::milliseconds(timeout_ms);
 
   if (mode == "all") return RunAll(config);

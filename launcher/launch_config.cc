@@ -8,12 +8,12 @@
 #include <charconv>
 #include <cmath>
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <iterator>
 #include <optional>
 #include <random>
-#include <string_view>
 #include <system_error>
 #include <thread>
 #include <tuple>
@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 
 namespace meshrun::launcher {
@@ -70,12 +71,12 @@ enum FlagId {
 };
 
 struct FlagDef {
-  std::string_view name;        // dash spelling, the canonical one
-  std::string_view short_name;  // "-r", or empty
-  bool takes_value;             // false: a switch (store_true)
-  std::string_view type_name;   // for --help
-  std::string_view default_text;
-  std::string_view help;
+  absl::string_view name;        // dash spelling, the canonical one
+  absl::string_view short_name;  // "-r", or empty
+  bool takes_value;              // false: a switch (store_true)
+  absl::string_view type_name;   // for --help
+  absl::string_view default_text;
+  absl::string_view help;
 };
 
 constexpr FlagDef kFlags[] = {
@@ -137,7 +138,7 @@ constexpr FlagDef kFlags[] = {
 };
 static_assert(std::size(kFlags) == kNumFlags, "one kFlags row per FlagId");
 
-std::string UnderscoreSpelling(std::string_view name) {
+std::string UnderscoreSpelling(absl::string_view name) {
   std::string out(name);
   std::replace(out.begin() + 2, out.end(), '-', '_');
   return out;
@@ -145,17 +146,18 @@ std::string UnderscoreSpelling(std::string_view name) {
 
 // torchrun's env action: PET_ + the argparse dest (first long name, '_' for '-').
 std::string PetName(const FlagDef& def) {
-  return absl::StrCat("PET_", absl::AsciiStrToUpper(UnderscoreSpelling(def.name).substr(2)));
+  return absl::StrCat("PET_",
+                      absl::AsciiStrToUpper(UnderscoreSpelling(def.name).substr(2)));
 }
 
-const FlagDef* FindLongFlag(std::string_view spelled) {
+const FlagDef* FindLongFlag(absl::string_view spelled) {
   for (const FlagDef& def : kFlags) {
     if (spelled == def.name || spelled == UnderscoreSpelling(def.name)) return &def;
   }
   return nullptr;
 }
 
-const FlagDef* FindShortFlag(std::string_view spelled) {
+const FlagDef* FindShortFlag(absl::string_view spelled) {
   for (const FlagDef& def : kFlags) {
     if (!def.short_name.empty() && spelled == def.short_name) return &def;
   }
@@ -165,33 +167,35 @@ const FlagDef* FindShortFlag(std::string_view spelled) {
 // --- Splitting the command line ----------------------------------------------
 
 // argparse's rule: a "-1" or "-.5" after a flag is its value, not a flag.
-bool LooksLikeNegativeNumber(std::string_view arg) {
+bool LooksLikeNegativeNumber(absl::string_view arg) {
   if (arg.size() < 2 || arg[0] != '-') return false;
-  std::string_view rest = arg.substr(1);
+  absl::string_view rest = arg.substr(1);
   size_t dot = rest.find('.');
-  auto all_digits = [](std::string_view s) {
-    return std::all_of(s.begin(), s.end(),
-                       [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  auto all_digits = [](absl::string_view s) {
+    return std::all_of(s.begin(), s.end(), [](char c) {
+      return std::isdigit(static_cast<unsigned char>(c));
+    });
   };
-  if (dot == std::string_view::npos) return all_digits(rest);
+  if (dot == absl::string_view::npos) return all_digits(rest);
   return all_digits(rest.substr(0, dot)) && rest.size() > dot + 1 &&
          all_digits(rest.substr(dot + 1));
 }
 
-bool IsFlagLike(std::string_view arg) {
+bool IsFlagLike(absl::string_view arg) {
   return arg.size() > 1 && arg[0] == '-' && !LooksLikeNegativeNumber(arg);
 }
 
 struct SplitArgs {
-  // meshrun's own flags, normalised to "--canonical=value" or "--canonical" so
-  // CLI11 never has to guess what a token is.
+  // meshrun's own flags, normalised to "--canonical" [value] so CLI11 never
+  // has to guess what a token is. Never "--canonical=value": CLI11 reads
+  // "--x=" as "--x" and would take the next token as the value.
   std::vector<std::string> flag_tokens;
   bool help = false;
   std::optional<std::string> script;
   std::vector<std::string> script_args;
 };
 
-absl::Status UnknownFlag(std::string_view spelled) {
+absl::Status UnknownFlag(absl::string_view spelled) {
   return absl::InvalidArgumentError(
       absl::StrCat(spelled, ": unknown flag (see meshrun --help)"));
 }
@@ -218,19 +222,19 @@ absl::StatusOr<SplitArgs> SplitCommandLine(const std::vector<std::string>& args)
       continue;
     }
     const FlagDef* def = nullptr;
-    std::string_view spelled = arg;
+    absl::string_view spelled = arg;
     std::optional<std::string> value;
     if (absl::StartsWith(arg, "--")) {
       size_t eq = arg.find('=');
       if (eq != std::string::npos) {
-        spelled = std::string_view(arg).substr(0, eq);
+        spelled = absl::string_view(arg).substr(0, eq);
         value = arg.substr(eq + 1);
       }
       def = FindLongFlag(spelled);
     } else {
       // Short flags as argparse takes them: "-r 3", "-r3", "-r=3".
-      spelled = std::string_view(arg).substr(0, 2);
-      def = FindShortFlag(spelled);
+      def = FindShortFlag(absl::string_view(arg).substr(0, 2));
+      if (def != nullptr) spelled = def->short_name;
       if (def != nullptr && arg.size() > 2) {
         if (def->takes_value) {
           value = arg.substr(arg[2] == '=' ? 3 : 2);
@@ -258,7 +262,8 @@ absl::StatusOr<SplitArgs> SplitCommandLine(const std::vector<std::string>& args)
       }
       value = args[++i];
     }
-    out.flag_tokens.push_back(absl::StrCat(def->name, "=", *value));
+    out.flag_tokens.emplace_back(def->name);
+    out.flag_tokens.push_back(std::move(*value));
   }
   // --help wins over other mistakes, as with argparse.
   if (out.help) return out;
@@ -278,17 +283,17 @@ struct Given {
   std::string origin;  // empty: the command line; else the PET_* variable
 };
 
-absl::Status FlagError(FlagId id, const Given& given, std::string_view what) {
+absl::Status FlagError(FlagId id, const Given& given, absl::string_view what) {
   std::string message = absl::StrCat(kFlags[id].name, ": ", what);
   if (!given.origin.empty()) absl::StrAppend(&message, " (from ", given.origin, ")");
   return absl::InvalidArgumentError(message);
 }
 
-absl::Status FlagError(FlagId id, std::string_view what) {
+absl::Status FlagError(FlagId id, absl::string_view what) {
   return FlagError(id, Given{}, what);
 }
 
-std::string Got(std::string_view expected, std::string_view text) {
+std::string Got(absl::string_view expected, absl::string_view text) {
   return absl::StrCat("expected ", expected, ", got '", text, "'");
 }
 
@@ -333,7 +338,7 @@ class FlagValues {
 
 // --- Value parsers: pure, message without the flag prefix ----------------------
 
-std::optional<int> ParseInt(std::string_view text) {
+std::optional<int> ParseInt(absl::string_view text) {
   int value = 0;
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, value);
@@ -342,7 +347,7 @@ std::optional<int> ParseInt(std::string_view text) {
 }
 
 // Seconds as a decimal number, possibly fractional, kept to the millisecond.
-std::optional<std::chrono::milliseconds> ParseSeconds(std::string_view text) {
+std::optional<std::chrono::milliseconds> ParseSeconds(absl::string_view text) {
   double seconds = 0;
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, seconds);
@@ -353,8 +358,8 @@ std::optional<std::chrono::milliseconds> ParseSeconds(std::string_view text) {
   return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
 
-std::optional<std::pair<int, int>> ParseNnodes(std::string_view text) {
-  std::vector<std::string_view> parts = absl::StrSplit(text, ':');
+std::optional<std::pair<int, int>> ParseNnodes(absl::string_view text) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
   if (parts.size() > 2) return std::nullopt;
   std::optional<int> min = ParseInt(parts[0]);
   std::optional<int> max = parts.size() == 2 ? ParseInt(parts[1]) : min;
@@ -364,7 +369,7 @@ std::optional<std::pair<int, int>> ParseNnodes(std::string_view text) {
 
 // Letters, digits, '.', '-', '_' (torch's hostname rule); ':' and '%' (zone)
 // only inside brackets, where they belong to an IPv6 literal.
-bool ValidHost(std::string_view host, bool ipv6) {
+bool ValidHost(absl::string_view host, bool ipv6) {
   if (host.empty()) return false;
   return std::all_of(host.begin(), host.end(), [ipv6](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
@@ -372,7 +377,7 @@ bool ValidHost(std::string_view host, bool ipv6) {
   });
 }
 
-std::optional<int> ParsePort(std::string_view text) {
+std::optional<int> ParsePort(absl::string_view text) {
   if (text.empty() || text.size() > 5) return std::nullopt;
   std::optional<int> port = ParseInt(text);
   if (!port || *port < 0 || *port > kMaxPort || text[0] == '-' || text[0] == '+') {
@@ -383,18 +388,18 @@ std::optional<int> ParsePort(std::string_view text) {
 
 // "host", "host:port", "[v6]", "[v6]:port". nullopt port when none given.
 absl::StatusOr<std::pair<std::string, std::optional<int>>> ParseEndpoint(
-    std::string_view text) {
+    absl::string_view text) {
   const std::string kExpected = "HOST[:PORT] with PORT in 0..65535, IPv6 as [ADDR]:PORT";
-  std::string_view host = text;
-  std::optional<std::string_view> port_text;
+  absl::string_view host = text;
+  std::optional<absl::string_view> port_text;
   bool ipv6 = false;
   if (absl::StartsWith(text, "[")) {
     size_t close = text.find(']');
-    if (close == std::string_view::npos) {
+    if (close == absl::string_view::npos) {
       return absl::InvalidArgumentError(Got(kExpected, text));
     }
     host = text.substr(1, close - 1);
-    std::string_view rest = text.substr(close + 1);
+    absl::string_view rest = text.substr(close + 1);
     if (!rest.empty()) {
       if (rest[0] != ':') return absl::InvalidArgumentError(Got(kExpected, text));
       port_text = rest.substr(1);
@@ -421,34 +426,34 @@ absl::StatusOr<std::pair<std::string, std::optional<int>>> ParseEndpoint(
   return std::make_pair(std::string(host), port);
 }
 
-constexpr std::string_view kRdzvConfKeys[] = {
+constexpr absl::string_view kRdzvConfKeys[] = {
     "close_timeout",          "is_host",           "join_timeout", "keep_alive_interval",
     "keep_alive_max_attempt", "last_call_timeout", "read_timeout", "timeout",
 };
 
-absl::StatusOr<bool> ParseBool(std::string_view key, std::string_view text) {
+absl::StatusOr<bool> ParseBool(absl::string_view key, absl::string_view text) {
   // torch's RendezvousParameters.get_as_bool spellings.
   std::string lower = absl::AsciiStrToLower(text);
-  for (std::string_view yes : {"1", "true", "t", "yes", "y"}) {
+  for (absl::string_view yes : {"1", "true", "t", "yes", "y"}) {
     if (lower == yes) return true;
   }
-  for (std::string_view no : {"0", "false", "f", "no", "n"}) {
+  for (absl::string_view no : {"0", "false", "f", "no", "n"}) {
     if (lower == no) return false;
   }
   return absl::InvalidArgumentError(
       absl::StrCat(key, ": ", Got("a boolean (1/0, true/false, yes/no)", text)));
 }
 
-absl::StatusOr<RdzvConf> ParseRdzvConf(std::string_view text) {
+absl::StatusOr<RdzvConf> ParseRdzvConf(absl::string_view text) {
   RdzvConf conf;
   text = absl::StripAsciiWhitespace(text);
   if (text.empty()) return conf;
   bool saw_timeout = false, saw_join_timeout = false;
-  for (std::string_view item : absl::StrSplit(text, ',')) {
-    std::pair<std::string_view, std::string_view> kv =
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    std::pair<absl::string_view, absl::string_view> kv =
         absl::StrSplit(item, absl::MaxSplits('=', 1));
-    std::string_view key = absl::StripAsciiWhitespace(kv.first);
-    std::string_view value = absl::StripAsciiWhitespace(kv.second);
+    absl::string_view key = absl::StripAsciiWhitespace(kv.first);
+    absl::string_view value = absl::StripAsciiWhitespace(kv.second);
     if (key.empty()) {
       return absl::InvalidArgumentError(Got("KEY=VALUE,KEY=VALUE,...", text));
     }
@@ -479,8 +484,8 @@ absl::StatusOr<RdzvConf> ParseRdzvConf(std::string_view text) {
     } else if (key == "keep_alive_max_attempt") {
       std::optional<int> attempts = ParseInt(value);
       if (!attempts || *attempts < 1) {
-        status =
-            absl::InvalidArgumentError(absl::StrCat(key, ": ", Got("an integer >= 1", value)));
+        status = absl::InvalidArgumentError(
+            absl::StrCat(key, ": ", Got("an integer >= 1", value)));
       } else {
         conf.keep_alive_max_attempt = *attempts;
       }
@@ -489,8 +494,8 @@ absl::StatusOr<RdzvConf> ParseRdzvConf(std::string_view text) {
       if (is_host.ok()) conf.is_host = *is_host;
       status = is_host.status();
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'; valid keys: ",
-                                                     absl::StrJoin(kRdzvConfKeys, ", ")));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown key '", key, "'; valid keys: ", absl::StrJoin(kRdzvConfKeys, ", ")));
     }
     if (!status.ok()) return status;
   }
@@ -503,20 +508,20 @@ absl::StatusOr<RdzvConf> ParseRdzvConf(std::string_view text) {
 
 // torchrun's Std.from_str, except that local ranks may have several digits
 // (torch's regex takes one, so "10:1" fails there for no good reason).
-std::optional<StdStreamsSpec> ParseStdStreams(std::string_view text) {
-  auto stream = [](std::string_view s) -> std::optional<StdStreams> {
+std::optional<StdStreamsSpec> ParseStdStreams(absl::string_view text) {
+  auto stream = [](absl::string_view s) -> std::optional<StdStreams> {
     if (s.size() != 1 || s[0] < '0' || s[0] > '3') return std::nullopt;
     return static_cast<StdStreams>(s[0] - '0');
   };
   StdStreamsSpec spec;
-  if (text.find(':') == std::string_view::npos) {
+  if (text.find(':') == absl::string_view::npos) {
     std::optional<StdStreams> all = stream(text);
     if (!all) return std::nullopt;
     spec.all_ranks = *all;
     return spec;
   }
-  for (std::string_view item : absl::StrSplit(text, ',')) {
-    std::vector<std::string_view> kv = absl::StrSplit(item, ':');
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    std::vector<absl::string_view> kv = absl::StrSplit(item, ':');
     if (kv.size() != 2) return std::nullopt;
     std::optional<int> local_rank = ParseInt(kv[0]);
     std::optional<StdStreams> value = stream(kv[1]);
@@ -526,10 +531,10 @@ std::optional<StdStreamsSpec> ParseStdStreams(std::string_view text) {
   return spec;
 }
 
-std::optional<std::set<int>> ParseLocalRanks(std::string_view text) {
+std::optional<std::set<int>> ParseLocalRanks(absl::string_view text) {
   std::set<int> ranks;
   if (absl::StripAsciiWhitespace(text).empty()) return ranks;
-  for (std::string_view item : absl::StrSplit(text, ',')) {
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
     std::optional<int> rank = ParseInt(absl::StripAsciiWhitespace(item));
     if (!rank || *rank < 0) return std::nullopt;
     ranks.insert(*rank);
@@ -538,7 +543,7 @@ std::optional<std::set<int>> ParseLocalRanks(std::string_view text) {
 }
 
 struct SignalName {
-  std::string_view name;
+  absl::string_view name;
   int number;
 };
 
@@ -551,9 +556,9 @@ const SignalName kSignals[] = {
 };
 
 // Names as in Python's signal module; "TERM" and lower case are forgiven.
-absl::StatusOr<std::vector<int>> ParseSignals(std::string_view text) {
+absl::StatusOr<std::vector<int>> ParseSignals(absl::string_view text) {
   std::vector<int> numbers;
-  for (std::string_view item : absl::StrSplit(text, ',')) {
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
     std::string name = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(item));
     if (!absl::StartsWith(name, "SIG")) name = absl::StrCat("SIG", name);
     if (name == "SIGKILL" || name == "SIGSTOP") {
@@ -562,10 +567,10 @@ absl::StatusOr<std::vector<int>> ParseSignals(std::string_view text) {
     auto it = std::find_if(std::begin(kSignals), std::end(kSignals),
                            [&](const SignalName& s) { return s.name == name; });
     if (it == std::end(kSignals)) {
-      std::vector<std::string_view> valid;
+      std::vector<absl::string_view> valid;
       for (const SignalName& s : kSignals) valid.push_back(s.name);
-      return absl::InvalidArgumentError(absl::StrCat("unknown signal '", item,
-                                                     "'; valid: ", absl::StrJoin(valid, ",")));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown signal '", item, "'; valid: ", absl::StrJoin(valid, ",")));
     }
     if (std::find(numbers.begin(), numbers.end(), it->number) == numbers.end()) {
       numbers.push_back(it->number);
@@ -574,14 +579,14 @@ absl::StatusOr<std::vector<int>> ParseSignals(std::string_view text) {
   return numbers;
 }
 
-constexpr std::string_view kPrefixPlaceholders[] = {"role_name", "rank", "local_rank",
-                                                    "host"};
+constexpr absl::string_view kPrefixPlaceholders[] = {"role_name", "rank", "local_rank",
+                                                     "host"};
 
 // Python string.Template syntax as torch uses it ($$, $name, ${name}), but an
 // unknown name is an error here: safe_substitute would print it literally on
 // every line, which is never what was meant.
-absl::Status ValidatePrefixTemplate(std::string_view text) {
-  auto known = [](std::string_view name) {
+absl::Status ValidatePrefixTemplate(absl::string_view text) {
+  auto known = [](absl::string_view name) {
     return std::find(std::begin(kPrefixPlaceholders), std::end(kPrefixPlaceholders),
                      name) != std::end(kPrefixPlaceholders);
   };
@@ -591,15 +596,14 @@ absl::Status ValidatePrefixTemplate(std::string_view text) {
   for (size_t i = 0; i < text.size(); ++i) {
     if (text[i] != '$' || i + 1 >= text.size()) continue;
     char next = text[i + 1];
-    std::string_view name;
+    absl::string_view name;
     if (next == '$') {
       ++i;
       continue;
     } else if (next == '{') {
       size_t close = text.find('}', i + 2);
-      if (close == std::string_view::npos) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("unclosed '${' in '", text, "'"));
+      if (close == absl::string_view::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("unclosed '${' in '", text, "'"));
       }
       name = text.substr(i + 2, close - i - 2);
       i = close;
@@ -612,15 +616,15 @@ absl::Status ValidatePrefixTemplate(std::string_view text) {
       continue;  // a lone '$' stays literal, as with safe_substitute
     }
     if (!known(name)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown placeholder '", name, "' in '", text,
-          "'; valid: ${role_name}, ${rank}, ${local_rank}, ${host}"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown placeholder '", name, "' in '", text,
+                       "'; valid: ${role_name}, ${rank}, ${local_rank}, ${host}"));
     }
   }
   return absl::OkStatus();
 }
 
-// --- Help ----------------------------------------------------------------------
+// --- CLI11 ---------------------------------------------------------------------
 
 // CLI11 is given only the normalised flag tokens; it owns the declaration of
 // the flags (both spellings, short names) and the --help text.
@@ -645,24 +649,28 @@ struct CliApp {
       std::string help(def.help);
       absl::StrAppend(&help, " [env ", PetName(def), "]");
       if (def.takes_value) {
-        options[id] = app.add_option(names, values[id], help)->type_name(
-            std::string(def.type_name));
+        options[id] = app.add_option(names, values[id], help)
+                          ->type_name(std::string(def.type_name));
         if (!def.default_text.empty()) {
           options[id]->default_str(std::string(def.default_text));
         }
       } else {
-        options[id] = app.add_flag(names, help);
+        // Not add_flag(names, help): a non-const string there binds as the
+        // flag's result variable.
+        options[id] = app.add_flag(names)->description(help);
       }
     }
-    app.add_option("script", script_placeholder,
-                   "Training script (a module with -m, a program with --no-python).");
-    app.add_option("args", script_args_placeholder,
-                   "The script's arguments, passed through untouched.");
+    app.add_option("SCRIPT", script_placeholder,
+                   "Training script (a module with -m, a program with --no-python).")
+        ->type_name("");
+    app.add_option("SCRIPT_ARGS", script_args_placeholder,
+                   "The script's arguments, passed through untouched.")
+        ->type_name("");
     app.footer(
-        "Everything from SCRIPT on goes to the workers untouched, even arguments that look "
-        "like meshrun flags; use -- before SCRIPT if its name starts with '-'. Flags not "
-        "given default to their PET_* environment variable. Python workers run as "
-        "$PYTHON_EXEC (default python3) -u SCRIPT.");
+        "Everything from SCRIPT on goes to the workers untouched, even arguments "
+        "that look like meshrun flags; use -- before SCRIPT if its name starts with "
+        "'-'. Flags not given default to their PET_* environment variable. Python "
+        "workers run as $PYTHON_EXEC (default python3) -u SCRIPT.");
   }
 };
 
@@ -671,6 +679,281 @@ struct CliApp {
 std::string PythonExecutable(const std::map<std::string, std::string>& env) {
   auto it = env.find("PYTHON_EXEC");
   return it != env.end() && !it->second.empty() ? it->second : std::string("python3");
+}
+
+// --nnodes, the rendezvous flags, --node-rank and --master-*: --standalone
+// first, as it decides which of the others are read at all.
+absl::Status ParseRendezvousFlags(const FlagValues& flags, const HostProbe& host,
+                                  LaunchConfig* config) {
+  config->standalone = flags.Switch(kStandalone);
+  if (config->standalone) {
+    std::vector<std::string> ignored;
+    // Values standalone would pick anyway are not worth a notice: torch's own
+    // docs write `--standalone --nnodes=1`.
+    const std::map<FlagId, std::set<std::string>> kHarmless = {
+        {kNnodes, {"1", "1:1"}},
+        {kRdzvBackend, {"c10d", "meshrun", "dynamic"}},
+        {kNodeRank, {"0"}},
+    };
+    for (FlagId id : {kNnodes, kRdzvBackend, kRdzvEndpoint, kRdzvId, kNodeRank}) {
+      std::optional<Given> given = flags.Get(id);
+      auto harmless = kHarmless.find(id);
+      if (!given ||
+          (harmless != kHarmless.end() && harmless->second.count(given->text))) {
+        continue;
+      }
+      absl::StrAppend(&ignored.emplace_back(), kFlags[id].name, "=", given->text);
+    }
+    config->rdzv_backend = RdzvBackend::kDynamic;
+    config->rdzv_endpoint = HostPort{"localhost", 0};
+    config->rdzv_id = host.new_run_id();
+    if (!ignored.empty()) {
+      config->notices.push_back(absl::StrCat(
+          "--standalone: ignoring ", absl::StrJoin(ignored, " "),
+          " (one node, rendezvous on localhost:0, run id ", config->rdzv_id, ")"));
+    }
+  } else {
+    Given nnodes = flags.GetOr(kNnodes);
+    std::optional<std::pair<int, int>> range = ParseNnodes(nnodes.text);
+    if (!range) return FlagError(kNnodes, nnodes, Got("N or MIN:MAX", nnodes.text));
+    std::tie(config->min_nodes, config->max_nodes) = *range;
+
+    Given backend = flags.GetOr(kRdzvBackend);
+    if (backend.text == "c10d" || backend.text == "meshrun" ||
+        backend.text == "dynamic") {
+      config->rdzv_backend = RdzvBackend::kDynamic;
+    } else if (backend.text == "static") {
+      config->rdzv_backend = RdzvBackend::kStatic;
+    } else {
+      return FlagError(kRdzvBackend, backend,
+                       Got("one of c10d, meshrun, dynamic, static", backend.text));
+    }
+
+    Given id = flags.GetOr(kRdzvId);
+    if (id.text.empty()) return FlagError(kRdzvId, id, "must not be empty");
+    config->rdzv_id = id.text;
+
+    if (std::optional<Given> rank = flags.Get(kNodeRank)) {
+      std::optional<int> parsed = ParseInt(rank->text);
+      if (!parsed || *parsed < 0) {
+        return FlagError(kNodeRank, *rank, Got("a non-negative integer", rank->text));
+      }
+      if (*parsed >= config->max_nodes) {
+        return FlagError(kNodeRank, *rank,
+                         absl::StrCat("must be below the maximum node count ",
+                                      config->max_nodes, ", got ", *parsed));
+      }
+      config->node_rank = *parsed;
+      config->node_rank_given = true;
+    }
+  }
+
+  Given master_addr = flags.GetOr(kMasterAddr);
+  absl::string_view bare_addr = master_addr.text;
+  bool bracketed =
+      absl::ConsumePrefix(&bare_addr, "[") && absl::ConsumeSuffix(&bare_addr, "]");
+  if (!ValidHost(bare_addr, bracketed)) {
+    return FlagError(kMasterAddr, master_addr,
+                     Got("a host name or address, IPv6 as [ADDR]", master_addr.text));
+  }
+  config->master_addr = master_addr.text;
+  Given master_port = flags.GetOr(kMasterPort);
+  std::optional<int> parsed_master_port = ParsePort(master_port.text);
+  if (!parsed_master_port) {
+    return FlagError(kMasterPort, master_port,
+                     Got("a port in 0..65535", master_port.text));
+  }
+  config->master_port = *parsed_master_port;
+
+  if (!config->standalone) {
+    std::optional<Given> endpoint = flags.Get(kRdzvEndpoint);
+    if (endpoint && !absl::StripAsciiWhitespace(endpoint->text).empty()) {
+      auto parsed = ParseEndpoint(absl::StripAsciiWhitespace(endpoint->text));
+      if (!parsed.ok()) {
+        return FlagError(kRdzvEndpoint, *endpoint, parsed.status().message());
+      }
+      if (config->rdzv_backend == RdzvBackend::kStatic && !parsed->second.has_value()) {
+        return FlagError(
+            kRdzvEndpoint, *endpoint,
+            Got("HOST:PORT (the static backend needs a port)", endpoint->text));
+      }
+      config->rdzv_endpoint =
+          HostPort{parsed->first, parsed->second.value_or(kDefaultRdzvPort)};
+      config->rdzv_endpoint_given = true;
+    } else if (config->rdzv_backend == RdzvBackend::kStatic) {
+      config->rdzv_endpoint = HostPort{std::string(bare_addr), config->master_port};
+    }
+  }
+
+  if (config->rdzv_backend == RdzvBackend::kStatic) {
+    // torch's static rendezvous silently uses MAX as the world size and rank 0
+    // for every node that forgot --node-rank; both end in a hang, so say so.
+    if (config->min_nodes != config->max_nodes) {
+      return FlagError(kNnodes, flags.GetOr(kNnodes),
+                       absl::StrCat("the static backend needs a fixed node count, got '",
+                                    flags.GetOr(kNnodes).text, "'"));
+    }
+    if (!config->node_rank_given) {
+      if (config->max_nodes > 1) {
+        return FlagError(kNodeRank,
+                         "required with --rdzv-backend=static when --nnodes is above 1");
+      }
+      config->node_rank = 0;
+    }
+  } else if (flags.Get(kMasterAddr) || flags.Get(kMasterPort)) {
+    config->notices.emplace_back(
+        "--master-addr/--master-port: only used by --rdzv-backend=static; the dynamic "
+        "backend picks a free port on node 0 and publishes it");
+  }
+
+  Given conf = flags.GetOr(kRdzvConf);
+  absl::StatusOr<RdzvConf> rdzv_conf = ParseRdzvConf(conf.text);
+  if (!rdzv_conf.ok()) return FlagError(kRdzvConf, conf, rdzv_conf.status().message());
+  config->rdzv_conf = *rdzv_conf;
+
+  return absl::OkStatus();
+}
+
+// Sizes, restarts, timeouts, logging and signals.
+absl::Status ParseWorkerFlags(const FlagValues& flags,
+                              const std::map<std::string, std::string>& env,
+                              const HostProbe& host, LaunchConfig* config) {
+  Given nproc = flags.GetOr(kNprocPerNode);
+  config->nproc_per_node_spec = nproc.text;
+  if (nproc.text == "cpu") {
+    config->nproc_per_node = host.cpu_count();
+  } else if (nproc.text == "gpu") {
+    config->nproc_per_node = host.gpu_count();
+    if (config->nproc_per_node <= 0) {
+      return FlagError(kNprocPerNode, nproc, "'gpu' but no GPU found");
+    }
+  } else if (nproc.text == "auto") {
+    int gpus = host.gpu_count();
+    config->nproc_per_node = gpus > 0 ? gpus : host.cpu_count();
+  } else {
+    std::optional<int> count = ParseInt(nproc.text);
+    if (!count || *count < 1) {
+      return FlagError(kNprocPerNode, nproc,
+                       Got("a positive integer, cpu, gpu or auto", nproc.text));
+    }
+    config->nproc_per_node = *count;
+  }
+  config->nproc_per_node = std::max(config->nproc_per_node, 1);
+
+  Given restarts = flags.GetOr(kMaxRestarts);
+  std::optional<int> max_restarts = ParseInt(restarts.text);
+  if (!max_restarts || *max_restarts < 0) {
+    return FlagError(kMaxRestarts, restarts,
+                     Got("a non-negative integer", restarts.text));
+  }
+  config->max_restarts = *max_restarts;
+
+  for (auto [id, field] : {std::pair{kMonitorInterval, &config->monitor_interval},
+                           std::pair{kShutdownTimeout, &config->shutdown_timeout}}) {
+    Given given = flags.GetOr(id);
+    std::optional<std::chrono::milliseconds> seconds = ParseSeconds(given.text);
+    if (!seconds) {
+      return FlagError(id, given, Got("a non-negative number of seconds", given.text));
+    }
+    *field = *seconds;
+  }
+
+  Given start_method = flags.GetOr(kStartMethod);
+  if (start_method.text != "spawn" && start_method.text != "fork" &&
+      start_method.text != "forkserver") {
+    return FlagError(kStartMethod, start_method,
+                     Got("one of spawn, fork, forkserver", start_method.text));
+  }
+  if (start_method.text != "spawn") {
+    config->notices.push_back(
+        absl::StrCat("--start-method=", start_method.text,
+                     ": ignored; workers are always fresh processes"));
+  }
+
+  Given role = flags.GetOr(kRole);
+  if (role.text.empty()) return FlagError(kRole, role, "must not be empty");
+  config->role = role.text;
+
+  config->log_dir = flags.GetOr(kLogDir).text;
+  config->local_addr = flags.GetOr(kLocalAddr).text;
+
+  for (auto [id, field] :
+       {std::pair{kRedirects, &config->redirects}, std::pair{kTee, &config->tee}}) {
+    Given given = flags.GetOr(id);
+    std::optional<StdStreamsSpec> spec = ParseStdStreams(given.text);
+    if (!spec) {
+      return FlagError(
+          id, given,
+          Got("0-3 or LOCAL_RANK:0-3,... (0 none, 1 stdout, 2 stderr, 3 both)",
+              given.text));
+    }
+    *field = *spec;
+  }
+
+  Given filter = flags.GetOr(kLocalRanksFilter);
+  std::optional<std::set<int>> ranks = ParseLocalRanks(filter.text);
+  if (!ranks) {
+    return FlagError(
+        kLocalRanksFilter, filter,
+        Got("a comma-separated list of local ranks like 0,1,2", filter.text));
+  }
+  config->local_ranks_filter = *ranks;
+
+  Given signals = flags.GetOr(kSignalsToHandle);
+  absl::StatusOr<std::vector<int>> signal_numbers = ParseSignals(signals.text);
+  if (!signal_numbers.ok()) {
+    return FlagError(kSignalsToHandle, signals, signal_numbers.status().message());
+  }
+  config->signals_to_handle = *signal_numbers;
+
+  // torch 2.x reads the template from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE;
+  // honour it below the flag and PET_*, so torch-era job scripts keep working.
+  Given prefix = flags.GetOr(kLogLinePrefixTemplate);
+  if (!flags.Get(kLogLinePrefixTemplate)) {
+    auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+    if (it != env.end() && !it->second.empty()) {
+      prefix = Given{it->second, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"};
+    }
+  }
+  if (absl::Status status = ValidatePrefixTemplate(prefix.text); !status.ok()) {
+    return FlagError(kLogLinePrefixTemplate, prefix, status.message());
+  }
+  config->log_line_prefix_template = prefix.text;
+
+  return absl::OkStatus();
+}
+
+// The worker command, as torchrun's config_from_args builds it.
+absl::Status BuildWorkerCommand(const FlagValues& flags,
+                                const std::map<std::string, std::string>& env,
+                                LaunchConfig* config) {
+  config->module = flags.Switch(kModule);
+  config->no_python = flags.Switch(kNoPython);
+  config->run_path = flags.Switch(kRunPath);
+  std::string python = PythonExecutable(env);
+  if (config->run_path) {
+    // torchrun: --run-path wins over --no-python and drops -m.
+    std::vector<std::string> dropped;
+    if (config->no_python) dropped.emplace_back("--no-python");
+    if (config->module) dropped.emplace_back("-m");
+    config->notices.push_back(absl::StrCat(
+        "--run-path: meshrun has no in-process interpreter; running ", python, " -u ",
+        config->script, dropped.empty() ? "" : " and ignoring ",
+        absl::StrJoin(dropped, " and ")));
+    config->worker_argv = {python, "-u", config->script};
+  } else if (config->no_python) {
+    if (config->module) {
+      return FlagError(kNoPython, "cannot be combined with -m/--module");
+    }
+    config->worker_argv = {config->script};
+  } else {
+    config->worker_argv = {python, "-u"};
+    if (config->module) config->worker_argv.emplace_back("-m");
+    config->worker_argv.push_back(config->script);
+  }
+  config->worker_argv.insert(config->worker_argv.end(), config->script_args.begin(),
+                             config->script_args.end());
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -696,8 +979,9 @@ HostProbe SystemHostProbe() {
     for (const auto& entry : std::filesystem::directory_iterator("/dev", ec)) {
       std::string name = entry.path().filename().string();
       if (name.size() > 6 && absl::StartsWith(name, "nvidia") &&
-          std::all_of(name.begin() + 6, name.end(),
-                      [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+          std::all_of(name.begin() + 6, name.end(), [](char c) {
+            return std::isdigit(static_cast<unsigned char>(c));
+          })) {
         ++count;
       }
     }
@@ -720,14 +1004,14 @@ HostProbe SystemHostProbe() {
   return probe;
 }
 
-absl::StatusOr<LaunchConfig> ParseLaunchArgs(const std::vector<std::string>& args,
-                                             const std::map<std::string, std::string>& env) {
+absl::StatusOr<LaunchConfig> ParseLaunchArgs(
+    const std::vector<std::string>& args, const std::map<std::string, std::string>& env) {
   return ParseLaunchArgs(args, env, SystemHostProbe());
 }
 
-absl::StatusOr<LaunchConfig> ParseLaunchArgs(const std::vector<std::string>& args,
-                                             const std::map<std::string, std::string>& env,
-                                             const HostProbe& host) {
+absl::StatusOr<LaunchConfig> ParseLaunchArgs(
+    const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+    const HostProbe& host) {
   absl::StatusOr<SplitArgs> split = SplitCommandLine(args);
   if (!split.ok()) return split.status();
 
@@ -739,8 +1023,8 @@ absl::StatusOr<LaunchConfig> ParseLaunchArgs(const std::vector<std::string>& arg
   }
   try {
     // CLI11 wants the arguments reversed.
-    cli.app.parse(std::vector<std::string>(split->flag_tokens.rbegin(),
-                                           split->flag_tokens.rend()));
+    cli.app.parse(
+        std::vector<std::string>(split->flag_tokens.rbegin(), split->flag_tokens.rend()));
   } catch (const CLI::ParseError& e) {
     // Unreachable with normalised tokens, but a user still gets one line.
     return absl::InvalidArgumentError(e.what());
@@ -755,243 +1039,10 @@ absl::StatusOr<LaunchConfig> ParseLaunchArgs(const std::vector<std::string>& arg
   config.script = *split->script;
   config.script_args = split->script_args;
 
-  // --standalone first: it decides which rendezvous flags are read at all.
-  config.standalone = flags.Switch(kStandalone);
-  std::vector<std::string> ignored;
-  if (config.standalone) {
-    for (FlagId id : {kNnodes, kRdzvBackend, kRdzvEndpoint, kRdzvId, kNodeRank}) {
-      if (std::optional<Given> given = flags.Get(id)) {
-        absl::StrAppend(&ignored.emplace_back(), kFlags[id].name, "=", given->text);
-      }
-    }
-    config.rdzv_backend = RdzvBackend::kDynamic;
-    config.rdzv_endpoint = HostPort{"localhost", 0};
-    config.rdzv_id = host.new_run_id();
-    if (!ignored.empty()) {
-      config.notices.push_back(absl::StrCat(
-          "--standalone: ignoring ", absl::StrJoin(ignored, " "),
-          " (one node, rendezvous on localhost:0, run id ", config.rdzv_id, ")"));
-    }
-  } else {
-    Given nnodes = flags.GetOr(kNnodes);
-    std::optional<std::pair<int, int>> range = ParseNnodes(nnodes.text);
-    if (!range) return FlagError(kNnodes, nnodes, Got("N or MIN:MAX", nnodes.text));
-    std::tie(config.min_nodes, config.max_nodes) = *range;
-
-    Given backend = flags.GetOr(kRdzvBackend);
-    if (backend.text == "c10d" || backend.text == "meshrun" || backend.text == "dynamic") {
-      config.rdzv_backend = RdzvBackend::kDynamic;
-    } else if (backend.text == "static") {
-      config.rdzv_backend = RdzvBackend::kStatic;
-    } else {
-      return FlagError(kRdzvBackend, backend,
-                       Got("one of c10d, meshrun, dynamic, static", backend.text));
-    }
-
-    Given id = flags.GetOr(kRdzvId);
-    if (id.text.empty()) return FlagError(kRdzvId, id, "must not be empty");
-    config.rdzv_id = id.text;
-
-    if (std::optional<Given> rank = flags.Get(kNodeRank)) {
-      std::optional<int> parsed = ParseInt(rank->text);
-      if (!parsed || *parsed < 0) {
-        return FlagError(kNodeRank, *rank, Got("a non-negative integer", rank->text));
-      }
-      if (*parsed >= config.max_nodes) {
-        return FlagError(kNodeRank, *rank,
-                         absl::StrCat("must be below the maximum node count ",
-                                      config.max_nodes, ", got ", *parsed));
-      }
-      config.node_rank = *parsed;
-      config.node_rank_given = true;
-    }
-  }
-
-  Given master_addr = flags.GetOr(kMasterAddr);
-  std::string_view bare_addr = master_addr.text;
-  bool bracketed = absl::ConsumePrefix(&bare_addr, "[") && absl::ConsumeSuffix(&bare_addr, "]");
-  if (!ValidHost(bare_addr, bracketed)) {
-    return FlagError(kMasterAddr, master_addr,
-                     Got("a host name or address, IPv6 as [ADDR]", master_addr.text));
-  }
-  config.master_addr = master_addr.text;
-  Given master_port = flags.GetOr(kMasterPort);
-  std::optional<int> parsed_master_port = ParsePort(master_port.text);
-  if (!parsed_master_port) {
-    return FlagError(kMasterPort, master_port, Got("a port in 0..65535", master_port.text));
-  }
-  config.master_port = *parsed_master_port;
-
-  if (!config.standalone) {
-    std::optional<Given> endpoint = flags.Get(kRdzvEndpoint);
-    if (endpoint && !absl::StripAsciiWhitespace(endpoint->text).empty()) {
-      auto parsed = ParseEndpoint(absl::StripAsciiWhitespace(endpoint->text));
-      if (!parsed.ok()) {
-        return FlagError(kRdzvEndpoint, *endpoint, parsed.status().message());
-      }
-      if (config.rdzv_backend == RdzvBackend::kStatic && !parsed->second.has_value()) {
-        return FlagError(kRdzvEndpoint, *endpoint,
-                         Got("HOST:PORT (the static backend needs a port)", endpoint->text));
-      }
-      config.rdzv_endpoint =
-          HostPort{parsed->first, parsed->second.value_or(kDefaultRdzvPort)};
-      config.rdzv_endpoint_given = true;
-    } else if (config.rdzv_backend == RdzvBackend::kStatic) {
-      config.rdzv_endpoint = HostPort{std::string(bare_addr), config.master_port};
-    }
-  }
-
-  if (config.rdzv_backend == RdzvBackend::kStatic) {
-    // torch's static rendezvous silently uses MAX as the world size and rank 0
-    // for every node that forgot --node-rank; both end in a hang, so say so.
-    if (config.min_nodes != config.max_nodes) {
-      return FlagError(kNnodes, flags.GetOr(kNnodes),
-                       absl::StrCat("the static backend needs a fixed node count, got '",
-                                    flags.GetOr(kNnodes).text, "'"));
-    }
-    if (!config.node_rank_given) {
-      if (config.max_nodes > 1) {
-        return FlagError(kNodeRank,
-                         "required with --rdzv-backend=static when --nnodes is above 1");
-      }
-      config.node_rank = 0;
-    }
-  } else if (flags.Get(kMasterAddr) || flags.Get(kMasterPort)) {
-    config.notices.push_back(
-        "--master-addr/--master-port: only used by --rdzv-backend=static; the dynamic "
-        "backend picks a free port on node 0 and publishes it");
-  }
-
-  Given conf = flags.GetOr(kRdzvConf);
-  absl::StatusOr<RdzvConf> rdzv_conf = ParseRdzvConf(conf.text);
-  if (!rdzv_conf.ok()) return FlagError(kRdzvConf, conf, rdzv_conf.status().message());
-  config.rdzv_conf = *rdzv_conf;
-
-  Given nproc = flags.GetOr(kNprocPerNode);
-  config.nproc_per_node_spec = nproc.text;
-  if (nproc.text == "cpu") {
-    config.nproc_per_node = host.cpu_count();
-  } else if (nproc.text == "gpu") {
-    config.nproc_per_node = host.gpu_count();
-    if (config.nproc_per_node <= 0) {
-      return FlagError(kNprocPerNode, nproc, "'gpu' but no GPU found");
-    }
-  } else if (nproc.text == "auto") {
-    int gpus = host.gpu_count();
-    config.nproc_per_node = gpus > 0 ? gpus : host.cpu_count();
-  } else {
-    std::optional<int> count = ParseInt(nproc.text);
-    if (!count || *count < 1) {
-      return FlagError(kNprocPerNode, nproc,
-                       Got("a positive integer, cpu, gpu or auto", nproc.text));
-    }
-    config.nproc_per_node = *count;
-  }
-  config.nproc_per_node = std::max(config.nproc_per_node, 1);
-
-  Given restarts = flags.GetOr(kMaxRestarts);
-  std::optional<int> max_restarts = ParseInt(restarts.text);
-  if (!max_restarts || *max_restarts < 0) {
-    return FlagError(kMaxRestarts, restarts, Got("a non-negative integer", restarts.text));
-  }
-  config.max_restarts = *max_restarts;
-
-  for (auto [id, field] : {std::pair{kMonitorInterval, &config.monitor_interval},
-                           std::pair{kShutdownTimeout, &config.shutdown_timeout}}) {
-    Given given = flags.GetOr(id);
-    std::optional<std::chrono::milliseconds> seconds = ParseSeconds(given.text);
-    if (!seconds) {
-      return FlagError(id, given, Got("a non-negative number of seconds", given.text));
-    }
-    *field = *seconds;
-  }
-
-  Given start_method = flags.GetOr(kStartMethod);
-  if (start_method.text != "spawn" && start_method.text != "fork" &&
-      start_method.text != "forkserver") {
-    return FlagError(kStartMethod, start_method,
-                     Got("one of spawn, fork, forkserver", start_method.text));
-  }
-  if (start_method.text != "spawn") {
-    config.notices.push_back(absl::StrCat("--start-method=", start_method.text,
-                                          ": ignored; workers are always fresh processes"));
-  }
-
-  Given role = flags.GetOr(kRole);
-  if (role.text.empty()) return FlagError(kRole, role, "must not be empty");
-  config.role = role.text;
-
-  config.log_dir = flags.GetOr(kLogDir).text;
-  config.local_addr = flags.GetOr(kLocalAddr).text;
-
-  for (auto [id, field] : {std::pair{kRedirects, &config.redirects},
-                           std::pair{kTee, &config.tee}}) {
-    Given given = flags.GetOr(id);
-    std::optional<StdStreamsSpec> spec = ParseStdStreams(given.text);
-    if (!spec) {
-      return FlagError(id, given,
-                       Got("0-3 or LOCAL_RANK:0-3,... (0 none, 1 stdout, 2 stderr, 3 both)",
-                           given.text));
-    }
-    *field = *spec;
-  }
-
-  Given filter = flags.GetOr(kLocalRanksFilter);
-  std::optional<std::set<int>> ranks = ParseLocalRanks(filter.text);
-  if (!ranks) {
-    return FlagError(kLocalRanksFilter, filter,
-                     Got("a comma-separated list of local ranks like 0,1,2", filter.text));
-  }
-  config.local_ranks_filter = *ranks;
-
-  Given signals = flags.GetOr(kSignalsToHandle);
-  absl::StatusOr<std::vector<int>> signal_numbers = ParseSignals(signals.text);
-  if (!signal_numbers.ok()) {
-    return FlagError(kSignalsToHandle, signals, signal_numbers.status().message());
-  }
-  config.signals_to_handle = *signal_numbers;
-
-  // torch 2.x reads the template from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE;
-  // honour it below the flag and PET_*, so torch-era job scripts keep working.
-  Given prefix = flags.GetOr(kLogLinePrefixTemplate);
-  if (!flags.Get(kLogLinePrefixTemplate)) {
-    auto it = env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
-    if (it != env.end() && !it->second.empty()) {
-      prefix = Given{it->second, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"};
-    }
-  }
-  if (absl::Status status = ValidatePrefixTemplate(prefix.text); !status.ok()) {
-    return FlagError(kLogLinePrefixTemplate, prefix, status.message());
-  }
-  config.log_line_prefix_template = prefix.text;
-
-  // The worker command, as torchrun's config_from_args builds it.
-  config.module = flags.Switch(kModule);
-  config.no_python = flags.Switch(kNoPython);
-  config.run_path = flags.Switch(kRunPath);
-  std::string python = PythonExecutable(env);
-  if (config.run_path) {
-    // torchrun: --run-path wins over --no-python and drops -m.
-    std::vector<std::string> dropped;
-    if (config.no_python) dropped.push_back("--no-python");
-    if (config.module) dropped.push_back("-m");
-    config.notices.push_back(absl::StrCat(
-        "--run-path: meshrun has no in-process interpreter; running ", python, " -u ",
-        config.script, dropped.empty() ? "" : " and ignoring ",
-        absl::StrJoin(dropped, " and ")));
-    config.worker_argv = {python, "-u", config.script};
-  } else if (config.no_python) {
-    if (config.module) {
-      return FlagError(kNoPython, "cannot be combined with -m/--module");
-    }
-    config.worker_argv = {config.script};
-  } else {
-    config.worker_argv = {python, "-u"};
-    if (config.module) config.worker_argv.push_back("-m");
-    config.worker_argv.push_back(config.script);
-  }
-  config.worker_argv.insert(config.worker_argv.end(), config.script_args.begin(),
-                            config.script_args.end());
+  absl::Status status = ParseRendezvousFlags(flags, host, &config);
+  if (status.ok()) status = ParseWorkerFlags(flags, env, host, &config);
+  if (status.ok()) status = BuildWorkerCommand(flags, env, &config);
+  if (!status.ok()) return status;
   return config;
 }
 

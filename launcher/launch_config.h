@@ -142,6 +142,7 @@ struct LaunchConfig {
   std::set<int> local_ranks_filter;
 
   // --node-rank: this node's rank hint (sticky group rank) or -1 for none.
+  // The static backend's single node without --node-rank gets 0.
   int node_rank = -1;
   // Whether --node-rank (or PET_NODE_RANK) was given.
   bool node_rank_given = false;
@@ -193,9 +194,9 @@ HostProbe SystemHostProbe();
 // Parses `args` (argv without argv[0]); `env` supplies PET_* defaults and
 // PYTHON_EXEC. Errors are InvalidArgument with a one-line message that starts
 // with the flag concerned ("--nnodes: ..."), fit for "meshrun: <message>".
-absl::StatusOr<LaunchConfig> ParseLaunchArgs(const std::vector<std::string>& args,
-                                             const std::map<std::string, std::string>& env,
-                                             const HostProbe& host);
+absl::StatusOr<LaunchConfig> ParseLaunchArgs(
+    const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+    const HostProbe& host);
 // As above with SystemHostProbe().
 absl::StatusOr<LaunchConfig> ParseLaunchArgs(
     const std::vector<std::string>& args, const std::map<std::string, std::string>& env);

@@ -18,12 +18,13 @@ namespace meshrun::testing {
 
 std::string BinDir() { return MESHRUN_BIN_DIR; }
 
-ChildProcess::ChildProcess(std::vector<std::string> argv) {
+ChildProcess::ChildProcess(std::vector<std::string> argv, bool merge_stderr) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  if (merge_stderr) posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -52,6 +53,7 @@ std::optional<std::string> ChildProcess::ReadLine(std::chrono::milliseconds time
     if (newline != std::string::npos) {
       std::string line = buffer_.substr(0, newline);
       buffer_.erase(0, newline + 1);
+      output_ += line + "\n";
       return line;
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -63,8 +65,37 @@ std::optional<std::string> ChildProcess::ReadLine(std::chrono::milliseconds time
     if (ready <= 0) return std::nullopt;
     char chunk[4096];
     ssize_t n = read(stdout_fd_, chunk, sizeof chunk);
-    if (n <= 0) return std::nullopt;
+    if (n <= 0) {
+      // EOF: a last line without a newline still counts.
+      if (buffer_.empty()) return std::nullopt;
+      std::string line = std::move(buffer_);
+      buffer_.clear();
+      output_ += line + "\n";
+      return line;
+    }
     buffer_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+std::optional<std::string> ChildProcess::ReadUntil(const std::string& needle,
+                                                   std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    auto line = ReadLine(left);
+    if (!line) return std::nullopt;
+    if (line->find(needle) != std::string::npos) return line;
+  }
+}
+
+const std::string& ChildProcess::ReadAll(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || !ReadLine(left)) return output_;
   }
 }
 

@@ -15,8 +15,9 @@ namespace meshrun::testing {
 
 class ChildProcess {
  public:
-  // Starts argv[0] (a path) with argv; stderr is inherited.
-  explicit ChildProcess(std::vector<std::string> argv);
+  // Starts argv[0] (a path) with argv; stderr is inherited, or joins stdout
+  // on the pipe when `merge_stderr`.
+  explicit ChildProcess(std::vector<std::string> argv, bool merge_stderr = false);
   ~ChildProcess();  // SIGKILL and reap if still running
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
@@ -24,6 +25,13 @@ class ChildProcess {
   pid_t pid() const { return pid_; }
   // The next line of stdout (without '\n'), or nullopt at EOF or timeout.
   std::optional<std::string> ReadLine(std::chrono::milliseconds timeout);
+  // Reads lines until one contains `needle` (returned) or EOF/timeout; every
+  // line read is also kept in output().
+  std::optional<std::string> ReadUntil(const std::string& needle,
+                                       std::chrono::milliseconds timeout);
+  // Reads everything until EOF (bounded by `timeout`), into output().
+  const std::string& ReadAll(std::chrono::milliseconds timeout);
+  const std::string& output() const { return output_; }
   // Sends a signal to the child.
   void Signal(int signal_number);
   // Waits for exit; returns the wait status, or nullopt on timeout.
@@ -34,6 +42,7 @@ class ChildProcess {
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   std::string buffer_;
+  std::string output_;
   std::optional<int> exit_status_;
 };
 

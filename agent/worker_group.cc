@@ -1,0 +1,663 @@
+#include "agent/worker_group.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <cstring>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace meshrun::agent {
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+spdlog::logger& Log() {
+  static const std::shared_ptr<spdlog::logger> logger = [] {
+    if (auto existing = spdlog::get("agent")) return existing;
+    try {
+      return spdlog::stderr_color_mt("agent");
+    } catch (const spdlog::spdlog_ex&) {
+      return spdlog::get("agent");  // registered by another thread meanwhile
+    }
+  }();
+  return *logger;
+}
+
+// What a child that could not exec tells the parent through the status pipe.
+enum class ChildStage : int { kPdeathsig, kSetpgid, kDup2, kExec };
+struct ChildError {
+  ChildStage stage;
+  int error;
+};
+
+const char* StageName(ChildStage stage) {
+  switch (stage) {
+    case ChildStage::kPdeathsig:
+      return "prctl(PR_SET_PDEATHSIG)";
+    case ChildStage::kSetpgid:
+      return "setpgid";
+    case ChildStage::kDup2:
+      return "dup2";
+    case ChildStage::kExec:
+      return "execve";
+  }
+  return "?";
+}
+
+// Everything the child needs, as plain pointers: between fork and exec the
+// child may only make async-signal-safe calls, so no allocation (another
+// thread of the agent may have held the malloc lock at fork time).
+struct ChildArgs {
+  pid_t parent = 0;
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+  int status_fd = -1;
+  char* const* argv = nullptr;
+  char* const* envp = nullptr;
+  const char* const* candidates = nullptr;  // paths to try, as execvp would
+  size_t num_candidates = 0;
+};
+
+[[noreturn]] void ReportAndExit(int status_fd, ChildStage stage, int error) {
+  ChildError report{stage, error};
+  while (::write(status_fd, &report, sizeof report) < 0 && errno == EINTR) {
+  }
+  // What a shell returns: 127 for "not found", 126 for "found, cannot run".
+  ::_exit(stage == ChildStage::kExec && error == ENOENT ? 127 : 126);
+}
+
+[[noreturn]] void RunChild(const ChildArgs& args) {
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+    ReportAndExit(args.status_fd, ChildStage::kPdeathsig, errno);
+  // The agent may have died between fork and prctl; then no signal will come.
+  if (::getppid() != args.parent) ::_exit(1);
+  if (::setpgid(0, 0) != 0) ReportAndExit(args.status_fd, ChildStage::kSetpgid, errno);
+  // Sources are >= 3 (MakeFd), so dup2 never hits its own source and clears
+  // O_CLOEXEC on the target.
+  if (::dup2(args.stdout_fd, STDOUT_FILENO) < 0 ||
+      ::dup2(args.stderr_fd, STDERR_FILENO) < 0)
+    ReportAndExit(args.status_fd, ChildStage::kDup2, errno);
+  // Nothing of the agent's but stdin/out/err reaches the worker, even fds
+  // opened without O_CLOEXEC by a library (Popen's close_fds in torchrun).
+  (void)::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  // exec keeps ignored signals ignored and the mask as is; a worker starts
+  // with defaults, whatever the agent set up.
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  sigemptyset(&default_action.sa_mask);
+  for (int number = 1; number < NSIG; ++number) {
+    (void)::sigaction(number, &default_action, nullptr);  // EINVAL for KILL, STOP
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+
+  // execvp's search: skip entries where the file is missing, remember that
+  // one existed but was not executable, stop at any other error.
+  int error = ENOENT;
+  bool denied = false;
+  for (size_t i = 0; i < args.num_candidates; ++i) {
+    ::execve(args.candidates[i], args.argv, args.envp);
+    error = errno;
+    if (error == EACCES) {
+      denied = true;
+    } else if (error != ENOENT && error != ENOTDIR && error != ESTALE &&
+               error != ENODEV && error != ETIMEDOUT) {
+      break;
+    }
+  }
+  if (denied && (error == ENOENT || error == ENOTDIR || error == ESTALE ||
+                 error == ENODEV || error == ETIMEDOUT)) {
+    error = EACCES;
+  }
+  ReportAndExit(args.status_fd, ChildStage::kExec, error);
+}
+
+// Moves `fd` to >= 3, so that the child's dup2 onto 0..2 cannot clobber it
+// when the agent runs with one of 0..2 closed.
+absl::StatusOr<int> MakeFd(int fd) {
+  if (fd >= 3) return fd;
+  int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  int error = errno;
+  ::close(fd);
+  if (moved < 0)
+    return absl::InternalError(absl::StrCat("fcntl: ", std::strerror(error)));
+  return moved;
+}
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    Reset();
+    fd_ = std::exchange(other.fd_, -1);
+    return *this;
+  }
+  ~Fd() { Reset(); }
+  int get() const { return fd_; }
+  int Release() { return std::exchange(fd_, -1); }
+  void Reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+absl::Status MakePipe(Fd* read_end, Fd* write_end) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+  absl::StatusOr<int> r = MakeFd(fds[0]);
+  absl::StatusOr<int> w = MakeFd(fds[1]);
+  if (r.ok()) *read_end = Fd(*r);
+  if (w.ok()) *write_end = Fd(*w);
+  return r.ok() ? w.status() : r.status();
+}
+
+std::vector<std::string> WorkerEnvironment(
+    const std::map<std::string, std::string>& env) {
+  std::vector<std::string> result;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    std::string_view text(*entry);
+    if (env.count(std::string(text.substr(0, text.find('=')))) == 0)
+      result.emplace_back(text);
+  }
+  for (const auto& [key, value] : env) result.push_back(absl::StrCat(key, "=", value));
+  return result;
+}
+
+// The paths execvp would try for `file`, with the worker's PATH.
+std::vector<std::string> ExecCandidates(const std::string& file,
+                                        const std::map<std::string, std::string>& env) {
+  if (file.empty()) return {};
+  if (file.find('/') != std::string::npos) return {file};
+  std::string path;
+  if (auto it = env.find("PATH"); it != env.end()) {
+    path = it->second;
+  } else if (const char* inherited = ::getenv("PATH")) {
+    path = inherited;
+  } else {
+    path = "/bin:/usr/bin";  // glibc's default for execvp
+  }
+  std::vector<std::string> candidates;
+  size_t start = 0;
+  while (true) {
+    size_t colon = path.find(':', start);
+    std::string dir = path.substr(start, colon - start);
+    candidates.push_back(dir.empty() ? file : absl::StrCat(dir, "/", file));
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return candidates;
+}
+
+// A spec turned into what fork/exec needs, all allocated before the fork.
+struct Prepared {
+  WorkerSpec spec;
+  std::vector<std::string> env_strings;
+  std::vector<char*> envp;
+  std::vector<char*> argv;
+  std::vector<std::string> candidates;
+  std::vector<const char*> candidate_ptrs;
+  std::unique_ptr<OutputSink> out;  // null: the stream goes to /dev/null
+  std::unique_ptr<OutputSink> err;
+};
+
+}  // namespace
+
+struct WorkerGroup::Pipe {
+  Pipe(boost::asio::io_context& io, int fd, std::unique_ptr<OutputSink> sink)
+      : descriptor(io, fd), sink(std::move(sink)) {}
+  boost::asio::posix::stream_descriptor descriptor;
+  std::unique_ptr<OutputSink> sink;
+  std::array<char, 64 * 1024> buffer;  // a default pipe's capacity
+  bool open = true;
+};
+
+struct WorkerGroup::Worker {
+  explicit Worker(boost::asio::io_context& io) : drain_timer(io) {}
+  int local_rank = 0;
+  int global_rank = 0;
+  pid_t pid = 0;
+  std::unique_ptr<Pipe> out;  // null when not piped
+  std::unique_ptr<Pipe> err;
+  int open_pipes = 0;
+  bool reaped = false;
+  bool status_known = true;
+  int wait_status = 0;
+  std::chrono::system_clock::time_point when;
+  boost::asio::steady_timer drain_timer;
+  uint64_t drain_generation = 0;  // tells a stale drain timer expiry apart
+  bool finished = false;
+
+  void ClosePipe(Pipe* pipe) {
+    if (pipe == nullptr || !pipe->open) return;
+    pipe->open = false;
+    pipe->sink->Close();
+    boost::system::error_code ignored;
+    pipe->descriptor.close(ignored);
+    --open_pipes;
+  }
+};
+
+WorkerGroup::WorkerGroup(boost::asio::io_context& io,
+                         std::function<void(const WorkerExit&)> on_exit,
+                         WorkerGroupOptions options)
+    : io_(io),
+      on_exit_(std::move(on_exit)),
+      options_(options),
+      console_(options.console != nullptr ? options.console : &ConsoleWriter::Default()),
+      sigchld_(io),
+      grace_timer_(io),
+      self_(std::make_shared<WorkerGroup*>(this)) {
+  boost::system::error_code error;
+  sigchld_.add(SIGCHLD, error);
+  if (error) Log().error("cannot watch SIGCHLD: {}", error.message());
+  // Asio 1.74 installs its handler without SA_RESTART: every worker exit would
+  // then fail a blocking call on any of the agent's threads with EINTR.
+  struct sigaction action {};
+  if (::sigaction(SIGCHLD, nullptr, &action) == 0 && action.sa_handler != SIG_DFL &&
+      action.sa_handler != SIG_IGN) {
+    action.sa_flags |= SA_RESTART | SA_NOCLDSTOP;
+    ::sigaction(SIGCHLD, &action, nullptr);
+  }
+  WaitForSigchld();
+}
+
+WorkerGroup::~WorkerGroup() {
+  self_.reset();  // handlers still queued now do nothing
+  for (const auto& worker : workers_) {
+    KillGroup(*worker, SIGKILL);
+    if (!worker->reaped) {
+      while (::waitpid(worker->pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+    worker->finished = true;
+    worker->ClosePipe(worker->out.get());
+    worker->ClosePipe(worker->err.get());
+    worker->drain_timer.cancel();
+  }
+}
+
+absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
+  if (!workers_.empty() || stopping_) {
+    return absl::FailedPreconditionError(
+        "WorkerGroup::Start: the previous workers are still live");
+  }
+
+  // First everything that can fail for a reason the user can fix, so that
+  // such a failure starts no worker at all.
+  std::vector<Prepared> prepared;
+  prepared.reserve(specs.size());
+  bool needs_devnull = false;
+  for (WorkerSpec& spec : specs) {
+    if (spec.argv.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", spec.local_rank, ": empty argv"));
+    }
+    Prepared p;
+    for (auto [to_console, file, stream, sink] :
+         {std::tuple(spec.stdout_to_console, &spec.stdout_file, OutputStream::kStdout,
+                     &p.out),
+          std::tuple(spec.stderr_to_console, &spec.stderr_file, OutputStream::kStderr,
+                     &p.err)}) {
+      if (!to_console && !file->has_value()) {
+        needs_devnull = true;
+        continue;
+      }
+      auto created = OutputSink::Create(to_console ? console_ : nullptr, stream,
+                                        spec.console_prefix, *file);
+      if (!created.ok()) return created.status();
+      *sink = std::move(*created);
+    }
+    p.env_strings = WorkerEnvironment(spec.env);
+    for (std::string& entry : p.env_strings) p.envp.push_back(entry.data());
+    p.envp.push_back(nullptr);
+    p.candidates = ExecCandidates(spec.argv[0], spec.env);
+    for (const std::string& path : p.candidates) p.candidate_ptrs.push_back(path.c_str());
+    p.spec = std::move(spec);
+    for (std::string& arg : p.spec.argv) p.argv.push_back(arg.data());
+    p.argv.push_back(nullptr);
+    prepared.push_back(std::move(p));
+  }
+  Fd devnull;
+  if (needs_devnull) {
+    int opened = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (opened < 0)
+      return absl::InternalError(
+          absl::StrCat("cannot open /dev/null: ", std::strerror(errno)));
+    absl::StatusOr<int> fd = MakeFd(opened);
+    if (!fd.ok()) return fd.status();
+    devnull = Fd(*fd);
+  }
+
+  std::vector<std::shared_ptr<Worker>> started;
+  // Undoes a partial start: no worker of a failed Start is left running.
+  auto abandon = [&](absl::Status status) {
+    for (const auto& worker : started) {
+      KillGroup(*worker, SIGKILL);
+      while (::waitpid(worker->pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+      worker->finished = true;
+      worker->ClosePipe(worker->out.get());
+      worker->ClosePipe(worker->err.get());
+    }
+    return status;
+  };
+
+  for (Prepared& p : prepared) {
+    Fd out_read, out_write, err_read, err_write, status_read, status_write;
+    absl::Status status;
+    if (p.out) status.Update(MakePipe(&out_read, &out_write));
+    if (p.err) status.Update(MakePipe(&err_read, &err_write));
+    status.Update(MakePipe(&status_read, &status_write));
+    if (!status.ok()) return abandon(status);
+
+    ChildArgs args;
+    args.parent = ::getpid();
+    args.stdout_fd = p.out ? out_write.get() : devnull.get();
+    args.stderr_fd = p.err ? err_write.get() : devnull.get();
+    args.status_fd = status_write.get();
+    args.argv = p.argv.data();
+    args.envp = p.envp.data();
+    args.candidates = p.candidate_ptrs.data();
+    args.num_candidates = p.candidate_ptrs.size();
+
+    // Signals stay blocked across fork, so no handler of the agent's (Asio's
+    // writes to a pipe shared with the agent) runs in the child before it
+    // resets them.
+    sigset_t all, saved;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_BLOCK, &all, &saved);
+    pid_t pid = ::fork();
+    if (pid == 0) RunChild(args);
+    int fork_error = errno;
+    ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+    if (pid < 0) {
+      return abandon(absl::ResourceExhaustedError(
+          absl::StrCat("cannot start worker ", p.spec.local_rank,
+                       ": fork: ", std::strerror(fork_error))));
+    }
+    out_write.Reset();
+    err_write.Reset();
+    status_write.Reset();
+
+    // EOF: the exec succeeded (the pipe is O_CLOEXEC), or the child died.
+    ChildError child_error{};
+    size_t got = 0;
+    while (got < sizeof child_error) {
+      ssize_t n = ::read(status_read.get(), reinterpret_cast<char*>(&child_error) + got,
+                         sizeof child_error - got);
+      if (n > 0) {
+        got += static_cast<size_t>(n);
+      } else if (n == 0 || errno != EINTR) {
+        break;
+      }
+    }
+    if (got == sizeof child_error) {
+      // The child exits by itself (127/126) and is reaped and reported like
+      // any worker; its stderr says why, as a shell would.
+      std::string line = child_error.stage == ChildStage::kExec
+                             ? absl::StrCat("meshrun: cannot execute '", p.spec.argv[0],
+                                            "': ", std::strerror(child_error.error), "\n")
+                             : absl::StrCat("meshrun: cannot start '", p.spec.argv[0],
+                                            "': ", StageName(child_error.stage), ": ",
+                                            std::strerror(child_error.error), "\n");
+      if (p.err) {
+        (void)p.err->Write(line);
+      } else {
+        Log().error("worker {}: {}", p.spec.local_rank,
+                    std::string_view(line).substr(0, line.size() - 1));
+      }
+    }
+
+    auto worker = std::make_shared<Worker>(io_);
+    worker->local_rank = p.spec.local_rank;
+    worker->global_rank = p.spec.global_rank;
+    worker->pid = pid;
+    if (p.out) {
+      worker->out = std::make_unique<Pipe>(io_, out_read.Release(), std::move(p.out));
+      ++worker->open_pipes;
+    }
+    if (p.err) {
+      worker->err = std::make_unique<Pipe>(io_, err_read.Release(), std::move(p.err));
+      ++worker->open_pipes;
+    }
+    Log().debug("started worker {} (rank {}) as pid {}", worker->local_rank,
+                worker->global_rank, pid);
+    started.push_back(std::move(worker));
+  }
+
+  workers_ = std::move(started);
+  for (const auto& worker : workers_) {
+    if (worker->out) ReadPipe(worker, worker->out.get());
+    if (worker->err) ReadPipe(worker, worker->err.get());
+  }
+  return absl::OkStatus();
+}
+
+void WorkerGroup::Stop(int signal, std::chrono::milliseconds grace,
+                       std::function<void()> done) {
+  if (workers_.empty()) {
+    if (done) boost::asio::post(io_, std::move(done));
+    return;
+  }
+  if (done) stop_done_.push_back(std::move(done));
+  const SteadyClock::time_point deadline = SteadyClock::now() + grace;
+  if (!stopping_) {
+    stopping_ = true;
+    grace_expired_ = false;
+    ArmGraceTimer(deadline);
+    // An exited worker whose output is still open now waits for the grace
+    // period: a process it left behind in its group may be finishing up.
+    for (const auto& worker : workers_) {
+      if (!worker->reaped) continue;
+      ++worker->drain_generation;
+      worker->drain_timer.cancel();
+    }
+  } else if (!grace_expired_ && deadline < grace_deadline_) {
+    ArmGraceTimer(deadline);
+  }
+  const char* name = ::sigabbrev_np(signal);
+  Log().info("sending SIG{} to {} worker(s), SIGKILL after {} ms", name ? name : "?",
+             workers_.size(), grace.count());
+  for (const auto& worker : workers_) KillGroup(*worker, signal);
+}
+
+void WorkerGroup::Signal(int signal) {
+  for (const auto& worker : workers_) {
+    if (!worker->reaped) KillGroup(*worker, signal);
+  }
+}
+
+std::vector<pid_t> WorkerGroup::pids() const {
+  std::vector<pid_t> result;
+  result.reserve(workers_.size());
+  for (const auto& worker : workers_) result.push_back(worker->pid);
+  return result;
+}
+
+void WorkerGroup::KillGroup(const Worker& worker, int signal) {
+  // The group outlives its leader while anything it started is alive, and
+  // its id is not reused before the whole group is gone.
+  if (::kill(-worker.pid, signal) == 0 || errno != ESRCH) return;
+  // Not a group leader (it failed before setpgid, or left its group itself).
+  if (!worker.reaped) ::kill(worker.pid, signal);
+}
+
+void WorkerGroup::WaitForSigchld() {
+  std::weak_ptr<WorkerGroup*> self = self_;
+  sigchld_.async_wait([self](const boost::system::error_code& error, int) {
+    auto group = self.lock();
+    if (!group || error) return;
+    (*group)->WaitForSigchld();
+    (*group)->Reap();
+  });
+}
+
+void WorkerGroup::Reap() {
+  // One SIGCHLD may stand for several exits; only our own pids are waited
+  // for, so other children of the agent are left to their owners.
+  const auto snapshot = workers_;
+  for (const auto& worker : snapshot) {
+    if (worker->reaped) continue;
+    int status = 0;
+    pid_t result;
+    do {
+      result = ::waitpid(worker->pid, &status, WNOHANG);
+    } while (result < 0 && errno == EINTR);
+    if (result == 0) continue;
+    worker->reaped = true;
+    worker->when = std::chrono::system_clock::now();
+    if (result == worker->pid) {
+      worker->wait_status = status;
+    } else {
+      // Someone else reaped it (SIGCHLD ignored, or a waitpid(-1) elsewhere).
+      worker->status_known = false;
+      Log().error("worker {} (pid {}) was reaped by someone else: {}", worker->local_rank,
+                  worker->pid, std::strerror(errno));
+    }
+    OnReaped(worker);
+  }
+}
+
+void WorkerGroup::OnReaped(const std::shared_ptr<Worker>& worker) {
+  if (worker->open_pipes == 0) {
+    Finish(worker);
+  } else if (!stopping_ || grace_expired_) {
+    StartDrainTimer(worker);
+  }
+}
+
+void WorkerGroup::ReadPipe(const std::shared_ptr<Worker>& worker, Pipe* pipe) {
+  std::weak_ptr<WorkerGroup*> self = self_;
+  pipe->descriptor.async_read_some(
+      boost::asio::buffer(pipe->buffer),
+      [self, worker, pipe](const boost::system::error_code& error, size_t bytes) {
+        auto group = self.lock();
+        if (!group || worker->finished || !pipe->open) return;
+        if (bytes > 0) {
+          absl::Status status =
+              pipe->sink->Write(std::string_view(pipe->buffer.data(), bytes));
+          if (!status.ok())
+            Log().warn("worker {}: {}", worker->local_rank,
+                       std::string(status.message()));
+        }
+        if (error) {  // EOF, or an error that ends the stream all the same
+          worker->ClosePipe(pipe);
+          (*group)->OnPipeClosed(worker);
+          return;
+        }
+        (*group)->ReadPipe(worker, pipe);
+      });
+}
+
+void WorkerGroup::OnPipeClosed(const std::shared_ptr<Worker>& worker) {
+  if (worker->reaped && worker->open_pipes == 0) Finish(worker);
+}
+
+void WorkerGroup::StartDrainTimer(const std::shared_ptr<Worker>& worker) {
+  const uint64_t generation = ++worker->drain_generation;
+  worker->drain_timer.expires_after(options_.output_drain_timeout);
+  std::weak_ptr<WorkerGroup*> self = self_;
+  worker->drain_timer.async_wait([self, worker,
+                                  generation](const boost::system::error_code& error) {
+    auto group = self.lock();
+    if (!group || error || worker->finished || generation != worker->drain_generation)
+      return;
+    Log().warn(
+        "worker {} (pid {}) exited but its output is still open {} ms later (a "
+        "process it started holds it); closing it",
+        worker->local_rank, worker->pid, (*group)->options_.output_drain_timeout.count());
+    worker->ClosePipe(worker->out.get());
+    worker->ClosePipe(worker->err.get());
+    (*group)->Finish(worker);
+  });
+}
+
+void WorkerGroup::ArmGraceTimer(SteadyClock::time_point deadline) {
+  grace_deadline_ = deadline;
+  const uint64_t generation = ++grace_generation_;
+  grace_timer_.expires_at(deadline);
+  std::weak_ptr<WorkerGroup*> self = self_;
+  grace_timer_.async_wait([self, generation](const boost::system::error_code& error) {
+    auto group = self.lock();
+    if (!group || error || generation != (*group)->grace_generation_) return;
+    (*group)->OnGraceExpired();
+  });
+}
+
+void WorkerGroup::OnGraceExpired() {
+  grace_expired_ = true;
+  size_t running = 0;
+  for (const auto& worker : workers_) running += worker->reaped ? 0 : 1;
+  if (running > 0)
+    Log().warn("{} worker(s) still running after the grace period; sending SIGKILL",
+               running);
+  const auto snapshot = workers_;
+  for (const auto& worker : snapshot) {
+    KillGroup(*worker, SIGKILL);
+    if (worker->reaped) StartDrainTimer(worker);
+  }
+}
+
+void WorkerGroup::Finish(const std::shared_ptr<Worker>& worker) {
+  worker->finished = true;
+  ++worker->drain_generation;
+  worker->drain_timer.cancel();
+  worker->ClosePipe(worker->out.get());
+  worker->ClosePipe(worker->err.get());
+  workers_.erase(std::find(workers_.begin(), workers_.end(), worker));
+
+  WorkerExit exit;
+  exit.local_rank = worker->local_rank;
+  exit.global_rank = worker->global_rank;
+  exit.pid = worker->pid;
+  exit.when = worker->when;
+  if (!worker->status_known) {
+    exit.exit_code = -1;
+  } else if (WIFEXITED(worker->wait_status)) {
+    exit.exit_code = WEXITSTATUS(worker->wait_status);
+  } else if (WIFSIGNALED(worker->wait_status)) {
+    exit.exit_code = -1;
+    exit.signal = WTERMSIG(worker->wait_status);
+  }
+  Log().debug("worker {} (pid {}) exited: code {}, signal {}", exit.local_rank, exit.pid,
+              exit.exit_code, exit.signal);
+  if (on_exit_) on_exit_(exit);
+  MaybeFinishStop();
+}
+
+void WorkerGroup::MaybeFinishStop() {
+  if (!stopping_ || !workers_.empty()) return;
+  stopping_ = false;
+  grace_expired_ = false;
+  ++grace_generation_;
+  grace_timer_.cancel();
+  boost::asio::post(io_, [done = std::move(stop_done_)] {
+    for (const auto& callback : done) callback();
+  });
+  stop_done_.clear();
+}
+
+}  // namespace meshrun::agent

@@ -1,0 +1,162 @@
+// meshrun: launches a training script on this node the way torchrun does, with
+// meshrun's rendezvous daemon (embedded for --standalone, or hosted by the
+// agent whose --rdzv-endpoint names this machine when nothing serves there).
+//
+// Exit codes: 0 success; the root-cause worker's exit code (or 128 + its
+// signal) when the run failed; 128 + N when meshrun itself got signal N; 1
+// for launcher errors (daemon unreachable, cannot start workers); 2 for bad
+// flags.
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "agent/agent.h"
+#include "launcher/launch_config.h"
+#include "launcher/local_address.h"
+#include "rendezvous/daemon.h"
+
+extern char** environ;
+
+namespace meshrun::launcher {
+namespace {
+
+std::map<std::string, std::string> Environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string entry(*e);
+    auto eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  return env;
+}
+
+std::string FormatEndpoint(const std::string& host, int port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+         std::to_string(port);
+}
+
+std::string NodeId() {
+  std::random_device random;
+  char suffix[9];
+  std::snprintf(suffix, sizeof suffix, "%08x", random());
+  return LocalHostName() + "_" + std::to_string(getpid()) + "_" + suffix;
+}
+
+meshrun::v1::RunConfig ToRunConfig(const LaunchConfig& config) {
+  meshrun::v1::RunConfig run;
+  run.set_min_nodes(static_cast<uint32_t>(config.min_nodes));
+  run.set_max_nodes(static_cast<uint32_t>(config.max_nodes));
+  run.set_max_restarts(static_cast<uint32_t>(config.max_restarts));
+  const auto& conf = config.rdzv_conf;
+  run.set_last_call_timeout_ms(static_cast<uint32_t>(conf.last_call_timeout.count()));
+  run.set_join_timeout_ms(static_cast<uint32_t>(conf.join_timeout.count()));
+  run.set_keep_alive_interval_ms(static_cast<uint32_t>(conf.keep_alive_interval.count()));
+  run.set_keep_alive_max_attempt(static_cast<uint32_t>(conf.keep_alive_max_attempt));
+  return run;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto parsed = ParseLaunchArgs(args, Environment());
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "meshrun: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  LaunchConfig config = std::move(*parsed);
+  if (!config.help_text.empty()) {
+    std::fputs(config.help_text.c_str(), stdout);
+    return 0;
+  }
+
+  auto log = spdlog::stderr_color_mt("meshrun");
+  log->set_pattern("[%H:%M:%S.%e] [meshrun] [%^%l%$] %v");
+  spdlog::set_default_logger(log);
+  if (const char* level = getenv("MESHRUN_LOG_LEVEL"))
+    spdlog::set_level(spdlog::level::from_str(level));
+  for (const auto& notice : config.notices) log->warn("{}", notice);
+  if (config.nproc_per_node > 1 && !getenv("OMP_NUM_THREADS")) {
+    log->warn(
+        "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the node; "
+        "set it yourself to tune");
+  }
+
+  // Where the daemon is, and whether this agent serves it.
+  std::unique_ptr<rdzv::Daemon> daemon;
+  std::string endpoint;
+  const HostPort& rdzv = config.rdzv_endpoint;
+  if (config.standalone) {
+    rdzv::DaemonOptions options;  // 127.0.0.1, kernel-assigned port
+    auto started = rdzv::Daemon::Start(options);
+    if (!started.ok()) {
+      log->error("cannot start the embedded rendezvous daemon: {}", std::string(started.status().message()));
+      return 1;
+    }
+    daemon = std::move(*started);
+    endpoint = daemon->endpoint();
+  } else {
+    endpoint = FormatEndpoint(rdzv.host, rdzv.port);
+    bool host_it = config.rdzv_conf.is_host.value_or(IsLocalAddress(rdzv.host));
+    if (config.rdzv_backend == RdzvBackend::kStatic && !config.rdzv_conf.is_host)
+      host_it = config.node_rank == 0;
+    if (host_it) {
+      rdzv::DaemonOptions options;
+      options.host = IsLoopback(rdzv.host) ? "127.0.0.1" : "0.0.0.0";
+      options.port = rdzv.port;
+      auto started = rdzv::Daemon::Start(options);
+      if (started.ok()) {
+        daemon = std::move(*started);
+        log->info("hosting the rendezvous daemon on {}", endpoint);
+      } else {
+        // Another agent on this machine serves it already; be its client.
+        log->info("rendezvous endpoint {} is served already; joining it", endpoint);
+      }
+    }
+  }
+
+  agent::AgentOptions options;
+  options.run_id = config.rdzv_id;
+  options.role = config.role;
+  options.node_id = NodeId();
+  options.host = !config.local_addr.empty()      ? config.local_addr
+                 : IsLoopback(rdzv.host) || config.standalone ? "127.0.0.1"
+                                                              : LocalHostName();
+  options.nproc = config.nproc_per_node;
+  options.node_rank_hint = config.node_rank_given ? config.node_rank : -1;
+  options.rdzv_endpoint = endpoint;
+  options.run_config = ToRunConfig(config);
+  if (config.rdzv_backend == RdzvBackend::kStatic) {
+    // A fixed node set: the round forms when every node is in.
+    options.run_config.set_min_nodes(static_cast<uint32_t>(config.max_nodes));
+  }
+  options.worker_argv = config.worker_argv;
+  if (!config.log_dir.empty()) options.log_dir = config.log_dir;
+  auto streams = [](const StdStreamsSpec& spec, int* all, std::vector<int>* per_rank,
+                    int nproc) {
+    *all = static_cast<int>(spec.all_ranks);
+    per_rank->clear();
+    for (int local_rank = 0; local_rank < nproc; ++local_rank)
+      per_rank->push_back(static_cast<int>(spec.ForLocalRank(local_rank)));
+  };
+  streams(config.redirects, &options.redirects_all, &options.redirects, options.nproc);
+  streams(config.tee, &options.tee_all, &options.tee, options.nproc);
+  options.prefix_template = config.log_line_prefix_template;
+  options.local_ranks_filter = config.local_ranks_filter;
+  options.shutdown_timeout = config.shutdown_timeout;
+  options.signals_to_handle = config.signals_to_handle;
+
+  int code = agent::RunAgent(options);
+  if (daemon) daemon->Shutdown(std::chrono::seconds(2));
+  return code;
+}
+
+}  // namespace
+}  // namespace meshrun::launcher
+
+int main(int argc, char** argv) { return meshrun::launcher::Main(argc, argv); }

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Builds what it needs and runs the store benchmark: meshrun's store and
+# rendezvous daemon against c10d's TCPStore (bench/store_bench.cc), then records
+# the results in bench/results/store.md (+ store.json).
+#
+#   scripts/bench-store.sh                     # everything, ~5-8 minutes
+#   scripts/bench-store.sh --sections ops --reps 1 --duration-ms 1000   # quick look
+#
+# Extra arguments go to store_bench (see `store_bench --help`). Environment:
+#   BUILD_DIR    build directory (default build/; configured if missing)
+#   RESULTS_DIR  where store.md and store.json go (default bench/results)
+#   WAIT_QUIET   seconds to wait for the 1-minute load average to drop below
+#                half the cores before starting (default 0: just warn)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${BUILD_DIR:-build}
+results_dir=${RESULTS_DIR:-bench/results}
+wait_quiet=${WAIT_QUIET:-0}
+
+if [ ! -f "$build_dir/build.ninja" ]; then
+  mkdir -p "$build_dir"
+  cmake -S . -B "$build_dir" -G Ninja -DMESHRUN_BUILD_BENCH=ON > "$build_dir.configure.log" 2>&1 ||
+    { cat "$build_dir.configure.log"; exit 1; }
+fi
+ninja -C "$build_dir" store_bench meshrun-rdzvd
+bench="$build_dir/bin/store_bench"
+[ -x "$bench" ] || { echo "bench-store: $bench was not built (is libtorch-dev installed?)" >&2; exit 1; }
+
+ncores=$(nproc)
+load1() { cut -d' ' -f1 /proc/loadavg; }
+busy() { awk -v l="$(load1)" -v n="$ncores" 'BEGIN { exit !(l > n / 2) }'; }
+waited=0
+while busy && [ "$waited" -lt "$wait_quiet" ]; do
+  sleep 10
+  waited=$((waited + 10))
+done
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+if busy; then
+  echo "bench-store: WARNING: load average $load_before on $ncores cores;" \
+       "other work on this machine will distort the numbers" >&2
+fi
+
+mkdir -p "$results_dir"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmd=("$bench" --json "$results_dir/store.json" "$@")
+started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+status=0
+# Progress (stderr) goes to the terminal and the log; tables (stdout) likewise.
+"${cmd[@]}" > >(tee "$tmp/stdout") 2> >(tee "$tmp/stderr" >&2) || status=$?
+wait
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
+mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+{
+  echo "# Store benchmark: meshrun-rdzvd vs c10d TCPStore"
+  echo
+  echo "Produced by \`scripts/bench-store.sh\` (bench/store_bench.cc); do not edit by hand."
+  echo
+  echo "- Command: \`${cmd[*]}\`"
+  echo "- Date: $started"
+  echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
+  echo "- Peers: gRPC $(dpkg-query -W -f='${Version}' libgrpc++-dev 2>/dev/null || echo '?')," \
+       "libtorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null || echo '?')"
+  echo "- Load average (1/5/15 min) before: $load_before; after: $load_after"
+  echo "- Exit status: $status"
+  echo
+  echo "## Results"
+  echo
+  echo '```'
+  grep -v '^SUMMARY_JSON ' "$tmp/stdout" || true
+  echo '```'
+  echo
+  echo "## Raw output"
+  echo
+  echo "Per-run log (stderr) followed by the machine-readable summary line (stdout)."
+  echo
+  echo '```'
+  cat "$tmp/stderr"
+  grep '^SUMMARY_JSON ' "$tmp/stdout" || true
+  echo '```'
+} > "$results_dir/store.md"
+echo "bench-store: wrote $results_dir/store.md and $results_dir/store.json" >&2
+exit "$status"

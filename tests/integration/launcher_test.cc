@@ -1,0 +1,393 @@
+// The `meshrun` launcher end to end: the real binary, real worker processes
+// (a shell script, so most tests take well under a second), a real daemon on
+// 127.0.0.1 (embedded, agent-hosted, or a separate meshrun-rdzvd).
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "tests/support/child_process.h"
+
+namespace meshrun {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::BinDir;
+using testing::ChildProcess;
+using testing::DaemonProcess;
+namespace fs = std::filesystem;
+
+const std::string kWorker = std::string(MESHRUN_SOURCE_DIR) + "/tests/integration/workers/worker.sh";
+
+std::unique_ptr<ChildProcess> Launch(std::vector<std::string> args) {
+  std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=/usr/bin/python3",
+                                BinDir() + "/meshrun"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return std::make_unique<ChildProcess>(argv, /*merge_stderr=*/true);
+}
+
+// Exit code of a finished launcher (128 + signal if it was killed).
+int ExitCode(ChildProcess& process, milliseconds timeout = milliseconds(60000)) {
+  process.ReadAll(timeout);
+  auto status = process.Wait(timeout);
+  if (!status) return -1;
+  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Alive = exists and is not a zombie.
+bool ProcessAlive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return false;
+  std::string line;
+  std::getline(stat, line);
+  auto close_paren = line.rfind(')');
+  return close_paren != std::string::npos && line.size() > close_paren + 2 &&
+         line[close_paren + 2] != 'Z';
+}
+
+bool GoneWithin(pid_t pid, milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (ProcessAlive(pid)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return true;
+}
+
+std::vector<pid_t> Pids(const std::string& output) {
+  std::vector<pid_t> pids;
+  std::regex pid_re("pid=(\\d+)");
+  for (std::sregex_iterator it(output.begin(), output.end(), pid_re), end; it != end; ++it)
+    pids.push_back(std::stoi((*it)[1]));
+  return pids;
+}
+
+// "ENV <rank> KEY=VALUE" lines -> rank -> key -> value.
+std::map<int, std::map<std::string, std::string>> Envs(const std::string& output) {
+  std::map<int, std::map<std::string, std::string>> envs;
+  std::regex env_re("ENV (\\d+) ([A-Z_]+)=(.*)");
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, env_re)) envs[std::stoi(m[1])][m[2]] = m[3];
+  }
+  return envs;
+}
+
+size_t Count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  // Orphans (workers of a killed agent) are re-parented to the test, so
+  // "gone" can be checked and they are reaped.
+  void SetUp() override { prctl(PR_SET_CHILD_SUBREAPER, 1); }
+  void TearDown() override {
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+  }
+};
+
+class StandaloneWorkers : public LauncherTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(StandaloneWorkers, EveryWorkerGetsTorchrunsEnvironment) {
+  const int n = GetParam();
+  auto run = Launch({"--standalone", "--nproc-per-node=" + std::to_string(n), "--no-python",
+                     kWorker, "env"});
+  ASSERT_EQ(ExitCode(*run), 0) << run->output();
+  auto envs = Envs(run->output());
+  ASSERT_EQ(envs.size(), static_cast<size_t>(n)) << run->output();
+  for (int rank = 0; rank < n; ++rank) {
+    auto& env = envs[rank];
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(env["WORLD_SIZE"], std::to_string(n));
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], std::to_string(n));
+    EXPECT_EQ(env["GROUP_RANK"], "0");
+    EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_NE(env["MASTER_PORT"], "0");
+    EXPECT_EQ(env["OMP_NUM_THREADS"], n > 1 ? "1" : "<unset>");
+  }
+  // Console lines carry torchrun's prefix.
+  EXPECT_NE(run->output().find("[default0]:ENV 0 LOCAL_RANK=0"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(OneTwoFour, StandaloneWorkers, ::testing::Values(1, 2, 4));
+
+TEST_F(LauncherTest, TwoStandaloneJobsNeverCollide) {
+  auto a = Launch({"--standalone", "--nproc-per-node=2", "--no-python", kWorker, "env"});
+  auto b = Launch({"--standalone", "--nproc-per-node=2", "--no-python", kWorker, "env"});
+  EXPECT_EQ(ExitCode(*a), 0) << a->output();
+  EXPECT_EQ(ExitCode(*b), 0) << b->output();
+  EXPECT_NE(Envs(a->output())[0]["TORCHELASTIC_RUN_ID"],
+            Envs(b->output())[0]["TORCHELASTIC_RUN_ID"]);
+}
+
+TEST_F(LauncherTest, ExactEnvironmentOfATwoNodeLayout) {
+  DaemonProcess daemon;
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int node = 0; node < 2; ++node)
+    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=2",
+                             "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=envjob",
+                             "--node-rank=" + std::to_string(node), "--max-restarts=3",
+                             "--no-python", kWorker, "env"}));
+  std::string output;
+  for (auto& agent : agents) {
+    ASSERT_EQ(ExitCode(*agent), 0) << agent->output();
+    output += agent->output();
+  }
+  auto envs = Envs(output);
+  ASSERT_EQ(envs.size(), 4u) << output;
+  const std::string master_port = envs[0]["MASTER_PORT"];
+  for (int rank = 0; rank < 4; ++rank) {
+    const int node = rank / 2, local = rank % 2;
+    std::map<std::string, std::string> expected{
+        {"LOCAL_RANK", std::to_string(local)},
+        {"RANK", std::to_string(rank)},
+        {"GROUP_RANK", std::to_string(node)},
+        {"GROUP_WORLD_SIZE", "2"},
+        {"ROLE_RANK", std::to_string(rank)},
+        {"ROLE_NAME", "default"},
+        {"ROLE_WORLD_SIZE", "4"},
+        {"LOCAL_WORLD_SIZE", "2"},
+        {"WORLD_SIZE", "4"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", master_port},
+        {"TORCHELASTIC_RESTART_COUNT", "0"},
+        {"TORCHELASTIC_MAX_RESTARTS", "3"},
+        {"TORCHELASTIC_RUN_ID", "envjob"},
+        {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+        {"OMP_NUM_THREADS", "1"},
+        {"MESHRUN_STORE_ENDPOINT", daemon.endpoint()},
+        {"MESHRUN_STORE_PREFIX", "envjob/r1"},
+    };
+    for (const auto& [key, value] : expected)
+      EXPECT_EQ(envs[rank][key], value) << "rank " << rank << " " << key;
+    EXPECT_TRUE(std::regex_search(envs[rank]["TORCHELASTIC_ERROR_FILE"],
+                                  std::regex("/envjob/attempt_0/" + std::to_string(local) +
+                                             "/error.json$")))
+        << envs[rank]["TORCHELASTIC_ERROR_FILE"];
+  }
+  EXPECT_NE(master_port, "0");
+}
+
+TEST_F(LauncherTest, ThreeAgentsWithAnAgentHostedDaemon) {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(FreePort());
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int node = 0; node < 3; ++node)
+    agents.push_back(Launch({"--nnodes=3", "--nproc-per-node=1", "--rdzv-endpoint=" + endpoint,
+                             "--rdzv-id=hosted", "--no-python", kWorker, "env"}));
+  std::string output;
+  for (auto& agent : agents) {
+    ASSERT_EQ(ExitCode(*agent), 0) << agent->output();
+    output += agent->output();
+  }
+  auto envs = Envs(output);
+  ASSERT_EQ(envs.size(), 3u) << output;
+  std::set<std::string> group_ranks;
+  for (auto& [rank, env] : envs) group_ranks.insert(env["GROUP_RANK"]);
+  EXPECT_EQ(group_ranks, (std::set<std::string>{"0", "1", "2"}));
+}
+
+TEST_F(LauncherTest, HeterogeneousNprocGivesPrefixSumRanks) {
+  DaemonProcess daemon;
+  auto a = Launch({"--nnodes=2", "--nproc-per-node=1", "--rdzv-endpoint=" + daemon.endpoint(),
+                   "--rdzv-id=hetero", "--node-rank=0", "--no-python", kWorker, "env"});
+  auto b = Launch({"--nnodes=2", "--nproc-per-node=3", "--rdzv-endpoint=" + daemon.endpoint(),
+                   "--rdzv-id=hetero", "--node-rank=1", "--no-python", kWorker, "env"});
+  ASSERT_EQ(ExitCode(*a), 0) << a->output();
+  ASSERT_EQ(ExitCode(*b), 0) << b->output();
+  auto envs_b = Envs(b->output());
+  ASSERT_EQ(envs_b.size(), 3u);
+  for (int rank = 1; rank <= 3; ++rank) {
+    EXPECT_EQ(envs_b[rank]["WORLD_SIZE"], "4");
+    EXPECT_EQ(envs_b[rank]["LOCAL_RANK"], std::to_string(rank - 1));
+  }
+  EXPECT_EQ(Envs(a->output())[0]["LOCAL_WORLD_SIZE"], "1");
+}
+
+TEST_F(LauncherTest, WorkerFailingOnceIsRestartedEverywhere) {
+  DaemonProcess daemon;
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int node = 0; node < 2; ++node)
+    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=2",
+                             "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=failonce",
+                             "--node-rank=" + std::to_string(node), "--max-restarts=1",
+                             "--no-python", kWorker, "fail-once", "3", "4"}));
+  for (auto& agent : agents) {
+    ASSERT_EQ(ExitCode(*agent), 0) << agent->output();
+    // Node 0's workers did not fail, yet restarted with the world.
+    EXPECT_EQ(Count(agent->output(), "attempt=1 done"), 2u) << agent->output();
+  }
+}
+
+TEST_F(LauncherTest, ExhaustedBudgetFailsWithTheRootCauseFirst) {
+  auto run = Launch({"--standalone", "--nproc-per-node=2", "--max-restarts=1", "--no-python",
+                     kWorker, "fail-always", "1", "5"});
+  EXPECT_EQ(ExitCode(*run), 5) << run->output();
+  const std::string& out = run->output();
+  EXPECT_EQ(Count(out, "rank=1 attempt=1 started"), 1u) << out;  // restarted once only
+  auto root = out.find("Root Cause");
+  ASSERT_NE(root, std::string::npos) << out;
+  EXPECT_NE(out.find("rank      : 1 (local_rank: 1)", root), std::string::npos) << out;
+  EXPECT_NE(out.find("exitcode  : 5", root), std::string::npos) << out;
+}
+
+TEST_F(LauncherTest, RecordTracebackAppearsInTheSummary) {
+  auto run = Launch({"--standalone", "--nproc-per-node=2",
+                     std::string(MESHRUN_SOURCE_DIR) + "/tests/integration/workers/record_failure.py"});
+  EXPECT_EQ(ExitCode(*run, seconds(120)), 1) << run->output();
+  const std::string& out = run->output();
+  EXPECT_NE(out.find("ValueError: deliberate failure in rank 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("inner_function_that_fails"), std::string::npos) << out;
+}
+
+TEST_F(LauncherTest, ElasticRunGrowsWhenAThirdAgentJoins) {
+  DaemonProcess daemon;
+  auto start = [&](const std::string& name) {
+    return Launch({"--nnodes=1:3", "--nproc-per-node=1", "--rdzv-endpoint=" + daemon.endpoint(),
+                   "--rdzv-id=grow", "--rdzv-conf=last_call_timeout=0.2", "--no-python",
+                   kWorker, "wait-world", "3"});
+    (void)name;
+  };
+  auto a = start("a");
+  auto b = start("b");
+  ASSERT_TRUE(a->ReadUntil("world=2", seconds(30))) << a->output();
+  auto c = start("c");
+  for (auto* agent : {a.get(), b.get(), c.get()}) {
+    ASSERT_EQ(ExitCode(*agent), 0) << agent->output();
+    EXPECT_NE(agent->output().find("attempt=0 done"), std::string::npos) << agent->output();
+  }
+}
+
+TEST_F(LauncherTest, KilledAgentTakesItsWorkersAndTheOthersCarryOn) {
+  DaemonProcess daemon;
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int node = 0; node < 3; ++node)
+    agents.push_back(Launch({"--nnodes=2:3", "--nproc-per-node=1",
+                             "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=killed",
+                             "--node-rank=" + std::to_string(node), "--no-python", kWorker,
+                             "until-world-below", "3"}));
+  auto line = agents[2]->ReadUntil("pid=", seconds(30));
+  ASSERT_TRUE(line) << agents[2]->output();
+  pid_t worker = Pids(*line).at(0);
+  agents[2]->Signal(SIGKILL);
+  EXPECT_TRUE(GoneWithin(worker, milliseconds(1000)));
+  for (int node = 0; node < 2; ++node) {
+    ASSERT_EQ(ExitCode(*agents[node]), 0) << agents[node]->output();
+    EXPECT_NE(agents[node]->output().find("done"), std::string::npos);
+  }
+}
+
+TEST_F(LauncherTest, SigtermLeavesNoProcessBehind) {
+  auto run = Launch({"--standalone", "--nproc-per-node=2", "--shutdown-timeout=5",
+                     "--no-python", kWorker, "sleep", "60"});
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 2; ++i) {
+    auto line = run->ReadUntil("pid=", seconds(30));
+    ASSERT_TRUE(line) << run->output();
+    workers.push_back(Pids(*line).at(0));
+  }
+  run->Signal(SIGTERM);
+  EXPECT_EQ(ExitCode(*run, seconds(20)), 128 + SIGTERM) << run->output();
+  for (pid_t pid : workers) EXPECT_TRUE(GoneWithin(pid, milliseconds(1000))) << pid;
+}
+
+TEST_F(LauncherTest, StaticBackendUsesNodeRanks) {
+  const int port = FreePort();
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int node = 1; node >= 0; --node)
+    agents.push_back(Launch({"--rdzv-backend=static", "--nnodes=2", "--nproc-per-node=1",
+                             "--master-addr=127.0.0.1", "--master-port=" + std::to_string(port),
+                             "--node-rank=" + std::to_string(node), "--no-python", kWorker,
+                             "env"}));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(ExitCode(*agents[i]), 0) << agents[i]->output();
+    auto envs = Envs(agents[i]->output());
+    ASSERT_EQ(envs.size(), 1u);
+    EXPECT_EQ(envs.begin()->second["GROUP_RANK"], std::to_string(1 - i));
+    EXPECT_EQ(envs.begin()->first, 1 - i);
+  }
+}
+
+TEST_F(LauncherTest, ModuleMode) {
+  auto run = Launch({"--standalone", "--nproc-per-node=1", "-m", "platform"});
+  EXPECT_EQ(ExitCode(*run), 0) << run->output();
+  EXPECT_NE(run->output().find("[default0]:Linux"), std::string::npos) << run->output();
+}
+
+TEST_F(LauncherTest, ScriptArgumentsPassThroughUntouched) {
+  auto run = Launch({"--standalone", "--nproc-per-node=1", "--no-python", kWorker, "args",
+                     "--nproc-per-node", "8", "-m", "a b", "", "--standalone"});
+  ASSERT_EQ(ExitCode(*run), 0) << run->output();
+  EXPECT_NE(run->output().find("ARG[--nproc-per-node]\n[default0]:ARG[8]\n[default0]:ARG[-m]\n"
+                               "[default0]:ARG[a b]\n[default0]:ARG[]\n"
+                               "[default0]:ARG[--standalone]"),
+            std::string::npos)
+      << run->output();
+}
+
+TEST_F(LauncherTest, LogDirHoldsEachWorkersStreams) {
+  fs::path dir = fs::temp_directory_path() / ("meshrun-logs-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  auto run = Launch({"--standalone", "--nproc-per-node=2", "--rdzv-id=ignored",
+                     "--log-dir=" + dir.string(), "--redirects=3", "--tee=0:1", "--no-python",
+                     kWorker, "env"});
+  ASSERT_EQ(ExitCode(*run), 0) << run->output();
+  std::vector<fs::path> stdout_logs;
+  for (auto& entry : fs::recursive_directory_iterator(dir))
+    if (entry.path().filename() == "stdout.log") stdout_logs.push_back(entry.path());
+  ASSERT_EQ(stdout_logs.size(), 2u);
+  for (const auto& path : stdout_logs) {
+    EXPECT_EQ(path.parent_path().parent_path().filename(), "attempt_0");
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_NE(text.str().find("WORLD_SIZE=2"), std::string::npos) << path;
+  }
+  // Local rank 0 is teed to the console, local rank 1 only redirected.
+  EXPECT_NE(run->output().find("[default0]:ENV 0 WORLD_SIZE=2"), std::string::npos);
+  EXPECT_EQ(run->output().find("ENV 1 WORLD_SIZE=2"), std::string::npos) << run->output();
+  fs::remove_all(dir);
+}
+
+TEST_F(LauncherTest, BadFlagsGiveOneLineAndExitTwo) {
+  for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
+           {"--nnodes=3:1", "x.py"}, {"--no-such-flag", "x.py"}, {"--standalone"}}) {
+    auto run = Launch(args);
+    EXPECT_EQ(ExitCode(*run), 2);
+    EXPECT_EQ(Count(run->output(), "\n"), 1u) << run->output();
+    EXPECT_EQ(run->output().rfind("meshrun: ", 0), 0u) << run->output();
+  }
+}
+
+}  // namespace
+}  // namespace meshrun

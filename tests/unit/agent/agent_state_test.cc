@@ -1,0 +1,163 @@
+#include "agent/agent_state.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+namespace meshrun::agent {
+namespace {
+
+RoundInfo Round(uint64_t number, uint32_t restarts = 0) {
+  RoundInfo round;
+  round.round = number;
+  round.group_world_size = 1;
+  round.world_size = 2;
+  round.restart_count = restarts;
+  return round;
+}
+
+ExitInfo Exit(int local_rank, int code, int signal = 0) {
+  ExitInfo exit;
+  exit.local_rank = local_rank;
+  exit.global_rank = local_rank;
+  exit.exit_code = code;
+  exit.signal = signal;
+  return exit;
+}
+
+template <typename T>
+const T* Find(const std::vector<Action>& actions) {
+  for (const Action& a : actions)
+    if (auto* found = std::get_if<T>(&a)) return found;
+  return nullptr;
+}
+
+TEST(AgentStateTest, StartsWorkersWhenAssignedAndSucceedsWhenAllExitZero) {
+  AgentState state(2);
+  auto actions = state.Step(event::Assigned{Round(1)});
+  ASSERT_NE(Find<action::StartWorkers>(actions), nullptr);
+  EXPECT_EQ(state.phase(), AgentState::Phase::kRunning);
+  EXPECT_TRUE(state.Step(event::WorkerExited{Exit(0, 0)}).empty());
+  actions = state.Step(event::WorkerExited{Exit(1, 0)});
+  auto* success = Find<action::ReportSuccess>(actions);
+  ASSERT_NE(success, nullptr);
+  EXPECT_EQ(success->round, 1u);
+  EXPECT_EQ(state.phase(), AgentState::Phase::kSucceeded);
+  actions = state.Step(event::Closed{RunEnd::kSucceeded, ""});
+  ASSERT_NE(Find<action::Exit>(actions), nullptr);
+  EXPECT_EQ(Find<action::Exit>(actions)->code, 0);
+}
+
+TEST(AgentStateTest, FailureStopsReportsOnceAndRestartsOnTheNextRound) {
+  AgentState state(2);
+  state.Step(event::Assigned{Round(1)});
+  auto actions = state.Step(event::WorkerExited{Exit(1, 3)});
+  ASSERT_NE(Find<action::StopWorkers>(actions), nullptr);
+  auto* report = Find<action::ReportFailure>(actions);
+  ASSERT_NE(report, nullptr);
+  EXPECT_EQ(report->exit.exit_code, 3);
+  // The sibling dies of our SIGTERM: expected, not another failure.
+  EXPECT_TRUE(state.Step(event::WorkerExited{Exit(0, 0, SIGTERM)}).empty());
+  // The daemon re-forms; the assignment may arrive before the stop ends.
+  EXPECT_TRUE(state.Step(event::Reform{2, "worker failure"}).empty());
+  EXPECT_TRUE(state.Step(event::Assigned{Round(2, 1)}).empty());
+  actions = state.Step(event::WorkersStopped{});
+  auto* start = Find<action::StartWorkers>(actions);
+  ASSERT_NE(start, nullptr);
+  EXPECT_EQ(start->round.round, 2u);
+  EXPECT_EQ(start->round.restart_count, 1u);
+}
+
+TEST(AgentStateTest, ExhaustedBudgetExitsWithTheRootCauseCode) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(1)});
+  state.Step(event::WorkerExited{Exit(0, 7)});
+  EXPECT_TRUE(state.Step(event::Closed{RunEnd::kFailed, "rank 0 exited 7"}).empty());
+  auto actions = state.Step(event::WorkersStopped{});
+  auto* exit = Find<action::Exit>(actions);
+  ASSERT_NE(exit, nullptr);
+  EXPECT_EQ(exit->code, 7);
+  EXPECT_NE(exit->summary.find("rank 0 exited 7"), std::string::npos);
+  EXPECT_EQ(state.phase(), AgentState::Phase::kExited);
+  EXPECT_TRUE(state.Step(event::Assigned{Round(9)}).empty());
+}
+
+TEST(AgentStateTest, RemoteFailureClosingTheRunExitsNonZero) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(1)});
+  auto actions = state.Step(event::Closed{RunEnd::kFailed, "elsewhere"});
+  ASSERT_NE(Find<action::StopWorkers>(actions), nullptr);
+  actions = state.Step(event::WorkersStopped{});
+  EXPECT_EQ(Find<action::Exit>(actions)->code, 1);
+}
+
+TEST(AgentStateTest, SignaledWorkerCountsAsFailureWithShellCode) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(1)});
+  state.Step(event::WorkerExited{Exit(0, 0, SIGSEGV)});
+  ASSERT_TRUE(state.first_failure().has_value());
+  EXPECT_EQ(state.first_failure()->status_code(), 128 + SIGSEGV);
+}
+
+TEST(AgentStateTest, TerminationSignalStopsWorkersWithItLeavesAndExits128PlusSignal) {
+  AgentState state(2);
+  state.Step(event::Assigned{Round(1)});
+  auto actions = state.Step(event::Signal{SIGTERM});
+  ASSERT_NE(Find<action::LeaveRun>(actions), nullptr);
+  ASSERT_NE(Find<action::StopWorkers>(actions), nullptr);
+  EXPECT_EQ(Find<action::StopWorkers>(actions)->signal, SIGTERM);
+  // Workers dying of the signal are not failures to report.
+  EXPECT_EQ(
+      Find<action::ReportFailure>(state.Step(event::WorkerExited{Exit(0, 0, SIGTERM)})),
+      nullptr);
+  actions = state.Step(event::WorkersStopped{});
+  EXPECT_EQ(Find<action::Exit>(actions)->code, 128 + SIGTERM);
+}
+
+TEST(AgentStateTest, SignalWhileJoiningExitsAtOnce) {
+  AgentState state(1);
+  auto actions = state.Step(event::Signal{SIGINT});
+  ASSERT_NE(Find<action::Exit>(actions), nullptr);
+  EXPECT_EQ(Find<action::Exit>(actions)->code, 128 + SIGINT);
+}
+
+TEST(AgentStateTest, UserSignalsAreForwardedWithoutStopping) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(1)});
+  auto actions = state.Step(event::Signal{SIGUSR1});
+  ASSERT_NE(Find<action::ForwardSignal>(actions), nullptr);
+  EXPECT_EQ(state.phase(), AgentState::Phase::kRunning);
+}
+
+TEST(AgentStateTest, ScaleUpAfterLocalSuccessRunsTheNextRoundToo) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(1)});
+  state.Step(event::WorkerExited{Exit(0, 0)});
+  EXPECT_EQ(state.phase(), AgentState::Phase::kSucceeded);
+  EXPECT_TRUE(state.Step(event::Reform{2, "node left"}).empty());
+  auto actions = state.Step(event::Assigned{Round(2)});
+  ASSERT_NE(Find<action::StartWorkers>(actions), nullptr);
+}
+
+TEST(AgentStateTest, ResentAssignmentOfTheCurrentRoundIsIgnored) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(1)});
+  EXPECT_TRUE(state.Step(event::Assigned{Round(1)}).empty());
+  // A newer round without a re-form restarts into it.
+  auto actions = state.Step(event::Assigned{Round(2)});
+  ASSERT_NE(Find<action::StopWorkers>(actions), nullptr);
+  actions = state.Step(event::WorkersStopped{});
+  EXPECT_EQ(Find<action::StartWorkers>(actions)->round.round, 2u);
+}
+
+TEST(AgentStateTest, LostRendezvousStopsWorkersAndFails) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(1)});
+  auto actions = state.Step(event::RendezvousLost{"daemon gone"});
+  ASSERT_NE(Find<action::StopWorkers>(actions), nullptr);
+  actions = state.Step(event::WorkersStopped{});
+  EXPECT_EQ(Find<action::Exit>(actions)->code, 1);
+  EXPECT_NE(Find<action::Exit>(actions)->summary.find("daemon gone"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace meshrun::agent

@@ -1,0 +1,966 @@
+#include "launcher/launch_config.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+
+namespace meshrun::launcher {
+namespace {
+
+using std::chrono::milliseconds;
+using Args = std::vector<std::string>;
+using Env = std::map<std::string, std::string>;
+
+constexpr char kRunId[] = "standalone-run-id";
+
+HostProbe FakeHost(int cpus = 8, int gpus = 0) {
+  HostProbe host;
+  host.cpu_count = [cpus] { return cpus; };
+  host.gpu_count = [gpus] { return gpus; };
+  host.new_run_id = [] { return std::string(kRunId); };
+  return host;
+}
+
+absl::StatusOr<LaunchConfig> Parse(const Args& args, const Env& env = {},
+                                   const HostProbe& host = FakeHost()) {
+  return ParseLaunchArgs(args, env, host);
+}
+
+// The config, or a failed expectation and a default config.
+LaunchConfig MustParse(const Args& args, const Env& env = {},
+                       const HostProbe& host = FakeHost()) {
+  absl::StatusOr<LaunchConfig> config = Parse(args, env, host);
+  EXPECT_TRUE(config.ok()) << absl::StrJoin(args, " ") << ": " << config.status();
+  return config.ok() ? *config : LaunchConfig{};
+}
+
+// The error message, or "<ok>" when parsing succeeded.
+std::string ErrorOf(const Args& args, const Env& env = {},
+                    const HostProbe& host = FakeHost()) {
+  absl::StatusOr<LaunchConfig> config = Parse(args, env, host);
+  if (config.ok()) return "<ok>";
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(config.status().message());
+}
+
+Args With(Args flags, const Args& tail = {"train.py"}) {
+  flags.insert(flags.end(), tail.begin(), tail.end());
+  return flags;
+}
+
+std::string Underscored(const std::string& flag) {
+  std::string out = flag;
+  std::replace(out.begin() + 2, out.end(), '-', '_');
+  return out;
+}
+
+std::string PetName(const std::string& flag) {
+  return "PET_" + absl::AsciiStrToUpper(Underscored(flag).substr(2));
+}
+
+// --- Defaults ------------------------------------------------------------------
+
+TEST(LaunchConfigTest, DefaultsMatchTorchrunExceptTheBackend) {
+  LaunchConfig config = MustParse({"train.py"});
+  EXPECT_TRUE(config.help_text.empty());
+  EXPECT_EQ(config.min_nodes, 1);
+  EXPECT_EQ(config.max_nodes, 1);
+  EXPECT_EQ(config.nproc_per_node_spec, "1");
+  EXPECT_EQ(config.nproc_per_node, 1);
+  EXPECT_EQ(config.rdzv_backend, RdzvBackend::kDynamic);
+  EXPECT_EQ(config.rdzv_endpoint, (HostPort{"localhost", 29400}));
+  EXPECT_FALSE(config.rdzv_endpoint_given);
+  EXPECT_EQ(config.rdzv_id, "none");
+  EXPECT_EQ(config.rdzv_conf.join_timeout, milliseconds(600000));
+  EXPECT_EQ(config.rdzv_conf.last_call_timeout, milliseconds(30000));
+  EXPECT_EQ(config.rdzv_conf.close_timeout, milliseconds(30000));
+  EXPECT_EQ(config.rdzv_conf.keep_alive_interval, milliseconds(5000));
+  EXPECT_EQ(config.rdzv_conf.keep_alive_max_attempt, 3);
+  EXPECT_EQ(config.rdzv_conf.read_timeout, milliseconds(60000));
+  EXPECT_FALSE(config.rdzv_conf.is_host.has_value());
+  EXPECT_FALSE(config.standalone);
+  EXPECT_EQ(config.max_restarts, 0);
+  EXPECT_EQ(config.monitor_interval, milliseconds(100));
+  EXPECT_EQ(config.role, "default");
+  EXPECT_FALSE(config.module);
+  EXPECT_FALSE(config.no_python);
+  EXPECT_FALSE(config.run_path);
+  EXPECT_EQ(config.log_dir, "");
+  EXPECT_EQ(config.redirects, StdStreamsSpec{});
+  EXPECT_EQ(config.tee, StdStreamsSpec{});
+  EXPECT_TRUE(config.local_ranks_filter.empty());
+  EXPECT_EQ(config.node_rank, -1);
+  EXPECT_FALSE(config.node_rank_given);
+  EXPECT_EQ(config.master_addr, "127.0.0.1");
+  EXPECT_EQ(config.master_port, 29500);
+  EXPECT_EQ(config.local_addr, "");
+  EXPECT_EQ(config.shutdown_timeout, milliseconds(30000));
+  EXPECT_EQ(config.signals_to_handle,
+            (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  EXPECT_EQ(config.log_line_prefix_template, "[${role_name}${local_rank}]:");
+  EXPECT_EQ(config.script, "train.py");
+  EXPECT_TRUE(config.script_args.empty());
+  EXPECT_EQ(config.worker_argv, (Args{"python3", "-u", "train.py"}));
+  EXPECT_TRUE(config.notices.empty());
+}
+
+// --- Every flag: both spellings, "=" and separate value, PET_*, flag wins -----
+
+struct FlagCase {
+  std::string flag;         // dash spelling
+  std::string value;        // empty for switches
+  std::string other_value;  // a different valid value, to show the flag wins
+  Args extra;               // other flags the case needs
+  std::function<void(const LaunchConfig&)> check;
+};
+
+std::vector<FlagCase> FlagCases() {
+  return {
+      {"--nnodes",
+       "2:4",
+       "1:3",
+       {},
+       [](const LaunchConfig& c) {
+         EXPECT_EQ(c.min_nodes, 2);
+         EXPECT_EQ(c.max_nodes, 4);
+       }},
+      {"--nproc-per-node",
+       "3",
+       "5",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.nproc_per_node, 3); }},
+      {"--rdzv-backend",
+       "static",
+       "c10d",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.rdzv_backend, RdzvBackend::kStatic); }},
+      {"--rdzv-endpoint",
+       "node0:1234",
+       "other:1",
+       {},
+       [](const LaunchConfig& c) {
+         EXPECT_EQ(c.rdzv_endpoint, (HostPort{"node0", 1234}));
+         EXPECT_TRUE(c.rdzv_endpoint_given);
+       }},
+      {"--rdzv-id",
+       "job7",
+       "job8",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.rdzv_id, "job7"); }},
+      {"--rdzv-conf",
+       "join_timeout=5",
+       "join_timeout=9",
+       {},
+       [](const LaunchConfig& c) {
+         EXPECT_EQ(c.rdzv_conf.join_timeout, milliseconds(5000));
+       }},
+      {"--standalone",
+       "",
+       "",
+       {},
+       [](const LaunchConfig& c) { EXPECT_TRUE(c.standalone); }},
+      {"--max-restarts",
+       "3",
+       "4",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.max_restarts, 3); }},
+      {"--monitor-interval",
+       "0.5",
+       "2",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.monitor_interval, milliseconds(500)); }},
+      {"--start-method",
+       "fork",
+       "spawn",
+       {},
+       [](const LaunchConfig& c) {
+         ASSERT_EQ(c.notices.size(), 1u);
+         EXPECT_TRUE(absl::StartsWith(c.notices[0], "--start-method=fork: ignored"));
+       }},
+      {"--role",
+       "trainer",
+       "other",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.role, "trainer"); }},
+      {"--module", "", "", {}, [](const LaunchConfig& c) { EXPECT_TRUE(c.module); }},
+      {"--no-python",
+       "",
+       "",
+       {},
+       [](const LaunchConfig& c) { EXPECT_TRUE(c.no_python); }},
+      {"--run-path", "", "", {}, [](const LaunchConfig& c) { EXPECT_TRUE(c.run_path); }},
+      {"--log-dir",
+       "/var/log/job",
+       "/tmp",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.log_dir, "/var/log/job"); }},
+      {"--redirects",
+       "3",
+       "1",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.redirects.all_ranks, StdStreams::kAll); }},
+      {"--tee",
+       "2",
+       "1",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.tee.all_ranks, StdStreams::kErr); }},
+      {"--local-ranks-filter",
+       "0,2",
+       "1",
+       {},
+       [](const LaunchConfig& c) {
+         EXPECT_EQ(c.local_ranks_filter, (std::set<int>{0, 2}));
+       }},
+      {"--node-rank",
+       "1",
+       "0",
+       {"--nnodes=2"},
+       [](const LaunchConfig& c) {
+         EXPECT_EQ(c.node_rank, 1);
+         EXPECT_TRUE(c.node_rank_given);
+       }},
+      {"--master-addr",
+       "10.0.0.1",
+       "10.0.0.2",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.master_addr, "10.0.0.1"); }},
+      {"--master-port",
+       "1234",
+       "4321",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.master_port, 1234); }},
+      {"--local-addr",
+       "node3",
+       "node4",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.local_addr, "node3"); }},
+      {"--shutdown-timeout",
+       "2.5",
+       "7",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.shutdown_timeout, milliseconds(2500)); }},
+      {"--signals-to-handle",
+       "SIGUSR1",
+       "SIGTERM",
+       {},
+       [](const LaunchConfig& c) {
+         EXPECT_EQ(c.signals_to_handle, (std::vector<int>{SIGUSR1}));
+       }},
+      {"--log-line-prefix-template",
+       "${rank}>",
+       "${host}",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.log_line_prefix_template, "${rank}>"); }},
+  };
+}
+
+TEST(LaunchConfigTest, EveryFlagInBothSpellingsAndBothValueForms) {
+  for (const FlagCase& fc : FlagCases()) {
+    for (const std::string& spelling : {fc.flag, Underscored(fc.flag)}) {
+      std::vector<Args> forms;
+      if (fc.value.empty()) {
+        forms.push_back({spelling});
+      } else {
+        forms.push_back({spelling, fc.value});
+        forms.push_back({spelling + "=" + fc.value});
+      }
+      for (Args flags : forms) {
+        flags.insert(flags.begin(), fc.extra.begin(), fc.extra.end());
+        SCOPED_TRACE(absl::StrJoin(flags, " "));
+        fc.check(MustParse(With(flags)));
+      }
+    }
+  }
+}
+
+TEST(LaunchConfigTest, EveryFlagDefaultsToItsPetVariable) {
+  for (const FlagCase& fc : FlagCases()) {
+    std::string pet = PetName(fc.flag);
+    SCOPED_TRACE(pet);
+    fc.check(MustParse(With(fc.extra), {{pet, fc.value.empty() ? "1" : fc.value}}));
+  }
+}
+
+TEST(LaunchConfigTest, AnExplicitFlagWinsOverItsPetVariable) {
+  for (const FlagCase& fc : FlagCases()) {
+    std::string pet = PetName(fc.flag);
+    SCOPED_TRACE(fc.flag);
+    Args flags = fc.extra;
+    if (fc.value.empty()) {
+      flags.push_back(fc.flag);
+      fc.check(MustParse(With(flags), {{pet, "0"}}));
+    } else {
+      flags.push_back(fc.flag + "=" + fc.value);
+      fc.check(MustParse(With(flags), {{pet, fc.other_value}}));
+    }
+  }
+}
+
+TEST(LaunchConfigTest, PetNamesAreTorchruns) {
+  EXPECT_EQ(MustParse({"train.py"}, {{"PET_NPROC_PER_NODE", "4"}}).nproc_per_node, 4);
+  EXPECT_EQ(MustParse({"train.py"}, {{"PET_NNODES", "3"}}).max_nodes, 3);
+  EXPECT_EQ(MustParse({"train.py"}, {{"PET_RDZV_ENDPOINT", "h:5"}}).rdzv_endpoint,
+            (HostPort{"h", 5}));
+  EXPECT_EQ(MustParse({"train.py"}, {{"PET_MAX_RESTARTS", "2"}}).max_restarts, 2);
+  EXPECT_TRUE(MustParse({"train.py"}, {{"PET_MODULE", "1"}}).module);
+  EXPECT_EQ(MustParse({"train.py"}, {{"PET_REDIRECTS", "3"}}).redirects.all_ranks,
+            StdStreams::kAll);
+  // An empty variable is as good as unset.
+  EXPECT_EQ(MustParse({"train.py"}, {{"PET_NNODES", ""}}).max_nodes, 1);
+  // Other environment variables are not flags.
+  EXPECT_EQ(MustParse({"train.py"}, {{"NPROC_PER_NODE", "4"}}).nproc_per_node, 1);
+}
+
+TEST(LaunchConfigTest, PetSwitchValues) {
+  struct Case {
+    std::string value;
+    bool on;
+  };
+  for (const Case& c : std::vector<Case>{{"1", true},
+                                         {"true", true},
+                                         {"yes", true},
+                                         {"2", true},
+                                         {"0", false},
+                                         {"false", false},
+                                         {"FALSE", false},
+                                         {"", false}}) {
+    SCOPED_TRACE(c.value);
+    EXPECT_EQ(MustParse({"train.py"}, {{"PET_STANDALONE", c.value}}).standalone, c.on);
+  }
+}
+
+TEST(LaunchConfigTest, ErrorsFromPetVariablesNameTheVariable) {
+  EXPECT_EQ(ErrorOf({"train.py"}, {{"PET_NNODES", "3:1"}}),
+            "--nnodes: expected N or MIN:MAX, got '3:1' (from PET_NNODES)");
+  EXPECT_EQ(ErrorOf({"train.py"}, {{"PET_MASTER_PORT", "x"}}),
+            "--master-port: expected a port in 0..65535, got 'x' (from PET_MASTER_PORT)");
+}
+
+TEST(LaunchConfigTest, RepeatedFlagsKeepTheLast) {
+  EXPECT_EQ(MustParse({"--nnodes", "2", "--nnodes=3", "train.py"}).max_nodes, 3);
+  EXPECT_EQ(MustParse({"--role", "a", "--role", "b", "train.py"}).role, "b");
+}
+
+// --- --nnodes ----------------------------------------------------------------
+
+TEST(LaunchConfigTest, NnodesForms) {
+  struct Case {
+    std::string value;
+    int min, max;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"1", 1, 1}, {"3", 3, 3}, {"1:4", 1, 4}, {"2:2", 2, 2}, {"1:1", 1, 1}}) {
+    SCOPED_TRACE(c.value);
+    LaunchConfig config = MustParse({"--nnodes", c.value, "train.py"});
+    EXPECT_EQ(config.min_nodes, c.min);
+    EXPECT_EQ(config.max_nodes, c.max);
+  }
+}
+
+TEST(LaunchConfigTest, NnodesErrors) {
+  for (std::string value :
+       {"0", "3:1", "a", "1:2:3", "", ":2", "1:", "0:2", "-1:2", "1.5", "2:x"}) {
+    SCOPED_TRACE(value);
+    EXPECT_EQ(ErrorOf({"--nnodes=" + value, "train.py"}),
+              absl::StrCat("--nnodes: expected N or MIN:MAX, got '", value, "'"));
+  }
+}
+
+// --- --nproc-per-node --------------------------------------------------------
+
+TEST(LaunchConfigTest, NprocPerNodeForms) {
+  struct Case {
+    std::string spec;
+    int cpus, gpus, expected;
+  };
+  for (const Case& c : std::vector<Case>{{"4", 8, 0, 4},
+                                         {"1", 8, 2, 1},
+                                         {"cpu", 8, 2, 8},
+                                         {"gpu", 8, 2, 2},
+                                         {"auto", 8, 2, 2},
+                                         {"auto", 6, 0, 6}}) {
+    SCOPED_TRACE(c.spec);
+    LaunchConfig config =
+        MustParse({"--nproc-per-node", c.spec, "train.py"}, {}, FakeHost(c.cpus, c.gpus));
+    EXPECT_EQ(config.nproc_per_node, c.expected);
+    EXPECT_EQ(config.nproc_per_node_spec, c.spec);
+  }
+}
+
+TEST(LaunchConfigTest, NprocPerNodeErrors) {
+  EXPECT_EQ(ErrorOf({"--nproc-per-node=gpu", "train.py"}, {}, FakeHost(8, 0)),
+            "--nproc-per-node: 'gpu' but no GPU found");
+  for (std::string value : {"0", "-2", "x", "1.5", "", "GPU"}) {
+    SCOPED_TRACE(value);
+    EXPECT_EQ(ErrorOf({"--nproc-per-node=" + value, "train.py"}),
+              absl::StrCat("--nproc-per-node: expected a positive integer, cpu, gpu or "
+                           "auto, got '",
+                           value, "'"));
+  }
+}
+
+// --- Rendezvous backend and endpoint -------------------------------------------
+
+TEST(LaunchConfigTest, RdzvBackendNames) {
+  for (std::string name : {"c10d", "meshrun", "dynamic"}) {
+    EXPECT_EQ(MustParse({"--rdzv-backend", name, "train.py"}).rdzv_backend,
+              RdzvBackend::kDynamic);
+  }
+  EXPECT_EQ(MustParse({"--rdzv-backend", "static", "train.py"}).rdzv_backend,
+            RdzvBackend::kStatic);
+  EXPECT_EQ(ErrorOf({"--rdzv-backend", "etcd", "train.py"}),
+            "--rdzv-backend: expected one of c10d, meshrun, dynamic, static, got 'etcd'");
+}
+
+TEST(LaunchConfigTest, RdzvEndpointForms) {
+  struct Case {
+    std::string value;
+    HostPort expected;
+  };
+  for (const Case& c :
+       std::vector<Case>{{"node0", {"node0", 29400}},
+                         {"node0:1234", {"node0", 1234}},
+                         {"10.1.2.3:0", {"10.1.2.3", 0}},
+                         {"host.example.com:65535", {"host.example.com", 65535}},
+                         {"[::1]:29400", {"::1", 29400}},
+                         {"[fe80::1%eth0]:7", {"fe80::1%eth0", 7}},
+                         {"[::1]", {"::1", 29400}},
+                         {" node0:5 ", {"node0", 5}}}) {
+    SCOPED_TRACE(c.value);
+    LaunchConfig config = MustParse({"--rdzv-endpoint", c.value, "train.py"});
+    EXPECT_EQ(config.rdzv_endpoint, c.expected);
+    EXPECT_TRUE(config.rdzv_endpoint_given);
+  }
+  // Empty means "not given", as in torch.
+  EXPECT_FALSE(MustParse({"--rdzv-endpoint=", "train.py"}).rdzv_endpoint_given);
+}
+
+TEST(LaunchConfigTest, RdzvEndpointErrors) {
+  const std::string kExpected = "HOST[:PORT] with PORT in 0..65535, IPv6 as [ADDR]:PORT";
+  for (std::string value : {"node0:65536", "node0:-1", "node0:abc", "node0:", ":1234",
+                            "[::1", "[::1]x", "[]:5", "bad host:1", "node0:123456"}) {
+    SCOPED_TRACE(value);
+    EXPECT_EQ(
+        ErrorOf({"--rdzv-endpoint", value, "train.py"}),
+        absl::StrCat("--rdzv-endpoint: expected ", kExpected, ", got '", value, "'"));
+  }
+  EXPECT_EQ(ErrorOf({"--rdzv-endpoint", "::1:29400", "train.py"}),
+            absl::StrCat("--rdzv-endpoint: expected ", kExpected,
+                         ", got '::1:29400' (put IPv6 addresses in brackets)"));
+}
+
+TEST(LaunchConfigTest, StaticBackend) {
+  // Single node: rank 0 is implied; the endpoint is master addr:port.
+  LaunchConfig single = MustParse({"--rdzv-backend=static", "train.py"});
+  EXPECT_EQ(single.node_rank, 0);
+  EXPECT_FALSE(single.node_rank_given);
+  EXPECT_EQ(single.rdzv_endpoint, (HostPort{"127.0.0.1", 29500}));
+  EXPECT_FALSE(single.rdzv_endpoint_given);
+  EXPECT_TRUE(single.notices.empty());
+
+  LaunchConfig multi =
+      MustParse({"--rdzv-backend=static", "--nnodes=2", "--node-rank=1",
+                 "--master-addr=[::1]", "--master-port=1234", "train.py"});
+  EXPECT_EQ(multi.node_rank, 1);
+  EXPECT_EQ(multi.rdzv_endpoint, (HostPort{"::1", 1234}));
+  EXPECT_EQ(multi.master_addr, "[::1]");
+
+  LaunchConfig explicit_endpoint = MustParse(
+      {"--rdzv-backend=static", "--rdzv-endpoint=n0:99", "--master-port=1", "train.py"});
+  EXPECT_EQ(explicit_endpoint.rdzv_endpoint, (HostPort{"n0", 99}));
+
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=static", "--nnodes=1:2", "train.py"}),
+            "--nnodes: the static backend needs a fixed node count, got '1:2'");
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=static", "--nnodes=2", "train.py"}),
+            "--node-rank: required with --rdzv-backend=static when --nnodes is above 1");
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=static", "--rdzv-endpoint=n0", "train.py"}),
+            "--rdzv-endpoint: expected HOST:PORT (the static backend needs a port), got "
+            "'n0'");
+}
+
+TEST(LaunchConfigTest, NodeRank) {
+  EXPECT_EQ(ErrorOf({"--nnodes=2", "--node-rank=2", "train.py"}),
+            "--node-rank: must be below the maximum node count 2, got 2");
+  // "-1" after a flag is its value (argparse's rule), and not a valid rank.
+  EXPECT_EQ(ErrorOf({"--node-rank", "-1", "train.py"}),
+            "--node-rank: expected a non-negative integer, got '-1'");
+  EXPECT_EQ(ErrorOf({"--node-rank", "x", "train.py"}),
+            "--node-rank: expected a non-negative integer, got 'x'");
+  LaunchConfig elastic = MustParse({"--nnodes=1:4", "--node-rank", "3", "train.py"});
+  EXPECT_EQ(elastic.node_rank, 3);
+  EXPECT_TRUE(elastic.node_rank_given);
+}
+
+TEST(LaunchConfigTest, MasterAddrAndPort) {
+  EXPECT_EQ(
+      MustParse({"--master-port=0", "--rdzv-backend=static", "train.py"}).master_port, 0);
+  EXPECT_EQ(ErrorOf({"--master-port=65536", "train.py"}),
+            "--master-port: expected a port in 0..65535, got '65536'");
+  EXPECT_EQ(ErrorOf({"--master-addr=::1", "train.py"}),
+            "--master-addr: expected a host name or address, IPv6 as [ADDR], got '::1'");
+  // Under the dynamic backend they do nothing; say so when they were given.
+  LaunchConfig dynamic = MustParse({"--master-addr=10.0.0.1", "train.py"});
+  ASSERT_EQ(dynamic.notices.size(), 1u);
+  EXPECT_TRUE(
+      absl::StartsWith(dynamic.notices[0], "--master-addr/--master-port: only used"));
+}
+
+// --- --rdzv-conf ----------------------------------------------------------------
+
+TEST(LaunchConfigTest, RdzvConfAllKeys) {
+  LaunchConfig config = MustParse(
+      {"--rdzv-conf",
+       "join_timeout=12.5, last_call_timeout=1,close_timeout=2,keep_alive_interval=0.25,"
+       "keep_alive_max_attempt=7,read_timeout=3,is_host=false",
+       "train.py"});
+  EXPECT_EQ(config.rdzv_conf.join_timeout, milliseconds(12500));
+  EXPECT_EQ(config.rdzv_conf.last_call_timeout, milliseconds(1000));
+  EXPECT_EQ(config.rdzv_conf.close_timeout, milliseconds(2000));
+  EXPECT_EQ(config.rdzv_conf.keep_alive_interval, milliseconds(250));
+  EXPECT_EQ(config.rdzv_conf.keep_alive_max_attempt, 7);
+  EXPECT_EQ(config.rdzv_conf.read_timeout, milliseconds(3000));
+  EXPECT_EQ(config.rdzv_conf.is_host, false);
+
+  EXPECT_EQ(MustParse({"--rdzv-conf=timeout=42", "train.py"}).rdzv_conf.join_timeout,
+            milliseconds(42000));
+  EXPECT_EQ(MustParse({"--rdzv-conf=is_host=1", "train.py"}).rdzv_conf.is_host, true);
+  EXPECT_EQ(MustParse({"--rdzv-conf=", "train.py"}).rdzv_conf.join_timeout,
+            milliseconds(600000));
+}
+
+TEST(LaunchConfigTest, RdzvConfErrors) {
+  struct Case {
+    std::string value;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"foo=1",
+            "unknown key 'foo'; valid keys: close_timeout, is_host, join_timeout, "
+            "keep_alive_interval, keep_alive_max_attempt, last_call_timeout, "
+            "read_timeout, "
+            "timeout"},
+           {"join_timeout=", "'join_timeout' needs a value"},
+           {"join_timeout", "'join_timeout' needs a value"},
+           {"=5", "expected KEY=VALUE,KEY=VALUE,..., got '=5'"},
+           {"join_timeout=5,", "expected KEY=VALUE,KEY=VALUE,..., got 'join_timeout=5,'"},
+           {"join_timeout=abc",
+            "join_timeout: expected a positive number of seconds, got 'abc'"},
+           {"close_timeout=0",
+            "close_timeout: expected a positive number of seconds, got '0'"},
+           {"read_timeout=-3",
+            "read_timeout: expected a positive number of seconds, got '-3'"},
+           {"keep_alive_max_attempt=0",
+            "keep_alive_max_attempt: expected an integer >= 1, got '0'"},
+           {"is_host=maybe",
+            "is_host: expected a boolean (1/0, true/false, yes/no), got 'maybe'"},
+           {"timeout=5,join_timeout=6",
+            "'timeout' and 'join_timeout' are the same setting; give one"},
+       }) {
+    SCOPED_TRACE(c.value);
+    EXPECT_EQ(ErrorOf({"--rdzv-conf=" + c.value, "train.py"}),
+              "--rdzv-conf: " + c.message);
+  }
+}
+
+// --- --standalone --------------------------------------------------------------
+
+TEST(LaunchConfigTest, StandaloneOverridesTheRendezvousFlags) {
+  LaunchConfig plain = MustParse({"--standalone", "--nproc-per-node=4", "train.py"});
+  EXPECT_TRUE(plain.standalone);
+  EXPECT_EQ(plain.rdzv_backend, RdzvBackend::kDynamic);
+  EXPECT_EQ(plain.rdzv_endpoint, (HostPort{"localhost", 0}));
+  EXPECT_EQ(plain.rdzv_id, kRunId);
+  EXPECT_EQ(plain.min_nodes, 1);
+  EXPECT_EQ(plain.max_nodes, 1);
+  EXPECT_EQ(plain.nproc_per_node, 4);
+  EXPECT_TRUE(plain.notices.empty());
+
+  // What standalone would pick anyway goes without a notice.
+  EXPECT_TRUE(MustParse({"--standalone", "--nnodes=1", "--rdzv-backend=c10d", "train.py"})
+                  .notices.empty());
+  EXPECT_TRUE(MustParse({"--standalone", "--nnodes=1:1", "train.py"}).notices.empty());
+
+  // Ignored values are not even validated: they are ignored.
+  LaunchConfig overridden = MustParse(
+      {"--standalone", "--rdzv-backend=static", "--rdzv-endpoint=far:1", "--rdzv-id=job",
+       "--nnodes=bogus", "--rdzv-conf=join_timeout=7", "train.py"},
+      {{"PET_NODE_RANK", "3"}});
+  EXPECT_EQ(overridden.rdzv_backend, RdzvBackend::kDynamic);
+  EXPECT_EQ(overridden.rdzv_endpoint, (HostPort{"localhost", 0}));
+  EXPECT_EQ(overridden.rdzv_id, kRunId);
+  EXPECT_EQ(overridden.max_nodes, 1);
+  EXPECT_EQ(overridden.node_rank, -1);
+  EXPECT_EQ(overridden.rdzv_conf.join_timeout, milliseconds(7000));  // kept, as torchrun
+  ASSERT_EQ(overridden.notices.size(), 1u);
+  EXPECT_EQ(overridden.notices[0],
+            "--standalone: ignoring --nnodes=bogus --rdzv-backend=static "
+            "--rdzv-endpoint=far:1 --rdzv-id=job --node-rank=3 (one node, rendezvous on "
+            "localhost:0, run id standalone-run-id)");
+}
+
+TEST(LaunchConfigTest, SystemHostProbeGivesFreshUuids) {
+  HostProbe host = SystemHostProbe();
+  EXPECT_GE(host.cpu_count(), 1);
+  EXPECT_GE(host.gpu_count(), 0);
+  std::string a = host.new_run_id(), b = host.new_run_id();
+  EXPECT_NE(a, b);
+  ASSERT_EQ(a.size(), 36u);
+  EXPECT_EQ(a[8], '-');
+  EXPECT_EQ(a[14], '4');                                          // version 4
+  EXPECT_NE(std::string("89ab").find(a[19]), std::string::npos);  // RFC 4122 variant
+}
+
+// --- -r / -t / --local-ranks-filter ----------------------------------------------
+
+TEST(LaunchConfigTest, StdStreamsForms) {
+  struct Case {
+    std::string value;
+    StdStreamsSpec expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"0", {StdStreams::kNone, {}}},
+           {"1", {StdStreams::kOut, {}}},
+           {"2", {StdStreams::kErr, {}}},
+           {"3", {StdStreams::kAll, {}}},
+           {"0:1,1:2",
+            {StdStreams::kNone, {{0, StdStreams::kOut}, {1, StdStreams::kErr}}}},
+           {"0:3,1:0,2:1,3:2",
+            {StdStreams::kNone,
+             {{0, StdStreams::kAll},
+              {1, StdStreams::kNone},
+              {2, StdStreams::kOut},
+              {3, StdStreams::kErr}}}},
+           {"12:3", {StdStreams::kNone, {{12, StdStreams::kAll}}}},
+       }) {
+    for (const Args& flags : std::vector<Args>{{"-r", c.value},
+                                               {"-r" + c.value},
+                                               {"-r=" + c.value},
+                                               {"--redirects", c.value}}) {
+      SCOPED_TRACE(absl::StrJoin(flags, " "));
+      EXPECT_EQ(MustParse(With(flags)).redirects, c.expected);
+    }
+    for (const Args& flags : std::vector<Args>{{"-t", c.value}, {"-t" + c.value}}) {
+      SCOPED_TRACE(absl::StrJoin(flags, " "));
+      EXPECT_EQ(MustParse(With(flags)).tee, c.expected);
+    }
+  }
+  StdStreamsSpec mapped = MustParse({"-t", "0:1,1:2", "train.py"}).tee;
+  EXPECT_EQ(mapped.ForLocalRank(0), StdStreams::kOut);
+  EXPECT_EQ(mapped.ForLocalRank(1), StdStreams::kErr);
+  EXPECT_EQ(mapped.ForLocalRank(2), StdStreams::kNone);
+  EXPECT_EQ(MustParse({"-t3", "train.py"}).tee.ForLocalRank(5), StdStreams::kAll);
+}
+
+TEST(LaunchConfigTest, StdStreamsErrors) {
+  for (std::string value :
+       {"4", "0:4", "a", "0:1,", "1:", ":1", "0:1:2", "-1:1", "", "01", "0:1;1:2"}) {
+    SCOPED_TRACE(value);
+    std::string tail = absl::StrCat(
+        ": expected 0-3 or LOCAL_RANK:0-3,... (0 none, 1 stdout, 2 stderr, 3 both), got "
+        "'",
+        value, "'");
+    EXPECT_EQ(ErrorOf({"--redirects=" + value, "train.py"}), "--redirects" + tail);
+    EXPECT_EQ(ErrorOf({"--tee=" + value, "train.py"}), "--tee" + tail);
+  }
+}
+
+TEST(LaunchConfigTest, LocalRanksFilter) {
+  EXPECT_EQ(MustParse({"--local-ranks-filter=0", "train.py"}).local_ranks_filter,
+            (std::set<int>{0}));
+  EXPECT_EQ(MustParse({"--local-ranks-filter=2,0,2", "train.py"}).local_ranks_filter,
+            (std::set<int>{0, 2}));
+  EXPECT_EQ(MustParse({"--local-ranks-filter", "0, 1", "train.py"}).local_ranks_filter,
+            (std::set<int>{0, 1}));
+  EXPECT_TRUE(
+      MustParse({"--local-ranks-filter=", "train.py"}).local_ranks_filter.empty());
+  for (std::string value : {"a", "0,,1", "-1", "1.5", "0,"}) {
+    SCOPED_TRACE(value);
+    EXPECT_EQ(
+        ErrorOf({"--local-ranks-filter=" + value, "train.py"}),
+        absl::StrCat("--local-ranks-filter: expected a comma-separated list of local "
+                     "ranks like 0,1,2, got '",
+                     value, "'"));
+  }
+}
+
+// --- Signals, durations, log prefix ----------------------------------------------
+
+TEST(LaunchConfigTest, SignalsToHandle) {
+  EXPECT_EQ(
+      MustParse({"--signals-to-handle=SIGUSR1,SIGUSR2", "train.py"}).signals_to_handle,
+      (std::vector<int>{SIGUSR1, SIGUSR2}));
+  EXPECT_EQ(
+      MustParse({"--signals-to-handle", "term, usr1", "train.py"}).signals_to_handle,
+      (std::vector<int>{SIGTERM, SIGUSR1}));
+  EXPECT_EQ(MustParse({"--signals-to-handle=SIGTERM,TERM,SIGINT", "train.py"})
+                .signals_to_handle,
+            (std::vector<int>{SIGTERM, SIGINT}));
+  EXPECT_EQ(ErrorOf({"--signals-to-handle=SIGTERM,SIGFOO", "train.py"}),
+            "--signals-to-handle: unknown signal 'SIGFOO'; valid: "
+            "SIGHUP,SIGINT,SIGQUIT,SIGTERM,SIGUSR1,SIGUSR2,SIGALRM,SIGXCPU,SIGCONT");
+  EXPECT_EQ(ErrorOf({"--signals-to-handle=SIGKILL", "train.py"}),
+            "--signals-to-handle: SIGKILL cannot be caught");
+  EXPECT_TRUE(absl::StartsWith(ErrorOf({"--signals-to-handle=", "train.py"}),
+                               "--signals-to-handle: unknown signal ''"));
+}
+
+TEST(LaunchConfigTest, DurationsInSeconds) {
+  struct Case {
+    std::string value;
+    milliseconds expected;
+  };
+  for (const Case& c : std::vector<Case>{{"0", milliseconds(0)},
+                                         {"0.1", milliseconds(100)},
+                                         {"5", milliseconds(5000)},
+                                         {"1e-3", milliseconds(1)},
+                                         {"0.0004", milliseconds(0)}}) {
+    SCOPED_TRACE(c.value);
+    LaunchConfig config = MustParse(
+        {"--monitor-interval", c.value, "--shutdown-timeout", c.value, "train.py"});
+    EXPECT_EQ(config.monitor_interval, c.expected);
+    EXPECT_EQ(config.shutdown_timeout, c.expected);
+  }
+  for (std::string value : {"-1", "abc", "inf", "nan", "", "1s", "1e10"}) {
+    SCOPED_TRACE(value);
+    EXPECT_EQ(
+        ErrorOf({"--shutdown-timeout=" + value, "train.py"}),
+        absl::StrCat("--shutdown-timeout: expected a non-negative number of seconds, "
+                     "got '",
+                     value, "'"));
+    EXPECT_TRUE(absl::StartsWith(ErrorOf({"--monitor-interval=" + value, "train.py"}),
+                                 "--monitor-interval: expected"));
+  }
+  EXPECT_EQ(ErrorOf({"--max-restarts=-1", "train.py"}),
+            "--max-restarts: expected a non-negative integer, got '-1'");
+  EXPECT_EQ(ErrorOf({"--max-restarts=1.0", "train.py"}),
+            "--max-restarts: expected a non-negative integer, got '1.0'");
+}
+
+TEST(LaunchConfigTest, LogLinePrefixTemplate) {
+  for (std::string value : {"${host}:${rank}>", "$rank|$local_rank", "$$ ${role_name}",
+                            "plain", "cost $5", ""}) {
+    SCOPED_TRACE(value);
+    EXPECT_EQ(MustParse({"--log-line-prefix-template=" + value, "train.py"})
+                  .log_line_prefix_template,
+              value);
+  }
+  EXPECT_EQ(ErrorOf({"--log-line-prefix-template=${rnak}", "train.py"}),
+            "--log-line-prefix-template: unknown placeholder 'rnak' in '${rnak}'; valid: "
+            "${role_name}, ${rank}, ${local_rank}, ${host}");
+  EXPECT_EQ(ErrorOf({"--log-line-prefix-template=$world", "train.py"}),
+            "--log-line-prefix-template: unknown placeholder 'world' in '$world'; valid: "
+            "${role_name}, ${rank}, ${local_rank}, ${host}");
+  EXPECT_EQ(ErrorOf({"--log-line-prefix-template=[${rank", "train.py"}),
+            "--log-line-prefix-template: unclosed '${' in '[${rank'");
+  // torch 2.x's variable is honoured below the flag and PET_*.
+  const Env torch_env = {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}:"}};
+  EXPECT_EQ(MustParse({"train.py"}, torch_env).log_line_prefix_template, "${rank}:");
+  Env both = torch_env;
+  both["PET_LOG_LINE_PREFIX_TEMPLATE"] = "${host}:";
+  EXPECT_EQ(MustParse({"train.py"}, both).log_line_prefix_template, "${host}:");
+  EXPECT_EQ(ErrorOf({"train.py"}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${x}"}}),
+            "--log-line-prefix-template: unknown placeholder 'x' in '${x}'; valid: "
+            "${role_name}, ${rank}, ${local_rank}, ${host} (from "
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
+}
+
+TEST(LaunchConfigTest, StartMethodChoices) {
+  EXPECT_TRUE(MustParse({"--start-method=spawn", "train.py"}).notices.empty());
+  EXPECT_EQ(MustParse({"--start-method=forkserver", "train.py"}).notices.size(), 1u);
+  EXPECT_EQ(ErrorOf({"--start-method=thread", "train.py"}),
+            "--start-method: expected one of spawn, fork, forkserver, got 'thread'");
+}
+
+// --- The worker command ----------------------------------------------------------
+
+TEST(LaunchConfigTest, WorkerArgv) {
+  struct Case {
+    Args args;
+    Env env;
+    Args argv;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"train.py", "--lr", "1"}, {}, {"python3", "-u", "train.py", "--lr", "1"}},
+           // torchrun prepends python whatever the file is called.
+           {{"train", "a"}, {}, {"python3", "-u", "train", "a"}},
+           {{"-m", "pkg.mod", "a"}, {}, {"python3", "-u", "-m", "pkg.mod", "a"}},
+           {{"--module", "pkg.mod"}, {}, {"python3", "-u", "-m", "pkg.mod"}},
+           {{"--no-python", "./a.out", "x"}, {}, {"./a.out", "x"}},
+           {{"--no_python", "echo"}, {}, {"echo"}},
+           {{"train.py"},
+            {{"PYTHON_EXEC", "/opt/py/bin/python"}},
+            {"/opt/py/bin/python", "-u", "train.py"}},
+           {{"train.py"}, {{"PYTHON_EXEC", ""}}, {"python3", "-u", "train.py"}},
+           {{"--run-path", "/abs/train.py", "a"},
+            {},
+            {"python3", "-u", "/abs/train.py", "a"}},
+           // --run-path wins over --no-python and -m, as in torchrun.
+           {{"--run-path", "--no-python", "-m", "/abs/t.py"},
+            {},
+            {"python3", "-u", "/abs/t.py"}},
+       }) {
+    SCOPED_TRACE(absl::StrJoin(c.args, " "));
+    EXPECT_EQ(MustParse(c.args, c.env).worker_argv, c.argv);
+  }
+  LaunchConfig run_path = MustParse({"--run-path", "--no-python", "/abs/t.py"});
+  ASSERT_EQ(run_path.notices.size(), 1u);
+  EXPECT_EQ(
+      run_path.notices[0],
+      "--run-path: meshrun has no in-process interpreter; running python3 -u /abs/t.py "
+      "and ignoring --no-python");
+}
+
+TEST(LaunchConfigTest, NoPythonAndModuleConflict) {
+  EXPECT_EQ(ErrorOf({"--no-python", "-m", "pkg"}),
+            "--no-python: cannot be combined with -m/--module");
+  EXPECT_EQ(ErrorOf({"-m", "pkg"}, {{"PET_NO_PYTHON", "1"}}),
+            "--no-python: cannot be combined with -m/--module");
+}
+
+// --- The script and its arguments --------------------------------------------------
+
+TEST(LaunchConfigTest, ScriptArgumentsPassThroughUntouched) {
+  LaunchConfig config = MustParse(
+      {"--nproc-per-node", "2", "train.py", "--nproc-per-node", "8", "-m", "x"});
+  EXPECT_EQ(config.nproc_per_node, 2);
+  EXPECT_FALSE(config.module);
+  EXPECT_EQ(config.script, "train.py");
+  EXPECT_EQ(config.script_args, (Args{"--nproc-per-node", "8", "-m", "x"}));
+  EXPECT_EQ(config.worker_argv,
+            (Args{"python3", "-u", "train.py", "--nproc-per-node", "8", "-m", "x"}));
+
+  struct Case {
+    Args args;
+    std::string script;
+    Args script_args;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"train.py", "--help"}, "train.py", {"--help"}},
+           {{"train.py", "--bogus", "--", "x"}, "train.py", {"--bogus", "--", "x"}},
+           {{"--", "train.py", "--standalone"}, "train.py", {"--standalone"}},
+           {{"--nnodes=2", "--", "-weird.py", "a"}, "-weird.py", {"a"}},
+           {{"--", "--"}, "--", {}},
+           {{"-"}, "-", {}},
+           // argparse's rule: a negative number is never a flag.
+           {{"-1", "x"}, "-1", {"x"}},
+           {{"train.py", "", " spaced arg "}, "train.py", {"", " spaced arg "}},
+           {{"--rdzv-id", "train.py", "real.py"}, "real.py", {}},
+       }) {
+    SCOPED_TRACE(absl::StrJoin(c.args, " "));
+    LaunchConfig parsed = MustParse(c.args);
+    EXPECT_EQ(parsed.script, c.script);
+    EXPECT_EQ(parsed.script_args, c.script_args);
+  }
+}
+
+TEST(LaunchConfigTest, MissingScript) {
+  for (const Args& args :
+       std::vector<Args>{{}, {"--nnodes", "2"}, {"--"}, {"--standalone"}}) {
+    SCOPED_TRACE(absl::StrJoin(args, " "));
+    EXPECT_EQ(ErrorOf(args), "missing training script (see meshrun --help)");
+  }
+}
+
+// --- Command-line errors -------------------------------------------------------------
+
+TEST(LaunchConfigTest, FlagSyntaxErrors) {
+  struct Case {
+    Args args;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--bogus", "train.py"}, "--bogus: unknown flag (see meshrun --help)"},
+           {{"--bogus=1", "train.py"}, "--bogus: unknown flag (see meshrun --help)"},
+           {{"--nproc_per-node=1", "train.py"},
+            "--nproc_per-node: unknown flag (see meshrun --help)"},
+           {{"--slurm", "train.py"}, "--slurm: unknown flag (see meshrun --help)"},
+           {{"--nproc", "2", "train.py"}, "--nproc: unknown flag (see meshrun --help)"},
+           {{"-x", "train.py"}, "-x: unknown flag (see meshrun --help)"},
+           {{"-mx", "train.py"}, "-mx: unknown flag (see meshrun --help)"},
+           {{"-nproc_per_node", "4", "train.py"},
+            "-nproc_per_node: unknown flag (see meshrun --help)"},
+           {{"--nnodes"}, "--nnodes: missing value"},
+           {{"--nnodes", "--standalone", "train.py"}, "--nnodes: missing value"},
+           {{"--rdzv-id", "--", "train.py"}, "--rdzv-id: missing value"},
+           {{"-r"}, "-r: missing value"},
+           {{"--standalone=1", "train.py"}, "--standalone: takes no value"},
+           {{"--no_python=true", "train.py"}, "--no_python: takes no value"},
+           {{"--rdzv-id=", "train.py"}, "--rdzv-id: must not be empty"},
+           {{"--role=", "train.py"}, "--role: must not be empty"},
+           // The first mistake is reported.
+           {{"--bogus", "--worse", "train.py"},
+            "--bogus: unknown flag (see meshrun --help)"},
+       }) {
+    SCOPED_TRACE(absl::StrJoin(c.args, " "));
+    EXPECT_EQ(ErrorOf(c.args), c.message);
+  }
+}
+
+TEST(LaunchConfigTest, EveryErrorIsOneLineStartingWithTheFlag) {
+  const std::vector<Args> bad = {
+      {"--nnodes=0", "t.py"},
+      {"--nproc-per-node=x", "t.py"},
+      {"--rdzv-backend=x", "t.py"},
+      {"--rdzv-endpoint=a:b", "t.py"},
+      {"--rdzv-conf=x=1", "t.py"},
+      {"--max-restarts=x", "t.py"},
+      {"--monitor-interval=x", "t.py"},
+      {"--start-method=x", "t.py"},
+      {"-r", "9", "t.py"},
+      {"-t", "9", "t.py"},
+      {"--local-ranks-filter=x", "t.py"},
+      {"--node-rank=x", "t.py"},
+      {"--master-addr=a b", "t.py"},
+      {"--master-port=x", "t.py"},
+      {"--shutdown-timeout=x", "t.py"},
+      {"--signals-to-handle=x", "t.py"},
+      {"--log-line-prefix-template=${x}", "t.py"},
+      {"--what", "t.py"},
+  };
+  for (const Args& args : bad) {
+    SCOPED_TRACE(absl::StrJoin(args, " "));
+    std::string message = ErrorOf(args);
+    EXPECT_NE(message, "<ok>");
+    EXPECT_EQ(message.find('\n'), std::string::npos);
+    EXPECT_TRUE(absl::StartsWith(message, "-")) << message;
+    std::string flag = args[0].substr(0, args[0].find('='));
+    EXPECT_TRUE(absl::StartsWith(message, flag == "-r"   ? "--redirects:"
+                                          : flag == "-t" ? "--tee:"
+                                                         : flag + ":"))
+        << message;
+  }
+}
+
+// --- Help ------------------------------------------------------------------------------
+
+TEST(LaunchConfigTest, HelpBeforeTheScript) {
+  for (const Args& args : std::vector<Args>{{"--help"},
+                                            {"-h"},
+                                            {"--nnodes", "2", "--help", "train.py"},
+                                            {"--bogus", "-h"},
+                                            {"--nnodes=0", "--help"}}) {
+    SCOPED_TRACE(absl::StrJoin(args, " "));
+    absl::StatusOr<LaunchConfig> config = Parse(args);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_TRUE(absl::StrContains(config->help_text, "--nproc-per-node"));
+    EXPECT_TRUE(absl::StrContains(config->help_text, "--nproc_per_node"));
+    EXPECT_TRUE(absl::StrContains(config->help_text, "PET_NPROC_PER_NODE"));
+    EXPECT_TRUE(absl::StrContains(config->help_text, "-r,--redirects"));
+  }
+  EXPECT_TRUE(MustParse({"train.py", "--help"}).help_text.empty());
+}
+
+}  // namespace
+}  // namespace meshrun::launcher
