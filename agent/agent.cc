@@ -1,7 +1,11 @@
 #include "agent/agent.h"
 
 #include <arpa/inet.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
+#include <spdlog/spdlog.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -16,11 +20,6 @@
 #include <sstream>
 #include <thread>
 
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
-#include <grpcpp/grpcpp.h>
-#include <spdlog/spdlog.h>
-
 #include "agent/agent_state.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
@@ -34,7 +33,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string ReplaceAll(std::string text, const std::string& from, const std::string& to) {
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+  for (size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size()))
     text.replace(at, from.size(), to);
   return text;
 }
@@ -73,7 +73,8 @@ ErrorFile ReadErrorFile(const std::string& path) {
     return out;
   }
   const auto& fields = message->second.struct_value().fields();
-  if (auto m = fields.find("message"); m != fields.end()) out.message = m->second.string_value();
+  if (auto m = fields.find("message"); m != fields.end())
+    out.message = m->second.string_value();
   if (auto extra = fields.find("extraInfo"); extra != fields.end()) {
     const auto& info = extra->second.struct_value().fields();
     if (auto tb = info.find("py_callstack"); tb != info.end())
@@ -127,16 +128,17 @@ class Agent {
     for (int number : options_.signals_to_handle) signals_.add(number);
     WaitForSignal();
     if (!PrepareLogRoot()) return 1;
-    channel_ = grpc::CreateChannel(options_.rdzv_endpoint, grpc::InsecureChannelCredentials());
+    channel_ =
+        grpc::CreateChannel(options_.rdzv_endpoint, grpc::InsecureChannelCredentials());
     client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
     // The daemon may be starting on another node (agent-hosted or static
     // rank 0): wait for it as long as a join may take.
-    const auto join_timeout =
-        std::chrono::milliseconds(options_.run_config.join_timeout_ms() > 0
-                                      ? options_.run_config.join_timeout_ms()
-                                      : 600000);
+    const auto join_timeout = std::chrono::milliseconds(
+        options_.run_config.join_timeout_ms() > 0 ? options_.run_config.join_timeout_ms()
+                                                  : 600000);
     if (!channel_->WaitForConnected(std::chrono::system_clock::now() + join_timeout)) {
-      std::fprintf(stderr, "meshrun: cannot reach the rendezvous daemon at %s within %lld s\n",
+      std::fprintf(stderr,
+                   "meshrun: cannot reach the rendezvous daemon at %s within %lld s\n",
                    options_.rdzv_endpoint.c_str(),
                    static_cast<long long>(join_timeout.count() / 1000));
       return 1;
@@ -202,9 +204,17 @@ class Agent {
       if (stop_cv_.wait_for(lock, interval, [this] { return stop_threads_; })) break;
       lock.unlock();
       auto reply = client_->Heartbeat(options_.run_id, options_.node_id);
-      if (!reply.ok())
+      if (reply.status().code() == absl::StatusCode::kNotFound) {
+        // The daemon dropped this node (its lease ran out): the others have
+        // re-formed without it, so its workers must not train on.
+        boost::asio::post(io_, [this] {
+          if (!closed_ && !left_)
+            Dispatch(event::RendezvousLost{"this node's lease expired at the daemon"});
+        });
+      } else if (!reply.ok()) {
         spdlog::warn("heartbeat to {} failed: {}", options_.rdzv_endpoint,
                      std::string(reply.status().message()));
+      }
       lock.lock();
     }
   }
@@ -233,18 +243,20 @@ class Agent {
       round.store_prefix = a.store_prefix();
       round.master_host = a.master_host();
       round.master_port = static_cast<int>(a.master_port());
-      spdlog::info("round {}: group rank {}/{}, ranks {}..{} of {}, restart {}", round.round,
-                   round.group_rank, round.group_world_size, round.rank_base,
+      spdlog::info("round {}: group rank {}/{}, ranks {}..{} of {}, restart {}",
+                   round.round, round.group_rank, round.group_world_size, round.rank_base,
                    round.rank_base + options_.nproc - 1, round.world_size,
                    round.restart_count);
       Dispatch(event::Assigned{round});
     } else if (pushed.has_reform()) {
       spdlog::info("re-forming into round {}: {} {}", pushed.reform().next_round(),
-                   v1::ReformReason_Name(pushed.reform().reason()), pushed.reform().detail());
+                   v1::ReformReason_Name(pushed.reform().reason()),
+                   pushed.reform().detail());
       Dispatch(event::Reform{pushed.reform().next_round(), pushed.reform().detail()});
     } else if (pushed.has_closed()) {
       closed_ = true;
-      Dispatch(event::Closed{FromProto(pushed.closed().outcome()), pushed.closed().reason()});
+      Dispatch(
+          event::Closed{FromProto(pushed.closed().outcome()), pushed.closed().reason()});
     }
   }
 
@@ -264,7 +276,8 @@ class Agent {
     std::ostringstream out;
     out << "  time      : " << Now() << "\n"
         << "  host      : " << options_.host << "\n"
-        << "  rank      : " << exit.global_rank << " (local_rank: " << exit.local_rank << ")\n";
+        << "  rank      : " << exit.global_rank << " (local_rank: " << exit.local_rank
+        << ")\n";
     if (exit.signal != 0) {
       out << "  exitcode  : " << -exit.signal << " (pid: " << pid << ", "
           << SignalName(exit.signal) << ")\n";
@@ -293,8 +306,9 @@ class Agent {
     if (auto* start = std::get_if<action::StartWorkers>(&action)) {
       StartWorkers(start->round);
     } else if (auto* stop = std::get_if<action::StopWorkers>(&action)) {
-      workers_.Stop(stop->signal, options_.shutdown_timeout,
-                    [this] { boost::asio::post(io_, [this] { Dispatch(event::WorkersStopped{}); }); });
+      workers_.Stop(stop->signal, options_.shutdown_timeout, [this] {
+        boost::asio::post(io_, [this] { Dispatch(event::WorkersStopped{}); });
+      });
     } else if (auto* forward = std::get_if<action::ForwardSignal>(&action)) {
       workers_.Signal(forward->number);
     } else if (auto* failure = std::get_if<action::ReportFailure>(&action)) {
@@ -303,16 +317,18 @@ class Agent {
       auto verdict = client_->ReportFailure(options_.run_id, options_.node_id,
                                             failure->round, detail);
       if (!verdict.ok()) {
-        spdlog::error("cannot report the failure to the daemon: {}", std::string(verdict.status().message()));
+        spdlog::error("cannot report the failure to the daemon: {}",
+                      std::string(verdict.status().message()));
       } else if (verdict->will_restart()) {
         spdlog::warn("worker failed; restarting the run (restart {} of {})",
                      verdict->restart_count(), options_.run_config.max_restarts());
       }
     } else if (auto* success = std::get_if<action::ReportSuccess>(&action)) {
-      absl::Status status = client_->ReportSuccess(options_.run_id, options_.node_id,
-                                                   success->round);
+      absl::Status status =
+          client_->ReportSuccess(options_.run_id, options_.node_id, success->round);
       if (!status.ok())
-        spdlog::error("cannot report success to the daemon: {}", std::string(status.message()));
+        spdlog::error("cannot report success to the daemon: {}",
+                      std::string(status.message()));
     } else if (std::holds_alternative<action::LeaveRun>(action)) {
       left_ = true;  // the stream ends now, and that is expected
       (void)client_->Leave(options_.run_id, options_.node_id);
@@ -324,7 +340,8 @@ class Agent {
   void StartWorkers(const RoundInfo& round) {
     std::vector<WorkerSpec> specs;
     specs.reserve(options_.nproc);
-    const std::string attempt_dir = log_root_ + "/attempt_" + std::to_string(round.restart_count);
+    const std::string attempt_dir =
+        log_root_ + "/attempt_" + std::to_string(round.restart_count);
     for (int local_rank = 0; local_rank < options_.nproc; ++local_rank) {
       const int rank = static_cast<int>(round.rank_base) + local_rank;
       const std::string rank_dir = attempt_dir + "/" + std::to_string(local_rank);
@@ -353,11 +370,13 @@ class Agent {
       spec.global_rank = rank;
       spec.argv = options_.worker_argv;
       spec.env = BuildWorkerEnv(in);
-      std::string prefix = ReplaceAll(options_.prefix_template, "${role_name}", options_.role);
+      std::string prefix =
+          ReplaceAll(options_.prefix_template, "${role_name}", options_.role);
       prefix = ReplaceAll(prefix, "${rank}", std::to_string(rank));
       prefix = ReplaceAll(prefix, "${local_rank}", std::to_string(local_rank));
       spec.console_prefix = ReplaceAll(prefix, "${host}", options_.host);
-      const int redirect = StreamsFor(options_.redirects, options_.redirects_all, local_rank);
+      const int redirect =
+          StreamsFor(options_.redirects, options_.redirects_all, local_rank);
       const int tee = StreamsFor(options_.tee, options_.tee_all, local_rank);
       const bool shown = options_.local_ranks_filter.empty() ||
                          options_.local_ranks_filter.count(local_rank) > 0;
@@ -387,7 +406,8 @@ class Agent {
       log_root_ = *options_.log_dir + "/" + options_.run_id;
       fs::create_directories(log_root_, error);
       if (error) {
-        spdlog::error("cannot create log directory {}: {}", log_root_, std::string(error.message()));
+        spdlog::error("cannot create log directory {}: {}", log_root_,
+                      std::string(error.message()));
         return false;
       }
       return true;
@@ -418,8 +438,8 @@ class Agent {
       if (auto failure = state_.first_failure()) {
         const std::string& local = last_failure_detail_[failure->local_rank];
         if (exit.summary.find(local) == std::string::npos)
-          std::fprintf(stderr, "First failure on this node:\n[%d]:\n%s", failure->global_rank,
-                       local.c_str());
+          std::fprintf(stderr, "First failure on this node:\n[%d]:\n%s",
+                       failure->global_rank, local.c_str());
       }
     } else if (exit.code >= 128) {
       spdlog::warn("{}", exit.summary);

@@ -45,28 +45,56 @@ struct ExitInfo {
 enum class RunEnd { kSucceeded, kFailed, kAborted };
 
 namespace event {
-struct Assigned { RoundInfo round; };
-struct Reform { uint64_t next_round; std::string reason; };
-struct Closed { RunEnd outcome; std::string reason; };
-struct WorkerExited { ExitInfo exit; };
+struct Assigned {
+  RoundInfo round;
+};
+struct Reform {
+  uint64_t next_round;
+  std::string reason;
+};
+struct Closed {
+  RunEnd outcome;
+  std::string reason;
+};
+struct WorkerExited {
+  ExitInfo exit;
+};
 struct WorkersStopped {};
-struct Signal { int number; };
+struct Signal {
+  int number;
+};
 // The Join stream ended without a close (daemon gone, refused join).
-struct RendezvousLost { std::string reason; };
+struct RendezvousLost {
+  std::string reason;
+};
 }  // namespace event
 
-using Event = std::variant<event::Assigned, event::Reform, event::Closed,
-                           event::WorkerExited, event::WorkersStopped, event::Signal,
-                           event::RendezvousLost>;
+using Event =
+    std::variant<event::Assigned, event::Reform, event::Closed, event::WorkerExited,
+                 event::WorkersStopped, event::Signal, event::RendezvousLost>;
 
 namespace action {
-struct StartWorkers { RoundInfo round; };
-struct StopWorkers { int signal; };
-struct ForwardSignal { int number; };
-struct ReportFailure { uint64_t round; ExitInfo exit; };
-struct ReportSuccess { uint64_t round; };
+struct StartWorkers {
+  RoundInfo round;
+};
+struct StopWorkers {
+  int signal;
+};
+struct ForwardSignal {
+  int number;
+};
+struct ReportFailure {
+  uint64_t round;
+  ExitInfo exit;
+};
+struct ReportSuccess {
+  uint64_t round;
+};
 struct LeaveRun {};
-struct Exit { int code; std::string summary; };
+struct Exit {
+  int code;
+  std::string summary;
+};
 }  // namespace action
 
 using Action = std::variant<action::StartWorkers, action::StopWorkers,

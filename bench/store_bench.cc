@@ -247,11 +247,11 @@ BarrierSample RunBarrierCell(const Config& config, Impl impl, int total) {
     }
     sample.ok = false;
     sample.note = absl::StrCat(
-        why, " after ",
+        why, " (at ",
         absl::StrFormat(
             "%.1f",
             std::chrono::duration<double>(SteadyClock::now() - connect_started).count()),
-        " s (last progress: connected ", connected, "/", total, ", add() answered ",
+        " s; last progress: connected ", connected, "/", total, ", add() answered ",
         arrived, "/", total, ", released ", released, "/", total, ")");
     if (auto status = server->process->ExitStatus())
       absl::StrAppend(&sample.note,

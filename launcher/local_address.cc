@@ -15,7 +15,8 @@ namespace {
 std::string AddressText(const sockaddr* addr) {
   char text[INET6_ADDRSTRLEN] = {0};
   if (addr->sa_family == AF_INET) {
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, text, sizeof text);
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, text,
+              sizeof text);
   } else if (addr->sa_family == AF_INET6) {
     inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr, text,
               sizeof text);

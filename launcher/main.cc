@@ -7,15 +7,14 @@
 // for launcher errors (daemon unreachable, cannot start workers); 2 for bad
 // flags.
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <map>
 #include <random>
 #include <string>
-
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "agent/agent.h"
 #include "launcher/launch_config.h"
@@ -95,7 +94,8 @@ int Main(int argc, char** argv) {
     rdzv::DaemonOptions options;  // 127.0.0.1, kernel-assigned port
     auto started = rdzv::Daemon::Start(options);
     if (!started.ok()) {
-      log->error("cannot start the embedded rendezvous daemon: {}", std::string(started.status().message()));
+      log->error("cannot start the embedded rendezvous daemon: {}",
+                 std::string(started.status().message()));
       return 1;
     }
     daemon = std::move(*started);
@@ -124,7 +124,7 @@ int Main(int argc, char** argv) {
   options.run_id = config.rdzv_id;
   options.role = config.role;
   options.node_id = NodeId();
-  options.host = !config.local_addr.empty()      ? config.local_addr
+  options.host = !config.local_addr.empty()                   ? config.local_addr
                  : IsLoopback(rdzv.host) || config.standalone ? "127.0.0.1"
                                                               : LocalHostName();
   options.nproc = config.nproc_per_node;

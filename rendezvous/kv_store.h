@@ -59,8 +59,8 @@ class KvStore {
   explicit KvStore(StoreLimits limits = {});
 
   // Mutations. Each returns its result and appends woken waiters to `woken`.
-  absl::Status Set(const std::string& ns, const std::string& key,
-                   std::string value, std::vector<Wakeup>* woken);
+  absl::Status Set(const std::string& ns, const std::string& key, std::string value,
+                   std::vector<Wakeup>* woken);
   absl::Status MultiSet(const std::string& ns,
                         const std::vector<std::pair<std::string, std::string>>& entries,
                         std::vector<Wakeup>* woken);
@@ -70,10 +70,8 @@ class KvStore {
   // c10d semantics: absent key and empty `expected` -> set to `desired`;
   // absent key otherwise -> returns `expected`; present and equal -> set,
   // returns `desired`; present and different -> returns the current value.
-  absl::StatusOr<std::string> CompareSet(const std::string& ns,
-                                         const std::string& key,
-                                         const std::string& expected,
-                                         std::string desired,
+  absl::StatusOr<std::string> CompareSet(const std::string& ns, const std::string& key,
+                                         const std::string& expected, std::string desired,
                                          std::vector<Wakeup>* woken);
   absl::Status Append(const std::string& ns, const std::string& key,
                       const std::string& value, std::vector<Wakeup>* woken);
@@ -89,11 +87,10 @@ class KvStore {
   // `waiter` (an id unique among live waiters, chosen by the caller) until
   // `deadline`. A timeout's status is DEADLINE_EXCEEDED and names the keys
   // still missing.
-  BlockingResult Get(const std::string& ns, const std::string& key,
-                     WaiterId waiter, TimePoint deadline);
-  BlockingResult MultiGet(const std::string& ns,
-                          const std::vector<std::string>& keys, WaiterId waiter,
-                          TimePoint deadline);
+  BlockingResult Get(const std::string& ns, const std::string& key, WaiterId waiter,
+                     TimePoint deadline);
+  BlockingResult MultiGet(const std::string& ns, const std::vector<std::string>& keys,
+                          WaiterId waiter, TimePoint deadline);
   BlockingResult Wait(const std::string& ns, const std::vector<std::string>& keys,
                       WaiterId waiter, TimePoint deadline);
 

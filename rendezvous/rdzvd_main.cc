@@ -3,13 +3,12 @@
 // stderr. SIGTERM/SIGINT shut it down gracefully.
 
 #include <signal.h>
-
-#include <cstdio>
-#include <iostream>
-
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
 
 #include "rendezvous/daemon.h"
 

@@ -16,7 +16,8 @@ absl::Status FromGrpc(const grpc::Status& status) {
 class RendezvousClient::JoinSession::Reactor final
     : public grpc::ClientReadReactor<v1::RendezvousEvent> {
  public:
-  Reactor(v1::Rendezvous::Stub* stub, const v1::JoinRequest& request) : request_(request) {
+  Reactor(v1::Rendezvous::Stub* stub, const v1::JoinRequest& request)
+      : request_(request) {
     stub->async()->Join(&context_, &request_, this);
     StartRead(&event_);
     StartCall();
@@ -100,8 +101,8 @@ std::unique_ptr<RendezvousClient::JoinSession> RendezvousClient::Join(
   return session;
 }
 
-absl::StatusOr<v1::HeartbeatReply> RendezvousClient::Heartbeat(const std::string& run_id,
-                                                               const std::string& node_id) {
+absl::StatusOr<v1::HeartbeatReply> RendezvousClient::Heartbeat(
+    const std::string& run_id, const std::string& node_id) {
   v1::HeartbeatRequest request;
   request.set_run_id(run_id);
   request.set_node_id(node_id);
@@ -112,10 +113,9 @@ absl::StatusOr<v1::HeartbeatReply> RendezvousClient::Heartbeat(const std::string
   return reply;
 }
 
-absl::StatusOr<v1::FailureReply> RendezvousClient::ReportFailure(const std::string& run_id,
-                                                                 const std::string& node_id,
-                                                                 uint64_t round,
-                                                                 const std::string& detail) {
+absl::StatusOr<v1::FailureReply> RendezvousClient::ReportFailure(
+    const std::string& run_id, const std::string& node_id, uint64_t round,
+    const std::string& detail) {
   v1::FailureReport request;
   request.set_run_id(run_id);
   request.set_node_id(node_id);
@@ -139,7 +139,8 @@ absl::Status RendezvousClient::ReportSuccess(const std::string& run_id,
   return FromGrpc(stub_->ReportSuccess(context.get(), request, &reply));
 }
 
-absl::Status RendezvousClient::Leave(const std::string& run_id, const std::string& node_id) {
+absl::Status RendezvousClient::Leave(const std::string& run_id,
+                                     const std::string& node_id) {
   v1::LeaveRequest request;
   request.set_run_id(run_id);
   request.set_node_id(node_id);

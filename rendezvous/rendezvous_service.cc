@@ -66,7 +66,8 @@ RunOptions FromProto(const v1::RunConfig& config) {
   // Zero means "the default" for the timeouts, as in torchrun's rdzv-conf.
   if (config.last_call_timeout_ms() > 0 || config.min_nodes() == config.max_nodes())
     options.last_call_timeout = Millis(config.last_call_timeout_ms());
-  if (config.join_timeout_ms() > 0) options.join_timeout = Millis(config.join_timeout_ms());
+  if (config.join_timeout_ms() > 0)
+    options.join_timeout = Millis(config.join_timeout_ms());
   if (config.keep_alive_interval_ms() > 0)
     options.keep_alive_interval = Millis(config.keep_alive_interval_ms());
   if (config.keep_alive_max_attempt() > 0)
@@ -202,10 +203,10 @@ class RendezvousService::JoinStream final
   RendezvousService* const service_;
   const NodeKey node_;
   std::mutex mu_;
-  std::deque<v1::RendezvousEvent> events_;  // guarded by mu_
-  bool writing_ = false;                    // guarded by mu_
-  bool finish_requested_ = false;           // guarded by mu_
-  bool finished_ = false;                   // guarded by mu_
+  std::deque<v1::RendezvousEvent> events_;        // guarded by mu_
+  bool writing_ = false;                          // guarded by mu_
+  bool finish_requested_ = false;                 // guarded by mu_
+  bool finished_ = false;                         // guarded by mu_
   grpc::Status final_status_ = grpc::Status::OK;  // guarded by mu_ until finished_
 };
 
@@ -308,9 +309,9 @@ grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
     v1::FailureReply* reply) {
   std::vector<NodeEvent> events;
   std::lock_guard<std::mutex> lock(mu_);
-  auto verdict = state_.ReportFailure(request->run_id(), request->node_id(),
-                                      request->round(), request->detail(),
-                                      RdzvClock::now(), &events);
+  auto verdict =
+      state_.ReportFailure(request->run_id(), request->node_id(), request->round(),
+                           request->detail(), RdzvClock::now(), &events);
   if (verdict.ok()) {
     reply->set_will_restart(verdict->will_restart);
     reply->set_restart_count(verdict->restart_count);

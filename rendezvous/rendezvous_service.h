@@ -61,8 +61,8 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   void PokeTimerLocked();
 
   std::mutex mu_;
-  RendezvousState state_;                    // guarded by mu_
-  std::map<NodeKey, JoinStream*> streams_;   // guarded by mu_; entry => stream alive
+  RendezvousState state_;                   // guarded by mu_
+  std::map<NodeKey, JoinStream*> streams_;  // guarded by mu_; entry => stream alive
   std::unique_ptr<DeadlineTimer> timer_;
 };
 

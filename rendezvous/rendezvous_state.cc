@@ -294,9 +294,9 @@ absl::Status RendezvousState::Join(const std::string& run_id, const NodeInfo& no
 // state keeps a reconnect from costing everyone a re-form.
 absl::Status RendezvousState::Rejoin(Run& run, Node& node, const NodeInfo& info,
                                      RdzvTime now, std::vector<NodeEvent>* events) {
-  const bool same = node.info.nproc == info.nproc &&
-                    node.info.node_rank_hint == info.node_rank_hint &&
-                    node.info.host == info.host && node.info.master_port == info.master_port;
+  const bool same =
+      node.info.nproc == info.nproc && node.info.node_rank_hint == info.node_rank_hint &&
+      node.info.host == info.host && node.info.master_port == info.master_port;
   if (node.role == Role::kParticipant) {
     // A succeeded node's round is over for it; its new details cannot matter.
     if (same || node.succeeded) {

@@ -130,9 +130,9 @@ class StoreClient::Stream final
   void OnDone(const grpc::Status& status) override {
     std::lock_guard<std::mutex> lock(mu_);
     broken_ = true;
-    broken_reason_ = "store stream to the rendezvous daemon ended: " +
-                     (status.ok() ? std::string("closed by the server")
-                                  : status.error_message());
+    broken_reason_ =
+        "store stream to the rendezvous daemon ended: " +
+        (status.ok() ? std::string("closed by the server") : status.error_message());
     for (auto& [id, promise] : pending_)
       promise.set_value(absl::UnavailableError(broken_reason_));
     pending_.clear();
@@ -148,12 +148,12 @@ class StoreClient::Stream final
   std::condition_variable done_cv_;
   std::deque<StoreRequest> outbox_;  // guarded by mu_; front is being written
   std::unordered_map<uint64_t, std::promise<absl::StatusOr<StoreResponse>>>
-      pending_;                 // guarded by mu_
-  uint64_t next_id_ = 1;        // guarded by mu_
-  bool writing_ = false;        // guarded by mu_
-  bool broken_ = false;         // guarded by mu_
-  std::string broken_reason_;   // guarded by mu_
-  bool done_ = false;           // guarded by mu_
+      pending_;                // guarded by mu_
+  uint64_t next_id_ = 1;       // guarded by mu_
+  bool writing_ = false;       // guarded by mu_
+  bool broken_ = false;        // guarded by mu_
+  std::string broken_reason_;  // guarded by mu_
+  bool done_ = false;          // guarded by mu_
 };
 
 absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Connect(
@@ -165,15 +165,15 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Connect(
   }
   auto deadline = std::chrono::system_clock::now() + options.connect_timeout;
   if (!options.channel->WaitForConnected(deadline)) {
-    return absl::UnavailableError("cannot reach the rendezvous daemon at " +
-                                  (options.target.empty() ? std::string("its channel")
-                                                          : options.target) +
-                                  " within " +
-                                  std::to_string(options.connect_timeout.count()) + " ms");
+    return absl::UnavailableError(
+        "cannot reach the rendezvous daemon at " +
+        (options.target.empty() ? std::string("its channel") : options.target) +
+        " within " + std::to_string(options.connect_timeout.count()) + " ms");
   }
   auto stream = std::make_shared<Stream>(options.channel);
   stream->Start();
-  return std::unique_ptr<StoreClient>(new StoreClient(std::move(options), std::move(stream)));
+  return std::unique_ptr<StoreClient>(
+      new StoreClient(std::move(options), std::move(stream)));
 }
 
 StoreClient::StoreClient(StoreClientOptions options, std::shared_ptr<Stream> stream)
@@ -239,7 +239,8 @@ absl::StatusOr<std::string> StoreClient::CompareSet(const std::string& key,
   }));
   if (!reply.ok()) return reply.status();
   if (absl::Status s = FromReply(*reply); !s.ok()) return s;
-  if (reply->values_size() != 1) return absl::InternalError("malformed compare_set reply");
+  if (reply->values_size() != 1)
+    return absl::InternalError("malformed compare_set reply");
   return std::move(*reply->mutable_values(0));
 }
 
@@ -258,16 +259,16 @@ absl::Status StoreClient::Wait(const std::vector<std::string>& keys,
 }
 
 absl::StatusOr<bool> StoreClient::Delete(const std::string& key) {
-  auto reply = stream_->Call(
-      MakeRequest(options_.ns, [&](StoreRequest& r) { r.mutable_delete_()->set_key(key); }));
+  auto reply = stream_->Call(MakeRequest(
+      options_.ns, [&](StoreRequest& r) { r.mutable_delete_()->set_key(key); }));
   if (!reply.ok()) return reply.status();
   if (absl::Status s = FromReply(*reply); !s.ok()) return s;
   return reply->flag();
 }
 
 absl::StatusOr<int64_t> StoreClient::NumKeys() {
-  auto reply =
-      stream_->Call(MakeRequest(options_.ns, [&](StoreRequest& r) { r.mutable_num_keys(); }));
+  auto reply = stream_->Call(
+      MakeRequest(options_.ns, [&](StoreRequest& r) { r.mutable_num_keys(); }));
   if (!reply.ok()) return reply.status();
   if (absl::Status s = FromReply(*reply); !s.ok()) return s;
   return reply->number();

@@ -43,8 +43,7 @@ std::shared_ptr<grpc::Channel> MakeStoreChannel(const std::string& target,
 
 class StoreClient {
  public:
-  static absl::StatusOr<std::unique_ptr<StoreClient>> Connect(
-      StoreClientOptions options);
+  static absl::StatusOr<std::unique_ptr<StoreClient>> Connect(StoreClientOptions options);
   ~StoreClient();
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
@@ -63,10 +62,8 @@ class StoreClient {
   absl::StatusOr<bool> Delete(const std::string& key);
   absl::StatusOr<int64_t> NumKeys();
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys);
-  absl::StatusOr<std::vector<std::string>> MultiGet(
-      const std::vector<std::string>& keys);
-  absl::Status MultiSet(
-      const std::vector<std::pair<std::string, std::string>>& entries);
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys);
+  absl::Status MultiSet(const std::vector<std::pair<std::string, std::string>>& entries);
   absl::Status Append(const std::string& key, const std::string& value);
 
   const std::string& ns() const;

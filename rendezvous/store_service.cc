@@ -32,7 +32,8 @@ void SetStatus(const absl::Status& status, StoreResponse* reply) {
   if (!status.ok()) reply->set_error(std::string(status.message()));
 }
 
-std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::string>& keys) {
+std::vector<std::string> Keys(
+    const google::protobuf::RepeatedPtrField<std::string>& keys) {
   return {keys.begin(), keys.end()};
 }
 
@@ -44,7 +45,9 @@ std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::stri
 class StoreService::StoreSession final
     : public grpc::ServerBidiReactor<StoreRequest, StoreResponse> {
  public:
-  explicit StoreSession(StoreService* service) : service_(service) { StartRead(&request_); }
+  explicit StoreSession(StoreService* service) : service_(service) {
+    StartRead(&request_);
+  }
 
   // Queues a reply. May be called from any thread until EndSession() ran.
   void Send(StoreResponse reply) {
@@ -194,7 +197,8 @@ void StoreService::Handle(StoreSession* session, const StoreRequest& request) {
 
   switch (request.op_case()) {
     case StoreRequest::kSet:
-      SetStatus(store_.Set(ns, request.set().key(), request.set().value(), &woken), &reply);
+      SetStatus(store_.Set(ns, request.set().key(), request.set().value(), &woken),
+                &reply);
       break;
     case StoreRequest::kGet: {
       WaiterId id = next_waiter_++;
@@ -240,13 +244,15 @@ void StoreService::Handle(StoreSession* session, const StoreRequest& request) {
     case StoreRequest::kMultiSet: {
       std::vector<std::pair<std::string, std::string>> entries;
       entries.reserve(request.multi_set().entries_size());
-      for (const auto& kv : request.multi_set().entries()) entries.emplace_back(kv.key(), kv.value());
+      for (const auto& kv : request.multi_set().entries())
+        entries.emplace_back(kv.key(), kv.value());
       SetStatus(store_.MultiSet(ns, entries, &woken), &reply);
       break;
     }
     case StoreRequest::kAppend:
-      SetStatus(store_.Append(ns, request.append().key(), request.append().value(), &woken),
-                &reply);
+      SetStatus(
+          store_.Append(ns, request.append().key(), request.append().value(), &woken),
+          &reply);
       break;
     case StoreRequest::OP_NOT_SET:
       SetStatus(absl::InvalidArgumentError("store request names no operation"), &reply);

@@ -42,8 +42,8 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   explicit StoreService(StoreServiceOptions options);
   ~StoreService() override;
 
-  grpc::ServerBidiReactor<meshrun::v1::StoreRequest, meshrun::v1::StoreResponse>*
-  Session(grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<meshrun::v1::StoreRequest, meshrun::v1::StoreResponse>* Session(
+      grpc::CallbackServerContext* context) override;
 
   StoreServiceStats Stats();
 
@@ -66,12 +66,13 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
 
   const StoreServiceOptions options_;
   std::mutex mu_;
-  KvStore store_;                                   // guarded by mu_
+  KvStore store_;                                      // guarded by mu_
   std::unordered_map<WaiterId, PendingWait> pending_;  // guarded by mu_
   // The same waits by session, so a closing stream finds its own quickly.
-  std::unordered_map<StoreSession*, std::unordered_set<WaiterId>> parked_;  // guarded by mu_
-  WaiterId next_waiter_ = 1;                        // guarded by mu_
-  uint64_t sessions_open_ = 0;                      // guarded by mu_
+  std::unordered_map<StoreSession*, std::unordered_set<WaiterId>>
+      parked_;                  // guarded by mu_
+  WaiterId next_waiter_ = 1;    // guarded by mu_
+  uint64_t sessions_open_ = 0;  // guarded by mu_
   std::atomic<uint64_t> ops_{0};
   std::unique_ptr<DeadlineTimer> timer_;
 };

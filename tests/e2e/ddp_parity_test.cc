@@ -30,15 +30,17 @@ int Finish(ChildProcess& process) {
 std::vector<std::string> Losses(const std::string& output) {
   std::vector<std::string> losses;
   std::regex loss_re("epoch (\\d+) loss ([0-9.]+)");
-  for (std::sregex_iterator it(output.begin(), output.end(), loss_re), end; it != end; ++it)
+  for (std::sregex_iterator it(output.begin(), output.end(), loss_re), end; it != end;
+       ++it)
     losses.push_back((*it)[2]);
   return losses;
 }
 
 TEST(DdpParityTest, TwoAgentsOfTwoWorkersMatchTorchrunWithFour) {
-  std::vector<std::string> torchrun{"/usr/bin/python3", kSource + "/tests/e2e/torchrun_peer.py",
-                                    "--standalone", "--nproc_per_node=4",
-                                    "--monitor_interval=0.1", kScript};
+  std::vector<std::string> torchrun{
+      "/usr/bin/python3",       kSource + "/tests/e2e/torchrun_peer.py",
+      "--standalone",           "--nproc_per_node=4",
+      "--monitor_interval=0.1", kScript};
   torchrun.insert(torchrun.end(), kScriptArgs.begin(), kScriptArgs.end());
   ChildProcess peer(torchrun, /*merge_stderr=*/true);
   ASSERT_EQ(Finish(peer), 0) << peer.output();

@@ -30,7 +30,8 @@ using testing::ChildProcess;
 using testing::DaemonProcess;
 namespace fs = std::filesystem;
 
-const std::string kWorker = std::string(MESHRUN_SOURCE_DIR) + "/tests/integration/workers/worker.sh";
+const std::string kWorker =
+    std::string(MESHRUN_SOURCE_DIR) + "/tests/integration/workers/worker.sh";
 
 std::unique_ptr<ChildProcess> Launch(std::vector<std::string> args) {
   std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=/usr/bin/python3",
@@ -82,7 +83,8 @@ bool GoneWithin(pid_t pid, milliseconds timeout) {
 std::vector<pid_t> Pids(const std::string& output) {
   std::vector<pid_t> pids;
   std::regex pid_re("pid=(\\d+)");
-  for (std::sregex_iterator it(output.begin(), output.end(), pid_re), end; it != end; ++it)
+  for (std::sregex_iterator it(output.begin(), output.end(), pid_re), end; it != end;
+       ++it)
     pids.push_back(std::stoi((*it)[1]));
   return pids;
 }
@@ -101,7 +103,8 @@ std::map<int, std::map<std::string, std::string>> Envs(const std::string& output
 
 size_t Count(const std::string& text, const std::string& needle) {
   size_t n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+  for (size_t at = text.find(needle); at != std::string::npos;
+       at = text.find(needle, at + 1))
     ++n;
   return n;
 }
@@ -117,12 +120,13 @@ class LauncherTest : public ::testing::Test {
   }
 };
 
-class StandaloneWorkers : public LauncherTest, public ::testing::WithParamInterface<int> {};
+class StandaloneWorkers : public LauncherTest,
+                          public ::testing::WithParamInterface<int> {};
 
 TEST_P(StandaloneWorkers, EveryWorkerGetsTorchrunsEnvironment) {
   const int n = GetParam();
-  auto run = Launch({"--standalone", "--nproc-per-node=" + std::to_string(n), "--no-python",
-                     kWorker, "env"});
+  auto run = Launch({"--standalone", "--nproc-per-node=" + std::to_string(n),
+                     "--no-python", kWorker, "env"});
   ASSERT_EQ(ExitCode(*run), 0) << run->output();
   auto envs = Envs(run->output());
   ASSERT_EQ(envs.size(), static_cast<size_t>(n)) << run->output();
@@ -191,9 +195,9 @@ TEST_F(LauncherTest, ExactEnvironmentOfATwoNodeLayout) {
     };
     for (const auto& [key, value] : expected)
       EXPECT_EQ(envs[rank][key], value) << "rank " << rank << " " << key;
-    EXPECT_TRUE(std::regex_search(envs[rank]["TORCHELASTIC_ERROR_FILE"],
-                                  std::regex("/envjob/attempt_0/" + std::to_string(local) +
-                                             "/error.json$")))
+    EXPECT_TRUE(std::regex_search(
+        envs[rank]["TORCHELASTIC_ERROR_FILE"],
+        std::regex("/envjob/attempt_0/" + std::to_string(local) + "/error.json$")))
         << envs[rank]["TORCHELASTIC_ERROR_FILE"];
   }
   EXPECT_NE(master_port, "0");
@@ -203,8 +207,9 @@ TEST_F(LauncherTest, ThreeAgentsWithAnAgentHostedDaemon) {
   const std::string endpoint = "127.0.0.1:" + std::to_string(FreePort());
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 3; ++node)
-    agents.push_back(Launch({"--nnodes=3", "--nproc-per-node=1", "--rdzv-endpoint=" + endpoint,
-                             "--rdzv-id=hosted", "--no-python", kWorker, "env"}));
+    agents.push_back(
+        Launch({"--nnodes=3", "--nproc-per-node=1", "--rdzv-endpoint=" + endpoint,
+                "--rdzv-id=hosted", "--no-python", kWorker, "env"}));
   std::string output;
   for (auto& agent : agents) {
     ASSERT_EQ(ExitCode(*agent), 0) << agent->output();
@@ -219,10 +224,12 @@ TEST_F(LauncherTest, ThreeAgentsWithAnAgentHostedDaemon) {
 
 TEST_F(LauncherTest, HeterogeneousNprocGivesPrefixSumRanks) {
   DaemonProcess daemon;
-  auto a = Launch({"--nnodes=2", "--nproc-per-node=1", "--rdzv-endpoint=" + daemon.endpoint(),
-                   "--rdzv-id=hetero", "--node-rank=0", "--no-python", kWorker, "env"});
-  auto b = Launch({"--nnodes=2", "--nproc-per-node=3", "--rdzv-endpoint=" + daemon.endpoint(),
-                   "--rdzv-id=hetero", "--node-rank=1", "--no-python", kWorker, "env"});
+  auto a =
+      Launch({"--nnodes=2", "--nproc-per-node=1", "--rdzv-endpoint=" + daemon.endpoint(),
+              "--rdzv-id=hetero", "--node-rank=0", "--no-python", kWorker, "env"});
+  auto b =
+      Launch({"--nnodes=2", "--nproc-per-node=3", "--rdzv-endpoint=" + daemon.endpoint(),
+              "--rdzv-id=hetero", "--node-rank=1", "--no-python", kWorker, "env"});
   ASSERT_EQ(ExitCode(*a), 0) << a->output();
   ASSERT_EQ(ExitCode(*b), 0) << b->output();
   auto envs_b = Envs(b->output());
@@ -250,8 +257,8 @@ TEST_F(LauncherTest, WorkerFailingOnceIsRestartedEverywhere) {
 }
 
 TEST_F(LauncherTest, ExhaustedBudgetFailsWithTheRootCauseFirst) {
-  auto run = Launch({"--standalone", "--nproc-per-node=2", "--max-restarts=1", "--no-python",
-                     kWorker, "fail-always", "1", "5"});
+  auto run = Launch({"--standalone", "--nproc-per-node=2", "--max-restarts=1",
+                     "--no-python", kWorker, "fail-always", "1", "5"});
   EXPECT_EQ(ExitCode(*run), 5) << run->output();
   const std::string& out = run->output();
   EXPECT_EQ(Count(out, "rank=1 attempt=1 started"), 1u) << out;  // restarted once only
@@ -262,20 +269,23 @@ TEST_F(LauncherTest, ExhaustedBudgetFailsWithTheRootCauseFirst) {
 }
 
 TEST_F(LauncherTest, RecordTracebackAppearsInTheSummary) {
-  auto run = Launch({"--standalone", "--nproc-per-node=2",
-                     std::string(MESHRUN_SOURCE_DIR) + "/tests/integration/workers/record_failure.py"});
+  auto run = Launch(
+      {"--standalone", "--nproc-per-node=2",
+       std::string(MESHRUN_SOURCE_DIR) + "/tests/integration/workers/record_failure.py"});
   EXPECT_EQ(ExitCode(*run, seconds(120)), 1) << run->output();
   const std::string& out = run->output();
-  EXPECT_NE(out.find("ValueError: deliberate failure in rank 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("ValueError: deliberate failure in rank 1"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("inner_function_that_fails"), std::string::npos) << out;
 }
 
 TEST_F(LauncherTest, ElasticRunGrowsWhenAThirdAgentJoins) {
   DaemonProcess daemon;
   auto start = [&](const std::string& name) {
-    return Launch({"--nnodes=1:3", "--nproc-per-node=1", "--rdzv-endpoint=" + daemon.endpoint(),
-                   "--rdzv-id=grow", "--rdzv-conf=last_call_timeout=0.2", "--no-python",
-                   kWorker, "wait-world", "3"});
+    return Launch({"--nnodes=1:3", "--nproc-per-node=1",
+                   "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=grow",
+                   "--rdzv-conf=last_call_timeout=0.2", "--no-python", kWorker,
+                   "wait-world", "3"});
     (void)name;
   };
   auto a = start("a");
@@ -284,7 +294,8 @@ TEST_F(LauncherTest, ElasticRunGrowsWhenAThirdAgentJoins) {
   auto c = start("c");
   for (auto* agent : {a.get(), b.get(), c.get()}) {
     ASSERT_EQ(ExitCode(*agent), 0) << agent->output();
-    EXPECT_NE(agent->output().find("attempt=0 done"), std::string::npos) << agent->output();
+    EXPECT_NE(agent->output().find("attempt=0 done"), std::string::npos)
+        << agent->output();
   }
 }
 
@@ -294,8 +305,8 @@ TEST_F(LauncherTest, KilledAgentTakesItsWorkersAndTheOthersCarryOn) {
   for (int node = 0; node < 3; ++node)
     agents.push_back(Launch({"--nnodes=2:3", "--nproc-per-node=1",
                              "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=killed",
-                             "--node-rank=" + std::to_string(node), "--no-python", kWorker,
-                             "until-world-below", "3"}));
+                             "--node-rank=" + std::to_string(node), "--no-python",
+                             kWorker, "until-world-below", "3"}));
   auto line = agents[2]->ReadUntil("pid=", seconds(30));
   ASSERT_TRUE(line) << agents[2]->output();
   pid_t worker = Pids(*line).at(0);
@@ -325,10 +336,10 @@ TEST_F(LauncherTest, StaticBackendUsesNodeRanks) {
   const int port = FreePort();
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 1; node >= 0; --node)
-    agents.push_back(Launch({"--rdzv-backend=static", "--nnodes=2", "--nproc-per-node=1",
-                             "--master-addr=127.0.0.1", "--master-port=" + std::to_string(port),
-                             "--node-rank=" + std::to_string(node), "--no-python", kWorker,
-                             "env"}));
+    agents.push_back(
+        Launch({"--rdzv-backend=static", "--nnodes=2", "--nproc-per-node=1",
+                "--master-addr=127.0.0.1", "--master-port=" + std::to_string(port),
+                "--node-rank=" + std::to_string(node), "--no-python", kWorker, "env"}));
   for (int i = 0; i < 2; ++i) {
     ASSERT_EQ(ExitCode(*agents[i]), 0) << agents[i]->output();
     auto envs = Envs(agents[i]->output());
@@ -348,10 +359,11 @@ TEST_F(LauncherTest, ScriptArgumentsPassThroughUntouched) {
   auto run = Launch({"--standalone", "--nproc-per-node=1", "--no-python", kWorker, "args",
                      "--nproc-per-node", "8", "-m", "a b", "", "--standalone"});
   ASSERT_EQ(ExitCode(*run), 0) << run->output();
-  EXPECT_NE(run->output().find("ARG[--nproc-per-node]\n[default0]:ARG[8]\n[default0]:ARG[-m]\n"
-                               "[default0]:ARG[a b]\n[default0]:ARG[]\n"
-                               "[default0]:ARG[--standalone]"),
-            std::string::npos)
+  EXPECT_NE(
+      run->output().find("ARG[--nproc-per-node]\n[default0]:ARG[8]\n[default0]:ARG[-m]\n"
+                         "[default0]:ARG[a b]\n[default0]:ARG[]\n"
+                         "[default0]:ARG[--standalone]"),
+      std::string::npos)
       << run->output();
 }
 
@@ -359,8 +371,8 @@ TEST_F(LauncherTest, LogDirHoldsEachWorkersStreams) {
   fs::path dir = fs::temp_directory_path() / ("meshrun-logs-" + std::to_string(getpid()));
   fs::remove_all(dir);
   auto run = Launch({"--standalone", "--nproc-per-node=2", "--rdzv-id=ignored",
-                     "--log-dir=" + dir.string(), "--redirects=3", "--tee=0:1", "--no-python",
-                     kWorker, "env"});
+                     "--log-dir=" + dir.string(), "--redirects=3", "--tee=0:1",
+                     "--no-python", kWorker, "env"});
   ASSERT_EQ(ExitCode(*run), 0) << run->output();
   std::vector<fs::path> stdout_logs;
   for (auto& entry : fs::recursive_directory_iterator(dir))

@@ -60,7 +60,8 @@ TEST_F(RendezvousDaemonTest, ThreeNodesFormOneWorldWithPrefixSumRanks) {
   std::vector<std::unique_ptr<Session>> sessions;
   const uint32_t nprocs[] = {2, 4, 1};
   for (int i = 0; i < 3; ++i)
-    sessions.push_back(client_.Join(MakeJoin("n" + std::to_string(i), 3, 3, nprocs[i], i)));
+    sessions.push_back(
+        client_.Join(MakeJoin("n" + std::to_string(i), 3, 3, nprocs[i], i)));
   std::set<uint32_t> ranks;
   for (int i = 0; i < 3; ++i) {
     auto event = NextNonWaiting(*sessions[i]);

@@ -115,8 +115,8 @@ TEST(StoreDaemonTest, TimeoutNamesTheMissingKeys) {
 }
 
 TEST(StoreDaemonTest, LimitsAnswerWithClearErrorsAndChangeNothing) {
-  DaemonProcess daemon({"--max-key-bytes", "16", "--max-value-bytes", "1024",
-                        "--max-keys-per-run", "3"});
+  DaemonProcess daemon(
+      {"--max-key-bytes", "16", "--max-value-bytes", "1024", "--max-keys-per-run", "3"});
   auto client = Connect(daemon.endpoint());
   absl::Status big = client->Set("k", std::string(2048, 'x'));
   EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted) << big;
@@ -137,11 +137,12 @@ TEST(StoreDaemonTest, LimitsAnswerWithClearErrorsAndChangeNothing) {
 
 TEST(StoreDaemonTest, ClientKilledMidWaitDisturbsNobody) {
   DaemonProcess daemon;
-  ChildProcess doomed({testing::BinDir() + "/store_tool", daemon.endpoint(), "run", "wait",
-                       "never", "60000"});
+  ChildProcess doomed({testing::BinDir() + "/store_tool", daemon.endpoint(), "run",
+                       "wait", "never", "60000"});
   ASSERT_EQ(doomed.ReadLine(std::chrono::seconds(20)), "waiting");
   auto client = Connect(daemon.endpoint());
-  std::thread waiter([&] { EXPECT_TRUE(client->Wait({"go"}, std::chrono::seconds(30)).ok()); });
+  std::thread waiter(
+      [&] { EXPECT_TRUE(client->Wait({"go"}, std::chrono::seconds(30)).ok()); });
   doomed.Signal(SIGKILL);
   auto status = doomed.Wait(std::chrono::seconds(10));
   ASSERT_TRUE(status.has_value());

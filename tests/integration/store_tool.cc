@@ -9,7 +9,8 @@
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: store_tool ENDPOINT NS set|wait KEY [VALUE|TIMEOUT_MS]\n");
+    std::fprintf(stderr,
+                 "usage: store_tool ENDPOINT NS set|wait KEY [VALUE|TIMEOUT_MS]\n");
     return 2;
   }
   meshrun::rdzv::StoreClientOptions options;

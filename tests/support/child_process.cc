@@ -128,8 +128,13 @@ bool ChildProcess::Running() {
 
 DaemonProcess::DaemonProcess(std::vector<std::string> extra_args)
     : process_([&] {
-        std::vector<std::string> argv{BinDir() + "/meshrun-rdzvd", "--host", "127.0.0.1",
-                                      "--port", "0", "--log-level", "warn"};
+        std::vector<std::string> argv{BinDir() + "/meshrun-rdzvd",
+                                      "--host",
+                                      "127.0.0.1",
+                                      "--port",
+                                      "0",
+                                      "--log-level",
+                                      "warn"};
         argv.insert(argv.end(), extra_args.begin(), extra_args.end());
         return argv;
       }()) {

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Runs the launcher benchmark: meshrun against Debian's torchrun (torch 1.13,
+# through ../shared/peers/torchrun_py311.py) side by side, and records the
+# results in bench/launcher/results.md (+ results.json). See
+# bench/launcher/bench_launcher.py for what is measured and how.
+#
+#   scripts/bench-launcher.sh                          # everything, ~3-5 minutes
+#   scripts/bench-launcher.sh --sections launch --runs 3   # quick look
+#
+# Extra arguments go to bench_launcher.py (--runs, --meshrun-repeats,
+# --sections launch,restart,loss, --loss-trials-meshrun, --loss-trials-torchrun,
+# --loss-wait). Environment:
+#   BUILD_DIR    build directory (default build/; configured if missing)
+#   RESULTS_DIR  where results.md and results.json go (default bench/launcher)
+#   TORCHRUN     the peer script (default ../shared/peers/torchrun_py311.py)
+#   WAIT_QUIET   seconds to wait for the 1-minute load average to drop below
+#                half the cores before starting (default 0: just warn)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${BUILD_DIR:-build}
+results_dir=${RESULTS_DIR:-bench/launcher}
+torchrun=${TORCHRUN:-$(cd .. && pwd)/shared/peers/torchrun_py311.py}
+wait_quiet=${WAIT_QUIET:-0}
+
+if [ ! -f "$build_dir/build.ninja" ]; then
+  mkdir -p "$build_dir"
+  cmake -S . -B "$build_dir" -G Ninja -DMESHRUN_BUILD_BENCH=OFF > "$build_dir.configure.log" 2>&1 ||
+    { cat "$build_dir.configure.log"; exit 1; }
+fi
+ninja -C "$build_dir" meshrun meshrun-rdzvd >&2
+[ -f "$torchrun" ] || { echo "bench-launcher: peer $torchrun not found (set TORCHRUN)" >&2; exit 1; }
+/usr/bin/python3 -c 'import torch' 2>/dev/null ||
+  { echo "bench-launcher: /usr/bin/python3 cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
+
+ncores=$(nproc)
+load1() { cut -d' ' -f1 /proc/loadavg; }
+busy() { awk -v l="$(load1)" -v n="$ncores" 'BEGIN { exit !(l > n / 2) }'; }
+waited=0
+while busy && [ "$waited" -lt "$wait_quiet" ]; do
+  sleep 10
+  waited=$((waited + 10))
+done
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+if busy; then
+  echo "bench-launcher: WARNING: load average $load_before on $ncores cores;" \
+       "other work on this machine will distort the numbers" >&2
+fi
+
+mkdir -p "$results_dir"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmd=(/usr/bin/python3 bench/launcher/bench_launcher.py
+     --meshrun "$build_dir/bin/meshrun" --rdzvd "$build_dir/bin/meshrun-rdzvd"
+     --torchrun "$torchrun" --json "$results_dir/results.json" "$@")
+started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+t0=$(date +%s)
+# Progress (stderr) is shown live and kept; the tables (stdout) are shown at the end.
+# A plain pipeline, so tee has finished writing before the file is read.
+set +e
+{ "${cmd[@]}" 2>&1 1>&3 3>&- | tee "$tmp/stderr" >&2; } 3> "$tmp/stdout"
+status=${PIPESTATUS[0]}
+set -e
+cat "$tmp/stdout"
+elapsed=$(( $(date +%s) - t0 ))
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
+mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+{
+  echo "# Launcher benchmark: meshrun vs torchrun"
+  echo
+  echo "Produced by \`scripts/bench-launcher.sh\` (bench/launcher/bench_launcher.py); do not edit by hand."
+  echo
+  echo "- Command: \`scripts/bench-launcher.sh $*\`, which ran \`${cmd[*]}\`"
+  echo "- Date: $started (took ${elapsed} s)"
+  echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
+  echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)'), built in $build_dir"
+  echo "- Peer: torchrun from python3-torch $(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null || echo '?')," \
+       "run as /usr/bin/python3 $torchrun ($(/usr/bin/python3 --version 2>&1))"
+  echo "- Load average (1/5/15 min) before: $load_before; after: $load_after"
+  echo "- Exit status: $status"
+  echo
+  echo "## Method"
+  echo
+  echo "- (a) launch: \`--standalone\`, 4 workers running \`/bin/true\` (\`--no-python\`); torchrun with"
+  echo "  \`--monitor_interval=0.1\`. Wall = \`time.perf_counter()\` from just before the launcher is"
+  echo "  spawned to just after \`os.wait4()\` returns for it. Peak RSS = \`ru_maxrss\` from that"
+  echo "  \`os.wait4()\`: on Linux the peak RSS of the largest *single* process among the launcher"
+  echo "  and every descendant it reaped (so: the launcher; its workers are /bin/true), not a sum."
+  echo "  One untimed warm-up each, then interleaved rounds (meshrun x R, torchrun, ...)."
+  echo "- (b) restart: the same launch with \`--max-restarts=1\` and bench/launcher/fail_once.sh, in which"
+  echo "  rank 0 exits 1 when TORCHELASTIC_RESTART_COUNT=0 (\`once\`); the baseline is the same"
+  echo "  script never failing (\`never\`). Extra = median(once) - median(never)."
+  echo "- (c) node loss: 3 agents, \`--nnodes=2:3 --nproc-per-node=1 --max-restarts=3\`, one endpoint"
+  echo "  (meshrun: a separate \`meshrun-rdzvd --port 0\`; torchrun: \`--rdzv_backend=c10d\` on a"
+  echo "  kernel-chosen port, the first agent hosting the TCPStore, the other two started once it"
+  echo "  listens), default keep-alive (5 s x 3). Workers (bench/launcher/node_worker.sh) print"
+  echo "  \`date +%s.%N\` with restart count, world size and group rank, then sleep. Once all"
+  echo "  three run in a world of 3, the third agent is SIGKILLed (0.5 s later); the time is from"
+  echo "  the kill to the worker-stamped start line of each survivor's new world-2 worker. The"
+  echo "  killed agent's worker is watched too (gone = exited or zombie)."
+  echo
+  echo "## Results"
+  echo
+  grep -v '^SUMMARY_JSON ' "$tmp/stdout" || true
+  echo
+  echo "## Progress log"
+  echo
+  echo '```'
+  cat "$tmp/stderr"
+  echo '```'
+} > "$results_dir/results.md"
+echo "bench-launcher: wrote $results_dir/results.md and $results_dir/results.json" >&2
+exit "$status"

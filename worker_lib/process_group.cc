@@ -1,0 +1,306 @@
+#include "worker_lib/process_group.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <exception>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "worker_lib/grpc_store.h"
+
+#ifdef MESHRUN_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace meshrun::worker {
+
+namespace {
+
+// c10 messages carry a C++ backtrace after the first line; a user needs the
+// first line.
+std::string FirstLine(const std::exception& e) {
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e))
+    return std::string(c10_error->msg().substr(0, c10_error->msg().find('\n')));
+  std::string what = e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+// The local address the kernel would use to reach host:port (no packet is
+// sent: connecting a UDP socket only chooses the route). Empty on failure.
+std::string RouteAddressTo(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0)
+    return "";
+  std::string address;
+  for (addrinfo* ai = found; ai != nullptr && address.empty(); ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* raw =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) address = text;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return address;
+}
+
+// Gloo's devices for this worker, in InitOptions' order of precedence.
+absl::StatusOr<std::vector<std::shared_ptr<::gloo::transport::Device>>> MakeGlooDevices(
+    const InitOptions& options, const WorkerEnv& env) {
+  std::vector<std::shared_ptr<::gloo::transport::Device>> devices;
+  std::string interfaces = options.gloo_interface;
+  if (interfaces.empty()) {
+    if (const char* from_env = std::getenv("GLOO_SOCKET_IFNAME")) interfaces = from_env;
+  }
+  try {
+    if (!interfaces.empty()) {
+      for (absl::string_view name : absl::StrSplit(interfaces, ',', absl::SkipEmpty()))
+        devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(std::string(name)));
+      return devices;
+    }
+    std::string hostname = options.gloo_hostname;
+    if (hostname.empty() && IsLoopbackAddress(env.master_addr)) hostname = "127.0.0.1";
+    if (hostname.empty()) hostname = RouteAddressTo(env.master_addr, env.master_port);
+    if (!hostname.empty()) {
+      devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
+    } else {
+      devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create Gloo's network device: ", FirstLine(e)));
+  }
+  return devices;
+}
+
+// The rendezvous key prefix of the n-th group of a world.
+std::string GroupPrefix(int n) { return absl::StrCat("pg/", n, "/"); }
+
+}  // namespace
+
+// The parts of World only this file needs.
+struct WorldInternals {
+  static absl::StatusOr<std::shared_ptr<World>> Init(const std::string& backend,
+                                                     InitOptions options);
+  static absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroup(
+      World& world, std::vector<int> ranks, const GroupOptions& options);
+  static absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeGroup(
+      World& world, const std::string& backend, int group_number, int rank, int size,
+      std::chrono::milliseconds timeout);
+};
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::MakeGroup(
+    World& world, const std::string& backend, int group_number, int rank, int size,
+    std::chrono::milliseconds timeout) {
+  const std::string prefix = GroupPrefix(group_number);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, world.store_);
+  try {
+    if (backend == "gloo") {
+      auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+      {
+        std::lock_guard<std::mutex> lock(world.mu_);
+        if (world.gloo_devices_.empty()) {
+          auto devices = MakeGlooDevices(world.options_, world.env_);
+          if (!devices.ok()) return devices.status();
+          world.gloo_devices_ = std::move(*devices);
+        }
+        options->devices = world.gloo_devices_;
+      }
+      options->threads = std::max(1, world.options_.gloo_threads);
+      return c10::intrusive_ptr<c10d::ProcessGroup>(
+          c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options));
+    }
+    if (backend == "nccl") {
+#ifdef MESHRUN_WITH_NCCL
+      auto options = c10d::ProcessGroupNCCL::Options::create();
+      options->timeout = timeout;
+      return c10::intrusive_ptr<c10d::ProcessGroup>(
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options));
+#else
+      return absl::UnimplementedError(
+          "meshrun_worker was built without NCCL (it needs a CUDA libtorch with "
+          "ProcessGroupNCCL); use the gloo backend");
+#endif
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(backend, " rendezvous of group '", prefix,
+                                               "' (rank ", rank, " of ", size,
+                                               ") failed: ", FirstLine(e)));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown backend '", backend, "': expected gloo or nccl"));
+}
+
+World::~World() {
+  // Groups before the store their rendezvous used.
+  groups_.clear();
+  group_.reset();
+  store_.reset();
+}
+
+std::vector<int> World::GroupRanks(const c10d::ProcessGroup& group) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = group_ranks_.find(&group);
+  return it == group_ranks_.end() ? std::vector<int>() : it->second;
+}
+
+int World::GlobalRank(const c10d::ProcessGroup& group, int group_rank) const {
+  std::vector<int> ranks = GroupRanks(group);
+  if (group_rank < 0 || group_rank >= static_cast<int>(ranks.size())) return -1;
+  return ranks[group_rank];
+}
+
+int World::GroupRank(const c10d::ProcessGroup& group, int global_rank) const {
+  std::vector<int> ranks = GroupRanks(group);
+  auto it = std::lower_bound(ranks.begin(), ranks.end(), global_rank);
+  if (it == ranks.end() || *it != global_rank) return -1;
+  return static_cast<int>(it - ranks.begin());
+}
+
+absl::StatusOr<std::shared_ptr<World>> InitProcessGroup(const std::string& backend,
+                                                        InitOptions options) {
+  return WorldInternals::Init(backend, std::move(options));
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroup(World& world,
+                                                                std::vector<int> ranks,
+                                                                const GroupOptions& options) {
+  return WorldInternals::NewGroup(world, std::move(ranks), options);
+}
+
+absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& backend,
+                                                           InitOptions options) {
+  if (!options.env) {
+    auto env = WorkerEnvFromProcessEnvironment();
+    if (!env.ok()) return env.status();
+    options.env = *env;
+  }
+  std::shared_ptr<World> world(new World());
+  world->env_ = *options.env;
+  world->backend_ = backend;
+  world->timeout_ = options.timeout;
+  const WorkerEnv& env = world->env_;
+
+  StoreKind kind = options.store;
+  if (kind == StoreKind::kAuto)
+    kind = env.has_meshrun_store() ? StoreKind::kMeshrun : StoreKind::kTcpStore;
+  if (kind == StoreKind::kMeshrun) {
+    if (!env.has_meshrun_store()) {
+      return absl::FailedPreconditionError(
+          "MESHRUN_STORE_ENDPOINT is not set: start this program with meshrun to use "
+          "meshrun's store");
+    }
+    GrpcStoreOptions store_options;
+    store_options.endpoint = *env.store_endpoint;
+    store_options.ns = *env.store_prefix;
+    store_options.timeout = options.timeout;
+    store_options.connect_timeout = options.connect_timeout;
+    auto store = GrpcStore::Connect(store_options);
+    if (!store.ok()) return store.status();
+    world->store_ = *store;
+    world->store_kind_ = "meshrun";
+  } else {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(env.master_port);
+    store_options.isServer = env.rank == 0 && !env.use_agent_store;
+    store_options.waitWorkers = false;
+    store_options.timeout = options.connect_timeout;
+    store_options.multiTenant = true;
+    try {
+      world->store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+      world->store_->setTimeout(options.timeout);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("cannot ",
+                                                 store_options.isServer ? "serve" : "reach",
+                                                 " the TCPStore at ", env.master_addr, ":",
+                                                 env.master_port, ": ", FirstLine(e)));
+    }
+    world->store_kind_ = "tcpstore";
+  }
+  world->options_ = std::move(options);
+
+  auto group = MakeGroup(*world, backend, /*group_number=*/0, env.rank,
+                                         env.world_size, world->timeout_);
+  if (!group.ok()) return group.status();
+  world->group_ = *group;
+  std::vector<int> all(env.world_size);
+  for (int r = 0; r < env.world_size; ++r) all[r] = r;
+  world->group_ranks_[world->group_.get()] = std::move(all);
+  return world;
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::NewGroup(
+    World& world, std::vector<int> ranks, const GroupOptions& options) {
+  if (ranks.empty()) return absl::InvalidArgumentError("NewGroup: ranks is empty");
+  std::sort(ranks.begin(), ranks.end());
+  if (std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NewGroup: ranks [", absl::StrJoin(ranks, ", "), "] contain a duplicate"));
+  }
+  if (ranks.front() < 0 || ranks.back() >= world.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NewGroup: ranks [", absl::StrJoin(ranks, ", "),
+        "] must be within the world size set by InitProcessGroup (", world.size(), ")"));
+  }
+  int group_number;
+  {
+    std::lock_guard<std::mutex> lock(world.mu_);
+    group_number = world.next_group_++;
+  }
+  auto me = std::lower_bound(ranks.begin(), ranks.end(), world.rank());
+  if (me == ranks.end() || *me != world.rank())
+    return c10::intrusive_ptr<c10d::ProcessGroup>();
+  const int group_rank = static_cast<int>(me - ranks.begin());
+
+  // Members agree on the ranks before rendezvousing: a mismatch (a rank that
+  // skipped or reordered a NewGroup call) is named instead of timing out.
+  const std::string prefix = GroupPrefix(group_number);
+  const std::string joined = absl::StrJoin(ranks, ",");
+  try {
+    c10d::PrefixStore store(prefix, world.store_);
+    std::vector<uint8_t> mine(joined.begin(), joined.end());
+    std::vector<uint8_t> agreed = store.compareSet("ranks", {}, mine);
+    if (agreed != mine) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "NewGroup #", group_number, ": rank ", world.rank(), " was called with ranks [",
+          joined, "] but another member with [", std::string(agreed.begin(), agreed.end()),
+          "]: every rank must call NewGroup with the same ranks in the same order"));
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("NewGroup: the store failed: ", FirstLine(e)));
+  }
+
+  const std::string backend = options.backend.empty() ? world.backend() : options.backend;
+  auto group = MakeGroup(world, backend, group_number, group_rank,
+                                         static_cast<int>(ranks.size()),
+                                         options.timeout.value_or(world.timeout()));
+  if (!group.ok()) return group.status();
+  std::lock_guard<std::mutex> lock(world.mu_);
+  world.group_ranks_[group->get()] = ranks;
+  world.groups_.push_back(*group);
+  return *group;
+}
+
+}  // namespace meshrun::worker
