@@ -52,6 +52,11 @@ trap 'rm -rf "$tmp"' EXIT
 cmd=(/usr/bin/python3 bench/launcher/bench_launcher.py
      --meshrun "$build_dir/bin/meshrun" --rdzvd "$build_dir/bin/meshrun-rdzvd"
      --torchrun "$torchrun" --json "$results_dir/results.json" "$@")
+# The invocation as typed, with the settings that came from the environment.
+invocation="scripts/bench-launcher.sh${*:+ $*}"
+for var in WAIT_QUIET TORCHRUN RESULTS_DIR BUILD_DIR; do
+  [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
+done
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 t0=$(date +%s)
 # Progress (stderr) is shown live and kept; the tables (stdout) are shown at the end.
@@ -71,7 +76,7 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo
   echo "Produced by \`scripts/bench-launcher.sh\` (bench/launcher/bench_launcher.py); do not edit by hand."
   echo
-  echo "- Command: \`scripts/bench-launcher.sh $*\`, which ran \`${cmd[*]}\`"
+  echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
   echo "- Date: $started (took ${elapsed} s)"
   echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
   echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)'), built in $build_dir"

@@ -26,7 +26,8 @@ absl::StatusOr<at::Tensor> Reduce(const at::Tensor& stacked, c10d::ReduceOp op) 
       return stacked.sum(0, /*keepdim=*/false, stacked.scalar_type());
     case c10d::ReduceOp::AVG:
       if (at::isIntegralType(stacked.scalar_type(), /*includeBool=*/true))
-        return stacked.sum(0, false, stacked.scalar_type()).div_(stacked.size(0), "floor");
+        return stacked.sum(0, false, stacked.scalar_type())
+            .div_(stacked.size(0), "floor");
       return stacked.sum(0, false, stacked.scalar_type()).div_(stacked.size(0));
     case c10d::ReduceOp::PRODUCT:
       return stacked.prod(0, false, stacked.scalar_type());
@@ -65,7 +66,8 @@ absl::Status ReduceScatter(c10d::ProcessGroup& group, at::Tensor& output,
         "reduce_scatter: ", inputs.size(), " inputs for a group of ", n, " ranks"));
   }
   for (const at::Tensor& input : inputs) {
-    if (!input.sizes().equals(output.sizes()) || input.scalar_type() != output.scalar_type())
+    if (!input.sizes().equals(output.sizes()) ||
+        input.scalar_type() != output.scalar_type())
       return absl::InvalidArgumentError(
           "reduce_scatter: every input must have the output's shape and dtype");
   }
@@ -90,7 +92,8 @@ absl::Status ReduceScatter(c10d::ProcessGroup& group, at::Tensor& output,
 absl::Status ReduceScatterTensor(c10d::ProcessGroup& group, at::Tensor& output,
                                  const at::Tensor& input, c10d::ReduceOp op) {
   const int64_t n = group.getSize();
-  if (input.numel() != n * output.numel() || input.scalar_type() != output.scalar_type()) {
+  if (input.numel() != n * output.numel() ||
+      input.scalar_type() != output.scalar_type()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "reduce_scatter_tensor: input has ", input.numel(), " elements, expected ", n,
         " x ", output.numel(), " of the output's dtype"));
@@ -105,7 +108,8 @@ absl::Status ReduceScatterTensor(c10d::ProcessGroup& group, at::Tensor& output,
     }
     return AllToAllReduce(group, output, input.contiguous().reshape({-1}), op);
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("reduce_scatter_tensor failed: ", FirstLine(e)));
+    return absl::InternalError(
+        absl::StrCat("reduce_scatter_tensor failed: ", FirstLine(e)));
   }
 }
 

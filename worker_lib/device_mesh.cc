@@ -129,7 +129,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::operator[](
   return Slice(std::vector<std::string>(names));
 }
 
-absl::StatusOr<DeviceMesh> DeviceMesh::Slice(const std::vector<std::string>& names) const {
+absl::StatusOr<DeviceMesh> DeviceMesh::Slice(
+    const std::vector<std::string>& names) const {
   auto sub = layout_.Slice(names, GetRank(), root_->flattened);
   if (!sub.ok()) return sub.status();
   return DeviceMesh(root_, *std::move(sub));

@@ -85,7 +85,8 @@ class DeviceMesh {
   // `name` (default: the names joined by "_"), registered with the root mesh
   // so that root[name] and GetGroup(name) find it. Collective over the world
   // when it creates the groups (the first time for a name).
-  absl::StatusOr<DeviceMesh> Flatten(const std::optional<std::string>& name = std::nullopt);
+  absl::StatusOr<DeviceMesh> Flatten(
+      const std::optional<std::string>& name = std::nullopt);
 
   // The mesh as an int32 tensor of shape(), as PyTorch's `mesh.mesh`.
   at::Tensor MeshTensor() const;
@@ -97,7 +98,8 @@ class DeviceMesh {
   struct Root;
   friend absl::StatusOr<DeviceMesh> InitDeviceMesh(
       const std::shared_ptr<World>& world, const std::string& device_type,
-      const std::vector<int>& shape, const std::optional<std::vector<std::string>>& names);
+      const std::vector<int>& shape,
+      const std::optional<std::vector<std::string>>& names);
 
   DeviceMesh(std::shared_ptr<Root> root, MeshLayout layout)
       : root_(std::move(root)), layout_(std::move(layout)) {}

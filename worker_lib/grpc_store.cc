@@ -28,17 +28,20 @@ std::chrono::milliseconds WireTimeout(std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-absl::StatusOr<c10::intrusive_ptr<GrpcStore>> GrpcStore::Connect(GrpcStoreOptions options) {
+absl::StatusOr<c10::intrusive_ptr<GrpcStore>> GrpcStore::Connect(
+    GrpcStoreOptions options) {
   rdzv::StoreClientOptions client_options;
   client_options.target = options.endpoint;
-  client_options.channel = rdzv::MakeStoreChannel(options.endpoint, options.own_connection);
+  client_options.channel =
+      rdzv::MakeStoreChannel(options.endpoint, options.own_connection);
   client_options.ns = options.ns;
   client_options.timeout = WireTimeout(options.timeout);
   client_options.connect_timeout = options.connect_timeout;
   auto client = rdzv::StoreClient::Connect(std::move(client_options));
   if (!client.ok()) return client.status();
-  return c10::make_intrusive<GrpcStore>(std::shared_ptr<rdzv::StoreClient>(std::move(*client)),
-                                        options.endpoint, options.timeout);
+  return c10::make_intrusive<GrpcStore>(
+      std::shared_ptr<rdzv::StoreClient>(std::move(*client)), options.endpoint,
+      options.timeout);
 }
 
 GrpcStore::GrpcStore(std::shared_ptr<rdzv::StoreClient> client, std::string endpoint,
@@ -52,19 +55,21 @@ const std::string& GrpcStore::ns() const { return client_->ns(); }
 namespace {
 
 // Throws the c10::Error a failed call becomes: one line, no C++ backtrace.
-[[noreturn]] void Throw(const GrpcStore& store, const char* op, const absl::Status& status,
+[[noreturn]] void Throw(const GrpcStore& store, const char* op,
+                        const absl::Status& status,
                         std::chrono::milliseconds timeout = {}) {
-  std::string where =
-      absl::StrCat(" (meshrun store ", store.endpoint(), ", namespace '", store.ns(), "')");
+  std::string where = absl::StrCat(" (meshrun store ", store.endpoint(), ", namespace '",
+                                   store.ns(), "')");
   if (absl::IsDeadlineExceeded(status)) {
     // The daemon's message names the keys still missing.
-    throw StoreTimeoutError(absl::StrCat("Wait timeout after ", timeout.count(), " ms in ",
-                                         op, ": ", status.message(), where));
+    throw StoreTimeoutError(absl::StrCat("Wait timeout after ", timeout.count(),
+                                         " ms in ", op, ": ", status.message(), where));
   }
   std::string message;
   if (absl::IsUnavailable(status)) {
-    message = absl::StrCat("meshrun store ", op, " failed, the daemon is unreachable: ",
-                           status.message(), where);
+    message =
+        absl::StrCat("meshrun store ", op,
+                     " failed, the daemon is unreachable: ", status.message(), where);
   } else {
     message = absl::StrCat("meshrun store ", op, ": ", status.message(), where);
   }
@@ -74,19 +79,23 @@ namespace {
 }  // namespace
 
 void GrpcStore::set(const std::string& key, const std::vector<uint8_t>& value) {
-  if (absl::Status s = client_->Set(key, ToString(value)); !s.ok()) Throw(*this, "set", s);
+  if (absl::Status s = client_->Set(key, ToString(value)); !s.ok())
+    Throw(*this, "set", s);
 }
 
 std::vector<uint8_t> GrpcStore::compareSet(const std::string& key,
                                            const std::vector<uint8_t>& expected_value,
                                            const std::vector<uint8_t>& desired_value) {
-  auto result = client_->CompareSet(key, ToString(expected_value), ToString(desired_value));
+  auto result =
+      client_->CompareSet(key, ToString(expected_value), ToString(desired_value));
   if (!result.ok()) Throw(*this, "compareSet", result.status());
   return ToBytes(*result);
 }
 
-std::vector<uint8_t> GrpcStore::get(const std::string& key) {
-  const auto timeout = timeout_;
+std::vector<uint8_t> GrpcStore::get(const std::string& key) { return get(key, timeout_); }
+
+std::vector<uint8_t> GrpcStore::get(const std::string& key,
+                                    std::chrono::milliseconds timeout) {
   auto result = client_->Get(key, WireTimeout(timeout));
   if (!result.ok()) Throw(*this, "get", result.status(), timeout);
   return ToBytes(*result);
@@ -124,11 +133,13 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
     Throw(*this, "wait", s, timeout);
 }
 
-void GrpcStore::watchKey(const std::string& /*key*/, c10d::WatchKeyCallback /*callback*/) {
+void GrpcStore::watchKey(const std::string& /*key*/,
+                         c10d::WatchKeyCallback /*callback*/) {
   throw StoreError("watchKey is not supported by meshrun's GrpcStore");
 }
 
-std::vector<std::vector<uint8_t>> GrpcStore::multiGet(const std::vector<std::string>& keys) {
+std::vector<std::vector<uint8_t>> GrpcStore::multiGet(
+    const std::vector<std::string>& keys) {
   // The client's MultiGet waits with the connect-time timeout; waiting first
   // honours setTimeout().
   wait(keys, timeout_);
@@ -143,12 +154,13 @@ std::vector<std::vector<uint8_t>> GrpcStore::multiGet(const std::vector<std::str
 void GrpcStore::multiSet(const std::vector<std::string>& keys,
                          const std::vector<std::vector<uint8_t>>& values) {
   if (keys.size() != values.size()) {
-    throw StoreError(absl::StrCat("multiSet: ", keys.size(), " keys but ", values.size(),
-                                  " values"));
+    throw StoreError(
+        absl::StrCat("multiSet: ", keys.size(), " keys but ", values.size(), " values"));
   }
   std::vector<std::pair<std::string, std::string>> entries;
   entries.reserve(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) entries.emplace_back(keys[i], ToString(values[i]));
+  for (size_t i = 0; i < keys.size(); ++i)
+    entries.emplace_back(keys[i], ToString(values[i]));
   if (absl::Status s = client_->MultiSet(entries); !s.ok()) Throw(*this, "multiSet", s);
 }
 

@@ -26,8 +26,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -79,6 +79,8 @@ class GrpcStore : public c10d::Store {
                                   const std::vector<uint8_t>& expected_value,
                                   const std::vector<uint8_t>& desired_value) override;
   std::vector<uint8_t> get(const std::string& key) override;
+  // get() with its own timeout instead of the store's (kNoTimeout: forever).
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout);
   int64_t add(const std::string& key, int64_t value) override;
   bool deleteKey(const std::string& key) override;
   bool check(const std::vector<std::string>& keys) override;

@@ -16,7 +16,9 @@ namespace {
 absl::Status RuntimeError(std::string message) {
   return absl::FailedPreconditionError(std::move(message));
 }
-absl::Status KeyError(std::string message) { return absl::NotFoundError(std::move(message)); }
+absl::Status KeyError(std::string message) {
+  return absl::NotFoundError(std::move(message));
+}
 absl::Status ValueError(std::string message) {
   return absl::InvalidArgumentError(std::move(message));
 }
@@ -178,10 +180,10 @@ absl::StatusOr<MeshLayout> MeshLayout::Create(
                        PyTuple(*dim_names)));
     }
     if (shape.size() != dim_names->size()) {
-      return RuntimeError(absl::StrCat(
-          "mesh_shape and mesh_dim_names should have same length! Found "
-          "len(mesh_dim_names): ",
-          dim_names->size(), " and len(mesh_shape):", shape.size(), "."));
+      return RuntimeError(
+          absl::StrCat("mesh_shape and mesh_dim_names should have same length! Found "
+                       "len(mesh_dim_names): ",
+                       dim_names->size(), " and len(mesh_shape):", shape.size(), "."));
     }
   }
   if (!device_type.empty() &&
@@ -194,17 +196,16 @@ absl::StatusOr<MeshLayout> MeshLayout::Create(
   }
   if (shape.empty()) return ValueError("mesh_shape must not be empty");
   if (std::any_of(shape.begin(), shape.end(), [](int size) { return size < 1; })) {
-    return ValueError(
-        absl::StrCat("mesh_shape must contain only positive sizes, but got ", PyIntTuple(shape)));
+    return ValueError(absl::StrCat(
+        "mesh_shape must contain only positive sizes, but got ", PyIntTuple(shape)));
   }
   if (world_size < 1) {
     return ValueError(absl::StrCat("world size must be positive, but got ", world_size));
   }
   const int64_t numel = Product(shape);
   if (numel > world_size) {
-    return RuntimeError(
-        absl::StrCat("Mesh should not be bigger than default world size ", world_size,
-                     ", but found ", numel, " ranks!"));
+    return RuntimeError(absl::StrCat("Mesh should not be bigger than default world size ",
+                                     world_size, ", but found ", numel, " ranks!"));
   }
   MeshLayout layout;
   layout.world_size_ = world_size;
@@ -303,8 +304,8 @@ absl::StatusOr<DimRef> MeshLayout::ResolveLocalRankDim(
   return ResolveGroupDim(mesh_dim ? *mesh_dim : MeshDim(0), flattened);
 }
 
-std::optional<int> MeshLayout::LocalRank(int rank, const DimRef& ref,
-                                         const std::vector<FlattenedDim>& flattened) const {
+std::optional<int> MeshLayout::LocalRank(
+    int rank, const DimRef& ref, const std::vector<FlattenedDim>& flattened) const {
   if (!InRoot(rank)) return std::nullopt;
   if (ref.flattened.empty()) return RootCoordinate(rank)[ref.root_dim];
   const FlattenedDim* dim = FindFlattened(flattened, ref.flattened);
@@ -316,7 +317,8 @@ std::optional<int> MeshLayout::LocalRank(int rank, const DimRef& ref,
 absl::StatusOr<MeshLayout> MeshLayout::Slice(
     const std::vector<std::string>& names, int rank,
     const std::vector<FlattenedDim>& flattened) const {
-  if (!dim_names_) return RuntimeError("Cannot slice a DeviceMesh without mesh_dim_names!");
+  if (!dim_names_)
+    return RuntimeError("Cannot slice a DeviceMesh without mesh_dim_names!");
   if (names == *dim_names_) return *this;
   if (names.empty()) return ValueError("mesh_dim_names to slice must not be empty");
   // Only the root mesh knows its flattened dimensions.
@@ -374,8 +376,7 @@ absl::StatusOr<MeshLayout> MeshLayout::Slice(
     }
   }
 
-  if (!InRoot(rank) ||
-      std::find(ranks_.begin(), ranks_.end(), rank) == ranks_.end()) {
+  if (!InRoot(rank) || std::find(ranks_.begin(), ranks_.end(), rank) == ranks_.end()) {
     return NotInMeshError();
   }
   MeshLayout sub = *this;
@@ -395,7 +396,8 @@ absl::StatusOr<MeshLayout> MeshLayout::Slice(
 absl::StatusOr<FlattenPlan> MeshLayout::Flatten(
     const std::optional<std::string>& name, int rank,
     const std::vector<FlattenedDim>& flattened) const {
-  if (!dim_names_) return RuntimeError("Cannot flatten a DeviceMesh without mesh_dim_names!");
+  if (!dim_names_)
+    return RuntimeError("Cannot flatten a DeviceMesh without mesh_dim_names!");
   FlattenPlan plan;
   plan.dim.name = name && !name->empty() ? *name : absl::StrJoin(*dim_names_, "_");
   for (const auto& dims : root_dims_)
@@ -454,7 +456,9 @@ std::string MeshLayout::RootToString() const {
   return Repr(root_ranks, root_shape_, root_dim_names_);
 }
 
-bool MeshLayout::InRoot(int rank) const { return rank >= 0 && rank < Product(root_shape_); }
+bool MeshLayout::InRoot(int rank) const {
+  return rank >= 0 && rank < Product(root_shape_);
+}
 
 std::vector<int> MeshLayout::RootCoordinate(int rank) const {
   return Unravel(rank, root_shape_);

@@ -38,7 +38,7 @@ std::string PyList(const std::vector<std::string>& items);
 class MeshDim {
  public:
   MeshDim(int index) : value_(index) {}  // NOLINT(google-explicit-constructor)
-  MeshDim(std::string name) : value_(std::move(name)) {}  // NOLINT
+  MeshDim(std::string name) : value_(std::move(name)) {}    // NOLINT
   MeshDim(const char* name) : value_(std::string(name)) {}  // NOLINT
   bool is_name() const { return std::holds_alternative<std::string>(value_); }
   int index() const { return std::get<int>(value_); }
@@ -109,8 +109,9 @@ class MeshLayout {
 
   // Resolves get_group's `mesh_dim` (nullopt: not given). `flattened` is the
   // root's registry of flattened dimensions, consulted first, as PyTorch does.
-  absl::StatusOr<DimRef> ResolveGroupDim(const std::optional<MeshDim>& mesh_dim,
-                                         const std::vector<FlattenedDim>& flattened) const;
+  absl::StatusOr<DimRef> ResolveGroupDim(
+      const std::optional<MeshDim>& mesh_dim,
+      const std::vector<FlattenedDim>& flattened) const;
   // The same for get_local_rank (its own message when `mesh_dim` is missing).
   absl::StatusOr<DimRef> ResolveLocalRankDim(
       const std::optional<MeshDim>& mesh_dim,
@@ -129,8 +130,10 @@ class MeshLayout {
   absl::StatusOr<FlattenPlan> Flatten(const std::optional<std::string>& name, int rank,
                                       const std::vector<FlattenedDim>& flattened) const;
 
-  // PyTorch's repr: DeviceMesh([[0, 1, 2], [3, 4, 5]], mesh_dim_names=('dp', 'tp')),
-  // or DeviceMesh([0, 1, 2, 3]) without names.
+  // PyTorch 2.4/2.5's repr, as seed 000 prints it:
+  // DeviceMesh([[0, 1, 2], [3, 4, 5]], mesh_dim_names=('dp', 'tp')), or
+  // DeviceMesh([0, 1, 2, 3]) without names. (Later PyTorch versions print the
+  // device type and strides instead.)
   std::string ToString() const;
 
  private:

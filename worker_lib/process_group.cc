@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "worker_lib/grpc_store.h"
+
+#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
+#error \
+    "meshrun_worker is written against libtorch 1.13's c10d API (backends are ProcessGroups)"
+#endif
 
 #ifdef MESHRUN_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -53,10 +59,11 @@ std::string RouteAddressTo(const std::string& host, int port) {
     if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
         getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
       char text[INET6_ADDRSTRLEN] = {};
-      const void* raw =
-          local.ss_family == AF_INET
-              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      const void* raw = local.ss_family == AF_INET
+                            ? static_cast<const void*>(
+                                  &reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                            : static_cast<const void*>(
+                                  &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
       if (inet_ntop(local.ss_family, raw, text, sizeof text) != nullptr) address = text;
     }
     close(fd);
@@ -76,7 +83,8 @@ absl::StatusOr<std::vector<std::shared_ptr<::gloo::transport::Device>>> MakeGloo
   try {
     if (!interfaces.empty()) {
       for (absl::string_view name : absl::StrSplit(interfaces, ',', absl::SkipEmpty()))
-        devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(std::string(name)));
+        devices.push_back(
+            c10d::ProcessGroupGloo::createDeviceForInterface(std::string(name)));
       return devices;
     }
     std::string hostname = options.gloo_hostname;
@@ -95,7 +103,55 @@ absl::StatusOr<std::vector<std::shared_ptr<::gloo::transport::Device>>> MakeGloo
 }
 
 // The rendezvous key prefix of the n-th group of a world.
-std::string GroupPrefix(int n) { return absl::StrCat("pg/", n, "/"); }
+// The store a group rendezvouses through: the world's store with the group's
+// own timeout for get() and wait(keys). Gloo's connectFullMesh blocks in
+// get() with the store's timeout, not the group's; without this a group that
+// can never form (ranks disagreeing on NewGroup) would wait out the world's
+// timeout (30 min by default) rather than its own.
+class GroupTimeoutStore final : public c10d::Store {
+ public:
+  GroupTimeoutStore(c10::intrusive_ptr<c10d::Store> store,
+                    std::chrono::milliseconds timeout)
+      : c10d::Store(timeout),
+        store_(std::move(store)),
+        grpc_(dynamic_cast<GrpcStore*>(store_.get())) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    store_->set(key, value);
+  }
+  std::vector<uint8_t> compareSet(const std::string& key,
+                                  const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    return store_->compareSet(key, expected, desired);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    if (grpc_ != nullptr) return grpc_->get(key, timeout_);  // one round trip
+    store_->wait({key}, timeout_);
+    return store_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    return store_->add(key, value);
+  }
+  bool deleteKey(const std::string& key) override { return store_->deleteKey(key); }
+  bool check(const std::vector<std::string>& keys) override {
+    return store_->check(keys);
+  }
+  int64_t getNumKeys() override { return store_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override {
+    store_->wait(keys, timeout_);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  GrpcStore* grpc_;  // store_ when it is a GrpcStore (owned by store_)
+};
+
+// c10d::PrefixStore adds the "/" itself: keys land under "pg/<n>/".
+std::string GroupPrefix(int n) { return absl::StrCat("pg/", n); }
 
 }  // namespace
 
@@ -114,7 +170,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::MakeGroup
     World& world, const std::string& backend, int group_number, int rank, int size,
     std::chrono::milliseconds timeout) {
   const std::string prefix = GroupPrefix(group_number);
-  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, world.store_);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      prefix, c10::make_intrusive<GroupTimeoutStore>(world.store_, timeout));
   try {
     if (backend == "gloo") {
       auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -183,14 +240,13 @@ absl::StatusOr<std::shared_ptr<World>> InitProcessGroup(const std::string& backe
   return WorldInternals::Init(backend, std::move(options));
 }
 
-absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroup(World& world,
-                                                                std::vector<int> ranks,
-                                                                const GroupOptions& options) {
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroup(
+    World& world, std::vector<int> ranks, const GroupOptions& options) {
   return WorldInternals::NewGroup(world, std::move(ranks), options);
 }
 
 absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& backend,
-                                                           InitOptions options) {
+                                                            InitOptions options) {
   if (!options.env) {
     auto env = WorkerEnvFromProcessEnvironment();
     if (!env.ok()) return env.status();
@@ -231,17 +287,16 @@ absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& b
       world->store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
       world->store_->setTimeout(options.timeout);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("cannot ",
-                                                 store_options.isServer ? "serve" : "reach",
-                                                 " the TCPStore at ", env.master_addr, ":",
-                                                 env.master_port, ": ", FirstLine(e)));
+      return absl::UnavailableError(absl::StrCat(
+          "cannot ", store_options.isServer ? "serve" : "reach", " the TCPStore at ",
+          env.master_addr, ":", env.master_port, ": ", FirstLine(e)));
     }
     world->store_kind_ = "tcpstore";
   }
   world->options_ = std::move(options);
 
-  auto group = MakeGroup(*world, backend, /*group_number=*/0, env.rank,
-                                         env.world_size, world->timeout_);
+  auto group = MakeGroup(*world, backend, /*group_number=*/0, env.rank, env.world_size,
+                         world->timeout_);
   if (!group.ok()) return group.status();
   world->group_ = *group;
   std::vector<int> all(env.world_size);
@@ -284,7 +339,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::NewGroup(
     if (agreed != mine) {
       return absl::FailedPreconditionError(absl::StrCat(
           "NewGroup #", group_number, ": rank ", world.rank(), " was called with ranks [",
-          joined, "] but another member with [", std::string(agreed.begin(), agreed.end()),
+          joined, "] but another member with [",
+          std::string(agreed.begin(), agreed.end()),
           "]: every rank must call NewGroup with the same ranks in the same order"));
     }
   } catch (const std::exception& e) {
@@ -293,9 +349,9 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::NewGroup(
   }
 
   const std::string backend = options.backend.empty() ? world.backend() : options.backend;
-  auto group = MakeGroup(world, backend, group_number, group_rank,
-                                         static_cast<int>(ranks.size()),
-                                         options.timeout.value_or(world.timeout()));
+  auto group =
+      MakeGroup(world, backend, group_number, group_rank, static_cast<int>(ranks.size()),
+                options.timeout.value_or(world.timeout()));
   if (!group.ok()) return group.status();
   std::lock_guard<std::mutex> lock(world.mu_);
   world.group_ranks_[group->get()] = ranks;

@@ -64,7 +64,9 @@ struct InitOptions {
 
 struct GroupOptions {
   std::string backend;  // empty: the world's backend
-  std::optional<std::chrono::milliseconds> timeout;  // default: the world's
+  // The group's collectives and its rendezvous (the store waits Gloo makes
+  // while the group forms); default: the world's timeout.
+  std::optional<std::chrono::milliseconds> timeout;
 };
 
 // The default group and what subgroups are made from. Created by
@@ -123,8 +125,8 @@ class World {
 // NCCL: "meshrun_worker was built without NCCL" otherwise) over all ranks of
 // the environment. Collective: every rank calls it. Errors (environment,
 // store, rendezvous, unknown backend) are returned, never thrown.
-absl::StatusOr<std::shared_ptr<World>> InitProcessGroup(const std::string& backend = "gloo",
-                                                        InitOptions options = {});
+absl::StatusOr<std::shared_ptr<World>> InitProcessGroup(
+    const std::string& backend = "gloo", InitOptions options = {});
 
 // torch.distributed.new_group(ranks): a group of the given global ranks,
 // sorted as torch sorts them (group rank = position in the sorted list).

@@ -67,15 +67,16 @@ absl::Status CheckAtLeast(const std::string& name, int value, int minimum) {
 }
 
 // 0 <= rank < size, named after the two variables.
-absl::Status CheckRank(const std::string& rank_name, int rank, const std::string& size_name,
-                       int size) {
+absl::Status CheckRank(const std::string& rank_name, int rank,
+                       const std::string& size_name, int size) {
   if (rank >= 0 && rank < size) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(rank_name, "=", rank, " is out of range: ",
-                                                 size_name, " is ", size, " (0 <= ",
-                                                 rank_name, " < ", size_name, ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(rank_name, "=", rank, " is out of range: ", size_name, " is ", size,
+                   " (0 <= ", rank_name, " < ", size_name, ")"));
 }
 
-absl::StatusOr<std::optional<int>> OptionalInt(const Parser& parser, const std::string& name) {
+absl::StatusOr<std::optional<int>> OptionalInt(const Parser& parser,
+                                               const std::string& name) {
   const std::string* text = parser.Find(name);
   if (text == nullptr) return std::optional<int>();
   auto value = ParseInt(name, *text);
@@ -103,17 +104,17 @@ bool ValidEndpoint(const std::string& endpoint) {
   return value >= 1 && value <= 65535;
 }
 
-#define MESHRUN_ASSIGN_OR_RETURN(lhs, expr) \
-  do {                                      \
-    auto _result = (expr);                  \
+#define MESHRUN_ASSIGN_OR_RETURN(lhs, expr)     \
+  do {                                          \
+    auto _result = (expr);                      \
     if (!_result.ok()) return _result.status(); \
-    lhs = *std::move(_result);              \
+    lhs = *std::move(_result);                  \
   } while (false)
 
-#define MESHRUN_RETURN_IF_ERROR(expr)       \
-  do {                                      \
-    absl::Status _status = (expr);          \
-    if (!_status.ok()) return _status;      \
+#define MESHRUN_RETURN_IF_ERROR(expr)  \
+  do {                                 \
+    absl::Status _status = (expr);     \
+    if (!_status.ok()) return _status; \
   } while (false)
 
 }  // namespace
@@ -138,12 +139,12 @@ absl::StatusOr<WorkerEnv> ParseWorkerEnv(const std::map<std::string, std::string
   if (out.local_world_size) {
     MESHRUN_RETURN_IF_ERROR(CheckAtLeast("LOCAL_WORLD_SIZE", *out.local_world_size, 1));
     if (*out.local_world_size > out.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LOCAL_WORLD_SIZE=", *out.local_world_size, " is larger than WORLD_SIZE=",
-          out.world_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("LOCAL_WORLD_SIZE=", *out.local_world_size,
+                       " is larger than WORLD_SIZE=", out.world_size));
     }
-    MESHRUN_RETURN_IF_ERROR(
-        CheckRank("LOCAL_RANK", out.local_rank, "LOCAL_WORLD_SIZE", *out.local_world_size));
+    MESHRUN_RETURN_IF_ERROR(CheckRank("LOCAL_RANK", out.local_rank, "LOCAL_WORLD_SIZE",
+                                      *out.local_world_size));
   } else {
     MESHRUN_RETURN_IF_ERROR(
         CheckRank("LOCAL_RANK", out.local_rank, "WORLD_SIZE", out.world_size));
@@ -184,14 +185,17 @@ absl::StatusOr<WorkerEnv> ParseWorkerEnv(const std::map<std::string, std::string
   }
 
   std::optional<int> restart_count, max_restarts;
-  MESHRUN_ASSIGN_OR_RETURN(restart_count, OptionalInt(parser, "TORCHELASTIC_RESTART_COUNT"));
-  MESHRUN_ASSIGN_OR_RETURN(max_restarts, OptionalInt(parser, "TORCHELASTIC_MAX_RESTARTS"));
+  MESHRUN_ASSIGN_OR_RETURN(restart_count,
+                           OptionalInt(parser, "TORCHELASTIC_RESTART_COUNT"));
+  MESHRUN_ASSIGN_OR_RETURN(max_restarts,
+                           OptionalInt(parser, "TORCHELASTIC_MAX_RESTARTS"));
   out.restart_count = restart_count.value_or(0);
   out.max_restarts = max_restarts.value_or(0);
   MESHRUN_RETURN_IF_ERROR(
       CheckAtLeast("TORCHELASTIC_RESTART_COUNT", out.restart_count, 0));
   MESHRUN_RETURN_IF_ERROR(CheckAtLeast("TORCHELASTIC_MAX_RESTARTS", out.max_restarts, 0));
-  if (const std::string* run_id = parser.Find("TORCHELASTIC_RUN_ID")) out.run_id = *run_id;
+  if (const std::string* run_id = parser.Find("TORCHELASTIC_RUN_ID"))
+    out.run_id = *run_id;
   if (const std::string* use = parser.Find("TORCHELASTIC_USE_AGENT_STORE"))
     MESHRUN_ASSIGN_OR_RETURN(out.use_agent_store,
                              ParseBool("TORCHELASTIC_USE_AGENT_STORE", *use));
@@ -210,8 +214,8 @@ absl::StatusOr<WorkerEnv> ParseWorkerEnv(const std::map<std::string, std::string
   }
   if (endpoint != nullptr) {
     if (!ValidEndpoint(*endpoint)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MESHRUN_STORE_ENDPOINT='", *endpoint, "' is not host:port"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("MESHRUN_STORE_ENDPOINT='", *endpoint, "' is not host:port"));
     }
     if (prefix->empty())
       return absl::InvalidArgumentError("MESHRUN_STORE_PREFIX is empty");
@@ -235,8 +239,7 @@ absl::StatusOr<WorkerEnv> WorkerEnvFromProcessEnvironment() {
 bool IsLoopbackAddress(const std::string& host) {
   if (host == "localhost" || host == "::1" || host == "[::1]") return true;
   in_addr v4{};
-  if (inet_pton(AF_INET, host.c_str(), &v4) == 1)
-    return (ntohl(v4.s_addr) >> 24) == 127;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
   return false;
 }
 

@@ -17,20 +17,20 @@
 namespace meshrun::worker {
 
 struct WorkerEnv {
-  int rank = 0;                           // RANK
-  int world_size = 1;                     // WORLD_SIZE
-  int local_rank = 0;                     // LOCAL_RANK
-  std::optional<int> local_world_size;    // LOCAL_WORLD_SIZE
-  std::optional<int> group_rank;          // GROUP_RANK (the node's rank)
-  std::optional<int> group_world_size;    // GROUP_WORLD_SIZE (number of nodes)
-  std::optional<int> role_rank;           // ROLE_RANK
-  std::optional<std::string> role_name;   // ROLE_NAME
-  std::optional<int> role_world_size;     // ROLE_WORLD_SIZE
-  std::string master_addr;                // MASTER_ADDR
-  int master_port = 0;                    // MASTER_PORT
-  int restart_count = 0;                  // TORCHELASTIC_RESTART_COUNT (0 if unset)
-  int max_restarts = 0;                   // TORCHELASTIC_MAX_RESTARTS (0 if unset)
-  std::optional<std::string> run_id;      // TORCHELASTIC_RUN_ID
+  int rank = 0;                          // RANK
+  int world_size = 1;                    // WORLD_SIZE
+  int local_rank = 0;                    // LOCAL_RANK
+  std::optional<int> local_world_size;   // LOCAL_WORLD_SIZE
+  std::optional<int> group_rank;         // GROUP_RANK (the node's rank)
+  std::optional<int> group_world_size;   // GROUP_WORLD_SIZE (number of nodes)
+  std::optional<int> role_rank;          // ROLE_RANK
+  std::optional<std::string> role_name;  // ROLE_NAME
+  std::optional<int> role_world_size;    // ROLE_WORLD_SIZE
+  std::string master_addr;               // MASTER_ADDR
+  int master_port = 0;                   // MASTER_PORT
+  int restart_count = 0;                 // TORCHELASTIC_RESTART_COUNT (0 if unset)
+  int max_restarts = 0;                  // TORCHELASTIC_MAX_RESTARTS (0 if unset)
+  std::optional<std::string> run_id;     // TORCHELASTIC_RUN_ID
   // TORCHELASTIC_USE_AGENT_STORE: true when MASTER_ADDR:MASTER_PORT is a
   // TCPStore the agent already serves (workers then only connect to it).
   bool use_agent_store = false;

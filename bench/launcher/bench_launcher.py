@@ -324,14 +324,15 @@ def reap_orphans():
                 os.kill(int(entry), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    while True:
+    deadline = time.time() + 10
+    while time.time() < deadline:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             time.sleep(0.05)
-            continue
+    log("WARNING: some child processes did not exit within 10 s of SIGKILL")
 
 
 # ---------------------------------------------------------------- report
@@ -360,16 +361,27 @@ def main():
     p.add_argument("--sections", default="launch,restart,loss")
     p.add_argument("--json", help="also write the summary here")
     args = p.parse_args()
-    sections = set(args.sections.split(","))
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     launchers = Launchers(args)
+    tmpdir = tempfile.mkdtemp(prefix="bench-launcher-")
+    try:
+        run(args, launchers, tmpdir)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def run(args, launchers, tmpdir):
+    sections = set(args.sections.split(","))
     env = bench_env()
+    # Both launchers' temporary files (torchrun leaves a torchelastic_* directory
+    # per run; a SIGKILLed agent cannot clean up) go here and are removed at the end.
+    env["TMPDIR"] = os.path.join(tmpdir, "tmp")
+    os.makedirs(env["TMPDIR"])
     summary = dict(runs=args.runs, meshrun_repeats=args.meshrun_repeats, nproc=os.cpu_count(),
                    loss_wait_s=args.loss_wait)
     out = []
-    tmpdir = tempfile.mkdtemp(prefix="bench-launcher-")
 
     if "launch" in sections:
         log("(a) launch: 4 x /bin/true, standalone")
@@ -501,7 +513,6 @@ def main():
                 print("    " + line)
 
     print("```")
-    shutil.rmtree(tmpdir, ignore_errors=True)
     print("\nSUMMARY_JSON " + json.dumps(summary))
     if args.json:
         with open(args.json, "w") as f:

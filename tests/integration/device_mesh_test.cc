@@ -25,11 +25,14 @@ using Groups = std::vector<std::vector<int>>;
 
 // Runs `program args...` under meshrun with `n` workers; returns the exit code
 // and fills `output` (stdout and stderr of the launcher and the workers).
-int RunUnderMeshrun(int n, const std::string& program, const std::vector<std::string>& args,
-                    std::string* output) {
-  std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=/usr/bin/python3",
-                                BinDir() + "/meshrun", "--standalone",
-                                "--nproc-per-node=" + std::to_string(n), "--no-python",
+int RunUnderMeshrun(int n, const std::string& program,
+                    const std::vector<std::string>& args, std::string* output) {
+  std::vector<std::string> argv{"/usr/bin/env",
+                                "PYTHON_EXEC=/usr/bin/python3",
+                                BinDir() + "/meshrun",
+                                "--standalone",
+                                "--nproc-per-node=" + std::to_string(n),
+                                "--no-python",
                                 BinDir() + "/" + program};
   argv.insert(argv.end(), args.begin(), args.end());
   ChildProcess run(argv, /*merge_stderr=*/true);
@@ -48,7 +51,8 @@ std::vector<int> Ints(const std::string& text) {
 }
 
 // Lines "<TAG> <rank> <rest>" (after the launcher's "[defaultN]:" prefix).
-std::multimap<int, std::string> Tagged(const std::string& output, const std::string& tag) {
+std::multimap<int, std::string> Tagged(const std::string& output,
+                                       const std::string& tag) {
   std::multimap<int, std::string> lines;
   std::regex re("(?:^|:)" + tag + " (\\d+) ?(.*)$");
   std::istringstream in(output);
@@ -72,8 +76,8 @@ class MeshGroupsTest : public ::testing::TestWithParam<MeshCase> {};
 TEST_P(MeshGroupsTest, GroupsMatchPyTorchAndCollectivesWorkOnEveryDimension) {
   const MeshCase& c = GetParam();
   std::string output;
-  int code = RunUnderMeshrun(c.world, "mesh_worker", {"--shape", c.shape, "--names", c.names},
-                             &output);
+  int code = RunUnderMeshrun(c.world, "mesh_worker",
+                             {"--shape", c.shape, "--names", c.names}, &output);
   ASSERT_EQ(code, 0) << output;
   EXPECT_EQ(Tagged(output, "FAIL").size(), 0u) << output;
   EXPECT_EQ(Tagged(output, "DONE").size(), static_cast<size_t>(c.world)) << output;
@@ -89,7 +93,8 @@ TEST_P(MeshGroupsTest, GroupsMatchPyTorchAndCollectivesWorkOnEveryDimension) {
   ASSERT_EQ(groups.size(), static_cast<size_t>(c.world * ndim)) << output;
   for (int dim = 0; dim < ndim; ++dim) {
     for (const auto& row : c.dim_groups[dim]) {
-      for (int rank : row) EXPECT_EQ(groups[std::make_pair(rank, dim)], row) << "rank " << rank;
+      for (int rank : row)
+        EXPECT_EQ(groups[std::make_pair(rank, dim)], row) << "rank " << rank;
     }
   }
   // Coordinates are row-major.
@@ -152,21 +157,23 @@ std::set<std::string> RankLines(const std::string& output) {
 TEST(MeshExample, SeedPrintout2x3) {
   std::string output;
   ASSERT_EQ(RunUnderMeshrun(6, "mesh_example", {"--shape", "2,3"}, &output), 0) << output;
-  EXPECT_EQ(RankLines(output), (std::set<std::string>{
-                                   "Rank: 0, DeviceMesh([0, 1, 2], mesh_dim_names=('tp',))",
-                                   "Rank: 5, DeviceMesh([3, 4, 5], mesh_dim_names=('tp',))",
-                                   "Rank: 4, DeviceMesh([3, 4, 5], mesh_dim_names=('tp',))",
-                                   "Rank: 2, DeviceMesh([0, 1, 2], mesh_dim_names=('tp',))",
-                                   "Rank: 1, DeviceMesh([0, 1, 2], mesh_dim_names=('tp',))",
-                                   "Rank: 3, DeviceMesh([3, 4, 5], mesh_dim_names=('tp',))",
-                               }))
+  EXPECT_EQ(RankLines(output),
+            (std::set<std::string>{
+                "Rank: 0, DeviceMesh([0, 1, 2], mesh_dim_names=('tp',))",
+                "Rank: 5, DeviceMesh([3, 4, 5], mesh_dim_names=('tp',))",
+                "Rank: 4, DeviceMesh([3, 4, 5], mesh_dim_names=('tp',))",
+                "Rank: 2, DeviceMesh([0, 1, 2], mesh_dim_names=('tp',))",
+                "Rank: 1, DeviceMesh([0, 1, 2], mesh_dim_names=('tp',))",
+                "Rank: 3, DeviceMesh([3, 4, 5], mesh_dim_names=('tp',))",
+            }))
       << output;
 }
 
 TEST(MeshExample, SeedPrintout3x2) {
   std::string output;
-  ASSERT_EQ(RunUnderMeshrun(6, "mesh_example", {"--shape", "3,2", "--names", "dp,tp"}, &output),
-            0)
+  ASSERT_EQ(
+      RunUnderMeshrun(6, "mesh_example", {"--shape", "3,2", "--names", "dp,tp"}, &output),
+      0)
       << output;
   EXPECT_EQ(RankLines(output), (std::set<std::string>{
                                    "Rank: 0, DeviceMesh([0, 1], mesh_dim_names=('tp',))",
@@ -181,7 +188,8 @@ TEST(MeshExample, SeedPrintout3x2) {
 
 TEST(MeshExample, SlicesOtherDimensions) {
   std::string output;
-  ASSERT_EQ(RunUnderMeshrun(4, "mesh_example", {"--shape", "2,2", "--slice", "dp"}, &output), 0)
+  ASSERT_EQ(
+      RunUnderMeshrun(4, "mesh_example", {"--shape", "2,2", "--slice", "dp"}, &output), 0)
       << output;
   EXPECT_EQ(RankLines(output), (std::set<std::string>{
                                    "Rank: 0, DeviceMesh([0, 2], mesh_dim_names=('dp',))",
@@ -211,37 +219,59 @@ TEST_P(MeshExampleErrors, PrintPyTorchsMessageAndFail) {
 INSTANTIATE_TEST_SUITE_P(
     Table, MeshExampleErrors,
     ::testing::Values(
-        ErrorCase{"MeshBiggerThanWorld", 4, {"--shape", "2,3"},
-                  "Mesh should not be bigger than default world size 4, but found 6 ranks!"},
-        ErrorCase{"NoNames", 2, {"--shape", "2", "--no-names"},
+        ErrorCase{
+            "MeshBiggerThanWorld",
+            4,
+            {"--shape", "2,3"},
+            "Mesh should not be bigger than default world size 4, but found 6 ranks!"},
+        // One worker suffices for the others.
+        ErrorCase{"NoNames",
+                  1,
+                  {"--shape", "1", "--no-names"},
                   "Cannot slice a DeviceMesh without mesh_dim_names!"},
-        ErrorCase{"RepeatedNames", 2, {"--shape", "1,2", "--names", "dp,dp"},
+        ErrorCase{"RepeatedNames",
+                  1,
+                  {"--shape", "1,1", "--names", "dp,dp"},
                   "Each mesh_dim_name must be unique. Found repeated mesh_dim_name in "
                   "mesh_dim_names ('dp', 'dp')"},
-        ErrorCase{"NamesCount", 2, {"--shape", "1,2", "--names", "dp"},
+        ErrorCase{"NamesCount",
+                  1,
+                  {"--shape", "1,1", "--names", "dp"},
                   "mesh_shape and mesh_dim_names should have same length! Found "
                   "len(mesh_dim_names): 1 and len(mesh_shape):2."},
-        ErrorCase{"UnknownName", 2, {"--shape", "1,2", "--slice", "pp"},
-                  "Invalid mesh_dim_names ('pp',) specified. Valid mesh_dim_names are ['dp', "
-                  "'tp']."},
-        ErrorCase{"NamesOutOfOrder", 2, {"--shape", "1,2", "--slice", "tp,dp"},
-                  "Invalid mesh_dim_names ('tp', 'dp') specified. Found mesh dim indices to "
-                  "slice: [(1,), (0,)]. Mesh dim indices should be in ascending order."},
-        ErrorCase{"DeviceWithIndex", 2, {"--shape", "2", "--device", "cuda:0"},
-                  "Device type with index is not supported but got cuda:0. If you maintained "
-                  "a 'torch.device' object, it's recommended to pass in 'device.type'."},
-        // PyTorch allows a world larger than the mesh; a rank outside it
+        ErrorCase{
+            "UnknownName",
+            1,
+            {"--shape", "1,1", "--slice", "pp"},
+            "Invalid mesh_dim_names ('pp',) specified. Valid mesh_dim_names are ['dp', "
+            "'tp']."},
+        ErrorCase{
+            "NamesOutOfOrder",
+            1,
+            {"--shape", "1,1", "--slice", "tp,dp"},
+            "Invalid mesh_dim_names ('tp', 'dp') specified. Found mesh dim indices to "
+            "slice: [(1,), (0,)]. Mesh dim indices should be in ascending order."},
+        ErrorCase{
+            "DeviceWithIndex",
+            1,
+            {"--shape", "1", "--device", "cuda:0"},
+            "Device type with index is not supported but got cuda:0. If you maintained "
+            "a 'torch.device' object, it's recommended to pass in 'device.type'."},
+        // PyTorch allows a world larger than the mesh; rank 2, outside it,
         // cannot slice.
-        ErrorCase{"RankOutsideTheMesh", 3, {"--shape", "2"},
-                  "In order to get the mesh Tensor of a DeviceMesh it needs to either have "
-                  "all its original dimensions (e.g., no slicing) or it needs to contain the "
-                  "local rank"}),
+        ErrorCase{
+            "RankOutsideTheMesh",
+            3,
+            {"--shape", "1,2"},
+            "In order to get the mesh Tensor of a DeviceMesh it needs to either have "
+            "all its original dimensions (e.g., no slicing) or it needs to contain the "
+            "local rank"}),
     [](const auto& info) { return info.param.label; });
 
 TEST(DeviceMeshErrors, RuntimeErrorsCarryPyTorchsMessages) {
   std::string output;
-  int code = RunUnderMeshrun(4, "mesh_worker", {"--shape", "2,2", "--names", "dp,tp", "--errors"},
-                             &output);
+  int code = RunUnderMeshrun(4, "mesh_worker",
+                             {"--shape", "2,2", "--names", "dp,tp", "--errors"}, &output);
   EXPECT_EQ(code, 0) << output;
   EXPECT_EQ(Tagged(output, "FAIL").size(), 0u) << output;
   EXPECT_EQ(Tagged(output, "DONE").size(), 4u) << output;

@@ -1,5 +1,6 @@
 // A worker for device_mesh_test, run under the real launcher:
-//   meshrun --standalone --nproc-per-node=N --no-python mesh_worker --shape 2,3 --names dp,tp
+//   meshrun --standalone --nproc-per-node=N --no-python mesh_worker --shape 2,3 --names
+//   dp,tp
 // Builds the mesh, prints this rank's group along each dimension
 // ("GROUP <rank> <dim> <ranks>") for the test to compare with PyTorch's
 // layout, then runs Gloo all-reduce, all-gather, broadcast, send/recv and
@@ -179,8 +180,10 @@ int RunChecks(World& world, DeviceMesh& mesh) {
     ProcessGroupPtr flat_group = Must(flat.GetGroup(), "flat group");
     Say("FLAT " + std::to_string(rank_) + " " + flat.mesh_dim_names()->front() + " " +
         Join(world.GroupRanks(*flat_group)));
-    if (flat.mesh() != world.GroupRanks(*flat_group)) Fail("flat mesh " + flat.ToString());
-    if (Must(mesh.GetGroup(flat.mesh_dim_names()->front()), "group by flat name") != flat_group)
+    if (flat.mesh() != world.GroupRanks(*flat_group))
+      Fail("flat mesh " + flat.ToString());
+    if (Must(mesh.GetGroup(flat.mesh_dim_names()->front()), "group by flat name") !=
+        flat_group)
       Fail("root does not find the flattened group");
     CheckCollectives(world, *flat_group, flat.mesh_dim_names()->front());
     // The root can be sliced by the flattened name.
@@ -192,20 +195,23 @@ int RunChecks(World& world, DeviceMesh& mesh) {
 
 // DeviceMesh's runtime errors on a 2x2 (dp, tp) mesh.
 int RunErrors(DeviceMesh& mesh) {
-  ExpectError(mesh.GetGroup().status(),
-              "Found the DeviceMesh have 2 dimensions Optional kwarg `mesh_dim` needs to be "
-              "specified when device_mesh.ndim > 1. If you want to get the list of all the "
-              "ProcessGroups in the DeviceMesh,please use `get_all_groups()` instead.",
-              "GetGroup()");
-  ExpectError(mesh.GetLocalRank().status(),
-              "Found the DeviceMesh have 2 dimensions Optional kwarg `mesh_dim` needs to be "
-              "specified when device_mesh.ndim > 1.",
-              "GetLocalRank()");
+  ExpectError(
+      mesh.GetGroup().status(),
+      "Found the DeviceMesh have 2 dimensions Optional kwarg `mesh_dim` needs to be "
+      "specified when device_mesh.ndim > 1. If you want to get the list of all the "
+      "ProcessGroups in the DeviceMesh,please use `get_all_groups()` instead.",
+      "GetGroup()");
+  ExpectError(
+      mesh.GetLocalRank().status(),
+      "Found the DeviceMesh have 2 dimensions Optional kwarg `mesh_dim` needs to be "
+      "specified when device_mesh.ndim > 1.",
+      "GetLocalRank()");
   ExpectError(mesh.GetGroup("pp").status(),
               "Mesh dimension 'pp' does not exist. Available mesh dimensions are: "
               "mesh_dim_names=('dp', 'tp')",
               "GetGroup(pp)");
-  ExpectError(mesh.GetLocalRank(2).status(), "list index out of range", "GetLocalRank(2)");
+  ExpectError(mesh.GetLocalRank(2).status(), "list index out of range",
+              "GetLocalRank(2)");
   ExpectError(mesh.Size(2).status(),
               "Dimension out of range (expected to be in range of [-2, 1], but got 2)",
               "Size(2)");
@@ -244,7 +250,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--shape" && i + 1 < argc) {
-      for (auto part : absl::StrSplit(argv[++i], ',')) shape.push_back(std::stoi(std::string(part)));
+      for (auto part : absl::StrSplit(argv[++i], ','))
+        shape.push_back(std::stoi(std::string(part)));
     } else if (arg == "--names" && i + 1 < argc) {
       names = absl::StrSplit(argv[++i], ',');
     } else if (arg == "--errors") {
@@ -262,7 +269,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   rank_ = (*world)->rank();
-  DeviceMesh mesh = Must(meshrun::worker::InitDeviceMesh(*world, "cpu", shape, names), "init");
+  DeviceMesh mesh =
+      Must(meshrun::worker::InitDeviceMesh(*world, "cpu", shape, names), "init");
   int code = errors ? RunErrors(mesh) : RunChecks(**world, mesh);
   if (!errors && code == 0) Say("DONE " + std::to_string(rank_));
   return code;

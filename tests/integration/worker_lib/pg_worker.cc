@@ -41,18 +41,20 @@ void Expect(bool ok, const std::string& what) {
 std::string Show(const at::Tensor& t) {
   std::vector<std::string> items;
   at::Tensor flat = t.reshape({-1}).to(at::kDouble);
-  for (int64_t i = 0; i < flat.numel(); ++i) items.push_back(absl::StrCat(flat[i].item<double>()));
+  for (int64_t i = 0; i < flat.numel(); ++i)
+    items.push_back(absl::StrCat(flat[i].item<double>()));
   return "[" + absl::StrJoin(items, ", ") + "]";
 }
 
-void ExpectTensor(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
-  Expect(got.sizes().equals(want.sizes()) && at::equal(got, want.to(got.scalar_type())),
+// Exact, except for rounding (AVG divides).
+void ExpectTensor(const at::Tensor& got, const at::Tensor& want,
+                  const std::string& what) {
+  Expect(got.sizes().equals(want.sizes()) &&
+             at::allclose(got, want.to(got.scalar_type()), /*rtol=*/1e-6, /*atol=*/1e-6),
          absl::StrCat(what, ": got ", Show(got), ", want ", Show(want)));
 }
 
-at::Tensor Floats(std::vector<float> values) {
-  return at::tensor(values, at::kFloat);
-}
+at::Tensor Floats(std::vector<float> values) { return at::tensor(values, at::kFloat); }
 
 // Runs every collective on `group` (whose global ranks, sorted, are `ranks`)
 // and checks the results.
@@ -65,7 +67,8 @@ void CheckCollectives(World& world, const c10::intrusive_ptr<c10d::ProcessGroup>
                                               ", World::GroupRank ", me));
   Expect(world.GroupRanks(*group) == ranks, name + ": World::GroupRanks");
   for (int r = 0; r < n; ++r)
-    Expect(world.GlobalRank(*group, r) == ranks[r], absl::StrCat(name, ": GlobalRank ", r));
+    Expect(world.GlobalRank(*group, r) == ranks[r],
+           absl::StrCat(name, ": GlobalRank ", r));
   int sum_ranks = 0, max_rank = 0;
   for (int r : ranks) {
     sum_ranks += r;
@@ -77,12 +80,14 @@ void CheckCollectives(World& world, const c10::intrusive_ptr<c10d::ProcessGroup>
   {
     std::vector<at::Tensor> t{at::full({3}, g + 1)};
     group->allreduce(t)->wait();
-    ExpectTensor(t[0], at::full({3}, static_cast<float>(sum_ranks + n)), name + ": allreduce sum");
+    ExpectTensor(t[0], at::full({3}, static_cast<float>(sum_ranks + n)),
+                 name + ": allreduce sum");
     std::vector<at::Tensor> m{Floats({g, -g})};
     c10d::AllreduceOptions max;
     max.reduceOp = c10d::ReduceOp::MAX;
     group->allreduce(m, max)->wait();
-    ExpectTensor(m[0], Floats({static_cast<float>(max_rank), -static_cast<float>(ranks[0])}),
+    ExpectTensor(m[0],
+                 Floats({static_cast<float>(max_rank), -static_cast<float>(ranks[0])}),
                  name + ": allreduce max");
   }
   // all-gather: slot i holds group rank i's tensor.
@@ -93,7 +98,8 @@ void CheckCollectives(World& world, const c10::intrusive_ptr<c10d::ProcessGroup>
     group->allgather(output, input)->wait();
     for (int i = 0; i < n; ++i) {
       const float r = static_cast<float>(ranks[i]);
-      ExpectTensor(output[0][i], Floats({r, 10 * r}), absl::StrCat(name, ": allgather[", i, "]"));
+      ExpectTensor(output[0][i], Floats({r, 10 * r}),
+                   absl::StrCat(name, ": allgather[", i, "]"));
     }
   }
   // broadcast from the last group rank.
@@ -115,7 +121,8 @@ void CheckCollectives(World& world, const c10::intrusive_ptr<c10d::ProcessGroup>
     auto received = group->recv(in, prev, /*tag=*/7);
     sent->wait();
     received->wait();
-    ExpectTensor(in[0], at::arange(4, at::kFloat) + 1000.0f * static_cast<float>(ranks[prev]),
+    ExpectTensor(in[0],
+                 at::arange(4, at::kFloat) + 1000.0f * static_cast<float>(ranks[prev]),
                  name + ": recv from previous");
   }
   // reduce-scatter (the helper; Gloo 1.13 has none): inputs[j] = 100 g + j.
@@ -175,7 +182,8 @@ int Collectives(StoreKind store) {
   options.timeout = std::chrono::seconds(60);
   auto world_or = InitProcessGroup("gloo", options);
   if (!world_or.ok()) {
-    std::fprintf(stderr, "pg_worker: %s\n", std::string(world_or.status().message()).c_str());
+    std::fprintf(stderr, "pg_worker: %s\n",
+                 std::string(world_or.status().message()).c_str());
     return 1;
   }
   World& world = **world_or;
@@ -183,7 +191,8 @@ int Collectives(StoreKind store) {
   const int n = world.size();
   std::printf("INFO rank=%d size=%d store=%s\n", rank, n, world.store_kind().c_str());
   std::fflush(stdout);
-  Expect(world.group()->getRank() == rank && world.group()->getSize() == n, "default group");
+  Expect(world.group()->getRank() == rank && world.group()->getSize() == n,
+         "default group");
   if (store != StoreKind::kAuto) {
     Expect(world.store_kind() == (store == StoreKind::kTcpStore ? "tcpstore" : "meshrun"),
            "store kind " + world.store_kind());
@@ -218,7 +227,8 @@ int Collectives(StoreKind store) {
   for (int i = 0; i < 8; ++i) Subgroup(world, {0, n - 1}, absl::StrCat("again", i));
   world.group()->barrier()->wait();  // every member has written its keys
   // Every creation (members and not) consumed one "pg/<k>/" prefix.
-  const int created = 1 + 1 + (odds.empty() ? 0 : 1) + n / 2 + 1 + 1 + (n >= 3 ? 1 : 0) + 8;
+  const int created =
+      1 + 1 + (odds.empty() ? 0 : 1) + n / 2 + 1 + 1 + (n >= 3 ? 1 : 0) + 8;
   Expect(world.store()->check({absl::StrCat("pg/", created - 1, "/ranks")}),
          "prefix of the last group");
   Expect(!world.store()->check({absl::StrCat("pg/", created, "/ranks")}),
@@ -249,7 +259,8 @@ int Errors() {
   }
   auto world_or = InitProcessGroup("gloo", options);
   if (!world_or.ok()) {
-    std::fprintf(stderr, "pg_worker: %s\n", std::string(world_or.status().message()).c_str());
+    std::fprintf(stderr, "pg_worker: %s\n",
+                 std::string(world_or.status().message()).c_str());
     return 1;
   }
   World& world = **world_or;
@@ -259,18 +270,19 @@ int Errors() {
     auto group = NewGroup(world, ranks);
     Expect(!group.ok() && group.status().code() == absl::StatusCode::kInvalidArgument &&
                group.status().message() == message,
-           absl::StrCat("NewGroup([", absl::StrJoin(ranks, ","), "]): ",
-                        group.status().ToString()));
+           absl::StrCat("NewGroup([", absl::StrJoin(ranks, ","),
+                        "]): ", group.status().ToString()));
   };
   expect_invalid({}, "NewGroup: ranks is empty");
   expect_invalid({1, 0, 1}, "NewGroup: ranks [0, 1, 1] contain a duplicate");
-  expect_invalid({0, n},
-                 absl::StrCat("NewGroup: ranks [0, ", n,
-                              "] must be within the world size set by InitProcessGroup (", n,
-                              ")"));
-  expect_invalid({-1}, absl::StrCat("NewGroup: ranks [-1] must be within the world size set "
-                                    "by InitProcessGroup (",
-                                    n, ")"));
+  expect_invalid(
+      {0, n},
+      absl::StrCat("NewGroup: ranks [0, ", n,
+                   "] must be within the world size set by InitProcessGroup (", n, ")"));
+  expect_invalid({-1},
+                 absl::StrCat("NewGroup: ranks [-1] must be within the world size set "
+                              "by InitProcessGroup (",
+                              n, ")"));
   {
     GroupOptions nccl;
     nccl.backend = "nccl";
@@ -298,7 +310,8 @@ int Errors() {
   // ranks, a member with other ranks is told; members left waiting for a peer
   // time out (bounded here by a short group timeout).
   {
-    std::vector<int> ranks = rank < n / 2 ? std::vector<int>{0, n - 1} : std::vector<int>{n - 1, 0, 1};
+    std::vector<int> ranks =
+        rank < n / 2 ? std::vector<int>{0, n - 1} : std::vector<int>{n - 1, 0, 1};
     GroupOptions quick;
     quick.timeout = std::chrono::milliseconds(3000);
     auto group = NewGroup(world, ranks, quick);
@@ -332,7 +345,8 @@ int main(int argc, char** argv) {
     if (mode == "errors") return meshrun::worker::Errors();
   } catch (const std::exception& e) {
     std::string what = e.what();
-    std::fprintf(stderr, "pg_worker: uncaught: %s\n", what.substr(0, what.find('\n')).c_str());
+    std::fprintf(stderr, "pg_worker: uncaught: %s\n",
+                 what.substr(0, what.find('\n')).c_str());
     return 3;
   }
   std::fprintf(stderr, "pg_worker: unknown mode %s\n", mode.c_str());

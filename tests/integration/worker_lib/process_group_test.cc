@@ -43,7 +43,8 @@ int ExitCode(ChildProcess& process) {
 
 size_t Count(const std::string& text, const std::string& needle) {
   size_t n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+  for (size_t at = text.find(needle); at != std::string::npos;
+       at = text.find(needle, at + 1))
     ++n;
   return n;
 }
@@ -70,26 +71,27 @@ TEST_P(Collectives, StandaloneEveryGroupComputesTheRightValues) {
                     {"collectives", "--store", layout.store});
   ASSERT_EQ(ExitCode(*run), 0) << run->output();
   ExpectAllPassed(run->output(), layout.nproc);
-  EXPECT_EQ(Count(run->output(), "store=" + layout.store), static_cast<size_t>(layout.nproc))
+  EXPECT_EQ(Count(run->output(), "store=" + layout.store),
+            static_cast<size_t>(layout.nproc))
       << run->output();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, Collectives,
-    ::testing::Values(Layout{4, "meshrun"}, Layout{4, "tcpstore"}, Layout{2, "meshrun"},
-                      Layout{3, "meshrun"}),
-    [](const auto& info) {
-      return std::to_string(info.param.nproc) + "ranks_" + info.param.store;
-    });
+INSTANTIATE_TEST_SUITE_P(Layouts, Collectives,
+                         ::testing::Values(Layout{4, "meshrun"}, Layout{4, "tcpstore"},
+                                           Layout{2, "meshrun"}, Layout{3, "meshrun"}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.nproc) + "ranks_" +
+                                  info.param.store;
+                         });
 
 TEST(ProcessGroupTest, TwoAgentsOnOneDaemonFormOneWorld) {
   DaemonProcess daemon;
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node) {
-    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=2",
-                             "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=pgjob",
-                             "--node-rank=" + std::to_string(node)},
-                            {"collectives", "--store", "meshrun"}));
+    agents.push_back(Launch(
+        {"--nnodes=2", "--nproc-per-node=2", "--rdzv-endpoint=" + daemon.endpoint(),
+         "--rdzv-id=pgjob", "--node-rank=" + std::to_string(node)},
+        {"collectives", "--store", "meshrun"}));
   }
   std::string output;
   for (auto& agent : agents) {
@@ -108,9 +110,10 @@ TEST(ProcessGroupTest, ErrorCasesAreReportedClearly) {
   const std::string& out = run->output();
   EXPECT_EQ(Count(out, "DISAGREE rank="), 4u) << out;
   EXPECT_TRUE(std::regex_search(
-      out, std::regex("DISAGREE rank=\\d FAILED_PRECONDITION: NewGroup #\\d+: rank \\d was "
-                      "called with ranks \\[[0-9,]+\\] but another member with \\[[0-9,]+\\]: "
-                      "every rank must call NewGroup with the same ranks in the same order")))
+      out,
+      std::regex("DISAGREE rank=\\d FAILED_PRECONDITION: NewGroup #\\d+: rank \\d was "
+                 "called with ranks \\[[0-9,]+\\] but another member with \\[[0-9,]+\\]: "
+                 "every rank must call NewGroup with the same ranks in the same order")))
       << out;
 }
 
@@ -120,18 +123,21 @@ TEST(ProcessGroupTest, OutsideALauncherTheErrorNamesWhatIsMissing) {
   auto status = run.Wait(kRunTimeout);
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(WEXITSTATUS(*status), 1);
-  EXPECT_EQ(run.output(),
-            "pg_worker: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not set: "
-            "start this program with meshrun (or torchrun)\n");
+  EXPECT_EQ(
+      run.output(),
+      "pg_worker: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are not set: "
+      "start this program with meshrun (or torchrun)\n");
 }
 
 // Debian's torchrun 1.13 (patched for Python 3.11, tests/e2e/torchrun_peer.py)
 // sets no MESHRUN_STORE_*: the library falls back to a TCPStore served by
 // rank 0 at MASTER_ADDR:MASTER_PORT, as env:// does.
 TEST(ProcessGroupTest, UnderTorchrunTheTcpStoreFallbackWorks) {
-  ChildProcess run({"/usr/bin/python3", std::string(MESHRUN_SOURCE_DIR) + "/tests/e2e/torchrun_peer.py",
-                    "--standalone", "--nproc-per-node=2", "--no-python", kWorker, "collectives"},
-                   /*merge_stderr=*/true);
+  ChildProcess run(
+      {"/usr/bin/python3",
+       std::string(MESHRUN_SOURCE_DIR) + "/tests/e2e/torchrun_peer.py", "--standalone",
+       "--nproc_per_node=2", "--no_python", kWorker, "collectives"},
+      /*merge_stderr=*/true);
   run.ReadAll(kRunTimeout);
   auto status = run.Wait(kRunTimeout);
   ASSERT_TRUE(status.has_value());

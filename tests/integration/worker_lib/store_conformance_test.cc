@@ -91,7 +91,8 @@ testing::DaemonProcess& Daemon() {
   return daemon;
 }
 
-c10::intrusive_ptr<GrpcStore> ConnectGrpc(const std::string& endpoint, const std::string& ns) {
+c10::intrusive_ptr<GrpcStore> ConnectGrpc(const std::string& endpoint,
+                                          const std::string& ns) {
   GrpcStoreOptions options;
   options.endpoint = endpoint;
   options.ns = ns;
@@ -393,7 +394,8 @@ TEST_P(StoreConformance, GlooRendezvousesThroughTheStore) {
       auto store = c10::make_intrusive<c10d::PrefixStore>("pg/0/", clients[rank]);
       auto options = c10d::ProcessGroupGloo::Options::create(milliseconds(20000));
       options->devices = {device};
-      auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, kRanks, options);
+      auto group =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, kRanks, options);
       std::vector<at::Tensor> tensors{at::full({4}, static_cast<float>(rank + 1))};
       group->allreduce(tensors)->wait();
       sums[rank] = tensors[0][3].item<float>();

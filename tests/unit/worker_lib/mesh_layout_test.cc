@@ -35,8 +35,8 @@ std::string Error(const absl::StatusOr<T>& result) {
 
 struct LayoutCase {
   std::vector<int> shape;
-  std::string repr;                 // without names
-  std::vector<Groups> dim_groups;   // per dimension, in PyTorch's order
+  std::string repr;                // without names
+  std::vector<Groups> dim_groups;  // per dimension, in PyTorch's order
 };
 
 class LayoutTable : public ::testing::TestWithParam<LayoutCase> {};
@@ -84,7 +84,8 @@ TEST_P(LayoutTable, EveryRankHasOneGroupPerDimAndItsCoordinate) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, LayoutTable,
     ::testing::Values(
-        LayoutCase{{2, 2}, "DeviceMesh([[0, 1], [2, 3]])", {{{0, 2}, {1, 3}}, {{0, 1}, {2, 3}}}},
+        LayoutCase{
+            {2, 2}, "DeviceMesh([[0, 1], [2, 3]])", {{{0, 2}, {1, 3}}, {{0, 1}, {2, 3}}}},
         LayoutCase{{2, 3},
                    "DeviceMesh([[0, 1, 2], [3, 4, 5]])",
                    {{{0, 3}, {1, 4}, {2, 5}}, {{0, 1, 2}, {3, 4, 5}}}},
@@ -98,9 +99,8 @@ INSTANTIATE_TEST_SUITE_P(
                     {{0, 1}, {2, 3}, {4, 5}, {6, 7}}}},
         LayoutCase{{4}, "DeviceMesh([0, 1, 2, 3])", {{{0, 1, 2, 3}}}},
         LayoutCase{{1}, "DeviceMesh([0])", {{{0}}}},
-        LayoutCase{{1, 4},
-                   "DeviceMesh([[0, 1, 2, 3]])",
-                   {{{0}, {1}, {2}, {3}}, {{0, 1, 2, 3}}}},
+        LayoutCase{
+            {1, 4}, "DeviceMesh([[0, 1, 2, 3]])", {{{0}, {1}, {2}, {3}}, {{0, 1, 2, 3}}}},
         LayoutCase{{4, 1},
                    "DeviceMesh([[0], [1], [2], [3]])",
                    {{{0, 1, 2, 3}}, {{0}, {1}, {2}, {3}}}},
@@ -264,38 +264,79 @@ TEST_P(CreateErrors, HavePyTorchsWording) {
 INSTANTIATE_TEST_SUITE_P(
     Table, CreateErrors,
     ::testing::Values(
-        CreateErrorCase{"cpu", 4, {2, 3}, Names{"dp", "tp"},
+        CreateErrorCase{
+            "cpu",
+            4,
+            {2, 3},
+            Names{"dp", "tp"},
+            absl::StatusCode::kFailedPrecondition,
+            "Mesh should not be bigger than default world size 4, but found 6 "
+            "ranks!"},
+        CreateErrorCase{
+            "cpu",
+            4,
+            {8},
+            std::nullopt,
+            absl::StatusCode::kFailedPrecondition,
+            "Mesh should not be bigger than default world size 4, but found 8 "
+            "ranks!"},
+        CreateErrorCase{
+            "cpu",
+            4,
+            {2, 2},
+            Names{"dp", "dp"},
+            absl::StatusCode::kFailedPrecondition,
+            "Each mesh_dim_name must be unique. Found repeated mesh_dim_name in "
+            "mesh_dim_names ('dp', 'dp')"},
+        CreateErrorCase{"cpu",
+                        4,
+                        {2, 2},
+                        Names{"dp"},
                         absl::StatusCode::kFailedPrecondition,
-                        "Mesh should not be bigger than default world size 4, but found 6 "
-                        "ranks!"},
-        CreateErrorCase{"cpu", 4, {8}, std::nullopt, absl::StatusCode::kFailedPrecondition,
-                        "Mesh should not be bigger than default world size 4, but found 8 "
-                        "ranks!"},
-        CreateErrorCase{"cpu", 4, {2, 2}, Names{"dp", "dp"},
-                        absl::StatusCode::kFailedPrecondition,
-                        "Each mesh_dim_name must be unique. Found repeated mesh_dim_name in "
-                        "mesh_dim_names ('dp', 'dp')"},
-        CreateErrorCase{"cpu", 4, {2, 2}, Names{"dp"}, absl::StatusCode::kFailedPrecondition,
                         "mesh_shape and mesh_dim_names should have same length! Found "
                         "len(mesh_dim_names): 1 and len(mesh_shape):2."},
-        CreateErrorCase{"cpu", 4, {4}, Names{"dp", "tp", "pp"},
+        CreateErrorCase{"cpu",
+                        4,
+                        {4},
+                        Names{"dp", "tp", "pp"},
                         absl::StatusCode::kFailedPrecondition,
                         "mesh_shape and mesh_dim_names should have same length! Found "
                         "len(mesh_dim_names): 3 and len(mesh_shape):1."},
         // Duplicates are checked before the length.
-        CreateErrorCase{"cpu", 4, {4}, Names{"a", "a"}, absl::StatusCode::kFailedPrecondition,
-                        "Each mesh_dim_name must be unique. Found repeated mesh_dim_name in "
-                        "mesh_dim_names ('a', 'a')"},
-        CreateErrorCase{"cuda:0", 4, {4}, std::nullopt, absl::StatusCode::kFailedPrecondition,
+        CreateErrorCase{
+            "cpu",
+            4,
+            {4},
+            Names{"a", "a"},
+            absl::StatusCode::kFailedPrecondition,
+            "Each mesh_dim_name must be unique. Found repeated mesh_dim_name in "
+            "mesh_dim_names ('a', 'a')"},
+        CreateErrorCase{"cuda:0",
+                        4,
+                        {4},
+                        std::nullopt,
+                        absl::StatusCode::kFailedPrecondition,
                         "Device type with index is not supported but got cuda:0. If you "
                         "maintained a 'torch.device' object, it's recommended to pass in "
                         "'device.type'."},
         // Beyond PyTorch, which fails obscurely on these.
-        CreateErrorCase{"cpu", 4, {}, std::nullopt, absl::StatusCode::kInvalidArgument,
+        CreateErrorCase{"cpu",
+                        4,
+                        {},
+                        std::nullopt,
+                        absl::StatusCode::kInvalidArgument,
                         "mesh_shape must not be empty"},
-        CreateErrorCase{"cpu", 4, {2, 0}, std::nullopt, absl::StatusCode::kInvalidArgument,
+        CreateErrorCase{"cpu",
+                        4,
+                        {2, 0},
+                        std::nullopt,
+                        absl::StatusCode::kInvalidArgument,
                         "mesh_shape must contain only positive sizes, but got (2, 0)"},
-        CreateErrorCase{"cpu", 4, {-1}, std::nullopt, absl::StatusCode::kInvalidArgument,
+        CreateErrorCase{"cpu",
+                        4,
+                        {-1},
+                        std::nullopt,
+                        absl::StatusCode::kInvalidArgument,
                         "mesh_shape must contain only positive sizes, but got (-1,)"}));
 
 TEST(MeshLayout, SliceErrors) {
@@ -311,15 +352,17 @@ TEST(MeshLayout, SliceErrors) {
             "Invalid mesh_dim_names ('pp',) specified. Valid mesh_dim_names are ['dp', "
             "'cp', 'tp'].");
   EXPECT_EQ(invalid.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(Error(mesh.Slice({"dp", "xx"}, 0, {})),
-            "Invalid mesh_dim_names ('dp', 'xx') specified. Valid mesh_dim_names are ['dp', "
-            "'cp', 'tp'].");
+  EXPECT_EQ(
+      Error(mesh.Slice({"dp", "xx"}, 0, {})),
+      "Invalid mesh_dim_names ('dp', 'xx') specified. Valid mesh_dim_names are ['dp', "
+      "'cp', 'tp'].");
   EXPECT_EQ(Error(mesh.Slice({"tp", "dp"}, 0, {})),
             "Invalid mesh_dim_names ('tp', 'dp') specified. Found mesh dim indices to "
             "slice: [(2,), (0,)]. Mesh dim indices should be in ascending order.");
-  EXPECT_EQ(Error(mesh.Slice({"dp", "tp", "cp"}, 0, {})),
-            "Invalid mesh_dim_names ('dp', 'tp', 'cp') specified. Found mesh dim indices "
-            "to slice: [(0,), (2,), (1,)]. Mesh dim indices should be in ascending order.");
+  EXPECT_EQ(
+      Error(mesh.Slice({"dp", "tp", "cp"}, 0, {})),
+      "Invalid mesh_dim_names ('dp', 'tp', 'cp') specified. Found mesh dim indices "
+      "to slice: [(0,), (2,), (1,)]. Mesh dim indices should be in ascending order.");
   // A repeated name is out of order too.
   EXPECT_EQ(Error(mesh.Slice({"dp", "dp"}, 0, {})),
             "Invalid mesh_dim_names ('dp', 'dp') specified. Found mesh dim indices to "
@@ -333,13 +376,15 @@ TEST(MeshLayout, SliceErrors) {
 
 TEST(MeshLayout, GroupDimErrors) {
   MeshLayout mesh = Make(6, {2, 3}, Names{"dp", "tp"});
-  EXPECT_EQ(Error(mesh.ResolveGroupDim(std::nullopt, {})),
-            "Found the DeviceMesh have 2 dimensions Optional kwarg `mesh_dim` needs to be "
-            "specified when device_mesh.ndim > 1. If you want to get the list of all the "
-            "ProcessGroups in the DeviceMesh,please use `get_all_groups()` instead.");
-  EXPECT_EQ(Error(mesh.ResolveLocalRankDim(std::nullopt, {})),
-            "Found the DeviceMesh have 2 dimensions Optional kwarg `mesh_dim` needs to be "
-            "specified when device_mesh.ndim > 1.");
+  EXPECT_EQ(
+      Error(mesh.ResolveGroupDim(std::nullopt, {})),
+      "Found the DeviceMesh have 2 dimensions Optional kwarg `mesh_dim` needs to be "
+      "specified when device_mesh.ndim > 1. If you want to get the list of all the "
+      "ProcessGroups in the DeviceMesh,please use `get_all_groups()` instead.");
+  EXPECT_EQ(
+      Error(mesh.ResolveLocalRankDim(std::nullopt, {})),
+      "Found the DeviceMesh have 2 dimensions Optional kwarg `mesh_dim` needs to be "
+      "specified when device_mesh.ndim > 1.");
   EXPECT_EQ(Error(mesh.ResolveGroupDim(MeshDim("pp"), {})),
             "Mesh dimension 'pp' does not exist. Available mesh dimensions are: "
             "mesh_dim_names=('dp', 'tp')");
@@ -378,7 +423,8 @@ TEST_F(FlattenTest, ContiguousDimsDefaultName) {
   EXPECT_EQ(plan.groups, (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
   EXPECT_FALSE(plan.whole_world);
   ASSERT_TRUE(plan.layout.has_value());
-  EXPECT_EQ(plan.layout->ToString(), "DeviceMesh([1, 3, 5, 7], mesh_dim_names=('dp_cp',))");
+  EXPECT_EQ(plan.layout->ToString(),
+            "DeviceMesh([1, 3, 5, 7], mesh_dim_names=('dp_cp',))");
   EXPECT_EQ(plan.layout->ResolveGroupDim(std::nullopt, registry_)->flattened, "dp_cp");
 
   // The root can now be sliced by the flattened name, alone or with others.
@@ -386,8 +432,9 @@ TEST_F(FlattenTest, ContiguousDimsDefaultName) {
             "DeviceMesh([1, 3, 5, 7], mesh_dim_names=('dp_cp',))");
   auto with_tp = mesh_.Slice({"dp_cp", "tp"}, 3, registry_);
   ASSERT_TRUE(with_tp.ok()) << with_tp.status();
-  EXPECT_EQ(with_tp->ToString(),
-            "DeviceMesh([[0, 1], [2, 3], [4, 5], [6, 7]], mesh_dim_names=('dp_cp', 'tp'))");
+  EXPECT_EQ(
+      with_tp->ToString(),
+      "DeviceMesh([[0, 1], [2, 3], [4, 5], [6, 7]], mesh_dim_names=('dp_cp', 'tp'))");
   EXPECT_EQ(with_tp->DimGroups(0), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
   EXPECT_EQ(with_tp->ResolveGroupDim(MeshDim(0), registry_)->flattened, "dp_cp");
   EXPECT_EQ(with_tp->ResolveGroupDim(MeshDim(1), registry_)->root_dim, 2);
@@ -403,9 +450,10 @@ TEST_F(FlattenTest, ContiguousDimsDefaultName) {
   EXPECT_EQ(Error(with_tp->Slice({"dp_cp", "tp", "x"}, 3, registry_)),
             "Invalid mesh_dim_names ('dp_cp', 'tp', 'x') specified. Valid mesh_dim_names "
             "are ['dp_cp', 'tp'].");
-  EXPECT_EQ(Error(dp_cp.Slice({"dp_cp"}, 3, registry_)),
-            "Invalid mesh_dim_names ('dp_cp',) specified. Valid mesh_dim_names are ['dp', "
-            "'cp'].");
+  EXPECT_EQ(
+      Error(dp_cp.Slice({"dp_cp"}, 3, registry_)),
+      "Invalid mesh_dim_names ('dp_cp',) specified. Valid mesh_dim_names are ['dp', "
+      "'cp'].");
 
   // get_group / get_local_rank by the flattened name, from any mesh of the root.
   auto ref = mesh_.ResolveGroupDim(MeshDim("dp_cp"), registry_);

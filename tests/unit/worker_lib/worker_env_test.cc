@@ -154,7 +154,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"LOCAL_RANK", "4",
                  "LOCAL_RANK=4 is out of range: LOCAL_WORLD_SIZE is 4 (0 <= LOCAL_RANK < "
                  "LOCAL_WORLD_SIZE)"},
-        BadValue{"LOCAL_WORLD_SIZE", "9", "LOCAL_WORLD_SIZE=9 is larger than WORLD_SIZE=8"},
+        BadValue{"LOCAL_WORLD_SIZE", "9",
+                 "LOCAL_WORLD_SIZE=9 is larger than WORLD_SIZE=8"},
         BadValue{"GROUP_RANK", "2",
                  "GROUP_RANK=2 is out of range: GROUP_WORLD_SIZE is 2 (0 <= GROUP_RANK < "
                  "GROUP_WORLD_SIZE)"},
@@ -185,15 +186,16 @@ TEST(WorkerEnvTest, MeshrunStoreVariablesComeTogether) {
 }
 
 TEST(WorkerEnvTest, AcceptsIpv6EndpointsAndSpacesAroundNumbers) {
-  auto parsed = ParseWorkerEnv(With(With(MeshrunEnv(), "MESHRUN_STORE_ENDPOINT", "[::1]:29400"),
-                                    "RANK", " 5 "));
+  auto parsed = ParseWorkerEnv(
+      With(With(MeshrunEnv(), "MESHRUN_STORE_ENDPOINT", "[::1]:29400"), "RANK", " 5 "));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->store_endpoint, "[::1]:29400");
   EXPECT_EQ(parsed->rank, 5);
 }
 
 TEST(WorkerEnvTest, AgentStoreFlag) {
-  auto parsed = ParseWorkerEnv(With(MeshrunEnv(), "TORCHELASTIC_USE_AGENT_STORE", "True"));
+  auto parsed =
+      ParseWorkerEnv(With(MeshrunEnv(), "TORCHELASTIC_USE_AGENT_STORE", "True"));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_TRUE(parsed->use_agent_store);
 }
@@ -201,8 +203,9 @@ TEST(WorkerEnvTest, AgentStoreFlag) {
 TEST(WorkerEnvTest, LocalRankWithoutLocalWorldSizeIsCheckedAgainstWorldSize) {
   Env env = Without(MeshrunEnv(), {"LOCAL_WORLD_SIZE"});
   EXPECT_TRUE(ParseWorkerEnv(With(env, "LOCAL_RANK", "7")).ok());
-  EXPECT_EQ(ErrorOf(With(env, "LOCAL_RANK", "8")),
-            "LOCAL_RANK=8 is out of range: WORLD_SIZE is 8 (0 <= LOCAL_RANK < WORLD_SIZE)");
+  EXPECT_EQ(
+      ErrorOf(With(env, "LOCAL_RANK", "8")),
+      "LOCAL_RANK=8 is out of range: WORLD_SIZE is 8 (0 <= LOCAL_RANK < WORLD_SIZE)");
 }
 
 TEST(WorkerEnvTest, FromProcessEnvironmentReadsEnviron) {
