@@ -51,7 +51,8 @@ struct Config {
   std::vector<int> rdzv_sizes{1000, 10000};
   int rdzv_channels = 8;
   std::vector<std::string> sections{"ops", "barrier", "rdzv"};
-  std::vector<std::string> peers{"meshrun", "tcpstore"};
+  // meshrun-sync: a diagnostic client (ops only), see sync_stream_store.h.
+  std::vector<std::string> peers{"meshrun", "tcpstore", "meshrun-sync"};
   std::string json_path;
 
   bool Runs(Impl impl) const {

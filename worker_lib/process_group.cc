@@ -19,9 +19,10 @@
 #include "absl/strings/str_split.h"
 #include "worker_lib/grpc_store.h"
 
+// libtorch 2.x made ProcessGroupGloo/NCCL Backends of a ProcessGroup; this
+// file uses 1.13's API, where they are ProcessGroups (CMake skips 2.x too).
 #if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
-#error \
-    "meshrun_worker is written against libtorch 1.13's c10d API (backends are ProcessGroups)"
+#error "meshrun_worker needs libtorch 1.13's c10d API"
 #endif
 
 #ifdef MESHRUN_WITH_NCCL
@@ -102,7 +103,6 @@ absl::StatusOr<std::vector<std::shared_ptr<::gloo::transport::Device>>> MakeGloo
   return devices;
 }
 
-// The rendezvous key prefix of the n-th group of a world.
 // The store a group rendezvouses through: the world's store with the group's
 // own timeout for get() and wait(keys). Gloo's connectFullMesh blocks in
 // get() with the store's timeout, not the group's; without this a group that
@@ -150,7 +150,8 @@ class GroupTimeoutStore final : public c10d::Store {
   GrpcStore* grpc_;  // store_ when it is a GrpcStore (owned by store_)
 };
 
-// c10d::PrefixStore adds the "/" itself: keys land under "pg/<n>/".
+// The rendezvous key prefix of the n-th group of a world. c10d::PrefixStore
+// adds the "/" itself: keys land under "pg/<n>/".
 std::string GroupPrefix(int n) { return absl::StrCat("pg/", n); }
 
 }  // namespace

@@ -125,6 +125,9 @@ class World {
 // NCCL: "meshrun_worker was built without NCCL" otherwise) over all ranks of
 // the environment. Collective: every rank calls it. Errors (environment,
 // store, rendezvous, unknown backend) are returned, never thrown.
+// REQUIRES: one successful call per process and round: the default group
+// rendezvouses under "pg/0/" of the round's namespace (meshrun gives every
+// restart a fresh namespace).
 absl::StatusOr<std::shared_ptr<World>> InitProcessGroup(
     const std::string& backend = "gloo", InitOptions options = {});
 

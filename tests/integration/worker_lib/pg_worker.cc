@@ -12,6 +12,7 @@
 //       The documented error cases of InitProcessGroup and NewGroup.
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -180,7 +181,11 @@ int Collectives(StoreKind store) {
   InitOptions options;
   options.store = store;
   options.timeout = std::chrono::seconds(60);
+  const auto start = std::chrono::steady_clock::now();
   auto world_or = InitProcessGroup("gloo", options);
+  const auto init_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count();
   if (!world_or.ok()) {
     std::fprintf(stderr, "pg_worker: %s\n",
                  std::string(world_or.status().message()).c_str());
@@ -189,7 +194,8 @@ int Collectives(StoreKind store) {
   World& world = **world_or;
   rank = world.rank();
   const int n = world.size();
-  std::printf("INFO rank=%d size=%d store=%s\n", rank, n, world.store_kind().c_str());
+  std::printf("INFO rank=%d size=%d store=%s init_ms=%lld\n", rank, n,
+              world.store_kind().c_str(), static_cast<long long>(init_ms));
   std::fflush(stdout);
   Expect(world.group()->getRank() == rank && world.group()->getSize() == n,
          "default group");

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <memory>
+#include <ostream>
 #include <regex>
 #include <string>
 #include <vector>
@@ -62,6 +63,10 @@ struct Layout {
   int nproc;
   std::string store;
 };
+
+void PrintTo(const Layout& layout, std::ostream* os) {
+  *os << layout.nproc << " ranks, " << layout.store << " store";
+}
 
 class Collectives : public ::testing::TestWithParam<Layout> {};
 
