@@ -75,7 +75,8 @@ int Main(int argc, char** argv) {
   }
 
   auto log = spdlog::stderr_color_mt("meshrun");
-  log->set_pattern("[%H:%M:%S.%e] [meshrun] [%^%l%$] %v");
+  // One pattern for every logger (the agent's too, created later).
+  spdlog::set_pattern("[%H:%M:%S.%e] [%n] [%^%l%$] %v");
   spdlog::set_default_logger(log);
   if (const char* level = getenv("MESHRUN_LOG_LEVEL"))
     spdlog::set_level(spdlog::level::from_str(level));
