@@ -4,6 +4,7 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <set>
@@ -41,6 +42,23 @@ std::string LocalHostName() {
   char name[256] = {0};
   if (gethostname(name, sizeof name - 1) != 0) return "localhost";
   return name;
+}
+
+bool SomethingListens(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* resolved = nullptr;
+  const std::string service = std::to_string(port);
+  if (getaddrinfo(host.c_str(), service.c_str(), &hints, &resolved) != 0) return false;
+  bool listening = false;
+  for (addrinfo* it = resolved; it && !listening; it = it->ai_next) {
+    int fd = socket(it->ai_family, it->ai_socktype | SOCK_CLOEXEC, it->ai_protocol);
+    if (fd < 0) continue;
+    listening = connect(fd, it->ai_addr, it->ai_addrlen) == 0;
+    close(fd);
+  }
+  freeaddrinfo(resolved);
+  return listening;
 }
 
 bool IsLoopback(const std::string& host) {

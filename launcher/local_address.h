@@ -14,5 +14,7 @@ bool IsLoopback(const std::string& host);
 // its interfaces; a name is resolved first.
 bool IsLocalAddress(const std::string& host);
 std::string LocalHostName();
+// Whether something accepts TCP connections at host:port right now.
+bool SomethingListens(const std::string& host, int port);
 
 }  // namespace meshrun::launcher

@@ -106,6 +106,9 @@ int Main(int argc, char** argv) {
     bool host_it = config.rdzv_conf.is_host.value_or(IsLocalAddress(rdzv.host));
     if (config.rdzv_backend == RdzvBackend::kStatic && !config.rdzv_conf.is_host)
       host_it = config.node_rank == 0;
+    // A daemon already serving there (another agent of this machine, or a
+    // meshrun-rdzvd) is joined, not competed with.
+    if (host_it && SomethingListens(rdzv.host, rdzv.port)) host_it = false;
     if (host_it) {
       rdzv::DaemonOptions options;
       options.host = IsLoopback(rdzv.host) ? "127.0.0.1" : "0.0.0.0";
