@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Runs the worker-library benchmark (issue 4): Gloo all-reduce bus bandwidth at
+# 2 and 4 ranks and DeviceMesh (2,2,2) creation time, through meshrun's store
+# vs through c10d's TCPStore, both under `meshrun --standalone`, and records
+# the results in bench/worker_lib/results.md (+ results.json). See
+# bench/worker_lib/bench_worker_lib.py and bench/worker_lib/pg_bench.cc for
+# what is measured and how.
+#
+#   scripts/bench-worker-lib.sh                       # everything, ~3-6 minutes
+#   scripts/bench-worker-lib.sh --rounds 1 --mesh-launches 1   # quick look
+#
+# Extra arguments go to bench_worker_lib.py (--ranks, --sizes, --rounds,
+# --mesh-launches, --mesh-shape). Environment:
+#   BUILD_DIR    build directory (default build/; configured if missing)
+#   RESULTS_DIR  where results.md and results.json go (default bench/worker_lib)
+#   JOBS         ninja -j (default 2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${BUILD_DIR:-build}
+results_dir=${RESULTS_DIR:-bench/worker_lib}
+jobs=${JOBS:-2}
+
+if [ ! -f "$build_dir/build.ninja" ]; then
+  mkdir -p "$build_dir"
+  cmake -S . -B "$build_dir" -G Ninja > "$build_dir.configure.log" 2>&1 ||
+    { cat "$build_dir.configure.log"; exit 1; }
+fi
+ninja -C "$build_dir" -j"$jobs" pg_bench meshrun meshrun-rdzvd >&2 ||
+  { echo "bench-worker-lib: cannot build pg_bench (is libtorch-dev installed?)" >&2; exit 1; }
+
+ncores=$(nproc)
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+if awk -v l="${load_before%% *}" -v n="$ncores" 'BEGIN { exit !(l > n / 2) }'; then
+  echo "bench-worker-lib: WARNING: load average $load_before on $ncores cores;" \
+       "other work on this machine will distort the numbers" >&2
+fi
+
+mkdir -p "$results_dir"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmd=(/usr/bin/python3 bench/worker_lib/bench_worker_lib.py
+     --meshrun "$build_dir/bin/meshrun" --pg-bench "$build_dir/bin/pg_bench"
+     --raw "$tmp/raw" "$@")
+invocation="scripts/bench-worker-lib.sh${*:+ $*}"
+for var in JOBS RESULTS_DIR BUILD_DIR; do
+  [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
+done
+started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+t0=$(date +%s)
+set +e
+{ "${cmd[@]}" 2>&1 1>&3 3>&- | tee "$tmp/stderr" >&2; } 3> "$tmp/stdout"
+status=${PIPESTATUS[0]}
+set -e
+grep -v '^SUMMARY_JSON ' "$tmp/stdout" || true
+elapsed=$(( $(date +%s) - t0 ))
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+sed -n 's/^SUMMARY_JSON //p' "$tmp/stdout" > "$results_dir/results.json"
+
+cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
+mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+{
+  echo "# Worker library benchmark: meshrun's store vs c10d's TCPStore"
+  echo
+  echo "Produced by \`scripts/bench-worker-lib.sh\` (bench/worker_lib/bench_worker_lib.py,"
+  echo "bench/worker_lib/pg_bench.cc); do not edit by hand."
+  echo
+  echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
+  echo "- Date: $started (took ${elapsed} s)"
+  echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
+  echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)'), built in $build_dir"
+  echo "- libtorch: libtorch-dev $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null || echo '?') (Gloo, CPU)"
+  echo "- Load average (1/5/15 min) before: $load_before; after: $load_after"
+  echo "- Exit status: $status"
+  echo
+  echo "## Method"
+  echo
+  echo "- Every launch is \`meshrun --standalone --nproc-per-node=N --no-python pg_bench ... --store S\`;"
+  echo "  the only difference between the columns is the store the workers rendezvous through:"
+  echo "  \`meshrun\` = meshrun-rdzvd's Store service (GrpcStore, StoreKind::kMeshrun), \`TCPStore\` ="
+  echo "  c10d's TCPStore served by rank 0 on MASTER_ADDR:MASTER_PORT (StoreKind::kTcpStore), as"
+  echo "  torch's env:// does."
+  echo "- (1) all-reduce: InitProcessGroup(\"gloo\"), then per size 3 untimed calls and 50 (<= 16 KiB),"
+  echo "  30 (256 KiB), 10 (4 MiB) or 5 (64 MiB) timed calls, each after a barrier, timed on every"
+  echo "  rank with steady_clock around allreduce()->wait(); a call's time is the max over ranks;"
+  echo "  per launch the median call; over launches the median. busbw = 2(n-1)/n x bytes / time."
+  echo "  Launches for the two stores alternate (meshrun first, then TCPStore first, ...)."
+  echo "- (2) creation: 8 ranks; each rank reads CLOCK_MONOTONIC (shared by all processes of the"
+  echo "  machine) just before InitProcessGroup and just after InitDeviceMesh(\"cpu\", {2,2,2})"
+  echo "  returns (3 dims x 4 groups, 12 NewGroup calls); maxima over ranks via an all-reduce."
+  echo "  The headline is the longest per-rank time; it includes waiting for the slowest process"
+  echo "  to start, so the last rank's start to the last finish is shown too."
+  echo "  Process start-up (loading libtorch) is not included. Launches alternate between stores."
+  echo
+  echo "## Results"
+  echo
+  grep -v '^SUMMARY_JSON ' "$tmp/stdout" || true
+  echo
+  echo "## Raw output (workers' RESULT lines, rank 0)"
+  echo
+  echo '```'
+  cat "$tmp/raw" 2>/dev/null || true
+  echo '```'
+  echo
+  echo "## Progress log"
+  echo
+  echo '```'
+  cat "$tmp/stderr"
+  echo '```'
+} > "$results_dir/results.md"
+echo "bench-worker-lib: wrote $results_dir/results.md and $results_dir/results.json" >&2
+exit "$status"
