@@ -9,6 +9,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -49,6 +50,23 @@ std::string NodeId() {
   return LocalHostName() + "_" + std::to_string(getpid()) + "_" + suffix;
 }
 
+// torchrun hands every script to python unless --no-python. An executable
+// file that is not a .py script (a C++ training program linking
+// meshrun_worker) runs as itself instead, which python could not do anyway;
+// scripts with a shebang keep working either way.
+void RunExecutablesDirectly(LaunchConfig& config) {
+  if (config.no_python || config.module || config.run_path) return;
+  const std::string& script = config.script;
+  if (script.size() >= 3 && script.compare(script.size() - 3, 3, ".py") == 0) return;
+  struct stat info;
+  if (stat(script.c_str(), &info) != 0 || !S_ISREG(info.st_mode) ||
+      access(script.c_str(), X_OK) != 0)
+    return;
+  config.worker_argv = {script};
+  config.worker_argv.insert(config.worker_argv.end(), config.script_args.begin(),
+                            config.script_args.end());
+}
+
 meshrun::v1::RunConfig ToRunConfig(const LaunchConfig& config) {
   meshrun::v1::RunConfig run;
   run.set_min_nodes(static_cast<uint32_t>(config.min_nodes));
@@ -77,6 +95,7 @@ int Main(int argc, char** argv) {
     std::fputs(config.help_text.c_str(), stdout);
     return 0;
   }
+  RunExecutablesDirectly(config);
 
   auto log = spdlog::stderr_color_mt("meshrun");
   // One pattern for every logger (the agent's too, created later).

@@ -355,6 +355,16 @@ TEST_F(LauncherTest, ModuleMode) {
   EXPECT_NE(run->output().find("[default0]:Linux"), std::string::npos) << run->output();
 }
 
+TEST_F(LauncherTest, ExecutablesRunAsThemselvesWithoutPython) {
+  // A C++ training program (or any executable that is not a .py script).
+  auto run = Launch({"--standalone", "--nproc-per-node=2", "/bin/echo", "hello", "-m"});
+  ASSERT_EQ(ExitCode(*run), 0) << run->output();
+  EXPECT_NE(run->output().find("[default0]:hello -m"), std::string::npos)
+      << run->output();
+  EXPECT_NE(run->output().find("[default1]:hello -m"), std::string::npos)
+      << run->output();
+}
+
 TEST_F(LauncherTest, ScriptArgumentsPassThroughUntouched) {
   auto run = Launch({"--standalone", "--nproc-per-node=1", "--no-python", kWorker, "args",
                      "--nproc-per-node", "8", "-m", "a b", "", "--standalone"});
