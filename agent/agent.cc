@@ -136,13 +136,25 @@ class Agent {
     const auto join_timeout = std::chrono::milliseconds(
         options_.run_config.join_timeout_ms() > 0 ? options_.run_config.join_timeout_ms()
                                                   : 600000);
-    if (!channel_->WaitForConnected(std::chrono::system_clock::now() + join_timeout)) {
-      std::fprintf(stderr,
-                   "meshrun: cannot reach the rendezvous daemon at %s within %lld s\n",
-                   options_.rdzv_endpoint.c_str(),
-                   static_cast<long long>(join_timeout.count() / 1000));
-      return 1;
+    // In slices, so a signal meanwhile still stops the launcher at once.
+    const auto give_up = std::chrono::steady_clock::now() + join_timeout;
+    bool said = false;
+    while (!channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                       std::chrono::milliseconds(100))) {
+      if (!said)
+        spdlog::info("waiting for the rendezvous daemon at {}", options_.rdzv_endpoint);
+      said = true;
+      io_.poll();
+      if (state_.phase() == AgentState::Phase::kExited) return exit_code_;
+      if (std::chrono::steady_clock::now() >= give_up) {
+        std::fprintf(stderr,
+                     "meshrun: cannot reach the rendezvous daemon at %s within %lld s\n",
+                     options_.rdzv_endpoint.c_str(),
+                     static_cast<long long>(join_timeout.count() / 1000));
+        return 1;
+      }
     }
+    io_.restart();
     master_port_ = PickFreePort();
     Join();
     io_.run();

@@ -332,6 +332,19 @@ TEST_F(LauncherTest, SigtermLeavesNoProcessBehind) {
   for (pid_t pid : workers) EXPECT_TRUE(GoneWithin(pid, milliseconds(1000))) << pid;
 }
 
+TEST_F(LauncherTest, SigtermWhileWaitingForTheDaemonExitsAtOnce) {
+  auto run =
+      Launch({"--nnodes=2", "--rdzv-endpoint=127.0.0.1:" + std::to_string(FreePort()),
+              "--rdzv-conf=is_host=false", "--no-python", "/bin/true"});
+  ASSERT_TRUE(run->ReadUntil("waiting for the rendezvous daemon", seconds(30)))
+      << run->output();
+  run->Signal(SIGTERM);
+  auto status = run->Wait(seconds(10));
+  ASSERT_TRUE(status.has_value()) << "meshrun still waits after SIGTERM";
+  ASSERT_TRUE(WIFEXITED(*status)) << run->output();  // handled, not killed by it
+  EXPECT_EQ(WEXITSTATUS(*status), 128 + SIGTERM);
+}
+
 TEST_F(LauncherTest, StaticBackendUsesNodeRanks) {
   const int port = FreePort();
   std::vector<std::unique_ptr<ChildProcess>> agents;
