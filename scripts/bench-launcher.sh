@@ -32,19 +32,8 @@ ninja -C "$build_dir" meshrun meshrun-rdzvd >&2
 /usr/bin/python3 -c 'import torch' 2>/dev/null ||
   { echo "bench-launcher: /usr/bin/python3 cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
 
-ncores=$(nproc)
-load1() { cut -d' ' -f1 /proc/loadavg; }
-busy() { awk -v l="$(load1)" -v n="$ncores" 'BEGIN { exit !(l > n / 2) }'; }
-waited=0
-while busy && [ "$waited" -lt "$wait_quiet" ]; do
-  sleep 10
-  waited=$((waited + 10))
-done
-load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-if busy; then
-  echo "bench-launcher: WARNING: load average $load_before on $ncores cores;" \
-       "other work on this machine will distort the numbers" >&2
-fi
+source scripts/lib/bench-common.sh
+wait_for_quiet bench-launcher "$wait_quiet"
 
 mkdir -p "$results_dir"
 tmp=$(mktemp -d)

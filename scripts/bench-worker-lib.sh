@@ -28,12 +28,8 @@ fi
 ninja -C "$build_dir" -j"$jobs" pg_bench meshrun meshrun-rdzvd >&2 ||
   { echo "bench-worker-lib: cannot build pg_bench (is libtorch-dev installed?)" >&2; exit 1; }
 
-ncores=$(nproc)
-load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-if awk -v l="${load_before%% *}" -v n="$ncores" 'BEGIN { exit !(l > n / 2) }'; then
-  echo "bench-worker-lib: WARNING: load average $load_before on $ncores cores;" \
-       "other work on this machine will distort the numbers" >&2
-fi
+source scripts/lib/bench-common.sh
+wait_for_quiet bench-worker-lib "$wait_quiet"
 
 mkdir -p "$results_dir"
 tmp=$(mktemp -d)
