@@ -1,0 +1,76 @@
+#include "tests/integration/parallel/parity_harness.h"
+
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+
+#include "worker_lib/parallel/data.h"
+
+namespace meshrun::worker::parallel::testing {
+
+void Fail(const std::string& what) {
+  const char* rank = std::getenv("RANK");
+  // One write, so that ranks' lines do not interleave.
+  std::cerr << "FAIL rank " + std::string(rank ? rank : "?") + ": " + what + "\n"
+            << std::flush;
+  std::exit(1);
+}
+
+void CheckOk(const absl::Status& status, const std::string& context) {
+  if (!status.ok()) Fail(context + ": " + std::string(status.message()));
+}
+
+double RelativeError(const at::Tensor& got, const at::Tensor& want) {
+  const double scale = want.to(at::kDouble).norm().item<double>();
+  const double diff = (got.to(at::kDouble) - want.to(at::kDouble)).norm().item<double>();
+  return scale == 0 ? diff : diff / scale;
+}
+
+void ExpectClose(const std::string& what, const at::Tensor& got, const at::Tensor& want,
+                 double rtol) {
+  if (!got.sizes().equals(want.sizes())) {
+    Fail(what + ": shape " + c10::str(got.sizes()) + ", expected " +
+         c10::str(want.sizes()));
+  }
+  const double error = RelativeError(got, want);
+  if (!(error <= rtol)) {
+    Fail(what + ": relative error " + std::to_string(error) + " > " +
+         std::to_string(rtol));
+  }
+}
+
+void ExpectClose(const std::string& what, double got, double want, double rtol) {
+  const double error = std::abs(got - want) / std::max(std::abs(want), 1e-30);
+  if (!(error <= rtol)) {
+    Fail(what + ": " + std::to_string(got) + " vs " + std::to_string(want) +
+         " (relative error " + std::to_string(error) + ")");
+  }
+}
+
+at::Tensor MseLoss(const at::Tensor& output, const at::Tensor& target) {
+  return (output - target).pow(2).mean();
+}
+
+ReferenceRun TrainReference(Sequential& model, uint64_t data_seed, int steps,
+                            int64_t batch, double lr) {
+  const auto& params = model.Params();
+  const int64_t in = params.front()->global_shape()[1];
+  const int64_t out = params.back()->global_shape()[0];
+  torch::optim::SGD optimizer(model.Leaves(), torch::optim::SGDOptions(lr));
+  ReferenceRun run;
+  for (int step = 0; step < steps; ++step) {
+    Batch data = SyntheticBatch(data_seed, step, batch, in, out);
+    optimizer.zero_grad();
+    at::Tensor loss = MseLoss(model.Forward(data.input), data.target);
+    loss.backward();
+    optimizer.step();
+    run.losses.push_back(loss.item<double>());
+  }
+  for (const auto& param : params)
+    run.final_params.push_back(param->data().detach().clone());
+  return run;
+}
+
+}  // namespace meshrun::worker::parallel::testing

@@ -1,0 +1,31 @@
+#include "tests/support/meshrun_run.h"
+
+#include <sys/wait.h>
+
+#include "tests/support/child_process.h"
+
+namespace meshrun::testing {
+
+MeshrunRun RunUnderMeshrun(int nproc, const std::string& program,
+                           const std::vector<std::string>& args,
+                           std::chrono::milliseconds timeout) {
+  std::vector<std::string> argv{
+      "/usr/bin/env",
+      "PYTHON_EXEC=/usr/bin/python3",
+      BinDir() + "/meshrun",
+      "--standalone",
+      "--nproc-per-node=" + std::to_string(nproc),
+      "--no-python",
+      program.front() == '/' ? program : BinDir() + "/" + program};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ChildProcess run(argv, /*merge_stderr=*/true);
+  MeshrunRun result;
+  result.output = run.ReadAll(timeout);
+  if (auto status = run.Wait(timeout)) {
+    result.exit_code =
+        WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
+  }
+  return result;
+}
+
+}  // namespace meshrun::testing

@@ -1,0 +1,126 @@
+#include "worker_lib/parallel/param.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/generated/variable_factories.h>
+
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace meshrun::worker::parallel {
+
+namespace {
+
+at::Tensor NewLeaf(const at::Tensor& values) {
+  return values.detach().clone().contiguous().set_requires_grad(true);
+}
+
+// `t` zero-padded along `dim` to `size`.
+at::Tensor PadTo(const at::Tensor& t, int dim, int64_t size) {
+  if (t.size(dim) == size) return t;
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[dim] = size;
+  at::Tensor padded = at::zeros(shape, t.options());
+  padded.narrow(dim, 0, t.size(dim)).copy_(t);
+  return padded;
+}
+
+}  // namespace
+
+std::shared_ptr<Param> Param::FromFull(std::string name, const at::Tensor& full) {
+  return std::shared_ptr<Param>(new Param(std::move(name), NewLeaf(full)));
+}
+
+Param::Param(std::string name, at::Tensor data)
+    : name_(std::move(name)), global_shape_(data.sizes().vec()), data_(std::move(data)) {}
+
+at::Tensor Param::LocalValues() const {
+  Box local = box();
+  at::Tensor values = data_;
+  for (size_t d = 0; d < local.sizes.size(); ++d) {
+    if (values.size(d) != local.sizes[d]) values = values.narrow(d, 0, local.sizes[d]);
+  }
+  return values;
+}
+
+at::Tensor Param::Compute() {
+  return materializer_ ? materializer_->Compute(*this) : data_;
+}
+
+absl::Status Param::Shard(const std::string& mesh_dim, int dim, ProcessGroupPtr group) {
+  if (materializer_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name_, ": shard with tensor parallelism before FSDP (",
+                     DescribeSteps(steps_), ")"));
+  }
+  if (dim < 0 || dim >= data_.dim()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": no dim ", dim, " in a ", data_.dim(), "-D parameter"));
+  }
+  const int64_t parts = group->getSize();
+  if (data_.size(dim) % parts != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, ": dim ", dim, " of size ", data_.size(dim),
+        " does not split evenly over ", parts, " ranks of '", mesh_dim, "'"));
+  }
+  ShardStep step{mesh_dim, dim, parts, group->getRank()};
+  ChunkExtent chunk = ChunkOf(data_.size(dim), parts, step.index);
+  AddStep(step, std::move(group), NewLeaf(data_.narrow(dim, chunk.offset, chunk.size)));
+  return absl::OkStatus();
+}
+
+void Param::AddStep(ShardStep step, ProcessGroupPtr group, at::Tensor new_data) {
+  steps_.push_back(std::move(step));
+  groups_.push_back(std::move(group));
+  data_ = std::move(new_data);
+}
+
+std::string Param::Describe() const {
+  return absl::StrCat(name_, " [", absl::StrJoin(global_shape_, ", "), "] ",
+                      DescribeSteps(steps_), " local [",
+                      absl::StrJoin(data_.sizes().vec(), ", "), "]");
+}
+
+at::Tensor AllGatherAlong(c10d::ProcessGroup& group, const at::Tensor& local, int dim) {
+  const int n = group.getSize();
+  if (n == 1) return local.clone();
+  at::Tensor input = local.contiguous();
+  std::vector<at::Tensor> pieces;
+  for (int i = 0; i < n; ++i) pieces.push_back(at::empty_like(input));
+  std::vector<std::vector<at::Tensor>> outputs{pieces};
+  std::vector<at::Tensor> inputs{input};
+  group.allgather(outputs, inputs)->wait();
+  return at::cat(outputs[0], dim);
+}
+
+at::Tensor GatherSteps(const at::Tensor& local, const std::vector<int64_t>& global_shape,
+                       const std::vector<ShardStep>& steps,
+                       const std::vector<ProcessGroupPtr>& groups) {
+  at::NoGradGuard no_grad;
+  at::Tensor current = local.detach();
+  for (size_t k = steps.size(); k-- > 0;) {
+    const ShardStep& step = steps[k];
+    // The extent along step.dim of what this step split.
+    const Box before = LocalBox(global_shape, {steps.begin(), steps.begin() + k});
+    const int64_t n = before.sizes[step.dim];
+    const int64_t padded = ChunkOf(n, step.parts, 0).padded_size;
+    at::Tensor mine =
+        current.narrow(step.dim, 0, ChunkOf(n, step.parts, step.index).size);
+    at::Tensor gathered =
+        AllGatherAlong(*groups[k], PadTo(mine, step.dim, padded), step.dim);
+    std::vector<at::Tensor> chunks;
+    for (int64_t j = 0; j < step.parts; ++j) {
+      chunks.push_back(
+          gathered.narrow(step.dim, j * padded, ChunkOf(n, step.parts, j).size));
+    }
+    current = at::cat(chunks, step.dim);
+  }
+  return current;
+}
+
+at::Tensor FullTensor(const Param& param) {
+  return GatherSteps(param.data(), param.global_shape(), param.steps(), param.groups());
+}
+
+}  // namespace meshrun::worker::parallel

@@ -1,0 +1,108 @@
+#pragma once
+
+// A model parameter that may be sharded over a DeviceMesh: the C++ side of a
+// DTensor parameter. It knows the global shape, the sharding steps applied to
+// it in order (TP before FSDP), and so the box of the global tensor it holds.
+//
+//   auto w = Param::FromFull("fc1.weight", full);      // every rank: the whole
+//   w->Shard("tp", /*dim=*/0, tp_group);               // TP: keep my rows
+//   FullyShard(*w, "fsdp", fsdp_group);                // FSDP (fsdp.h)
+//   at::Tensor local = w->Compute();                   // what a layer uses
+//   at::Tensor full = FullTensor(*w);                  // collective
+//
+// data() is the leaf tensor (requires_grad) that gradients accumulate in and
+// the optimizer updates; Compute() is the tensor layers compute with: data()
+// itself, or, once FSDP has sharded the parameter, the FSDP chunks gathered
+// back (differentiable w.r.t. data()).
+//
+// Not thread-safe; collective methods must be called by every member of the
+// groups involved, in the same order.
+
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker_lib/parallel/sharding.h"
+
+namespace meshrun::worker::parallel {
+
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+class Param;
+
+// Turns a parameter's stored shard into the tensor layers compute with.
+// FSDP installs one (fsdp.h); without one, Compute() is data().
+class ParamMaterializer {
+ public:
+  virtual ~ParamMaterializer() = default;
+  virtual at::Tensor Compute(Param& param) = 0;
+};
+
+class Param {
+ public:
+  // A replicated parameter holding a copy of `full` (requires_grad).
+  static std::shared_ptr<Param> FromFull(std::string name, const at::Tensor& full);
+
+  const std::string& name() const { return name_; }
+  const std::vector<int64_t>& global_shape() const { return global_shape_; }
+  // The sharding steps in the order they were applied, and their groups.
+  const std::vector<ShardStep>& steps() const { return steps_; }
+  const std::vector<ProcessGroupPtr>& groups() const { return groups_; }
+  // The region of the global tensor this rank holds.
+  Box box() const { return LocalBox(global_shape_, steps_); }
+
+  // The leaf tensor: gradients accumulate in data().grad(). Its shape is
+  // box().sizes, except that the last step may pad its dim (FSDP pads every
+  // chunk to the same size so collectives see equal shapes; padding is zero).
+  const at::Tensor& data() const { return data_; }
+  // data() without padding: exactly box().sizes (a view).
+  at::Tensor LocalValues() const;
+
+  // The tensor layers compute with; see the file comment.
+  at::Tensor Compute();
+
+  // Tensor-parallel sharding: keeps chunk `group.rank` of `group.size` along
+  // `dim` of the local tensor. The local size along `dim` must divide evenly
+  // (TP layers need equal shards). Not collective. Must precede FSDP.
+  absl::Status Shard(const std::string& mesh_dim, int dim, ProcessGroupPtr group);
+
+  // For sharding strategies (fsdp.h): records `step` done over `group` and
+  // makes `new_data` (a fresh leaf, requires_grad) the stored shard.
+  void AddStep(ShardStep step, ProcessGroupPtr group, at::Tensor new_data);
+  void set_materializer(std::shared_ptr<ParamMaterializer> materializer) {
+    materializer_ = std::move(materializer);
+  }
+  bool has_materializer() const { return materializer_ != nullptr; }
+
+  // "fc1.weight [50, 50] Shard(dim=0)@tp, Shard(dim=0)@fsdp local [13, 25]".
+  std::string Describe() const;
+
+ private:
+  Param(std::string name, at::Tensor data);
+
+  std::string name_;
+  std::vector<int64_t> global_shape_;
+  std::vector<ShardStep> steps_;
+  std::vector<ProcessGroupPtr> groups_;
+  at::Tensor data_;
+  std::shared_ptr<ParamMaterializer> materializer_;
+};
+
+// The local tensor `local` (the box after `steps`, padding allowed along the
+// last step's dim) gathered back to the global tensor by undoing the steps
+// in reverse order over their groups. Collective over every group in
+// `groups`. Differentiable is not needed: runs without autograd.
+at::Tensor GatherSteps(const at::Tensor& local, const std::vector<int64_t>& global_shape,
+                       const std::vector<ShardStep>& steps,
+                       const std::vector<ProcessGroupPtr>& groups);
+
+// DTensor.full_tensor(): the global value of `param` on every rank holding
+// it. Collective over the param's groups.
+at::Tensor FullTensor(const Param& param);
+
+// all_gather of equal-shaped tensors along `dim` (gloo and others).
+at::Tensor AllGatherAlong(c10d::ProcessGroup& group, const at::Tensor& local, int dim);
+
+}  // namespace meshrun::worker::parallel
