@@ -1,0 +1,72 @@
+#pragma once
+
+// Pipeline schedules as plain data: the ordered actions one stage performs in
+// one training step (forward / backward of a microbatch, and the sends and
+// receives that connect it to its neighbours). Pure: no tensors, no I/O; pp.h
+// executes the list over a process group, and the unit tests simulate all
+// stages at once to check matching and deadlock freedom.
+//
+// Communication model the schedules are built for (and pp.h implements):
+// sends are posted without waiting (isend; completed at the end of the step),
+// receives block until their message has arrived. Messages are matched by
+// (peer, direction, microbatch), not by arrival order. Under that model every
+// schedule here completes. With blocking (rendezvous) sends 1F1B would
+// deadlock in its steady phase — stage s sends an activation downstream while
+// stage s+1 sends a gradient upstream — which is why sends are not waited on.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace meshrun::worker::parallel {
+
+enum class Schedule {
+  kGPipe,    // all forwards, then all backwards
+  kOneFOneB  // warm-up forwards, then one forward / one backward, then cool-down
+};
+
+// "gpipe" / "1f1b".
+std::string ScheduleName(Schedule schedule);
+// Parses "gpipe" or "1f1b" (case-insensitive).
+absl::StatusOr<Schedule> ParseSchedule(const std::string& name);
+
+enum class ActionKind {
+  kRecvForward,   // receive microbatch m's activation from stage - 1
+  kForward,       // run this stage's layers on microbatch m
+  kSendForward,   // send microbatch m's output to stage + 1
+  kRecvBackward,  // receive the gradient of microbatch m's output from stage + 1
+  kBackward,      // backpropagate microbatch m through this stage
+  kSendBackward,  // send the gradient of microbatch m's input to stage - 1
+};
+
+struct Action {
+  ActionKind kind;
+  int microbatch;
+
+  bool operator==(const Action& other) const {
+    return kind == other.kind && microbatch == other.microbatch;
+  }
+};
+
+// "F3", "B0", "RF2" (recv forward), "SF2", "RB1", "SB1".
+std::string ActionName(const Action& action);
+// Actions joined by spaces.
+std::string ActionsToString(const std::vector<Action>& actions);
+
+// Checks `num_stages` >= 1, 0 <= stage < num_stages, `microbatches` >= 1,
+// and for 1F1B microbatches >= num_stages ("1F1B needs at least 4
+// microbatches for 4 stages, got 2"). INVALID_ARGUMENT otherwise.
+absl::Status ValidateSchedule(Schedule schedule, int num_stages, int microbatches);
+
+// The actions of `stage` (of `num_stages`) for one step of `microbatches`.
+// The first stage neither receives activations nor sends gradients; the last
+// neither sends activations nor receives gradients.
+//   GPipe:  [RF m, F m, SF m] for m = 0..M-1, then [RB m, B m, SB m] for m = 0..M-1.
+//   1F1B:   W = num_stages - stage - 1 warm-up forwards; then M - W rounds of
+//           [RF, F, SF of the next forward; RB, B, SB of the oldest pending
+//           backward]; then the W remaining backwards.
+absl::StatusOr<std::vector<Action>> StageActions(Schedule schedule, int num_stages,
+                                                 int stage, int microbatches);
+
+}  // namespace meshrun::worker::parallel
