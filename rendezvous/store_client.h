@@ -1,11 +1,16 @@
 #pragma once
 
-// Client of the daemon's Store service. One StoreClient is one bidirectional
-// stream; any number of threads may call it at once and their requests are
-// multiplexed on that stream (each call blocks its own thread only). Several
-// clients can share one channel (one TCP connection) or each have their own.
+// Client of the daemon's Store service. Calls travel on a bidirectional
+// BatchSession stream; any number of threads may call a StoreClient at once
+// and their requests are multiplexed on that stream (each call blocks its own
+// thread only). By default StoreClients of one process on the same channel
+// (or, without a channel, the same target) share one stream: the requests of
+// concurrent callers are then sent together as one gRPC message, which is
+// where gRPC's cost lies. The calling threads do the stream's I/O themselves
+// (no background thread, no hand-off when a caller is alone).
 //
-// Thread-safe. Blocking calls return UNAVAILABLE if the stream breaks.
+// Thread-safe. Blocking calls return UNAVAILABLE if the stream breaks; a
+// StoreClient connected after that gets a new stream.
 
 #include <chrono>
 #include <cstdint>
@@ -34,6 +39,10 @@ struct StoreClientOptions {
   std::chrono::milliseconds timeout{300000};
   // How long Connect() waits for the daemon to answer.
   std::chrono::milliseconds connect_timeout{10000};
+  // Share the stream with other StoreClients of this process on the same
+  // channel (or target). c10d semantics hold either way: every call is
+  // answered by its own reply, and a parked wait holds up no other call.
+  bool share_stream = true;
 };
 
 // A channel to `target` tuned for the store; `own_connection` gives it a TCP

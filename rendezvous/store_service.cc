@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -39,96 +40,166 @@ std::vector<std::string> Keys(
 
 }  // namespace
 
-// One client stream. Replies are queued and written one at a time (gRPC
-// allows a single outstanding write per stream). gRPC calls (StartWrite,
-// StartRead, Finish) are made outside mu_, since a reaction may run inline.
-class StoreService::StoreSession final
-    : public grpc::ServerBidiReactor<StoreRequest, StoreResponse> {
+// What the service needs of a session: a way to queue replies.
+class StoreService::ReplySink {
  public:
-  explicit StoreSession(StoreService* service) : service_(service) {
-    StartRead(&request_);
+  virtual ~ReplySink() = default;
+  // Queue replies. May be called from any thread until EndSession() ran.
+  virtual void Send(StoreResponse reply) = 0;
+  virtual void SendAll(std::vector<StoreResponse>* replies) = 0;
+};
+
+// One client stream of either protocol: In/Out are StoreRequest/StoreResponse
+// (Session) or StoreRequestBatch/StoreResponseBatch (BatchSession). Replies
+// are queued and written one message at a time (gRPC allows a single
+// outstanding write per stream); in batch mode everything queued while a
+// write is in flight is packed into the next message. gRPC calls
+// (StartWrite, StartRead, Finish) are made outside mu_, since a reaction may
+// run inline.
+template <typename In, typename Out>
+class StoreService::SessionReactor final : public StoreService::ReplySink,
+                                           public grpc::ServerBidiReactor<In, Out> {
+  static constexpr bool kBatched = std::is_same_v<Out, meshrun::v1::StoreResponseBatch>;
+
+ public:
+  explicit SessionReactor(StoreService* service) : service_(service) {
+    this->StartRead(&request_);
   }
 
-  // Queues a reply. May be called from any thread until EndSession() ran.
-  void Send(StoreResponse reply) {
-    StoreResponse* to_write = nullptr;
+  void Send(StoreResponse reply) override {
+    Out* to_write = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (finished_ || write_failed_) return;
-      replies_.push_back(std::move(reply));
-      if (!writing_) {
-        writing_ = true;
-        to_write = &replies_.front();  // deque: stays valid across push_back
-      }
+      QueueLocked(std::move(reply));
+      to_write = StartWritingLocked();
     }
-    if (to_write) StartWrite(to_write);
+    if (to_write) this->StartWrite(to_write);
+  }
+
+  void SendAll(std::vector<StoreResponse>* replies) override {
+    if (replies->empty()) return;
+    Out* to_write = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_ || write_failed_) return;
+      for (auto& reply : *replies) QueueLocked(std::move(reply));
+      to_write = StartWritingLocked();
+    }
+    if (to_write) this->StartWrite(to_write);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       // Half-close or cancellation: nothing more will arrive, and nothing
       // parked for this stream may be delivered any more.
-      ReadingDone();
+      ReadingDone(grpc::Status::OK);
       return;
     }
-    service_->Handle(this, request_);
+    if constexpr (kBatched) {
+      const size_t n = static_cast<size_t>(request_.requests_size());
+      if (n > service_->options_.max_requests_per_batch) {
+        ReadingDone(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            "store batch of " + std::to_string(n) + " requests exceeds the limit of " +
+                std::to_string(service_->options_.max_requests_per_batch)));
+        return;
+      }
+      service_->HandleBatch(this, request_.requests());
+    } else {
+      service_->Handle(this, request_);
+    }
     bool pause;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      pause = replies_.size() >= service_->options_.max_queued_replies_per_session;
+      pause = queued_ >= service_->options_.max_queued_replies_per_session;
       read_paused_ = pause;  // resumed by OnWriteDone
     }
-    if (!pause) StartRead(&request_);
+    if (!pause) this->StartRead(&request_);
   }
 
   void OnWriteDone(bool ok) override {
-    StoreResponse* next = nullptr;
+    Out* next = nullptr;
     bool resume_read = false;
     bool stop_reading = false;
     bool finish = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      replies_.pop_front();
+      queued_ -= Count(out_.front());
+      out_.pop_front();
+      writing_ = false;
       if (!ok) {
         // The client is gone. An outstanding read fails and ends the session;
         // a paused one never will, so end it here.
-        replies_.clear();
+        out_.clear();
+        queued_ = 0;
         write_failed_ = true;
-        writing_ = false;
         stop_reading = read_paused_;
         read_paused_ = false;
       } else {
-        if (!replies_.empty()) {
-          next = &replies_.front();
-        } else {
-          writing_ = false;
-        }
-        if (read_paused_ &&
-            replies_.size() < service_->options_.max_queued_replies_per_session) {
+        next = StartWritingLocked();
+        if (read_paused_ && queued_ < service_->options_.max_queued_replies_per_session) {
           read_paused_ = false;
           resume_read = true;
         }
       }
       finish = ShouldFinishLocked();
     }
-    if (stop_reading) return ReadingDone();
-    if (resume_read) StartRead(&request_);
-    if (next) StartWrite(next);
-    if (finish) Finish(grpc::Status::OK);
+    if (stop_reading) return ReadingDone(grpc::Status::OK);
+    if (resume_read) this->StartRead(&request_);
+    if (next) this->StartWrite(next);
+    if (finish) this->Finish(finish_status_);
   }
 
   void OnDone() override { delete this; }
 
  private:
-  void ReadingDone() {
+  static size_t Count(const Out& out) {
+    if constexpr (kBatched) {
+      return static_cast<size_t>(out.responses_size());
+    } else {
+      return 1;
+    }
+  }
+
+  // REQUIRES: mu_ held.
+  void QueueLocked(StoreResponse reply) {
+    ++queued_;
+    if constexpr (kBatched) {
+      const size_t bytes = reply.ByteSizeLong();
+      // The front message is on the wire while writing_; later ones fill up.
+      const bool can_pack =
+          out_.size() > (writing_ ? 1u : 0u) &&
+          back_bytes_ + bytes <= service_->options_.max_reply_batch_bytes;
+      if (!can_pack) {
+        out_.emplace_back();
+        back_bytes_ = 0;
+      }
+      back_bytes_ += bytes;
+      *out_.back().add_responses() = std::move(reply);
+    } else {
+      out_.push_back(std::move(reply));
+    }
+  }
+
+  // REQUIRES: mu_ held. The message to start writing, if none is in flight.
+  Out* StartWritingLocked() {
+    if (writing_ || out_.empty()) return nullptr;
+    writing_ = true;
+    // A deque's elements stay put across push_back.
+    return &out_.front();
+  }
+
+  void ReadingDone(grpc::Status status) {
     service_->EndSession(this);
     bool finish;
     {
       std::lock_guard<std::mutex> lock(mu_);
       reading_done_ = true;
+      if (finish_status_.ok()) finish_status_ = std::move(status);
       finish = ShouldFinishLocked();
     }
-    if (finish) Finish(grpc::Status::OK);
+    if (finish) this->Finish(finish_status_);
   }
 
   // REQUIRES: mu_ held. True exactly once: when the caller must Finish().
@@ -139,14 +210,17 @@ class StoreService::StoreSession final
   }
 
   StoreService* const service_;
-  StoreRequest request_;
+  In request_;
   std::mutex mu_;
-  std::deque<StoreResponse> replies_;  // guarded by mu_; front is being written
-  bool writing_ = false;               // guarded by mu_
-  bool write_failed_ = false;          // guarded by mu_
-  bool read_paused_ = false;           // guarded by mu_
-  bool reading_done_ = false;          // guarded by mu_
-  bool finished_ = false;              // guarded by mu_
+  std::deque<Out> out_;         // guarded by mu_; front is being written
+  size_t queued_ = 0;           // guarded by mu_; replies in out_
+  size_t back_bytes_ = 0;       // guarded by mu_; bytes packed into out_.back()
+  bool writing_ = false;        // guarded by mu_
+  bool write_failed_ = false;   // guarded by mu_
+  bool read_paused_ = false;    // guarded by mu_
+  bool reading_done_ = false;   // guarded by mu_
+  bool finished_ = false;       // guarded by mu_
+  grpc::Status finish_status_;  // guarded by mu_ until finished_
 };
 
 StoreService::StoreService(StoreServiceOptions options)
@@ -162,7 +236,17 @@ grpc::ServerBidiReactor<StoreRequest, StoreResponse>* StoreService::Session(
     std::lock_guard<std::mutex> lock(mu_);
     ++sessions_open_;
   }
-  return new StoreSession(this);
+  return new SessionReactor<StoreRequest, StoreResponse>(this);
+}
+
+grpc::ServerBidiReactor<meshrun::v1::StoreRequestBatch, meshrun::v1::StoreResponseBatch>*
+StoreService::BatchSession(grpc::CallbackServerContext* /*context*/) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++sessions_open_;
+  }
+  return new SessionReactor<meshrun::v1::StoreRequestBatch,
+                            meshrun::v1::StoreResponseBatch>(this);
 }
 
 StoreServiceStats StoreService::Stats() {
@@ -170,97 +254,124 @@ StoreServiceStats StoreService::Stats() {
   return {sessions_open_, ops_.load(std::memory_order_relaxed), store_.num_waiters()};
 }
 
-void StoreService::Handle(StoreSession* session, const StoreRequest& request) {
+void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
   ops_.fetch_add(1, std::memory_order_relaxed);
   StoreResponse reply;
-  reply.set_id(request.id());
-  const std::string& ns = request.ns();
-  const auto timeout = request.timeout_ms() > 0
-                           ? std::chrono::milliseconds(request.timeout_ms())
-                           : options_.default_timeout;
-  const TimePoint deadline = Clock::now() + timeout;
-
   std::vector<Wakeup> woken;
-  std::unique_lock<std::mutex> lock(mu_);
+  bool answered;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    answered = ExecuteLocked(session, request, &reply, &woken);
+    DeliverLocked(woken);
+  }
+  if (answered) session->Send(std::move(reply));
+}
+
+void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
+  if (requests.empty()) return;
+  ops_.fetch_add(static_cast<uint64_t>(requests.size()), std::memory_order_relaxed);
+  std::vector<StoreResponse> replies;
+  replies.reserve(static_cast<size_t>(requests.size()));
+  std::vector<Wakeup> woken;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const StoreRequest& request : requests) {
+      StoreResponse reply;
+      if (ExecuteLocked(session, request, &reply, &woken))
+        replies.push_back(std::move(reply));
+    }
+    DeliverLocked(woken);
+  }
+  session->SendAll(&replies);
+}
+
+bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request,
+                                 StoreResponse* reply, std::vector<Wakeup>* woken) {
+  reply->set_id(request.id());
+  const std::string& ns = request.ns();
+  // Only blocking ops read the clock.
+  auto deadline = [&] {
+    const auto timeout = request.timeout_ms() > 0
+                             ? std::chrono::milliseconds(request.timeout_ms())
+                             : options_.default_timeout;
+    return Clock::now() + timeout;
+  };
   // Blocking ops return a BlockingResult; parked ones reply later.
-  auto block = [&](BlockingResult result, WaiterId waiter) {
+  auto block = [&](BlockingResult result, WaiterId waiter, TimePoint when) {
     if (!result.ready) {
       pending_[waiter] = {session, request.id()};
       parked_[session].insert(waiter);
-      timer_->Poke(deadline);
+      timer_->Poke(when);
       return false;
     }
-    SetStatus(result.status, &reply);
-    for (auto& v : result.values) reply.add_values(std::move(v));
+    SetStatus(result.status, reply);
+    for (auto& v : result.values) reply->add_values(std::move(v));
     return true;
   };
 
   switch (request.op_case()) {
     case StoreRequest::kSet:
-      SetStatus(store_.Set(ns, request.set().key(), request.set().value(), &woken),
-                &reply);
+      SetStatus(store_.Set(ns, request.set().key(), request.set().value(), woken), reply);
       break;
     case StoreRequest::kGet: {
       WaiterId id = next_waiter_++;
-      if (!block(store_.Get(ns, request.get().key(), id, deadline), id)) return;
-      break;
+      TimePoint when = deadline();
+      return block(store_.Get(ns, request.get().key(), id, when), id, when);
     }
     case StoreRequest::kAdd: {
-      auto sum = store_.Add(ns, request.add().key(), request.add().delta(), &woken);
-      SetStatus(sum.status(), &reply);
-      if (sum.ok()) reply.set_number(*sum);
+      auto sum = store_.Add(ns, request.add().key(), request.add().delta(), woken);
+      SetStatus(sum.status(), reply);
+      if (sum.ok()) reply->set_number(*sum);
       break;
     }
     case StoreRequest::kCompareSet: {
       const auto& op = request.compare_set();
-      auto value = store_.CompareSet(ns, op.key(), op.expected(), op.desired(), &woken);
-      SetStatus(value.status(), &reply);
-      if (value.ok()) reply.add_values(std::move(*value));
+      auto value = store_.CompareSet(ns, op.key(), op.expected(), op.desired(), woken);
+      SetStatus(value.status(), reply);
+      if (value.ok()) reply->add_values(std::move(*value));
       break;
     }
     case StoreRequest::kWait: {
       WaiterId id = next_waiter_++;
-      if (!block(store_.Wait(ns, Keys(request.wait().keys()), id, deadline), id)) return;
-      break;
+      TimePoint when = deadline();
+      return block(store_.Wait(ns, Keys(request.wait().keys()), id, when), id, when);
     }
     case StoreRequest::kDelete:
-      reply.set_flag(store_.Delete(ns, request.delete_().key()));
+      reply->set_flag(store_.Delete(ns, request.delete_().key()));
       break;
     case StoreRequest::kNumKeys:
-      reply.set_number(store_.NumKeys(ns));
+      reply->set_number(store_.NumKeys(ns));
       break;
     case StoreRequest::kCheck: {
       auto all = store_.Check(ns, Keys(request.check().keys()));
-      SetStatus(all.status(), &reply);
-      if (all.ok()) reply.set_flag(*all);
+      SetStatus(all.status(), reply);
+      if (all.ok()) reply->set_flag(*all);
       break;
     }
     case StoreRequest::kMultiGet: {
       WaiterId id = next_waiter_++;
-      if (!block(store_.MultiGet(ns, Keys(request.multi_get().keys()), id, deadline), id))
-        return;
-      break;
+      TimePoint when = deadline();
+      return block(store_.MultiGet(ns, Keys(request.multi_get().keys()), id, when), id,
+                   when);
     }
     case StoreRequest::kMultiSet: {
       std::vector<std::pair<std::string, std::string>> entries;
       entries.reserve(request.multi_set().entries_size());
       for (const auto& kv : request.multi_set().entries())
         entries.emplace_back(kv.key(), kv.value());
-      SetStatus(store_.MultiSet(ns, entries, &woken), &reply);
+      SetStatus(store_.MultiSet(ns, entries, woken), reply);
       break;
     }
     case StoreRequest::kAppend:
       SetStatus(
-          store_.Append(ns, request.append().key(), request.append().value(), &woken),
-          &reply);
+          store_.Append(ns, request.append().key(), request.append().value(), woken),
+          reply);
       break;
     case StoreRequest::OP_NOT_SET:
-      SetStatus(absl::InvalidArgumentError("store request names no operation"), &reply);
+      SetStatus(absl::InvalidArgumentError("store request names no operation"), reply);
       break;
   }
-  DeliverLocked(woken);
-  lock.unlock();
-  session->Send(std::move(reply));
+  return true;
 }
 
 void StoreService::DeliverLocked(std::vector<Wakeup>& woken) {
@@ -283,7 +394,7 @@ void StoreService::DeliverLocked(std::vector<Wakeup>& woken) {
   }
 }
 
-void StoreService::EndSession(StoreSession* session) {
+void StoreService::EndSession(ReplySink* session) {
   std::lock_guard<std::mutex> lock(mu_);
   --sessions_open_;
   auto parked = parked_.find(session);

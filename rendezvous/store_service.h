@@ -2,7 +2,11 @@
 
 // gRPC adapter of the Store service: converts StoreRequest/StoreResponse to
 // KvStore calls and delivers the waiters KvStore wakes. One callback-API
-// reactor per client stream, so a parked wait costs no thread.
+// reactor per client stream, so a parked wait costs no thread. Both protocols
+// are served: Session (a message per request) and BatchSession (a message per
+// batch of requests; a batch is executed under one lock acquisition and
+// answered with one write, and replies that queue up while a write is in
+// flight leave together in the next one).
 //
 // Thread-safe. All KvStore access is serialised by one mutex; the core's
 // operations are short, and the notes in shared/notes show the server's
@@ -15,6 +19,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "meshrun/v1/store.grpc.pb.h"
 #include "rendezvous/deadline_timer.h"
@@ -29,6 +34,12 @@ struct StoreServiceOptions {
   // A session stops reading once this many replies wait to be written, so a
   // client that never reads cannot make the daemon buffer without bound.
   size_t max_queued_replies_per_session = 4096;
+  // A BatchSession message with more requests than this ends its stream with
+  // INVALID_ARGUMENT (rdzv::StoreClient sends at most kMaxClientBatch).
+  size_t max_requests_per_batch = 1024;
+  // Replies are packed into one StoreResponseBatch up to about this many
+  // bytes (a single larger reply travels alone), well under gRPC's limit.
+  size_t max_reply_batch_bytes = 1 << 20;
 };
 
 struct StoreServiceStats {
@@ -44,22 +55,35 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
 
   grpc::ServerBidiReactor<meshrun::v1::StoreRequest, meshrun::v1::StoreResponse>* Session(
       grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<meshrun::v1::StoreRequestBatch,
+                          meshrun::v1::StoreResponseBatch>*
+  BatchSession(grpc::CallbackServerContext* context) override;
 
   StoreServiceStats Stats();
 
-  class StoreSession;  // one client stream; defined in the .cc
+  // One client stream, of either protocol; defined in the .cc.
+  class ReplySink;
+  template <typename In, typename Out>
+  class SessionReactor;
 
  private:
-  friend class StoreSession;
+  template <typename In, typename Out>
+  friend class SessionReactor;
   struct PendingWait {
-    StoreSession* session;
+    ReplySink* session;
     uint64_t request_id;
   };
+  using Requests = google::protobuf::RepeatedPtrField<meshrun::v1::StoreRequest>;
 
-  // Executes one request; replies now or parks it. Called by sessions.
-  void Handle(StoreSession* session, const meshrun::v1::StoreRequest& request);
+  // Executes requests in order; replies now or parks them. Called by sessions.
+  void Handle(ReplySink* session, const meshrun::v1::StoreRequest& request);
+  void HandleBatch(ReplySink* session, const Requests& requests);
+  // REQUIRES: mu_ held. Executes one request; false when it was parked (no
+  // reply yet), otherwise `reply` holds the answer.
+  bool ExecuteLocked(ReplySink* session, const meshrun::v1::StoreRequest& request,
+                     meshrun::v1::StoreResponse* reply, std::vector<Wakeup>* woken);
   // The session's stream ended: forget its parked waits.
-  void EndSession(StoreSession* session);
+  void EndSession(ReplySink* session);
   // REQUIRES: mu_ held.
   void DeliverLocked(std::vector<Wakeup>& woken);
   std::optional<TimePoint> Expire(TimePoint now);
@@ -69,10 +93,9 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   KvStore store_;                                      // guarded by mu_
   std::unordered_map<WaiterId, PendingWait> pending_;  // guarded by mu_
   // The same waits by session, so a closing stream finds its own quickly.
-  std::unordered_map<StoreSession*, std::unordered_set<WaiterId>>
-      parked_;                  // guarded by mu_
-  WaiterId next_waiter_ = 1;    // guarded by mu_
-  uint64_t sessions_open_ = 0;  // guarded by mu_
+  std::unordered_map<ReplySink*, std::unordered_set<WaiterId>> parked_;  // guarded by mu_
+  WaiterId next_waiter_ = 1;                                             // guarded by mu_
+  uint64_t sessions_open_ = 0;                                           // guarded by mu_
   std::atomic<uint64_t> ops_{0};
   std::unique_ptr<DeadlineTimer> timer_;
 };

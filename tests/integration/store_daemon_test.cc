@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -219,6 +220,117 @@ TEST(StoreDaemonTest, MalformedRequestsGetErrorsAndTheDaemonKeepsServing) {
   auto fresh = Connect(daemon.endpoint(), "run", /*own_connection=*/true);
   ASSERT_TRUE(fresh->Set("alive", "yes").ok());
   EXPECT_EQ(*fresh->Get("alive"), "yes");
+  EXPECT_TRUE(daemon.process().Running());
+}
+
+TEST(StoreDaemonTest, ThreadsSharingOneClientAreAnsweredCorrectly) {
+  DaemonProcess daemon;
+  // Clients on one target share a stream by default; their requests travel
+  // in batches. Every caller must get its own answer, and a parked wait must
+  // hold up nobody.
+  auto shared = Connect(daemon.endpoint());
+  auto other = Connect(daemon.endpoint());
+  std::thread parked(
+      [&] { EXPECT_TRUE(other->Wait({"release"}, std::chrono::seconds(60)).ok()); });
+  constexpr int kThreads = 32, kOps = 300;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string key = "k" + std::to_string(t);
+      for (int i = 0; i < kOps; ++i) {
+        const std::string value = std::to_string(t * kOps + i);
+        ASSERT_TRUE(shared->Set(key, value).ok());
+        auto got = shared->Get(key);
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_EQ(*got, value);
+        ASSERT_TRUE(shared->Add("counter", 1).ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(*shared->Add("counter", 0), kThreads * kOps);
+  ASSERT_TRUE(shared->Set("release", "1").ok());
+  parked.join();
+}
+
+TEST(StoreDaemonTest, BatchSessionAnswersEveryRequestOfABatch) {
+  DaemonProcess daemon;
+  auto stub =
+      meshrun::v1::Store::NewStub(rdzv::MakeStoreChannel(daemon.endpoint(), true));
+  grpc::ClientContext context;
+  auto stream = stub->BatchSession(&context);
+  meshrun::v1::StoreRequestBatch batch;
+  auto add = [&](uint64_t id) {
+    auto* r = batch.add_requests();
+    r->set_id(id);
+    r->set_ns("run");
+    return r;
+  };
+  // A wait parked by the batch's first request is woken by its third.
+  add(1)->mutable_wait()->add_keys("b");
+  add(2)->mutable_set()->set_key("a");
+  auto* set_b = add(3)->mutable_set();
+  set_b->set_key("b");
+  set_b->set_value("vb");
+  add(4)->mutable_get()->set_key("b");
+  add(5);  // names no operation
+  add(6)->mutable_add()->set_key("n");
+  ASSERT_TRUE(stream->Write(batch));
+  std::map<uint64_t, meshrun::v1::StoreResponse> replies;
+  meshrun::v1::StoreResponseBatch in;
+  while (replies.size() < 6 && stream->Read(&in)) {
+    for (const auto& r : in.responses()) EXPECT_TRUE(replies.emplace(r.id(), r).second);
+  }
+  ASSERT_EQ(replies.size(), 6u);
+  for (uint64_t id : {1, 2, 3, 4, 6})
+    EXPECT_EQ(replies[id].code(), meshrun::v1::STORE_OK) << id << replies[id].error();
+  ASSERT_EQ(replies[4].values_size(), 1);
+  EXPECT_EQ(replies[4].values(0), "vb");
+  EXPECT_EQ(replies[5].code(), meshrun::v1::STORE_INVALID_ARGUMENT);
+  // An empty batch is ignored; the stream goes on.
+  batch.Clear();
+  ASSERT_TRUE(stream->Write(batch));
+  add(7)->mutable_num_keys();
+  ASSERT_TRUE(stream->Write(batch));
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_EQ(in.responses_size(), 1);
+  EXPECT_EQ(in.responses(0).id(), 7u);
+  EXPECT_EQ(in.responses(0).number(), 3);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(StoreDaemonTest, OversizedBatchEndsOnlyItsStreamWithAClearError) {
+  DaemonProcess daemon;
+  auto client = Connect(daemon.endpoint());
+  ASSERT_TRUE(client->Set("before", "1").ok());
+  std::thread parked(
+      [&] { EXPECT_TRUE(client->Wait({"after"}, std::chrono::seconds(60)).ok()); });
+  auto stub =
+      meshrun::v1::Store::NewStub(rdzv::MakeStoreChannel(daemon.endpoint(), true));
+  for (int count : {1025, 200000}) {
+    grpc::ClientContext context;
+    auto stream = stub->BatchSession(&context);
+    meshrun::v1::StoreRequestBatch batch;
+    for (int i = 0; i < count; ++i) {
+      auto* r = batch.add_requests();
+      r->set_id(static_cast<uint64_t>(i));
+      r->mutable_set()->set_key("k" + std::to_string(i));
+    }
+    stream->Write(batch);
+    meshrun::v1::StoreResponseBatch in;
+    EXPECT_FALSE(stream->Read(&in));
+    grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << status.error_message();
+    EXPECT_NE(status.error_message().find("exceeds the limit of 1024"), std::string::npos)
+        << status.error_message();
+  }
+  // Nothing of the rejected batches was executed, and other streams go on.
+  EXPECT_EQ(*client->NumKeys(), 1);
+  auto setter = Connect(daemon.endpoint(), "run", /*own_connection=*/true);
+  ASSERT_TRUE(setter->Set("after", "1").ok());
+  parked.join();
   EXPECT_TRUE(daemon.process().Running());
 }
 
