@@ -167,7 +167,7 @@ class Agent {
   void WaitForSignal() {
     signals_.async_wait([this](const boost::system::error_code& error, int number) {
       if (error) return;
-      spdlog::info("received {}, stopping workers", SignalName(number));
+      spdlog::info("received {}", SignalName(number));
       Dispatch(event::Signal{number});
       WaitForSignal();
     });
@@ -322,6 +322,8 @@ class Agent {
         boost::asio::post(io_, [this] { Dispatch(event::WorkersStopped{}); });
       });
     } else if (auto* forward = std::get_if<action::ForwardSignal>(&action)) {
+      // Not a stop (e.g. SLURM's --signal=USR1@N warning): the workers go on.
+      spdlog::info("forwarding {} to the workers", SignalName(forward->number));
       workers_.Signal(forward->number);
     } else if (auto* failure = std::get_if<action::ReportFailure>(&action)) {
       std::string detail = "[" + std::to_string(failure->exit.global_rank) + "]:\n" +

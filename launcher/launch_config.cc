@@ -28,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "launcher/slurm_env.h"
 
 namespace meshrun::launcher {
 namespace {
@@ -67,6 +68,7 @@ enum FlagId {
   kShutdownTimeout,
   kSignalsToHandle,
   kLogLinePrefixTemplate,
+  kSlurm,
   kNumFlags,
 };
 
@@ -135,6 +137,11 @@ constexpr FlagDef kFlags[] = {
     {"--log-line-prefix-template", "", true, "TEMPLATE", "[${role_name}${local_rank}]:",
      "Console prefix of worker lines; ${role_name}, ${rank}, ${local_rank}, "
      "${host}."},
+    {"--slurm", "", false, "", "",
+     "Inside a SLURM step (srun --ntasks-per-node=1): take --nnodes, --node-rank, "
+     "--rdzv-id, --rdzv-endpoint (first node, which hosts it) and --nproc-per-node "
+     "(GPUs on the node, else SLURM_NTASKS_PER_NODE) from SLURM's environment; "
+     "flags and PET_* variables given win."},
 };
 static_assert(std::size(kFlags) == kNumFlags, "one kFlags row per FlagId");
 
@@ -297,7 +304,8 @@ std::string Got(absl::string_view expected, absl::string_view text) {
   return absl::StrCat("expected ", expected, ", got '", text, "'");
 }
 
-// What the command line and PET_* say; the command line wins.
+// What the command line, PET_* and (with --slurm) SLURM's environment say, in
+// that order of precedence.
 class FlagValues {
  public:
   FlagValues(std::array<std::string, kNumFlags> cli_values,
@@ -305,14 +313,26 @@ class FlagValues {
              const std::map<std::string, std::string>& env)
       : cli_values_(std::move(cli_values)), on_cli_(on_cli), env_(env) {}
 
-  // nullopt when neither the command line nor a non-empty PET_* gives it.
+  // nullopt when neither the command line, a non-empty PET_* nor a fallback
+  // gives it.
   std::optional<Given> Get(FlagId id) const {
+    if (std::optional<Given> given = GetExplicit(id)) return given;
+    auto fallback = fallbacks_.find(id);
+    if (fallback != fallbacks_.end()) return fallback->second;
+    return std::nullopt;
+  }
+
+  // The command line or PET_* only.
+  std::optional<Given> GetExplicit(FlagId id) const {
     if (on_cli_[id]) return Given{cli_values_[id], ""};
     std::string pet = PetName(kFlags[id]);
     auto it = env_.find(pet);
     if (it == env_.end() || it->second.empty()) return std::nullopt;
     return Given{it->second, pet};
   }
+
+  // A value below the command line and PET_* (SLURM's environment).
+  void SetFallback(FlagId id, Given given) { fallbacks_[id] = std::move(given); }
 
   // The flag's value, or its default from the table.
   Given GetOr(FlagId id) const {
@@ -334,6 +354,7 @@ class FlagValues {
   std::array<std::string, kNumFlags> cli_values_;
   std::array<bool, kNumFlags> on_cli_;
   const std::map<std::string, std::string>& env_;
+  std::map<FlagId, Given> fallbacks_;
 };
 
 // --- Value parsers: pure, message without the flag prefix ----------------------
@@ -956,6 +977,39 @@ absl::Status BuildWorkerCommand(const FlagValues& flags,
   return absl::OkStatus();
 }
 
+// --slurm: SLURM's view of the step becomes the fallback of the flags it
+// defines; what the command line or PET_* says still wins.
+absl::Status ApplySlurmEnvironment(const std::map<std::string, std::string>& env,
+                                   FlagValues* flags, LaunchConfig* config) {
+  if (flags->Switch(kStandalone)) {
+    return FlagError(kSlurm, "cannot be combined with --standalone");
+  }
+  absl::StatusOr<SlurmFlags> slurm = SlurmFlagsFromEnv(env);
+  if (!slurm.ok()) return slurm.status();
+  std::vector<std::string> derived;
+  auto fallback = [&](FlagId id, const SlurmValue& value) {
+    if (flags->GetExplicit(id)) return;
+    flags->SetFallback(id, Given{value.text, value.origin});
+    derived.push_back(absl::StrCat(kFlags[id].name, "=", value.text));
+  };
+  fallback(kNnodes, slurm->nnodes);
+  fallback(kNodeRank, slurm->node_rank);
+  fallback(kRdzvId, slurm->rdzv_id);
+  fallback(kRdzvEndpoint, slurm->rdzv_endpoint);
+  if (slurm->nproc_per_node) fallback(kNprocPerNode, *slurm->nproc_per_node);
+  // SLURM's early-warning signal (--signal=USR1@N) must reach the workers
+  // rather than kill the launcher.
+  if (!flags->GetExplicit(kSignalsToHandle)) {
+    flags->SetFallback(kSignalsToHandle,
+                       Given{"SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2", ""});
+  }
+  config->notices.push_back(absl::StrCat(
+      "--slurm: ",
+      derived.empty() ? "nothing taken from SLURM" : absl::StrJoin(derived, " "),
+      derived.empty() ? "" : " (from SLURM's environment)"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 StdStreams StdStreamsSpec::ForLocalRank(int local_rank) const {
@@ -1039,7 +1093,18 @@ absl::StatusOr<LaunchConfig> ParseLaunchArgs(
   config.script = *split->script;
   config.script_args = split->script_args;
 
+  config.slurm = flags.Switch(kSlurm);
+  if (config.slurm) {
+    absl::Status status = ApplySlurmEnvironment(env, &flags, &config);
+    if (!status.ok()) return status;
+  }
   absl::Status status = ParseRendezvousFlags(flags, host, &config);
+  if (status.ok() && config.slurm && !flags.GetExplicit(kRdzvEndpoint) &&
+      !config.rdzv_conf.is_host.has_value()) {
+    // The derived endpoint is the first node, which serves it; another
+    // agent on the same machine (virtual nodes, shared nodes) must not.
+    config.rdzv_conf.is_host = config.node_rank == 0;
+  }
   if (status.ok()) status = ParseWorkerFlags(flags, env, host, &config);
   if (status.ok()) status = BuildWorkerCommand(flags, env, &config);
   if (!status.ok()) return status;

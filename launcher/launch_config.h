@@ -172,6 +172,10 @@ struct LaunchConfig {
   // PATH by the spawner when it has no slash.
   std::vector<std::string> worker_argv;
 
+  // --slurm: defaults came from SLURM's environment (see slurm_env.h); the
+  // first node hosts the derived rendezvous endpoint.
+  bool slurm = false;
+
   // Things the user should be told (overridden or ignored flags), one line
   // each; main logs them before launching.
   std::vector<std::string> notices;
