@@ -16,8 +16,11 @@
 namespace meshrun::launcher {
 namespace {
 
+// 20000..28999: below Linux's ephemeral ports (kernel-chosen ones never
+// collide) and clear of torch's fixed 29400 (rendezvous) and 29500
+// (MASTER_PORT).
 constexpr int kPortBase = 20000;
-constexpr int kPortSpan = 10000;
+constexpr int kPortSpan = 9000;
 // Digits of a range bound; more would overflow the arithmetic below.
 constexpr size_t kMaxBoundDigits = 18;
 

@@ -76,8 +76,9 @@ absl::StatusOr<SlurmFlags> SlurmFlagsFromEnv(
     const std::map<std::string, std::string>& env);
 
 // The rendezvous port of a job step: 20000 + a hash of "<job>.<step>" modulo
-// 10000. Every node computes the same port without talking; below Linux's
-// ephemeral range, and different for jobs that share a first node.
+// 9000. Every node computes the same port without talking; below Linux's
+// ephemeral range, clear of torch's 29400/29500, and different for jobs that
+// share a first node.
 int SlurmRendezvousPort(absl::string_view run_id);
 
 }  // namespace meshrun::launcher

@@ -106,7 +106,7 @@ TEST(SlurmRendezvousPortTest, StableInRangeAndSpreadOverJobs) {
   for (int job = 1; job <= 50; ++job) {
     int port = SlurmRendezvousPort(std::to_string(job) + ".0");
     EXPECT_GE(port, 20000);
-    EXPECT_LT(port, 30000);
+    EXPECT_LT(port, 29000) << "clear of torch's 29400 and 29500";
     ports.push_back(port);
   }
   std::sort(ports.begin(), ports.end());
