@@ -75,6 +75,7 @@ class Param {
     materializer_ = std::move(materializer);
   }
   bool has_materializer() const { return materializer_ != nullptr; }
+  const std::shared_ptr<ParamMaterializer>& materializer() const { return materializer_; }
 
   // "fc1.weight [50, 50] Shard(dim=0)@tp, Shard(dim=0)@fsdp local [13, 25]".
   std::string Describe() const;
