@@ -57,31 +57,41 @@ std::shared_ptr<grpc::Channel> MakeStoreChannel(const std::string& target,
 
 // The client's end of one Store.BatchSession stream, shared by every
 // StoreClient on the same channel (or target). There is no I/O thread: the
-// calling threads do the stream's I/O themselves (leader/follower), on
-// gRPC's synchronous API.
-//  - Writing: a caller that finds no write in flight writes its request, then
-//    keeps writing whatever other threads queued meanwhile, as one
-//    StoreRequestBatch per write, until the queue is empty.
-//  - Reading: while any call is pending exactly one caller reads replies and
-//    hands each to its caller; when its own reply arrives it passes the reader
-//    role to another pending caller and returns.
+// stream's operations complete on a completion queue of its own, and the
+// calling threads poll it themselves (leader/follower):
+//  - While any call is pending exactly one caller polls. It dispatches each
+//    reply to its caller, keeps a read outstanding, and writes what queued
+//    up; when its own reply arrives it hands the polling role to another
+//    pending caller and returns.
+//  - Writing: one write in flight at a time; requests queued behind it go
+//    out together as one StoreRequestBatch when it completes. A new request
+//    is also held back while a reply to a quick (never parked) request is
+//    due, for the poller to send with the next batch.
 // A lone caller thus writes and reads itself with no thread hand-off, and
-// many callers share each gRPC message (gRPC's cost is per message).
-// grpc calls are made outside mu_; at most one Write and one Read are in
-// flight at a time, which gRPC's sync streams allow from different threads.
+// many callers share each gRPC message (gRPC's cost is per message). Only one
+// thread at a time waits on the queue, and since async operations never run
+// user code inline, all stream state can live under one mutex.
 class StoreClient::Stream {
  public:
   // Opens the stream. REQUIRES: the channel is connected (or connecting).
   explicit Stream(std::shared_ptr<grpc::Channel> channel)
       : channel_(std::move(channel)), stub_(meshrun::v1::Store::NewStub(channel_)) {
-    stream_ = stub_->BatchSession(&context_);
+    call_ = stub_->PrepareAsyncBatchSession(&context_, &cq_);
+    call_->StartCall(Tag(kStarted));
   }
 
   // REQUIRES: no Call() in progress (every StoreClient using it is gone).
   ~Stream() {
-    if (finished_) return;
     context_.TryCancel();
-    (void)stream_->Finish();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!finished_) PollOnce(lock);
+    }
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
   }
 
   bool broken() {
@@ -99,14 +109,8 @@ class StoreClient::Stream {
       slot->quick = AnsweredAtOnce(request);
       pending_.emplace(id, slot);
       outbox_.push_back(std::move(request));
-      if (!reading_) {
-        ReadUntilDone(lock, slot.get());  // writes the queue first
-      } else if (!writing_ && quick_written_ == 0) {
-        // The reader may be blocked on parked waits only: write now.
-        WriteQueued(lock);
-      }
-      // Otherwise the reader writes the queue, as one batch, once the reply
-      // to a quick request in flight arrives.
+      if (!polling_ || quick_written_ == 0) MaybeWrite();
+      if (!polling_) PollUntilDone(lock, slot.get());
     }
     while (true) {
       {
@@ -115,26 +119,33 @@ class StoreClient::Stream {
         if (slot->done) return std::move(slot->reply);
         slot->promoted = false;
       }
-      // Asked to take over reading; someone may have beaten us to it (that
-      // reader promotes another caller when it is done).
+      // Asked to take over polling; someone may have beaten us to it (that
+      // poller promotes another caller when it is done).
       std::unique_lock<std::mutex> lock(mu_);
-      if (!reading_) ReadUntilDone(lock, slot.get());
+      if (!polling_) PollUntilDone(lock, slot.get());
     }
   }
 
  private:
   // One pending call. Completed (and promoted) under its own mutex, not
   // mu_, so a woken caller does not queue up on the stream's lock; the
-  // reader holds a reference, so signalling after the caller left is safe.
+  // poller holds a reference, so signalling after the caller left is safe.
   struct Slot {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;                    // guarded by mu
-    bool promoted = false;                // guarded by mu; asked to become the reader
+    bool promoted = false;                // guarded by mu; asked to become the poller
     bool quick = false;                   // never parked by the server; set before queued
     absl::StatusOr<StoreResponse> reply;  // written before done, read after
   };
   using SlotPtr = std::shared_ptr<Slot>;
+
+  enum Op : uintptr_t { kStarted = 1, kRead, kWrite, kFinish };
+  static void* Tag(Op op) { return reinterpret_cast<void*>(op); }
+
+  // Per message, to stay far below any gRPC message limit.
+  static constexpr int kMaxClientBatch = 256;
+  static constexpr size_t kMaxBatchBytes = 1 << 20;
 
   static void Complete(const SlotPtr& slot) {
     {
@@ -144,108 +155,8 @@ class StoreClient::Stream {
     slot->cv.notify_one();
   }
 
-  // Per message, to stay far below any gRPC message limit.
-  static constexpr int kMaxClientBatch = 256;
-  static constexpr size_t kMaxBatchBytes = 1 << 20;
-
-  // REQUIRES: lock holds mu_ and !writing_. Writes until the queue is empty.
-  void WriteQueued(std::unique_lock<std::mutex>& lock) {
-    writing_ = true;
-    while (!outbox_.empty() && !broken_) {
-      batch_.Clear();
-      size_t bytes = 0;
-      while (!outbox_.empty() && batch_.requests_size() < kMaxClientBatch) {
-        const size_t size = outbox_.front().ByteSizeLong();
-        if (batch_.requests_size() > 0 && bytes + size > kMaxBatchBytes) break;
-        bytes += size;
-        auto it = pending_.find(outbox_.front().id());
-        if (it != pending_.end() && it->second->quick) ++quick_written_;
-        *batch_.add_requests() = std::move(outbox_.front());
-        outbox_.pop_front();
-      }
-      lock.unlock();
-      const bool ok = stream_->Write(batch_);
-      lock.lock();
-      // A failed write means the stream is dead; the reader learns why from
-      // Read() and Finish() and fails every pending call.
-      if (!ok) break;
-    }
-    outbox_.clear();  // non-empty only once broken
-    writing_ = false;
-    writer_cv_.notify_all();
-  }
-
-  // REQUIRES: lock holds mu_ and !reading_. Reads replies until `mine` is
-  // answered, then hands the reader role to another pending call, if any.
-  // Returns with mu_ held.
-  void ReadUntilDone(std::unique_lock<std::mutex>& lock, Slot* mine) {
-    reading_ = true;
-    std::vector<SlotPtr> answered;
-    bool mine_done = false;
-    while (!mine_done) {
-      if (!writing_ && !outbox_.empty()) WriteQueued(lock);
-      if (broken_) break;  // Break() already answered everyone
-      lock.unlock();
-      const bool ok = stream_->Read(&inbox_);
-      if (ok) {
-        // Replies are moved into their slots without mu_; a slot is only
-        // touched by its caller once done is set.
-        lock.lock();
-        for (StoreResponse& reply : *inbox_.mutable_responses()) {
-          auto it = pending_.find(reply.id());
-          if (it == pending_.end()) continue;
-          if (it->second->quick) --quick_written_;
-          answered.push_back(std::move(it->second));
-          pending_.erase(it);
-          answered.back()->reply = std::move(reply);
-        }
-        lock.unlock();
-        for (const SlotPtr& slot : answered) {
-          if (slot.get() == mine) mine_done = true;
-          Complete(slot);
-        }
-        answered.clear();
-        lock.lock();
-      } else {
-        lock.lock();
-        Break(lock);
-        mine_done = true;
-      }
-    }
-    reading_ = false;
-    if (!pending_.empty()) {
-      SlotPtr next = pending_.begin()->second;
-      {
-        std::lock_guard<std::mutex> slot_lock(next->mu);
-        next->promoted = true;
-      }
-      next->cv.notify_one();
-    }
-  }
-
-  // REQUIRES: lock holds mu_, the caller is the reader, and Read() failed.
-  // Learns the stream's status and fails every pending call with it.
-  void Break(std::unique_lock<std::mutex>& lock) {
-    broken_ = true;
-    writer_cv_.wait(lock, [this] { return !writing_; });
-    lock.unlock();
-    const grpc::Status status = stream_->Finish();
-    lock.lock();
-    finished_ = true;
-    broken_reason_ =
-        "store stream to the rendezvous daemon ended: " +
-        (status.ok() ? std::string("closed by the server") : status.error_message());
-    for (auto& [id, slot] : pending_) {
-      slot->reply = absl::UnavailableError(broken_reason_);
-      Complete(slot);
-    }
-    pending_.clear();
-    outbox_.clear();
-    quick_written_ = 0;
-  }
-
   // Requests the server answers without parking them. While one is in
-  // flight a reply is sure to come soon, so the reader will be back to write
+  // flight a reply is sure to come soon, and with it the poller, who writes
   // what queued up meanwhile.
   static bool AnsweredAtOnce(const StoreRequest& request) {
     switch (request.op_case()) {
@@ -258,25 +169,163 @@ class StoreClient::Stream {
     }
   }
 
+  // REQUIRES: mu_ held. Starts writing the queue if the stream can take it.
+  // (Async operations only start here; completions come through cq_.)
+  void MaybeWrite() {
+    if (!started_ || writing_ || broken_ || outbox_.empty()) return;
+    batch_.Clear();
+    size_t bytes = 0;
+    while (!outbox_.empty() && batch_.requests_size() < kMaxClientBatch) {
+      const size_t size = outbox_.front().ByteSizeLong();
+      if (batch_.requests_size() > 0 && bytes + size > kMaxBatchBytes) break;
+      bytes += size;
+      auto it = pending_.find(outbox_.front().id());
+      if (it != pending_.end() && it->second->quick) ++quick_written_;
+      *batch_.add_requests() = std::move(outbox_.front());
+      outbox_.pop_front();
+    }
+    writing_ = true;
+    call_->Write(batch_, Tag(kWrite));
+  }
+
+  // REQUIRES: lock holds mu_ and !polling_. Polls until `mine` is answered,
+  // then hands polling to another pending call, if any. Returns with mu_.
+  void PollUntilDone(std::unique_lock<std::mutex>& lock, Slot* mine) {
+    {
+      // A promoted caller may have been answered by another poller before
+      // it got here. (Slots are completed only while polling_ is set, so
+      // with mu_ held and !polling_ this is final.)
+      std::lock_guard<std::mutex> slot_lock(mine->mu);
+      if (mine->done) return;
+    }
+    polling_ = true;
+    while (!PollOnce(lock, mine)) {
+    }
+    polling_ = false;
+    MaybeWrite();  // what queued up behind the last reply goes out now
+    if (!pending_.empty()) {
+      SlotPtr next = pending_.begin()->second;
+      {
+        std::lock_guard<std::mutex> slot_lock(next->mu);
+        next->promoted = true;
+      }
+      next->cv.notify_one();
+    }
+  }
+
+  // REQUIRES: lock holds mu_; the caller is the only poller. Handles one
+  // completion; true once `mine` (if given) is answered.
+  bool PollOnce(std::unique_lock<std::mutex>& lock, Slot* mine = nullptr) {
+    void* tag = nullptr;
+    bool ok = false;
+    lock.unlock();
+    const bool got = cq_.Next(&tag, &ok);
+    lock.lock();
+    if (!got) return true;  // shut down; not reached while calls are pending
+    bool mine_done = false;
+    switch (static_cast<Op>(reinterpret_cast<uintptr_t>(tag))) {
+      case kStarted:
+        if (ok) {
+          started_ = true;
+          call_->Read(&inbox_, Tag(kRead));
+          MaybeWrite();
+        } else {
+          StartFinish();
+        }
+        break;
+      case kRead:
+        if (!ok) {
+          StartFinish();
+          break;
+        }
+        for (StoreResponse& reply : *inbox_.mutable_responses()) {
+          auto it = pending_.find(reply.id());
+          if (it == pending_.end()) continue;
+          if (it->second->quick) --quick_written_;
+          answered_.push_back(std::move(it->second));
+          pending_.erase(it);
+          answered_.back()->reply = std::move(reply);
+        }
+        call_->Read(&inbox_, Tag(kRead));
+        MaybeWrite();
+        // A slot is touched by its caller only once done is set.
+        lock.unlock();
+        for (const SlotPtr& slot : answered_) {
+          if (slot.get() == mine) mine_done = true;
+          Complete(slot);
+        }
+        lock.lock();
+        answered_.clear();
+        break;
+      case kWrite:
+        writing_ = false;
+        // A failed write means the stream is dead; the failed read says so.
+        if (ok) {
+          MaybeWrite();
+        } else {
+          MarkBroken();
+        }
+        if (read_failed_) StartFinish();
+        break;
+      case kFinish:
+        finished_ = true;
+        broken_reason_ = "store stream to the rendezvous daemon ended: " +
+                         (status_.ok() ? std::string("closed by the server")
+                                       : status_.error_message());
+        for (auto& [id, slot] : pending_) {
+          slot->reply = absl::UnavailableError(broken_reason_);
+          if (slot.get() == mine) mine_done = true;
+          Complete(slot);
+        }
+        pending_.clear();
+        outbox_.clear();
+        quick_written_ = 0;
+        break;
+    }
+    return mine_done || (mine == nullptr);
+  }
+
+  // REQUIRES: mu_ held. The stream is over: no new writes; learn its status
+  // once no write is in flight.
+  void StartFinish() {
+    MarkBroken();
+    read_failed_ = true;
+    if (writing_ || finish_started_) return;
+    finish_started_ = true;
+    call_->Finish(&status_, Tag(kFinish));
+  }
+
+  // REQUIRES: mu_ held. Until Finish tells why, a generic reason.
+  void MarkBroken() {
+    if (!broken_) broken_reason_ = "store stream to the rendezvous daemon broke";
+    broken_ = true;
+  }
+
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<meshrun::v1::Store::Stub> stub_;
   grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<StoreRequestBatch, StoreResponseBatch>>
-      stream_;
-  StoreRequestBatch batch_;   // used by the writer only
-  StoreResponseBatch inbox_;  // used by the reader only
+  grpc::CompletionQueue cq_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<StoreRequestBatch, StoreResponseBatch>>
+      call_;
   std::mutex mu_;
-  std::condition_variable writer_cv_;              // signalled when writing_ turns false
-  std::deque<StoreRequest> outbox_;                // guarded by mu_
-  std::unordered_map<uint64_t, SlotPtr> pending_;  // guarded by mu_
-  uint64_t next_id_ = 1;                           // guarded by mu_
-  // Quick requests written and not answered yet.
-  size_t quick_written_ = 0;   // guarded by mu_
-  bool writing_ = false;       // guarded by mu_
-  bool reading_ = false;       // guarded by mu_
-  bool broken_ = false;        // guarded by mu_
-  bool finished_ = false;      // guarded by mu_
-  std::string broken_reason_;  // guarded by mu_
+  // The rest is guarded by mu_ (the messages are also in use by gRPC while
+  // their operation is in flight).
+  StoreRequestBatch batch_;
+  StoreResponseBatch inbox_;
+  grpc::Status status_;
+  std::deque<StoreRequest> outbox_;
+  std::unordered_map<uint64_t, SlotPtr> pending_;
+  std::vector<SlotPtr> answered_;  // the poller's scratch list
+  uint64_t next_id_ = 1;
+  size_t quick_written_ = 0;  // quick requests written and not answered
+  bool polling_ = false;
+  bool started_ = false;
+  bool writing_ = false;
+  bool read_failed_ = false;
+  bool finish_started_ = false;
+  bool broken_ = false;
+  bool finished_ = false;
+  std::string broken_reason_;
 };
 
 namespace {
