@@ -1,6 +1,7 @@
 #pragma once
 
-// Pipeline schedules as plain data: the ordered actions one stage performs in
+// Pipeline plans as plain data: which layers each stage holds, and the
+// schedules, i.e. the: the ordered actions one stage performs in
 // one training step (forward / backward of a microbatch, and the sends and
 // receives that connect it to its neighbours). Pure: no tensors, no I/O; pp.h
 // executes the list over a process group, and the unit tests simulate all
@@ -14,6 +15,7 @@
 // deadlock in its steady phase — stage s sends an activation downstream while
 // stage s+1 sends a gradient upstream — which is why sends are not waited on.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -68,5 +70,19 @@ absl::Status ValidateSchedule(Schedule schedule, int num_stages, int microbatche
 //           backward]; then the W remaining backwards.
 absl::StatusOr<std::vector<Action>> StageActions(Schedule schedule, int num_stages,
                                                  int stage, int microbatches);
+
+// Stage boundaries of a model of `layer_weights.size()` layers over
+// `num_stages` stages: num_stages + 1 indices 0 = b0 < b1 < ... = #layers,
+// stage s holding layers [b_s, b_{s+1}).
+//  - `split_points` given: they are b1..b_{num_stages-1} (strictly increasing,
+//    inside (0, #layers)).
+//  - otherwise balanced by weight (parameter count): each layer with weight
+//    opens a block that the weightless layers after it (activations) join,
+//    and the blocks are split into contiguous stages minimising the heaviest
+//    stage (ties: the earliest cut). Needs at least num_stages weighted layers.
+// Deterministic: every rank computes the same plan from the same model.
+absl::StatusOr<std::vector<int>> StageBoundaries(
+    const std::vector<int64_t>& layer_weights, int num_stages,
+    const std::vector<int>& split_points = {});
 
 }  // namespace meshrun::worker::parallel

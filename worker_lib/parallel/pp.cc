@@ -1,0 +1,252 @@
+#include "worker_lib/parallel/pp.h"
+
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace meshrun::worker::parallel {
+
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr int kHeaderLength = 2 + kMaxDims;  // ndim, dtype, sizes
+
+int HeaderTag(int microbatch) { return 3 * microbatch; }
+int ActivationTag(int microbatch) { return 3 * microbatch + 1; }
+int GradientTag(int microbatch) { return 3 * microbatch + 2; }
+
+int64_t ParamCount(const Layer& layer) {
+  int64_t count = 0;
+  for (const auto& param : layer.Params()) {
+    int64_t numel = 1;
+    for (int64_t size : param->global_shape()) numel *= size;
+    count += numel;
+  }
+  return count;
+}
+
+// Executes one stage's actions for one step. Throws (c10::Error from c10d or
+// a layer) on failure; RunStep converts.
+class StepRunner {
+ public:
+  StepRunner(PipelineStage& stage, int microbatches, std::vector<at::Tensor> inputs,
+             std::vector<at::Tensor> targets, const LossFn& loss_fn)
+      : stage_(stage),
+        group_(*stage.group()),
+        microbatches_(microbatches),
+        inputs_(std::move(inputs)),
+        targets_(std::move(targets)),
+        loss_fn_(loss_fn),
+        state_(microbatches) {}
+
+  // Returns the sum of the microbatches' (unscaled) losses on the last stage,
+  // 0 elsewhere.
+  double Run(const std::vector<Action>& actions) {
+    for (const Action& action : actions) Do(action);
+    // Sends complete once their receivers have taken them; the tensors they
+    // read stay alive in the works until then.
+    for (auto& work : pending_sends_) work->wait();
+    pending_sends_.clear();
+    return loss_sum_;
+  }
+
+ private:
+  struct Microbatch {
+    at::Tensor input;        // received (requires grad) or the first stage's rows
+    at::Tensor output;       // the stage's output
+    at::Tensor loss;         // last stage: loss / microbatches
+    at::Tensor output_grad;  // received from the next stage
+  };
+
+  void Do(const Action& action) {
+    Microbatch& mb = state_[action.microbatch];
+    const int m = action.microbatch;
+    const int stage = stage_.stage();
+    switch (action.kind) {
+      case ActionKind::kRecvForward:
+        mb.input = RecvActivation(stage - 1, m).requires_grad_(true);
+        break;
+      case ActionKind::kForward:
+        if (stage_.is_first()) mb.input = inputs_[m];
+        TORCH_CHECK(mb.input.defined(), "pipeline stage ", stage, ": microbatch ", m,
+                    " has no input");
+        mb.output = stage_.module().Forward(mb.input);
+        if (stage_.is_last()) {
+          at::Tensor loss = loss_fn_(mb.output, targets_[m]);
+          TORCH_CHECK(loss.numel() == 1, "pipeline loss must be a scalar, got shape ",
+                      loss.sizes());
+          loss_sum_ += loss.item<double>();
+          mb.loss = loss / static_cast<double>(microbatches_);
+        }
+        break;
+      case ActionKind::kSendForward:
+        SendActivation(mb.output.detach(), stage + 1, m);
+        break;
+      case ActionKind::kRecvBackward:
+        mb.output_grad = Recv(at::empty(mb.output.sizes(), mb.output.options()),
+                              stage + 1, GradientTag(m));
+        break;
+      case ActionKind::kBackward:
+        if (stage_.is_last()) {
+          if (mb.loss.requires_grad()) mb.loss.backward();
+        } else if (mb.output.requires_grad()) {
+          mb.output.backward(mb.output_grad);
+        }
+        // Activations are dropped as soon as they are no longer needed.
+        mb.output = at::Tensor();
+        mb.loss = at::Tensor();
+        mb.output_grad = at::Tensor();
+        if (stage_.is_first()) mb.input = at::Tensor();
+        break;
+      case ActionKind::kSendBackward: {
+        at::Tensor grad = mb.input.grad();
+        if (!grad.defined()) grad = at::zeros_like(mb.input);  // input unused
+        Send(grad.detach().contiguous(), stage - 1, GradientTag(m));
+        mb.input = at::Tensor();
+        break;
+      }
+    }
+  }
+
+  void SendActivation(const at::Tensor& activation, int peer, int m) {
+    TORCH_CHECK(activation.dim() <= kMaxDims, "pipeline activations have at most ",
+                kMaxDims, " dims, got ", activation.dim());
+    at::Tensor header = at::zeros({kHeaderLength}, at::kLong);
+    auto h = header.accessor<int64_t, 1>();
+    h[0] = activation.dim();
+    h[1] = static_cast<int64_t>(activation.scalar_type());
+    for (int64_t d = 0; d < activation.dim(); ++d) h[2 + d] = activation.size(d);
+    Send(header, peer, HeaderTag(m));
+    Send(activation.contiguous(), peer, ActivationTag(m));
+  }
+
+  at::Tensor RecvActivation(int peer, int m) {
+    at::Tensor header = Recv(at::empty({kHeaderLength}, at::kLong), peer, HeaderTag(m));
+    auto h = header.accessor<int64_t, 1>();
+    TORCH_CHECK(h[0] >= 0 && h[0] <= kMaxDims, "pipeline stage ", stage_.stage(),
+                ": bad activation header from stage ", peer);
+    std::vector<int64_t> sizes(h.data() + 2, h.data() + 2 + h[0]);
+    return Recv(
+        at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(h[1]))),
+        peer, ActivationTag(m));
+  }
+
+  void Send(at::Tensor tensor, int peer, int tag) {
+    std::vector<at::Tensor> tensors{std::move(tensor)};
+    pending_sends_.push_back(group_.send(tensors, peer, tag));
+  }
+
+  at::Tensor Recv(at::Tensor buffer, int peer, int tag) {
+    std::vector<at::Tensor> tensors{buffer};
+    group_.recv(tensors, peer, tag)->wait();
+    return buffer;
+  }
+
+  PipelineStage& stage_;
+  c10d::ProcessGroup& group_;
+  const int microbatches_;
+  const std::vector<at::Tensor> inputs_;
+  const std::vector<at::Tensor> targets_;
+  const LossFn& loss_fn_;
+  std::vector<Microbatch> state_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> pending_sends_;
+  double loss_sum_ = 0;
+};
+
+// `batch` split into `microbatches` equal row blocks.
+absl::StatusOr<std::vector<at::Tensor>> SplitBatch(const at::Tensor& batch,
+                                                   int microbatches,
+                                                   const std::string& what) {
+  if (!batch.defined() || batch.dim() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline ", what, " must be a tensor of at least 1 dimension"));
+  }
+  if (batch.size(0) % microbatches != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline ", what, " of ", batch.size(0),
+                     " rows does not split into ", microbatches, " equal microbatches"));
+  }
+  std::vector<at::Tensor> parts = batch.split(batch.size(0) / microbatches, 0);
+  return parts;
+}
+
+}  // namespace
+
+std::string PipelineStage::Describe() const {
+  std::vector<std::string> layers;
+  for (const LayerPtr& layer : module_.layers) layers.push_back(layer->Describe());
+  return absl::StrCat("stage ", stage_, "/", num_stages_, ": layers [", layer_begin_,
+                      ", ", layer_end_, "): ", absl::StrJoin(layers, ", "));
+}
+
+absl::StatusOr<PipelineStage> MakeStage(Sequential model, ProcessGroupPtr pp_group,
+                                        std::vector<int> split_points) {
+  if (!pp_group) return absl::InvalidArgumentError("MakeStage: no pp process group");
+  std::vector<int64_t> weights;
+  for (const LayerPtr& layer : model.layers) {
+    if (!layer)
+      return absl::InvalidArgumentError("MakeStage: the model has a null layer");
+    weights.push_back(ParamCount(*layer));
+  }
+  const int num_stages = pp_group->getSize();
+  absl::StatusOr<std::vector<int>> bounds =
+      StageBoundaries(weights, num_stages, split_points);
+  if (!bounds.ok()) return bounds.status();
+
+  PipelineStage stage;
+  stage.stage_ = pp_group->getRank();
+  stage.num_stages_ = num_stages;
+  stage.group_ = std::move(pp_group);
+  stage.boundaries_ = *std::move(bounds);
+  stage.layer_begin_ = stage.boundaries_[stage.stage_];
+  stage.layer_end_ = stage.boundaries_[stage.stage_ + 1];
+  stage.module_.layers.assign(model.layers.begin() + stage.layer_begin_,
+                              model.layers.begin() + stage.layer_end_);
+  return stage;
+}
+
+absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int microbatches,
+                               const at::Tensor& input, const at::Tensor& target,
+                               const LossFn& loss_fn) {
+  absl::StatusOr<std::vector<Action>> actions =
+      StageActions(schedule, stage.num_stages(), stage.stage(), microbatches);
+  if (!actions.ok()) return actions.status();
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> targets;
+  if (stage.is_first()) {
+    absl::StatusOr<std::vector<at::Tensor>> split =
+        SplitBatch(input, microbatches, "input");
+    if (!split.ok()) return split.status();
+    inputs = *std::move(split);
+  }
+  if (stage.is_last()) {
+    if (!loss_fn) return absl::InvalidArgumentError("pipeline RunStep: no loss function");
+    absl::StatusOr<std::vector<at::Tensor>> split =
+        SplitBatch(target, microbatches, "target");
+    if (!split.ok()) return split.status();
+    targets = *std::move(split);
+  }
+  try {
+    StepRunner runner(stage, microbatches, std::move(inputs), std::move(targets),
+                      loss_fn);
+    const double loss_sum = runner.Run(*actions);
+    // The step's loss lives on the last stage; every stage returns it.
+    at::Tensor loss = at::full({1}, loss_sum / microbatches, at::kDouble);
+    std::vector<at::Tensor> tensors{loss};
+    c10d::BroadcastOptions options;
+    options.rootRank = stage.num_stages() - 1;
+    stage.group()->broadcast(tensors, options)->wait();
+    return loss.item<double>();
+  } catch (const c10::Error& error) {
+    return absl::InternalError(absl::StrCat("pipeline stage ", stage.stage(), " (",
+                                            ScheduleName(schedule),
+                                            "): ", error.what_without_backtrace()));
+  } catch (const std::exception& error) {
+    return absl::InternalError(absl::StrCat("pipeline stage ", stage.stage(), " (",
+                                            ScheduleName(schedule), "): ", error.what()));
+  }
+}
+
+}  // namespace meshrun::worker::parallel
