@@ -287,6 +287,34 @@ TEST_F(SlurmTest, ScancelStopsEveryWorkerAfterForwardingUsr1) {
   for (pid_t pid : workers) EXPECT_NE(kill(pid, 0), 0) << "worker " << pid << " survived";
 }
 
+// The real thing behind the scancel test above: srun --signal=USR1@55 with a
+// one-minute limit. slurmctld sends USR1 when it next checks (about 30 s in
+// here), then SIGTERM at the limit; meshrun forwards both and exits 128+15.
+TEST_F(SlurmTest, TimeLimitWarningAndTimeoutReachTheWorkers) {
+  ChildProcess srun(
+      {kSrun, "--time=1", "--signal=USR1@55", "-N2", "--ntasks-per-node=1", kWrapper,
+       "--nproc-per-node=2", "--shutdown-timeout=5", "--no-python", kWorker, "wait"},
+      /*merge_stderr=*/true);
+  std::string job;
+  for (int i = 0; i < 4; ++i) {
+    auto line = srun.ReadUntil("WORKER pid=", seconds(60));
+    ASSERT_TRUE(line.has_value()) << srun.output() << cluster_->Logs();
+    job = Workers(*line).at(0).at("JOB");
+  }
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(srun.ReadUntil("SIGNAL USR1", seconds(90)).has_value()) << srun.output();
+  }
+  EXPECT_GE(ProcessesOfJob(job).size(), 4u) << "USR1 stopped workers";
+  srun.ReadAll(seconds(120));
+  EXPECT_EQ(ExitCode(srun.Wait(seconds(10))), 128 + SIGTERM) << srun.output();
+  EXPECT_NE(srun.output().find("DUE TO TIME LIMIT"), std::string::npos) << srun.output();
+  auto deadline = Clock::now() + seconds(20);
+  while (!ProcessesOfJob(job).empty() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_TRUE(ProcessesOfJob(job).empty()) << "processes of job " << job << " survived";
+}
+
 TEST_F(SlurmTest, WorkerFailureRestartsTheWorldWithTheSameRanks) {
   std::string output;
   ASSERT_EQ(SrunTwoByTwo({"--max-restarts=2", "--shutdown-timeout=5", "--no-python",
