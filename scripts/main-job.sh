@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# The README's main job: a real DDP training run (examples/ddp_train.py, gloo
-# on CPU) of 4 workers under `meshrun --standalone`, with its embedded
-# rendezvous daemon. Installs and builds first. Extra arguments go to the
-# training script.
+# The README's main job: parallel training of a small transformer LM on a 2-D
+# mesh, dp=2 x tp=2 (build/bin/train_example, C++ on libtorch, gloo on CPU),
+# 4 workers under `meshrun --standalone` with its embedded rendezvous daemon.
+# --verify makes every rank also train the whole model in one process and
+# check each step's loss and the final parameters against it. Installs and
+# builds first. Extra arguments go to train_example (e.g. --pp 2 --tp 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
-# Debian's python3-torch lives under /usr/bin/python3; a python3 earlier on
-# PATH may lack torch.
-export PYTHON_EXEC=${PYTHON_EXEC:-/usr/bin/python3}
 exec build/bin/meshrun --standalone --nproc-per-node=4 --max-restarts=1 \
-  examples/ddp_train.py --epochs 5 "$@"
+  build/bin/train_example --model transformer --dp 2 --tp 2 --steps 20 --lr 0.5 --verify "$@"

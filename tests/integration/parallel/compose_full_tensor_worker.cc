@@ -1,0 +1,62 @@
+// Seed 000's FSDP2 + TP experiment in C++: a 12x12 Linear without bias whose
+// weight is 101..244, on a (2, 4) mesh ["FSDP", "TP"]: column-parallel over
+// TP (3 rows a rank), then fully sharded over FSDP (rows 2 and 1 of each TP
+// shard). Every rank prints its shard; rank 0 prints full_tensor(), which
+// must equal the weight exactly: the rows come back in order, where PyTorch
+// 2.3's DTensor reassembled them out of order (pytorch#129229).
+
+#include <iostream>
+#include <sstream>
+
+#include "tests/integration/parallel/parity_harness.h"
+#include "worker_lib/device_mesh.h"
+#include "worker_lib/parallel/fsdp.h"
+#include "worker_lib/parallel/tp.h"
+#include "worker_lib/process_group.h"
+
+using namespace meshrun::worker;
+using namespace meshrun::worker::parallel;
+using parallel::testing::CheckOk;
+using parallel::testing::Fail;
+using parallel::testing::ValueOrFail;
+
+namespace {
+
+std::string Values(const at::Tensor& t) {
+  std::ostringstream out;
+  at::Tensor flat = t.flatten();
+  for (int64_t i = 0; i < flat.numel(); ++i)
+    out << (i ? ", " : "") << flat[i].item<float>();
+  return out.str();
+}
+
+}  // namespace
+
+int main() {
+  auto world = ValueOrFail(InitProcessGroup("gloo"), "init_process_group");
+  auto mesh = ValueOrFail(InitDeviceMesh(world, "cpu", {2, 4}, {{"FSDP", "TP"}}), "mesh");
+  const at::Tensor weight = at::arange(101, 245, at::kFloat).reshape({12, 12});
+  Linear net1("net1", weight, at::Tensor());
+
+  auto tp = ValueOrFail(mesh.GetGroup("TP"), "TP group");
+  auto fsdp = ValueOrFail(mesh.GetGroup("FSDP"), "FSDP group");
+  auto colwise = ValueOrFail(ColwiseParallel(net1, "TP", tp), "ColwiseParallel");
+  Sequential model{{colwise}};
+  CheckOk(FullyShard(model, "FSDP", fsdp), "fully_shard");
+
+  const std::shared_ptr<Param> param = model.Params().front();
+  const Box box = param->box();
+  std::cout << "SHARD " + std::to_string(world->rank()) +
+                   " fsdp_rank:" + std::to_string(fsdp->getRank()) +
+                   " tp_rank:" + std::to_string(tp->getRank()) + " rows " +
+                   std::to_string(box.offsets[0]) + "+" + std::to_string(box.sizes[0]) +
+                   " [" + DescribeSteps(param->steps()) + "] values " +
+                   Values(param->LocalValues()) + "\n"
+            << std::flush;
+
+  at::Tensor full = FullTensor(*param);
+  if (!at::equal(full, weight))
+    Fail("full_tensor differs from the weight: " + Values(full));
+  if (world->rank() == 0) std::cout << "FULL " + Values(full) + "\n" << std::flush;
+  return 0;
+}

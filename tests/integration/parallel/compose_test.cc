@@ -1,0 +1,161 @@
+// Parallelisms composed on one mesh (issue 5): train_example under the real
+// launcher, with --verify (every rank also trains the whole model in one
+// process and checks each step's loss and the final gathered parameters);
+// seed 000's FSDP+TP full_tensor; a checkpoint saved on one layout and
+// loaded on another; layouts that cannot work refused with their reason.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "tests/support/meshrun_run.h"
+
+namespace meshrun::worker::parallel {
+namespace {
+
+using meshrun::testing::MeshrunRun;
+using meshrun::testing::RunUnderMeshrun;
+
+std::vector<std::string> Args(const std::string& text) {
+  return absl::StrSplit(text, ' ', absl::SkipEmpty());
+}
+
+// Rank 0's "step N loss X" lines.
+std::map<int, double> Losses(const std::string& output) {
+  std::map<int, double> losses;
+  std::regex re(R"(\[default0\]:step (\d+) loss (\S+))");
+  for (std::sregex_iterator it(output.begin(), output.end(), re), end; it != end; ++it)
+    losses[std::stoi((*it)[1])] = std::stod((*it)[2]);
+  return losses;
+}
+
+int CountOf(const std::string& output, const std::string& needle) {
+  int count = 0;
+  for (size_t at = output.find(needle); at != std::string::npos;
+       at = output.find(needle, at + 1))
+    ++count;
+  return count;
+}
+
+struct Layout {
+  std::string model;
+  std::string args;
+  int world;
+};
+
+std::ostream& operator<<(std::ostream& out, const Layout& layout) {
+  return out << layout.model << " " << layout.args;
+}
+
+class ComposedLayouts : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(ComposedLayouts, TrainExactlyAsOneProcess) {
+  const Layout& layout = GetParam();
+  MeshrunRun run = RunUnderMeshrun(
+      layout.world, "train_example",
+      Args("--model " + layout.model + " " + layout.args + " --steps 10 --verify"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(CountOf(run.output, "equal single-process training"), layout.world)
+      << run.output;
+  auto losses = Losses(run.output);
+  ASSERT_EQ(losses.size(), 10u) << run.output;
+  EXPECT_TRUE(std::isfinite(losses[9]));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Mesh, ComposedLayouts,
+    ::testing::Values(
+        Layout{"mlp", "--fsdp 2 --tp 2", 4},
+        // Seed 003: 4 layers (50x50 three times, 50x4), batch 32 -> [32, 4],
+        // TP inside each of two pipeline stages.
+        Layout{"mlp", "--pp 2 --tp 2 --microbatches 4", 4},
+        Layout{"mlp", "--pp 2 --tp 2 --schedule 1f1b --microbatches 4", 4},
+        Layout{"mlp", "--pp 2 --dp 2 --tp 2 --schedule 1f1b --microbatches 4", 8},
+        Layout{"mlp", "--dp 2 --fsdp 2 --tp 2", 8},
+        Layout{"mlp", "--pp 2 --fsdp 2 --schedule 1f1b --microbatches 2 --no-reshard", 4},
+        Layout{"transformer", "--fsdp 2 --tp 2", 4},
+        Layout{"transformer", "--pp 2 --tp 2 --schedule 1f1b --microbatches 2", 4},
+        Layout{"transformer", "--dp 2 --pp 2 --fsdp 2 --microbatches 2", 8}));
+
+// Seed 000's FSDP2 + TP: full_tensor() gives the rows back in order.
+TEST(ComposedFullTensor, FsdpOverTpShardsReassemblesInOrder) {
+  MeshrunRun run = RunUnderMeshrun(8, "compose_full_tensor_worker", {});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::string full;
+  for (int v = 101; v <= 244; ++v) full += (v > 101 ? ", " : "") + std::to_string(v);
+  EXPECT_NE(run.output.find("FULL " + full + "\n"), std::string::npos) << run.output;
+  // Rank 4 (fsdp 1, tp 0) holds global row 2 (125..136): the last row of TP
+  // shard 0, not row 3 as mesh-order reassembly would have it.
+  EXPECT_NE(run.output.find("SHARD 4 fsdp_rank:1 tp_rank:0 rows 2+1 "
+                            "[Shard(dim=0)@TP, Shard(dim=0)@FSDP] values 125, 126, 127"),
+            std::string::npos)
+      << run.output;
+  EXPECT_EQ(CountOf(run.output, "SHARD "), 8);
+}
+
+// 5 steps on dp=2 x tp=2, saved; 5 more on pp=2 x fsdp=2 from the checkpoint:
+// the same losses as 10 uninterrupted steps in one process.
+TEST(ComposedCheckpoint, ResumesOnAnotherLayout) {
+  char pattern[] = "/tmp/meshrun_compose_ckpt_XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+
+  MeshrunRun whole = RunUnderMeshrun(1, "train_example", Args("--steps 10"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  MeshrunRun first =
+      RunUnderMeshrun(4, "train_example", Args("--dp 2 --tp 2 --steps 5 --save " + dir));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  MeshrunRun second = RunUnderMeshrun(4, "train_example",
+                                      Args("--pp 2 --fsdp 2 --microbatches 2 --load " +
+                                           dir + " --first-step 5 --steps 5"));
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+
+  auto want = Losses(whole.output);
+  auto resumed = Losses(second.output);
+  ASSERT_EQ(resumed.size(), 5u) << second.output;
+  for (int step = 5; step < 10; ++step) {
+    ASSERT_TRUE(resumed.count(step)) << second.output;
+    EXPECT_NEAR(resumed[step], want[step], 1e-5 * std::abs(want[step]))
+        << "step " << step;
+  }
+}
+
+struct Refusal {
+  std::string args;
+  int world;
+  std::string message;
+};
+
+std::ostream& operator<<(std::ostream& out, const Refusal& refusal) {
+  return out << refusal.args;
+}
+
+class RefusedLayouts : public ::testing::TestWithParam<Refusal> {};
+
+TEST_P(RefusedLayouts, FailWithTheirReason) {
+  const Refusal& refusal = GetParam();
+  MeshrunRun run = RunUnderMeshrun(refusal.world, "train_example", Args(refusal.args));
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find(refusal.message), std::string::npos) << run.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Mesh, RefusedLayouts,
+    ::testing::Values(
+        Refusal{"--dp 3", 2,
+                "the layout pp=1 dp=3 fsdp=1 tp=1 needs 3 ranks, the world has 2"},
+        Refusal{"--pp 2 --schedule 1f1b --microbatches 1", 2,
+                "1F1B needs at least 2 microbatches for 2 stages, got 1"},
+        Refusal{"--tp 3 --sizes 50,50", 3,
+                "does not split evenly over 3 ranks of 'tp'"}));
+
+}  // namespace
+}  // namespace meshrun::worker::parallel
