@@ -143,6 +143,7 @@ class StoreClient::Stream {
   enum Op : uintptr_t { kStarted = 1, kRead, kWrite, kFinish };
   static void* Tag(Op op) { return reinterpret_cast<void*>(op); }
 
+  static constexpr std::chrono::milliseconds kRepoll{50};
   // Per message, to stay far below any gRPC message limit.
   static constexpr int kMaxClientBatch = 256;
   static constexpr size_t kMaxBatchBytes = 1 << 20;
@@ -219,9 +220,14 @@ class StoreClient::Stream {
     void* tag = nullptr;
     bool ok = false;
     lock.unlock();
-    const bool got = cq_.Next(&tag, &ok);
+    // Bounded: with thousands of streams in one process, each polled by its
+    // own thread, a completion was seen to go unnoticed until the thread
+    // polled again (a 10,000-client barrier stalled); a timeout re-polls.
+    const auto next =
+        cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + kRepoll);
     lock.lock();
-    if (!got) return true;  // shut down; not reached while calls are pending
+    if (next == grpc::CompletionQueue::TIMEOUT) return mine == nullptr;
+    if (next == grpc::CompletionQueue::SHUTDOWN) return true;  // not while calls pend
     bool mine_done = false;
     switch (static_cast<Op>(reinterpret_cast<uintptr_t>(tag))) {
       case kStarted:
