@@ -54,6 +54,10 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
        "libtorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null || echo '?')"
   echo "- Load average (1/5/15 min) before: $load_before; after: $load_after"
   echo "- Exit status: $status"
+  if awk -v l="${load_before%% *}" -v n="$ncores" 'BEGIN { exit !(l > n / 2) }'; then
+    echo "- Note: the machine was loaded by other work while this ran (see the load" \
+         "averages); absolute numbers are low and noisy, the side-by-side ratios less so."
+  fi
   echo
   echo "## Results"
   echo
