@@ -106,6 +106,18 @@ TEST(PpMlpTest, ExplicitSplitPointsMatchSingleProcess) {
   EXPECT_EQ(Lines(run.output, " matches").size(), 8u) << run.output;
 }
 
+// pp = 1 (a mesh dimension of size 1 in a composed layout): one stage
+// holding the whole model, microbatches accumulated locally.
+TEST(PpMlpTest, SingleStageMatchesSingleProcess) {
+  MeshrunRun run =
+      RunUnderMeshrun(1, "pp_mlp_worker", {"--schedule", "1f1b", "--microbatches", "4"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(CountSteps(run.output), 10) << run.output;
+  EXPECT_TRUE(Contains(run.output, "STAGE rank 0 stage 0/1: layers [0, 7)"))
+      << run.output;
+  EXPECT_EQ(Lines(run.output, " matches").size(), 8u) << run.output;
+}
+
 // 1F1B refuses fewer microbatches than stages on every rank, before any
 // communication: a clear message and the worker's exit code 3, no hang.
 TEST(PpMlpTest, OneFOneBRefusesFewerMicrobatchesThanStages) {
