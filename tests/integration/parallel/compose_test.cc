@@ -72,6 +72,12 @@ TEST_P(ComposedLayouts, TrainExactlyAsOneProcess) {
 INSTANTIATE_TEST_SUITE_P(
     Mesh, ComposedLayouts,
     ::testing::Values(
+        // Each parallelism alone (FSDP over 4: 50 rows -> 13, 13, 13, 11
+        // with padding; dp x fsdp is HSDP).
+        Layout{"mlp", "--dp 4", 4}, Layout{"mlp", "--fsdp 4", 4},
+        Layout{"mlp", "--dp 2 --fsdp 2", 4}, Layout{"mlp", "--tp 2", 2},
+        Layout{"transformer", "--tp 2", 2},
+        // Composed.
         Layout{"mlp", "--fsdp 2 --tp 2", 4},
         // Seed 003: 4 layers (50x50 three times, 50x4), batch 32 -> [32, 4],
         // TP inside each of two pipeline stages.
