@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""Training-step time at world 4: meshrun's DP, FSDP, DP x TP vs PyTorch DDP.
+
+Run by scripts/bench-parallel.sh; stdlib only. Progress goes to stderr; the
+result tables (Markdown) and a verdict go to stdout.
+
+Every launch is `meshrun --standalone --nproc-per-node=N` of either
+`--no-python dp_step_bench --mode M` (meshrun's C++ DP / FSDP) or
+`ddp_step_bench.py` (PyTorch DDP, Debian's python3-torch, gloo), with the same
+MLP sizes, global batch and step count. Each launch reports the median over
+its timed steps of the per-step time (max over ranks). The implementations
+alternate within a round (rotating who goes first); over --rounds rounds the
+reported number is the median of the launch medians.
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+# Rank 0's line, after the launcher's "[default0]:" prefix.
+RESULT_RE = re.compile(r"RESULT (impl=.*)$", re.M)
+
+
+def log(*args):
+    print("bench-parallel:", *args, file=sys.stderr, flush=True)
+
+
+def bench_env():
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
+            and k not in ("OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "RANK",
+                          "WORLD_SIZE", "LOCAL_RANK")}
+
+
+def launch(args, impl, sizes, raw):
+    common = [f"--sizes={sizes}", f"--batch={args.batch}", f"--steps={args.steps}",
+              f"--warmup={args.warmup}"]
+    if impl == "ddp":
+        program = [args.python, args.ddp_script]
+        cmd = [args.meshrun, "--standalone", f"--nproc-per-node={args.world}", "--no-python",
+               *program, *common]
+    else:
+        cmd = [args.meshrun, "--standalone", f"--nproc-per-node={args.world}", "--no-python",
+               args.dp_step_bench, f"--mode={impl}", *common]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=bench_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=args.launch_timeout)
+    wall = time.perf_counter() - t0
+    raw.append(f"$ {' '.join(cmd)}   # exit {proc.returncode}, {wall:.1f} s")
+    results = RESULT_RE.findall(proc.stdout)
+    for line in proc.stdout.splitlines():
+        if "RESULT impl=" in line or "STEPS impl=" in line:
+            raw.append(line)
+    if proc.returncode != 0 or not results:
+        raw.append(proc.stdout[-3000:])
+        raise RuntimeError(f"{impl} failed (exit {proc.returncode}); see the raw output")
+    fields = dict(kv.split("=", 1) for kv in results[-1].split())
+    return float(fields["median_ms"]), fields
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--meshrun", required=True)
+    parser.add_argument("--dp-step-bench", required=True)
+    parser.add_argument("--ddp-script", required=True)
+    parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--models", default="50,50,50,50,4;256,1024,1024,1024,256",
+                        help="MLP sizes, ';' between models")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--impls", default="dp,ddp,fsdp,fsdp_noreshard,dptp")
+    parser.add_argument("--launch-timeout", type=float, default=300)
+    parser.add_argument("--raw", help="file for the raw RESULT/STEPS lines")
+    args = parser.parse_args()
+
+    impls = args.impls.split(",")
+    models = args.models.split(";")
+    raw = []
+    medians = {(m, i): [] for m in models for i in impls}
+    try:
+        for r in range(args.rounds):
+            for model in models:
+                order = impls[r % len(impls):] + impls[:r % len(impls)]
+                for impl in order:
+                    median, _ = launch(args, impl, model, raw)
+                    medians[(model, impl)].append(median)
+                    log(f"round {r + 1}/{args.rounds} model {model} {impl}: {median:.3f} ms")
+    finally:
+        if args.raw:
+            with open(args.raw, "w") as f:
+                f.write("\n".join(raw) + "\n")
+
+    label = {"dp": "meshrun DP", "ddp": "PyTorch DDP", "fsdp": "meshrun FSDP",
+             "fsdp_noreshard": "meshrun FSDP (no reshard)", "dptp": "meshrun DP x TP"}
+    verdicts = []
+    for model in models:
+        params = 0
+        sizes = [int(s) for s in model.split(",")]
+        for a, b in zip(sizes, sizes[1:]):
+            params += a * b + b
+        print(f"### MLP {model} ({params} params, {params * 4 / 1e6:.2f} MB of fp32 grads), "
+              f"global batch {args.batch}, world {args.world}")
+        print()
+        print("Median step time over rounds (each round: one launch per implementation, "
+              f"median of its {args.steps} timed steps, each step the slowest rank). "
+              "Ratio = implementation / PyTorch DDP (below 1: faster than DDP).")
+        print()
+        print("| implementation | median ms | launches (ms) | ratio vs DDP |")
+        print("|---|---:|---|---:|")
+        ddp = statistics.median(medians[(model, "ddp")]) if "ddp" in impls else None
+        for impl in impls:
+            values = medians[(model, impl)]
+            med = statistics.median(values)
+            ratio = f"{med / ddp:.2f}" if ddp else "-"
+            launches = ", ".join(f"{v:.2f}" for v in values)
+            print(f"| {label.get(impl, impl)} | {med:.3f} | {launches} | {ratio} |")
+        print()
+        if ddp and "dp" in impls:
+            dp = statistics.median(medians[(model, "dp")])
+            wins = sum(1 for a, b in zip(medians[(model, "dp")], medians[(model, "ddp")])
+                       if a <= b)
+            verdicts.append(
+                f"- MLP {model}: meshrun DP / PyTorch DDP = {dp / ddp:.2f} "
+                f"({'MET' if dp <= ddp else 'NOT MET'}: meshrun DP "
+                f"{'no slower' if dp <= ddp else 'slower'}); meshrun DP faster or equal in "
+                f"{wins} of {len(medians[(model, 'dp')])} rounds")
+    print("### Verdict: \"meshrun's DP step no slower than PyTorch DDP's\"")
+    print()
+    print("\n".join(verdicts))
+
+
+if __name__ == "__main__":
+    main()

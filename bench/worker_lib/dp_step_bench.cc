@@ -1,0 +1,152 @@
+// dp_step_bench: the training step time of an MLP under meshrun's data
+// parallelism (issue 5), the C++ side of scripts/bench-parallel.sh, whose
+// peer is PyTorch DDP (ddp_step_bench.py) on the same model, batch and
+// launcher.
+//
+//   meshrun --standalone --nproc-per-node=4 --no-python dp_step_bench
+//       --mode dp --sizes 256,1024,1024,1024,256 --batch 64 --steps 30
+//
+// A step is zero_grad, forward, MSE loss, backward, gradient sync (dp: one
+// all-reduce per 25 MiB bucket; fsdp: all-gathers and reduce-scatters inside
+// forward/backward), SGD step. Each step starts after a barrier; its time is
+// the max over ranks; data is made before the clock starts. Rank 0 prints
+//   RESULT mode=dp world=4 median_ms=... p10_ms=... p90_ms=... steps=...
+// Modes: dp (DataParallel), fsdp (FullyShard, reshard after forward),
+// fsdp_noreshard, dptp (mesh (world/2, 2) ["dp", "tp"]: ParallelizeMlp over
+// tp, DataParallel over dp; tp ranks share their dp rank's rows).
+
+#include <torch/optim/sgd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "worker_lib/device_mesh.h"
+#include "worker_lib/parallel/data.h"
+#include "worker_lib/parallel/dp.h"
+#include "worker_lib/parallel/fsdp.h"
+#include "worker_lib/parallel/layers.h"
+#include "worker_lib/parallel/tp.h"
+#include "worker_lib/process_group.h"
+
+namespace meshrun::worker::parallel {
+namespace {
+
+int Fail(const std::string& what) {
+  std::cerr << "dp_step_bench: " << what << std::endl;
+  return 1;
+}
+
+double Percentile(std::vector<double> values, double q) {
+  std::sort(values.begin(), values.end());
+  const double position = q * static_cast<double>(values.size() - 1);
+  const size_t low = static_cast<size_t>(position);
+  const size_t high = std::min(low + 1, values.size() - 1);
+  return values[low] +
+         (values[high] - values[low]) * (position - static_cast<double>(low));
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app("dp_step_bench");
+  std::string mode = "dp";
+  std::string sizes_text = "256,1024,1024,1024,256";
+  int64_t batch = 64;
+  int steps = 30;
+  int warmup = 5;
+  app.add_option("--mode", mode)
+      ->check(CLI::IsMember({"dp", "fsdp", "fsdp_noreshard", "dptp"}));
+  app.add_option("--sizes", sizes_text);
+  app.add_option("--batch", batch, "global batch");
+  app.add_option("--steps", steps, "timed steps");
+  app.add_option("--warmup", warmup, "untimed steps first");
+  CLI11_PARSE(app, argc, argv);
+  std::vector<int64_t> sizes;
+  for (absl::string_view part : absl::StrSplit(sizes_text, ',')) {
+    int64_t size = 0;
+    if (!absl::SimpleAtoi(part, &size) || size <= 0) return Fail("bad --sizes");
+    sizes.push_back(size);
+  }
+
+  auto world = InitProcessGroup("gloo");
+  if (!world.ok()) return Fail(std::string(world.status().message()));
+  const int n = (*world)->size();
+  const int rank = (*world)->rank();
+  const int tp = mode == "dptp" ? 2 : 1;
+  if (n % tp != 0) return Fail("dptp needs an even world");
+  auto mesh = InitDeviceMesh(*world, "cpu", {n / tp, tp}, {{"dp", "tp"}});
+  if (!mesh.ok()) return Fail(std::string(mesh.status().message()));
+  ProcessGroupPtr group = *mesh->GetGroup("dp");
+  const int data_parts = n / tp;
+  const int data_index = *mesh->GetLocalRank("dp");
+  if (batch % data_parts != 0) return Fail("--batch must divide over the dp ranks");
+
+  Sequential model = MakeMlp(sizes, /*seed=*/1);
+  std::unique_ptr<DataParallel> dp;
+  if (mode == "dp" || mode == "dptp") {
+    if (mode == "dptp") {
+      absl::Status status = ParallelizeMlp(model, "tp", *mesh->GetGroup("tp"));
+      if (!status.ok()) return Fail(std::string(status.message()));
+    }
+    dp = std::make_unique<DataParallel>(model.Params(), group);
+  } else {
+    FsdpOptions options;
+    options.reshard_after_forward = mode == "fsdp";
+    absl::Status status = FullyShard(model, "dp", group, options);
+    if (!status.ok()) return Fail(std::string(status.message()));
+  }
+  torch::optim::SGD optimizer(model.Leaves(), torch::optim::SGDOptions(0.01));
+
+  std::vector<double> times;
+  double first_loss = 0, last_loss = 0;
+  for (int step = 0; step < warmup + steps; ++step) {
+    Batch data = SyntheticBatch(/*seed=*/7, step, batch, sizes.front(), sizes.back());
+    at::Tensor input = DataShard(data.input, data_parts, data_index);
+    at::Tensor target = DataShard(data.target, data_parts, data_index);
+    (*world)->group()->barrier()->wait();
+    const auto start = std::chrono::steady_clock::now();
+    optimizer.zero_grad();
+    at::Tensor loss = (model.Forward(input) - target).pow(2).mean();
+    loss.backward();
+    if (dp) dp->SyncGradients();
+    optimizer.step();
+    const auto stop = std::chrono::steady_clock::now();
+    if (step == 0) first_loss = loss.item<double>();
+    last_loss = loss.item<double>();
+    if (step >= warmup)
+      times.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+  }
+  // Per step, the slowest rank.
+  std::vector<at::Tensor> all{at::tensor(times, at::kDouble)};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  (*world)->group()->allreduce(all, max)->wait();
+  std::vector<double> step_ms(all[0].data_ptr<double>(),
+                              all[0].data_ptr<double>() + steps);
+  if (rank == 0) {
+    std::vector<std::string> formatted;
+    for (double t : step_ms) formatted.push_back(std::to_string(t).substr(0, 7));
+    std::printf(
+        "RESULT impl=meshrun mode=%s world=%d sizes=%s batch=%lld median_ms=%.3f "
+        "p10_ms=%.3f "
+        "p90_ms=%.3f steps=%d first_loss=%.6f last_loss=%.6f\n",
+        mode.c_str(), n, sizes_text.c_str(), static_cast<long long>(batch),
+        Percentile(step_ms, 0.5), Percentile(step_ms, 0.1), Percentile(step_ms, 0.9),
+        steps, first_loss, last_loss);
+    std::printf("STEPS impl=meshrun mode=%s %s\n", mode.c_str(),
+                absl::StrJoin(formatted, ",").c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace meshrun::worker::parallel
+
+int main(int argc, char** argv) { return meshrun::worker::parallel::Main(argc, argv); }

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Training-step time at world 4 (issue 5): meshrun's DataParallel, FSDP and DP x TP
+# (C++, bench/worker_lib/dp_step_bench.cc) side by side with PyTorch DDP
+# (Debian's python3-torch, gloo, bench/worker_lib/ddp_step_bench.py) on the
+# same MLPs and batch, all launched by `meshrun --standalone`, in one run;
+# records bench/worker_lib/parallel_results.md. See
+# bench/worker_lib/bench_parallel.py for what is measured and how.
+#
+#   scripts/bench-parallel.sh                 # ~5-10 minutes on 2 loaded cores
+#   scripts/bench-parallel.sh --rounds 1      # quick look
+#
+# Extra arguments go to bench_parallel.py (--rounds, --models, --batch,
+# --steps, --impls, --world). Environment:
+#   BUILD_DIR    build directory (default build/; configured with benchmarks if missing)
+#   RESULTS_DIR  where parallel_results.md goes (default bench/worker_lib)
+#   JOBS         ninja -j (default 2)
+#   WAIT_QUIET   seconds to wait for a quiet machine first (default 60)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${BUILD_DIR:-build}
+results_dir=${RESULTS_DIR:-bench/worker_lib}
+jobs=${JOBS:-2}
+wait_quiet=${WAIT_QUIET:-60}
+
+if [ ! -f "$build_dir/build.ninja" ]; then
+  mkdir -p "$build_dir"
+  cmake -S . -B "$build_dir" -G Ninja > "$build_dir.configure.log" 2>&1 ||
+    { cat "$build_dir.configure.log"; exit 1; }
+fi
+if ! grep -q '^build dp_step_bench:\|bin/dp_step_bench:' "$build_dir/build.ninja"; then
+  cmake -S . -B "$build_dir" -DMESHRUN_BUILD_BENCH=ON > "$build_dir.configure.log" 2>&1 ||
+    { cat "$build_dir.configure.log"; exit 1; }
+fi
+ninja -C "$build_dir" -j"$jobs" dp_step_bench meshrun meshrun-rdzvd >&2 ||
+  { echo "bench-parallel: cannot build dp_step_bench (is libtorch-dev installed?)" >&2; exit 1; }
+/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
+  { echo "bench-parallel: /usr/bin/python3 has no torch (apt install python3-torch)" >&2; exit 1; }
+
+source scripts/lib/bench-common.sh
+wait_for_quiet bench-parallel "$wait_quiet"
+
+mkdir -p "$results_dir"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cmd=(/usr/bin/python3 bench/worker_lib/bench_parallel.py
+     --meshrun "$build_dir/bin/meshrun" --dp-step-bench "$build_dir/bin/dp_step_bench"
+     --ddp-script bench/worker_lib/ddp_step_bench.py --raw "$tmp/raw" "$@")
+invocation="scripts/bench-parallel.sh${*:+ $*}"
+for var in JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET; do
+  [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
+done
+started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+t0=$(date +%s)
+set +e
+{ "${cmd[@]}" 2>&1 1>&3 3>&- | tee "$tmp/stderr" >&2; } 3> "$tmp/stdout"
+status=${PIPESTATUS[0]}
+set -e
+cat "$tmp/stdout"
+elapsed=$(( $(date +%s) - t0 ))
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
+mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+{
+  echo "# Parallel training benchmark: meshrun DP / FSDP / DP x TP vs PyTorch DDP (step time, world 4)"
+  echo
+  echo "Produced by \`scripts/bench-parallel.sh\` (bench/worker_lib/bench_parallel.py,"
+  echo "dp_step_bench.cc, ddp_step_bench.py); do not edit by hand."
+  echo
+  echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
+  echo "- Date: $started (took ${elapsed} s)"
+  echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
+  echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)'), built in $build_dir"
+  echo "- libtorch: libtorch-dev $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null || echo '?'); PyTorch: python3-torch $(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null || echo '?') (Gloo, CPU)"
+  echo "- Load average (1/5/15 min) before: $load_before; after: $load_after. The machine is"
+  echo "  shared with other engineers' builds and tests: absolute times are inflated and noisy;"
+  echo "  compare medians and ratios within this run only."
+  echo "- Exit status: $status"
+  echo
+  echo "## Method"
+  echo
+  echo "- Every launch: \`meshrun --standalone --nproc-per-node=4 --no-python\` of"
+  echo "  \`dp_step_bench --mode {dp,fsdp,fsdp_noreshard,dptp}\` (C++: MakeMlp, DataParallel with 25 MiB"
+  echo "  buckets or FullyShard per layer, torch::optim::SGD) or \`/usr/bin/python3 ddp_step_bench.py\`"
+  echo "  (nn.Sequential of the same Linear/ReLU sizes in DistributedDataParallel, default 25 MiB"
+  echo "  buckets, torch.optim.SGD). OMP_NUM_THREADS=1 (meshrun's default for several workers) for both."
+  echo "- A step = zero_grad + forward + MSE loss + backward + gradient sync + SGD step, on this"
+  echo "  rank's 1/4 of the global batch; data is generated before the clock starts; a barrier"
+  echo "  precedes every step; a step's time is the slowest rank's; per launch the median of the"
+  echo "  timed steps after warm-up; reported: the median over rounds of the launch medians."
+  echo "- DDP overlaps its all-reduces with backward; meshrun's DataParallel syncs after backward"
+  echo "  (all buckets' all-reduces issued, then waited) with the grads living in the buckets."
+  echo "- \`--mode dptp\`: mesh (2, 2) [dp, tp]; ParallelizeMlp (tp.h: column -> row pairs) over tp,"
+  echo "  DataParallel over dp; the two tp ranks of a dp rank share its half of the batch."
+  echo
+  echo "## Results"
+  echo
+  cat "$tmp/stdout"
+  echo
+  echo "## Raw output (RESULT / STEPS lines of rank 0)"
+  echo
+  echo '```'
+  cat "$tmp/raw" 2>/dev/null || true
+  echo '```'
+  echo
+  echo "## Progress log"
+  echo
+  echo '```'
+  cat "$tmp/stderr"
+  echo '```'
+} > "$results_dir/parallel_results.md"
+echo "bench-parallel: wrote $results_dir/parallel_results.md" >&2
+exit "$status"
