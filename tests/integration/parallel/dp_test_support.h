@@ -1,0 +1,54 @@
+#pragma once
+
+// Checks shared by the data-parallel test drivers (dp_test, fsdp_test,
+// hsdp_test) on the output of workers run under meshrun.
+
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/meshrun_run.h"
+
+namespace meshrun {
+
+// Lines containing `pattern`.
+inline std::vector<std::string> Lines(const std::string& output,
+                                      const std::string& pattern) {
+  std::vector<std::string> lines;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(pattern) != std::string::npos) lines.push_back(line);
+  }
+  return lines;
+}
+
+inline bool Contains(const std::string& output, const std::string& text) {
+  return output.find(text) != std::string::npos;
+}
+
+// Distinct step numbers of "step N loss X" lines.
+inline int CountSteps(const std::string& output) {
+  std::regex re("step (\\d+) loss ([-+.e0-9]+)");
+  std::set<int> steps;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) steps.insert(std::stoi(m[1]));
+  }
+  return static_cast<int>(steps.size());
+}
+
+// Exit 0, no "FAIL rank" line (parity_harness Fail()), every rank done, `steps` steps printed.
+inline void ExpectTrained(const testing::MeshrunRun& run, int world, int steps) {
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(Lines(run.output, "FAIL rank").empty()) << run.output;
+  EXPECT_EQ(Lines(run.output, "DONE rank").size(), static_cast<size_t>(world))
+      << run.output;
+  EXPECT_EQ(CountSteps(run.output), steps) << run.output;
+}
+
+}  // namespace meshrun
