@@ -42,7 +42,8 @@ inline int CountSteps(const std::string& output) {
   return static_cast<int>(steps.size());
 }
 
-// Exit 0, no "FAIL rank" line (parity_harness Fail()), every rank done, `steps` steps printed.
+// Exit 0, no "FAIL rank" line (parity_harness Fail()), every rank done,
+// `steps` steps printed.
 inline void ExpectTrained(const testing::MeshrunRun& run, int world, int steps) {
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_TRUE(Lines(run.output, "FAIL rank").empty()) << run.output;
