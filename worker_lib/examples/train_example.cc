@@ -167,5 +167,7 @@ int main(int argc, char** argv) {
       return Fail(rank, std::string(status.message()));
     if (rank == 0) Say("saved " + save_dir);
   }
+  // No rank leaves while a peer may still be reading from it.
+  (*world)->group()->barrier()->wait();
   return 0;
 }

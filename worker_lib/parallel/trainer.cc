@@ -227,11 +227,7 @@ absl::StatusOr<double> Trainer::Step(const at::Tensor& input, const at::Tensor& 
   at::Tensor local_input = DataShard(input, data_parts, data_index);
   at::Tensor local_target = DataShard(target, data_parts, data_index);
 
-  // Zeroed in place: DataParallel's grads are views of its buckets, which
-  // torch::optim's zero_grad (detach_ first) refuses.
-  for (const at::Tensor& leaf : s.layers().Leaves()) {
-    if (leaf.grad().defined()) leaf.mutable_grad().zero_();
-  }
+  s.optimizer->zero_grad();
   double loss = 0;
   if (s.stage) {
     auto step_loss =
