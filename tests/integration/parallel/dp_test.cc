@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "tests/integration/parallel/dp_test_support.h"
+#include "tests/integration/parallel/driver_support.h"
 
 namespace meshrun {
 namespace {

@@ -9,7 +9,7 @@
 #include <regex>
 #include <string>
 
-#include "tests/integration/parallel/dp_test_support.h"
+#include "tests/integration/parallel/driver_support.h"
 
 namespace meshrun {
 namespace {

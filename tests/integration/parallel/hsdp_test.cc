@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "tests/integration/parallel/dp_test_support.h"
+#include "tests/integration/parallel/driver_support.h"
 
 namespace meshrun {
 namespace {

@@ -8,12 +8,11 @@
 
 #include <string>
 
-#include "tests/integration/parallel/tp_test_support.h"
+#include "tests/integration/parallel/driver_support.h"
 
 namespace meshrun {
 namespace {
 
-using namespace tp_testing;  // NOLINT
 using testing::MeshrunRun;
 using testing::RunUnderMeshrun;
 

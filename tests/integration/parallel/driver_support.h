@@ -1,7 +1,7 @@
 #pragma once
 
-// Checks shared by the data-parallel test drivers (dp_test, fsdp_test,
-// hsdp_test) on the output of workers run under meshrun.
+// Checks shared by the parallel-training test drivers (dp, fsdp, hsdp, tp_*)
+// on the output of workers run under meshrun.
 
 #include <gtest/gtest.h>
 
@@ -24,6 +24,11 @@ inline std::vector<std::string> Lines(const std::string& output,
     if (line.find(pattern) != std::string::npos) lines.push_back(line);
   }
   return lines;
+}
+
+// How many lines contain `pattern`.
+inline int CountLines(const std::string& output, const std::string& pattern) {
+  return static_cast<int>(Lines(output, pattern).size());
 }
 
 inline bool Contains(const std::string& output, const std::string& text) {
