@@ -8,13 +8,11 @@
 
 #include <gtest/gtest.h>
 
-#include <regex>
-#include <set>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "tests/integration/parallel/driver_support.h"
 #include "tests/support/meshrun_run.h"
 
 namespace meshrun {
@@ -22,30 +20,6 @@ namespace {
 
 using testing::MeshrunRun;
 using testing::RunUnderMeshrun;
-
-std::vector<std::string> Lines(const std::string& output, const std::string& pattern) {
-  std::vector<std::string> lines;
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    if (line.find(pattern) != std::string::npos) lines.push_back(line);
-  }
-  return lines;
-}
-
-int CountSteps(const std::string& output) {
-  std::regex re("step (\\d+) loss ([-+.e0-9]+)");
-  std::set<int> steps;
-  std::istringstream in(output);
-  for (std::string line; std::getline(in, line);) {
-    std::smatch m;
-    if (std::regex_search(line, m, re)) steps.insert(std::stoi(m[1]));
-  }
-  return static_cast<int>(steps.size());
-}
-
-bool Contains(const std::string& output, const std::string& text) {
-  return output.find(text) != std::string::npos;
-}
 
 // (pp, schedule, microbatches)
 class PpMlpParityTest
