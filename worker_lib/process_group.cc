@@ -300,6 +300,14 @@ absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& b
                          world->timeout_);
   if (!group.ok()) return group.status();
   world->group_ = *group;
+  // As torch's init_process_group ends with a barrier: no rank returns (and
+  // perhaps exits) while a peer is still connecting its Gloo pairs to it.
+  try {
+    world->group_->barrier()->wait();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("init_process_group: the closing barrier failed: ", FirstLine(e)));
+  }
   std::vector<int> all(env.world_size);
   for (int r = 0; r < env.world_size; ++r) all[r] = r;
   world->group_ranks_[world->group_.get()] = std::move(all);
