@@ -58,7 +58,7 @@ std::optional<std::string> ChildProcess::ReadLine(std::chrono::milliseconds time
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return std::nullopt;
+    if (left.count() < 0) return std::nullopt;  // 0: one look without waiting
     pollfd pfd{stdout_fd_, POLLIN, 0};
     int ready = poll(&pfd, 1, static_cast<int>(left.count()));
     if (ready < 0 && errno == EINTR) continue;
