@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -50,6 +51,11 @@ std::shared_ptr<grpc::Channel> MakeStoreChannel(const std::string& target,
   // Separate channels to one target silently share a TCP connection unless
   // each has its own subchannel pool.
   if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // After the daemon restarts, callers wait for the channel to reconnect:
+  // keep gRPC's backoff short (its default grows to 120 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
@@ -99,8 +105,13 @@ class StoreClient::Stream {
     return broken_;
   }
 
-  absl::StatusOr<StoreResponse> Call(StoreRequest request) {
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+  // `sent` tells, after a failure, whether the request may have reached the
+  // daemon (it was written before the stream broke).
+  absl::StatusOr<StoreResponse> Call(StoreRequest request, bool* sent) {
     auto slot = std::make_shared<Slot>();
+    *sent = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (broken_) return absl::UnavailableError(broken_reason_);
@@ -116,7 +127,10 @@ class StoreClient::Stream {
       {
         std::unique_lock<std::mutex> lock(slot->mu);
         slot->cv.wait(lock, [&] { return slot->done || slot->promoted; });
-        if (slot->done) return std::move(slot->reply);
+        if (slot->done) {
+          *sent = slot->sent;
+          return std::move(slot->reply);
+        }
         slot->promoted = false;
       }
       // Asked to take over polling; someone may have beaten us to it (that
@@ -136,6 +150,7 @@ class StoreClient::Stream {
     bool done = false;                    // guarded by mu
     bool promoted = false;                // guarded by mu; asked to become the poller
     bool quick = false;                   // never parked by the server; set before queued
+    bool sent = false;                    // written to the stream; set before done
     absl::StatusOr<StoreResponse> reply;  // written before done, read after
   };
   using SlotPtr = std::shared_ptr<Slot>;
@@ -181,7 +196,10 @@ class StoreClient::Stream {
       if (batch_.requests_size() > 0 && bytes + size > kMaxBatchBytes) break;
       bytes += size;
       auto it = pending_.find(outbox_.front().id());
-      if (it != pending_.end() && it->second->quick) ++quick_written_;
+      if (it != pending_.end()) {
+        it->second->sent = true;
+        if (it->second->quick) ++quick_written_;
+      }
       *batch_.add_requests() = std::move(outbox_.front());
       outbox_.pop_front();
     }
@@ -362,33 +380,52 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Connect(
     StoreClientOptions options) {
   if (!options.channel && options.target.empty())
     return absl::InvalidArgumentError("store client: no daemon endpoint given");
-  auto& registry = StreamRegistry::Get();
-  const std::string key = RegistryKey(options);
-  if (options.share_stream) {
-    std::lock_guard<std::mutex> lock(registry.mu);
-    auto it = registry.streams.find(key);
-    if (it != registry.streams.end()) {
-      auto stream = std::static_pointer_cast<Stream>(it->second.lock());
-      if (stream && !stream->broken())
-        return std::unique_ptr<StoreClient>(
-            new StoreClient(std::move(options), std::move(stream)));
+  // Keyed before a channel is made, so every client of one target shares.
+  std::string registry_key = RegistryKey(options);
+  if (!options.channel && options.share_stream) {
+    // The channel of a live shared stream, if any, is the one to use.
+    std::lock_guard<std::mutex> lock(StreamRegistry::Get().mu);
+    auto& streams = StreamRegistry::Get().streams;
+    if (auto it = streams.find(registry_key); it != streams.end()) {
+      if (auto stream = std::static_pointer_cast<Stream>(it->second.lock()))
+        options.channel = stream->channel();
     }
   }
   if (!options.channel)
     options.channel = MakeStoreChannel(options.target, /*own_connection=*/false);
-  auto deadline = std::chrono::system_clock::now() + options.connect_timeout;
-  if (!options.channel->WaitForConnected(deadline)) {
+  std::unique_ptr<StoreClient> client(new StoreClient(std::move(options)));
+  client->registry_key_ = std::move(registry_key);
+  auto stream = client->OpenStream(
+      nullptr, std::chrono::system_clock::now() + client->options_.connect_timeout);
+  if (!stream.ok()) return stream.status();
+  client->stream_ = std::move(*stream);
+  return client;
+}
+
+absl::StatusOr<std::shared_ptr<StoreClient::Stream>> StoreClient::OpenStream(
+    const std::shared_ptr<Stream>& broken,
+    std::chrono::system_clock::time_point deadline) {
+  auto& registry = StreamRegistry::Get();
+  if (options_.share_stream) {
+    std::lock_guard<std::mutex> lock(registry.mu);
+    auto it = registry.streams.find(registry_key_);
+    if (it != registry.streams.end()) {
+      auto stream = std::static_pointer_cast<Stream>(it->second.lock());
+      // Another client may have replaced the broken stream already.
+      if (stream && stream != broken && !stream->broken()) return stream;
+    }
+  }
+  if (!options_.channel->WaitForConnected(deadline)) {
     return absl::UnavailableError(
         "cannot reach the rendezvous daemon at " +
-        (options.target.empty() ? std::string("its channel") : options.target) +
-        " within " + std::to_string(options.connect_timeout.count()) + " ms");
+        (options_.target.empty() ? std::string("its channel") : options_.target) +
+        " within " + std::to_string(options_.connect_timeout.count()) + " ms");
   }
-  auto stream = std::make_shared<Stream>(options.channel);
-  if (options.share_stream) {
+  auto stream = std::make_shared<Stream>(options_.channel);
+  if (options_.share_stream) {
     std::lock_guard<std::mutex> lock(registry.mu);
     // Another thread may have opened one meanwhile; either is fine to use.
-    auto& entry = registry.streams[key];
-    entry = stream;
+    registry.streams[registry_key_] = stream;
     // Forget expired entries now and then, so the map stays small.
     if (registry.streams.size() > 2 * registry.cleaned_size + 16) {
       for (auto i = registry.streams.begin(); i != registry.streams.end();)
@@ -396,12 +433,69 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Connect(
       registry.cleaned_size = registry.streams.size();
     }
   }
-  return std::unique_ptr<StoreClient>(
-      new StoreClient(std::move(options), std::move(stream)));
+  return stream;
 }
 
-StoreClient::StoreClient(StoreClientOptions options, std::shared_ptr<Stream> stream)
-    : options_(std::move(options)), stream_(std::move(stream)) {}
+namespace {
+// Requests whose repetition leaves the store as one execution would and
+// gets the same answer: safe to send again when the stream broke after
+// sending them.
+bool SafeToRepeat(const StoreRequest& request) {
+  switch (request.op_case()) {
+    case StoreRequest::kSet:
+    case StoreRequest::kGet:
+    case StoreRequest::kWait:
+    case StoreRequest::kCheck:
+    case StoreRequest::kMultiGet:
+    case StoreRequest::kMultiSet:
+    case StoreRequest::kNumKeys:
+      return true;
+    default:  // add, append, compare_set, delete: a second run differs
+      return false;
+  }
+}
+}  // namespace
+
+absl::StatusOr<StoreResponse> StoreClient::Call(StoreRequest request) {
+  const auto started = std::chrono::steady_clock::now();
+  const uint32_t timeout_ms = request.timeout_ms();
+  // Reconnecting may take until the daemon is back (a restart), bounded by
+  // connect_timeout from the first failure.
+  std::optional<std::chrono::system_clock::time_point> reconnect_deadline;
+  while (true) {
+    std::shared_ptr<Stream> stream;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stream = stream_;
+    }
+    if (stream->broken()) {
+      if (!reconnect_deadline)
+        reconnect_deadline = std::chrono::system_clock::now() + options_.connect_timeout;
+      auto fresh = OpenStream(stream, *reconnect_deadline);
+      if (!fresh.ok()) return fresh.status();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stream_ == stream) stream_ = *fresh;
+      continue;
+    }
+    if (timeout_ms > 0) {
+      // A retried wait keeps its original deadline.
+      const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - started);
+      request.set_timeout_ms(static_cast<uint32_t>(
+          std::max<int64_t>(1, static_cast<int64_t>(timeout_ms) - spent.count())));
+    }
+    bool sent = false;
+    auto reply = stream->Call(request, &sent);
+    if (reply.ok() || !stream->broken()) return reply;
+    if (sent && !SafeToRepeat(request)) {
+      return absl::UnavailableError(
+          std::string(reply.status().message()) +
+          " (the daemon may or may not have applied this request; not repeated)");
+    }
+  }
+}
+
+StoreClient::StoreClient(StoreClientOptions options) : options_(std::move(options)) {}
 
 StoreClient::~StoreClient() = default;
 
@@ -419,7 +513,7 @@ StoreRequest MakeRequest(const std::string& ns, Fill fill) {
 }  // namespace
 
 absl::Status StoreClient::Set(const std::string& key, const std::string& value) {
-  auto reply = stream_->Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
+  auto reply = Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
     r.mutable_set()->set_key(key);
     r.mutable_set()->set_value(value);
   }));
@@ -432,7 +526,7 @@ absl::StatusOr<std::string> StoreClient::Get(const std::string& key) {
 
 absl::StatusOr<std::string> StoreClient::Get(const std::string& key,
                                              std::chrono::milliseconds timeout) {
-  auto reply = stream_->Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
+  auto reply = Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
     r.set_timeout_ms(ToTimeoutMs(timeout));
     r.mutable_get()->set_key(key);
   }));
@@ -443,7 +537,7 @@ absl::StatusOr<std::string> StoreClient::Get(const std::string& key,
 }
 
 absl::StatusOr<int64_t> StoreClient::Add(const std::string& key, int64_t delta) {
-  auto reply = stream_->Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
+  auto reply = Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
     r.mutable_add()->set_key(key);
     r.mutable_add()->set_delta(delta);
   }));
@@ -455,7 +549,7 @@ absl::StatusOr<int64_t> StoreClient::Add(const std::string& key, int64_t delta) 
 absl::StatusOr<std::string> StoreClient::CompareSet(const std::string& key,
                                                     const std::string& expected,
                                                     const std::string& desired) {
-  auto reply = stream_->Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
+  auto reply = Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
     auto* op = r.mutable_compare_set();
     op->set_key(key);
     op->set_expected(expected);
@@ -474,7 +568,7 @@ absl::Status StoreClient::Wait(const std::vector<std::string>& keys) {
 
 absl::Status StoreClient::Wait(const std::vector<std::string>& keys,
                                std::chrono::milliseconds timeout) {
-  auto reply = stream_->Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
+  auto reply = Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
     r.set_timeout_ms(ToTimeoutMs(timeout));
     for (const auto& k : keys) r.mutable_wait()->add_keys(k);
     if (keys.empty()) r.mutable_wait();
@@ -483,7 +577,7 @@ absl::Status StoreClient::Wait(const std::vector<std::string>& keys,
 }
 
 absl::StatusOr<bool> StoreClient::Delete(const std::string& key) {
-  auto reply = stream_->Call(MakeRequest(
+  auto reply = Call(MakeRequest(
       options_.ns, [&](StoreRequest& r) { r.mutable_delete_()->set_key(key); }));
   if (!reply.ok()) return reply.status();
   if (absl::Status s = FromReply(*reply); !s.ok()) return s;
@@ -491,15 +585,15 @@ absl::StatusOr<bool> StoreClient::Delete(const std::string& key) {
 }
 
 absl::StatusOr<int64_t> StoreClient::NumKeys() {
-  auto reply = stream_->Call(
-      MakeRequest(options_.ns, [&](StoreRequest& r) { r.mutable_num_keys(); }));
+  auto reply =
+      Call(MakeRequest(options_.ns, [&](StoreRequest& r) { r.mutable_num_keys(); }));
   if (!reply.ok()) return reply.status();
   if (absl::Status s = FromReply(*reply); !s.ok()) return s;
   return reply->number();
 }
 
 absl::StatusOr<bool> StoreClient::Check(const std::vector<std::string>& keys) {
-  auto reply = stream_->Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
+  auto reply = Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
     auto* op = r.mutable_check();
     for (const auto& k : keys) op->add_keys(k);
   }));
@@ -510,7 +604,7 @@ absl::StatusOr<bool> StoreClient::Check(const std::vector<std::string>& keys) {
 
 absl::StatusOr<std::vector<std::string>> StoreClient::MultiGet(
     const std::vector<std::string>& keys) {
-  auto reply = stream_->Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
+  auto reply = Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
     r.set_timeout_ms(ToTimeoutMs(options_.timeout));
     auto* op = r.mutable_multi_get();
     for (const auto& k : keys) op->add_keys(k);
@@ -524,7 +618,7 @@ absl::StatusOr<std::vector<std::string>> StoreClient::MultiGet(
 
 absl::Status StoreClient::MultiSet(
     const std::vector<std::pair<std::string, std::string>>& entries) {
-  auto reply = stream_->Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
+  auto reply = Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
     auto* op = r.mutable_multi_set();
     for (const auto& [k, v] : entries) {
       auto* kv = op->add_entries();
@@ -536,7 +630,7 @@ absl::Status StoreClient::MultiSet(
 }
 
 absl::Status StoreClient::Append(const std::string& key, const std::string& value) {
-  auto reply = stream_->Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
+  auto reply = Call(MakeRequest(options_.ns, [&](StoreRequest& r) {
     r.mutable_append()->set_key(key);
     r.mutable_append()->set_value(value);
   }));

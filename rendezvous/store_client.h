@@ -15,12 +15,14 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "meshrun/v1/store.pb.h"
 
 namespace grpc {
 class Channel;
@@ -80,9 +82,20 @@ class StoreClient {
 
  private:
   class Stream;  // the gRPC reactor, in store_client.cc
-  explicit StoreClient(StoreClientOptions options, std::shared_ptr<Stream> stream);
-  StoreClientOptions options_;
-  std::shared_ptr<Stream> stream_;
+  explicit StoreClient(StoreClientOptions options);
+  // A live stream for this client: the shared one if another client already
+  // replaced `broken`, else a new one once the channel (re)connects.
+  absl::StatusOr<std::shared_ptr<Stream>> OpenStream(
+      const std::shared_ptr<Stream>& broken,
+      std::chrono::system_clock::time_point deadline);
+  // Sends one request; after the stream breaks, reconnects and repeats it when
+  // that is safe (see store_client.cc).
+  absl::StatusOr<meshrun::v1::StoreResponse> Call(meshrun::v1::StoreRequest request);
+
+  const StoreClientOptions options_;
+  std::string registry_key_;  // where a shared stream is registered
+  std::mutex mu_;
+  std::shared_ptr<Stream> stream_;  // guarded by mu_; replaced after it breaks
 };
 
 }  // namespace meshrun::rdzv

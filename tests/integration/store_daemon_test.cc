@@ -350,6 +350,65 @@ TEST(StoreDaemonTest, SigtermShutsDownPromptlyWithParkedWaits) {
   waiter.join();
 }
 
+// The daemon is SIGKILLed and restarted on the same port (without
+// --state-dir, so its store starts empty): clients reconnect on their next
+// call, and a get parked across the restart is sent again and answered.
+TEST(StoreDaemonTest, ClientsReconnectAfterTheDaemonRestarts) {
+  auto first = std::make_unique<DaemonProcess>();
+  const std::string endpoint = first->endpoint();
+  const std::string port = endpoint.substr(endpoint.rfind(':') + 1);
+  auto shared = Connect(endpoint);
+  auto own = Connect(endpoint, "run", /*own_connection=*/true);
+  ASSERT_TRUE(shared->Set("before", "1").ok());
+  ASSERT_TRUE(own->Set("before", "2").ok());
+  std::atomic<bool> parked_answered{false};
+  std::string parked_value;
+  std::thread parked([&] {
+    auto waiter = Connect(endpoint, "run", /*own_connection=*/true);
+    auto value = waiter->Get("after-restart");
+    ASSERT_TRUE(value.ok()) << value.status();
+    parked_value = *value;
+    parked_answered = true;
+  });
+  std::this_thread::sleep_for(milliseconds(200));  // let the get park
+  first->process().Signal(SIGKILL);
+  ASSERT_TRUE(first->process().Wait(std::chrono::seconds(10)));
+  first.reset();
+  DaemonProcess second({"--port", port});
+  ASSERT_EQ(second.endpoint(), endpoint);
+  ASSERT_TRUE(shared->Set("after", "3").ok());
+  auto read = own->Get("after");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "3");
+  EXPECT_FALSE(parked_answered);
+  ASSERT_TRUE(shared->Set("after-restart", "late").ok());
+  parked.join();
+  EXPECT_TRUE(parked_answered);
+  EXPECT_EQ(parked_value, "late");
+}
+
+TEST(StoreDaemonTest, ReconnectGivesUpAfterTheConnectTimeout) {
+  auto daemon = std::make_unique<DaemonProcess>();
+  rdzv::StoreClientOptions options;
+  options.target = daemon->endpoint();
+  options.ns = "run";
+  options.connect_timeout = milliseconds(1000);
+  auto client = rdzv::StoreClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Set("k", "v").ok());
+  daemon->process().Signal(SIGKILL);
+  ASSERT_TRUE(daemon->process().Wait(std::chrono::seconds(10)));
+  daemon.reset();
+  const auto started = std::chrono::steady_clock::now();
+  auto status = (*client)->Set("k", "w");
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("cannot reach the rendezvous daemon"),
+            std::string::npos)
+      << status;
+  EXPECT_LT(took, std::chrono::seconds(10));
+}
+
 TEST(StoreDaemonTest, BadFlagsExitWithCodeTwo) {
   ChildProcess bad({testing::BinDir() + "/meshrun-rdzvd", "--port", "70000"});
   auto status = bad.Wait(std::chrono::seconds(10));

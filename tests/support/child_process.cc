@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -128,13 +129,11 @@ bool ChildProcess::Running() {
 
 DaemonProcess::DaemonProcess(std::vector<std::string> extra_args)
     : process_([&] {
-        std::vector<std::string> argv{BinDir() + "/meshrun-rdzvd",
-                                      "--host",
-                                      "127.0.0.1",
-                                      "--port",
-                                      "0",
-                                      "--log-level",
-                                      "warn"};
+        std::vector<std::string> argv{BinDir() + "/meshrun-rdzvd", "--host", "127.0.0.1",
+                                      "--log-level", "warn"};
+        // Port 0 unless the caller names one (a restart on the same port).
+        if (std::find(extra_args.begin(), extra_args.end(), "--port") == extra_args.end())
+          argv.insert(argv.end(), {"--port", "0"});
         argv.insert(argv.end(), extra_args.begin(), extra_args.end());
         return argv;
       }()) {
