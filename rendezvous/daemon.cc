@@ -8,7 +8,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->host_ = options.host;
   daemon->store_ = std::make_unique<StoreService>(options.store);
-  daemon->rendezvous_ = std::make_unique<RendezvousService>();
+  RendezvousServiceOptions rendezvous_options;
+  rendezvous_options.closed_run_retention = options.closed_run_retention;
+  // The store outlives the rendezvous service (members are destroyed in
+  // reverse order), so the callback never sees a dead store.
+  rendezvous_options.on_runs_forgotten =
+      [store = daemon->store_.get()](const std::vector<std::string>& run_ids) {
+        store->DropRunNamespaces(run_ids);
+      };
+  daemon->rendezvous_ =
+      std::make_unique<RendezvousService>(std::move(rendezvous_options));
 
   grpc::ServerBuilder builder;
   std::string address = options.host.find(':') != std::string::npos

@@ -22,6 +22,9 @@ struct DaemonOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: kernel-assigned; read the result from Daemon::port()
   StoreServiceOptions store;
+  // How long a closed run stays queryable before the daemon forgets it and
+  // drops its store namespaces.
+  std::chrono::seconds closed_run_retention{3600};
   // gRPC refuses larger messages before they reach the services; kept a little
   // above the store's value limit so an oversized value gets the store's
   // clearer error.

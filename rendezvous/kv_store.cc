@@ -431,6 +431,13 @@ std::optional<TimePoint> KvStore::NextDeadline() const {
   return deadlines_.begin()->first;
 }
 
+std::vector<std::string> KvStore::NamespacesWithPrefix(const std::string& prefix) const {
+  std::vector<std::string> names;
+  for (const auto& [name, space] : namespaces_)
+    if (name.compare(0, prefix.size(), prefix) == 0) names.push_back(name);
+  return names;
+}
+
 void KvStore::DropNamespace(const std::string& ns, std::vector<Wakeup>* woken) {
   auto space = namespaces_.find(ns);
   if (space == namespaces_.end()) return;

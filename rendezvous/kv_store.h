@@ -105,6 +105,8 @@ class KvStore {
   size_t num_namespaces() const { return namespaces_.size(); }
   // Drops a whole namespace (run finished); its waiters fail with ABORTED.
   void DropNamespace(const std::string& ns, std::vector<Wakeup>* woken);
+  // Names of the namespaces that start with `prefix`.
+  std::vector<std::string> NamespacesWithPrefix(const std::string& prefix) const;
 
  private:
   struct Namespace {

@@ -38,6 +38,12 @@ int main(int argc, char** argv) {
                  "Seconds a blocking store call waits when it names no timeout")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  int retention_s = static_cast<int>(options.closed_run_retention.count());
+  app.add_option("--closed-run-retention", retention_s,
+                 "Seconds a closed run stays queryable before it and its store data are "
+                 "forgotten")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--shutdown-grace-ms", grace_ms)->check(CLI::NonNegativeNumber);
   app.add_option("--log-level", log_level)
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
@@ -54,6 +60,7 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(log);
   spdlog::set_level(spdlog::level::from_str(log_level));
   options.store.default_timeout = std::chrono::seconds(default_timeout_s);
+  options.closed_run_retention = std::chrono::seconds(retention_s);
   options.max_message_bytes = limits.max_value_bytes + limits.max_key_bytes + (1 << 20);
 
   // Block the shutdown signals in every thread (gRPC's inherit this mask) and

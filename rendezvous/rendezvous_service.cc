@@ -210,7 +210,8 @@ class RendezvousService::JoinStream final
   grpc::Status final_status_ = grpc::Status::OK;  // guarded by mu_ until finished_
 };
 
-RendezvousService::RendezvousService() {
+RendezvousService::RendezvousService(RendezvousServiceOptions options)
+    : options_(std::move(options)), next_sweep_(DeadlineTimer::TimePoint::max()) {
   timer_ = std::make_unique<DeadlineTimer>(
       [this](DeadlineTimer::TimePoint now) { return Tick(now); });
 }
@@ -280,10 +281,29 @@ void RendezvousService::StreamBroken(const NodeKey& node, JoinStream* stream) {
 std::optional<DeadlineTimer::TimePoint> RendezvousService::Tick(
     DeadlineTimer::TimePoint now) {
   std::vector<NodeEvent> events;
-  std::lock_guard<std::mutex> lock(mu_);
-  state_.Tick(now, &events);
-  DispatchLocked(events);
-  return state_.NextDeadline();
+  std::vector<std::string> forgotten;
+  std::optional<DeadlineTimer::TimePoint> next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.Tick(now, &events);
+    DispatchLocked(events);
+    // Closed runs are swept a few times per retention period (at most once
+    // a minute), so one outlives its retention by at most that much.
+    const auto sweep_every = std::min<DeadlineTimer::TimePoint::duration>(
+        std::chrono::seconds(60),
+        std::max<DeadlineTimer::TimePoint::duration>(std::chrono::seconds(1),
+                                                     options_.closed_run_retention / 4));
+    if (next_sweep_ == DeadlineTimer::TimePoint::max()) next_sweep_ = now + sweep_every;
+    if (now >= next_sweep_) {
+      forgotten = state_.ForgetClosedBefore(now - options_.closed_run_retention);
+      next_sweep_ = now + sweep_every;
+    }
+    next = state_.NextDeadline();
+    if (!next || next_sweep_ < *next) next = next_sweep_;
+  }
+  if (!forgotten.empty() && options_.on_runs_forgotten)
+    options_.on_runs_forgotten(forgotten);
+  return next;
 }
 
 void RendezvousService::PokeTimerLocked() {

@@ -7,6 +7,8 @@
 //
 // Thread-safe; one mutex serialises the state machine.
 
+#include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,9 +22,18 @@
 
 namespace meshrun::rdzv {
 
+struct RendezvousServiceOptions {
+  // A closed run stays queryable (and its id taken) this long, then the
+  // daemon forgets it, so a long-lived daemon's memory stays flat.
+  std::chrono::seconds closed_run_retention{3600};
+  // Called with the ids of forgotten runs (outside the service's lock), e.g.
+  // to drop their store namespaces.
+  std::function<void(const std::vector<std::string>&)> on_runs_forgotten;
+};
+
 class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService {
  public:
-  RendezvousService();
+  explicit RendezvousService(RendezvousServiceOptions options = {});
   ~RendezvousService() override;
 
   grpc::ServerWriteReactor<meshrun::v1::RendezvousEvent>* Join(
@@ -60,8 +71,10 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   std::optional<DeadlineTimer::TimePoint> Tick(DeadlineTimer::TimePoint now);
   void PokeTimerLocked();
 
+  const RendezvousServiceOptions options_;
   std::mutex mu_;
   RendezvousState state_;                   // guarded by mu_
+  DeadlineTimer::TimePoint next_sweep_;     // guarded by mu_; forgetting closed runs
   std::map<NodeKey, JoinStream*> streams_;  // guarded by mu_; entry => stream alive
   std::unique_ptr<DeadlineTimer> timer_;
 };

@@ -861,14 +861,17 @@ std::vector<std::string> RendezvousState::RunIds() const {
   return ids;
 }
 
-void RendezvousState::ForgetClosedBefore(RdzvTime cutoff) {
+std::vector<std::string> RendezvousState::ForgetClosedBefore(RdzvTime cutoff) {
+  std::vector<std::string> forgotten;
   for (auto it = runs_.begin(); it != runs_.end();) {
     if (it->second->phase == Phase::kClosed && it->second->closed_at < cutoff) {
+      forgotten.push_back(it->first);
       it = runs_.erase(it);
     } else {
       ++it;
     }
   }
+  return forgotten;
 }
 
 }  // namespace meshrun::rdzv

@@ -185,8 +185,8 @@ class RendezvousState {
 
   std::optional<RunSummary> Summary(const std::string& run_id) const;
   std::vector<std::string> RunIds() const;
-  // Forgets closed runs that closed before `cutoff`.
-  void ForgetClosedBefore(RdzvTime cutoff);
+  // Forgets closed runs that closed before `cutoff`; returns their ids.
+  std::vector<std::string> ForgetClosedBefore(RdzvTime cutoff);
 
  private:
   struct Run;   // defined in rendezvous_state.cc

@@ -249,6 +249,15 @@ StoreService::BatchSession(grpc::CallbackServerContext* /*context*/) {
                             meshrun::v1::StoreResponseBatch>(this);
 }
 
+void StoreService::DropRunNamespaces(const std::vector<std::string>& run_ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Wakeup> woken;
+  for (const std::string& run_id : run_ids)
+    for (const std::string& ns : store_.NamespacesWithPrefix(run_id + "/"))
+      store_.DropNamespace(ns, &woken);
+  DeliverLocked(woken);
+}
+
 StoreServiceStats StoreService::Stats() {
   std::lock_guard<std::mutex> lock(mu_);
   return {sessions_open_, ops_.load(std::memory_order_relaxed), store_.num_waiters()};

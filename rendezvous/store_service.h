@@ -60,6 +60,9 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   BatchSession(grpc::CallbackServerContext* context) override;
 
   StoreServiceStats Stats();
+  // Drops every namespace of these runs ("<run id>/..."); their parked waits
+  // fail with ABORTED.
+  void DropRunNamespaces(const std::vector<std::string>& run_ids);
 
   // One client stream, of either protocol; defined in the .cc.
   class ReplySink;

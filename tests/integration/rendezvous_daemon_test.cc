@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <thread>
 
 #include "rendezvous/rendezvous_client.h"
 #include "rendezvous/store_client.h"
@@ -207,6 +208,40 @@ TEST_F(RendezvousDaemonTest, UnknownNodesAndRunsAreNotFound) {
   auto bad = MakeJoin("", 1, 1);
   auto refused = client_.Join(bad)->Next(seconds(10));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A long-lived daemon forgets closed runs after --closed-run-retention: the
+// run id is free again and the run's store namespaces are gone.
+TEST(RendezvousRetentionTest, ClosedRunsAndTheirStoreDataAreForgotten) {
+  DaemonProcess daemon({"--closed-run-retention", "1"});
+  auto channel =
+      grpc::CreateChannel(daemon.endpoint(), grpc::InsecureChannelCredentials());
+  rdzv::RendezvousClient client(channel);
+  auto a = client.Join(MakeJoin("a", 1, 1));
+  auto assigned = NextNonWaiting(*a);
+  ASSERT_TRUE(assigned.has_assigned());
+  rdzv::StoreClientOptions options;
+  options.target = daemon.endpoint();
+  options.ns = assigned.assigned().store_prefix();
+  auto store = rdzv::StoreClient::Connect(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("key", "value").ok());
+  options.ns = "another-run/r1";
+  auto other = rdzv::StoreClient::Connect(options);
+  ASSERT_TRUE((*other)->Set("key", "value").ok());
+
+  ASSERT_TRUE(client.Close("job", v1::OUTCOME_SUCCEEDED, "done").ok());
+  // Forgotten within retention + one sweep period (1 s each here).
+  const auto deadline = std::chrono::steady_clock::now() + seconds(15);
+  while (*(*store)->Check({"key"})) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "the closed run's keys remain";
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_TRUE(*(*other)->Check({"key"})) << "another run's namespace was dropped";
+  // The id is free: a new run of the same id forms.
+  auto again = client.Join(MakeJoin("b", 1, 1));
+  EXPECT_TRUE(NextNonWaiting(*again).has_assigned());
 }
 
 }  // namespace

@@ -314,7 +314,9 @@ class Soak {
 
   int Run() {
     const std::string bin = meshrun::testing::BinDir();
-    daemon_ = std::make_unique<meshrun::testing::DaemonProcess>();
+    // A short retention, so the soak also covers forgetting closed runs.
+    daemon_ = std::make_unique<meshrun::testing::DaemonProcess>(
+        std::vector<std::string>{"--closed-run-retention", "20"});
     endpoint_ = daemon_->endpoint();
     daemon_pid_ = daemon_->process().pid();
     std::fprintf(stderr, "soak: daemon pid %d at %s; work dir %s\n", daemon_pid_,
