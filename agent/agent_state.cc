@@ -55,7 +55,8 @@ std::vector<Action> AgentState::Step(const Event& event) {
             std::string summary;
             switch (e.outcome) {
               case RunEnd::kSucceeded:
-                summary = "run succeeded";
+                summary =
+                    e.reason.empty() ? "run succeeded" : "run succeeded: " + e.reason;
                 break;
               case RunEnd::kFailed:
                 code = first_failure_ ? first_failure_->status_code() : 1;

@@ -204,6 +204,7 @@ struct RendezvousState::Run {
   uint32_t restart_count = 0;
   std::string last_failure;
   std::optional<Outcome> outcome;
+  std::string close_reason;
   RdzvTime closed_at{};
   uint64_t next_seq = 0;
   // Sum of nproc over live nodes, to refuse a join that no round could fit.
@@ -251,8 +252,17 @@ absl::Status RendezvousState::Join(const std::string& run_id, const NodeInfo& no
   }
   Run& run = *it->second;
   if (run.phase == Phase::kClosed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("run ", run_id, " is closed (", ToString(*run.outcome), ")"));
+    // A node that arrives after the end (a replacement racing the last
+    // success, an agent back from a partition) learns the outcome as the
+    // participants did, instead of an error: torchrun's agents also leave a
+    // finished rendezvous cleanly. It is not enrolled.
+    NodeEvent& event =
+        Emit(events, run.id, node.node_id, NodeEvent::Kind::kClosed, run.round);
+    event.outcome = *run.outcome;
+    event.detail = absl::StrCat("run ", run_id, " had already ended (",
+                                ToString(*run.outcome), ") when this node joined");
+    if (!run.close_reason.empty()) absl::StrAppend(&event.detail, ": ", run.close_reason);
+    return absl::OkStatus();
   }
   if (std::string diff = DescribeOptionDiff(run.options, options); !diff.empty()) {
     return absl::FailedPreconditionError(
@@ -634,6 +644,7 @@ void RendezvousState::CloseRun(Run& run, Outcome outcome, const std::string& rea
   SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
   run.phase = Phase::kClosed;
   run.outcome = outcome;
+  run.close_reason = reason;
   run.closed_at = now;
 }
 

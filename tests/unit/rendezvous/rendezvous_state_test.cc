@@ -799,11 +799,20 @@ TEST_F(RendezvousStateTest, ClosedRunAnswersWithClosedStatus) {
   JoinAll({Node("a")});
   ASSERT_TRUE(state_.ReportSuccess(kRun, "a", 1, At(1), &events_).ok());
   Take();
-  absl::Status s = Join(Node("b"), At(2));
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s.message(), "run job is closed (succeeded)");
-  s = Join(Node("a"), At(2));
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  // A late node is told the outcome (and is not enrolled), like a participant.
+  ASSERT_TRUE(Join(Node("b"), At(2)).ok());
+  auto told = Take();
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].node_id, "b");
+  EXPECT_EQ(told[0].kind, NodeEvent::Kind::kClosed);
+  EXPECT_EQ(told[0].outcome, Outcome::kSucceeded);
+  EXPECT_EQ(told[0].detail.rfind(
+                "run job had already ended (succeeded) when this node joined", 0),
+            0u)
+      << told[0].detail;
+  ASSERT_TRUE(Join(Node("a"), At(2)).ok());
+  EXPECT_EQ(Take().at(0).kind, NodeEvent::Kind::kClosed);
+  EXPECT_EQ(Summary().outcome, Outcome::kSucceeded);
 
   auto hb = state_.Heartbeat(kRun, "a", At(3));
   ASSERT_TRUE(hb.ok());
