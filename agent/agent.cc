@@ -128,8 +128,7 @@ class Agent {
     for (int number : options_.signals_to_handle) signals_.add(number);
     WaitForSignal();
     if (!PrepareLogRoot()) return 1;
-    channel_ =
-        grpc::CreateChannel(options_.rdzv_endpoint, grpc::InsecureChannelCredentials());
+    channel_ = rdzv::MakeChannel(options_.rdzv_endpoint, options_.security);
     client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
     // The daemon may be starting on another node (agent-hosted or static
     // rank 0): wait for it as long as a join may take.
@@ -384,6 +383,8 @@ class Agent {
       spec.global_rank = rank;
       spec.argv = options_.worker_argv;
       spec.env = BuildWorkerEnv(in);
+      spec.env.insert(options_.worker_security_env.begin(),
+                      options_.worker_security_env.end());
       std::string prefix =
           ReplaceAll(options_.prefix_template, "${role_name}", options_.role);
       prefix = ReplaceAll(prefix, "${rank}", std::to_string(rank));

@@ -6,12 +6,14 @@
 // signals, timers, and rendezvous events (posted from the gRPC reader).
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "meshrun/v1/rendezvous.pb.h"
+#include "rendezvous/security.h"
 
 namespace meshrun::agent {
 
@@ -30,6 +32,11 @@ struct AgentOptions {
   int nproc = 1;
   int node_rank_hint = -1;
   std::string rdzv_endpoint;  // the daemon's host:port
+  // Token and TLS of the agent's calls to the daemon.
+  rdzv::ClientSecurity security;
+  // What workers need to reach the daemon the same way: file paths
+  // (MESHRUN_RDZV_TOKEN_FILE, MESHRUN_RDZV_TLS_*), never the token itself.
+  std::map<std::string, std::string> worker_security_env;
   meshrun::v1::RunConfig run_config;
   std::vector<std::string> worker_argv;
   // Logs: <log_dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log and

@@ -69,6 +69,11 @@ enum FlagId {
   kSignalsToHandle,
   kLogLinePrefixTemplate,
   kSlurm,
+  kTokenFile,
+  kTlsCa,
+  kTlsCert,
+  kTlsKey,
+  kTlsClientCa,
   kNumFlags,
 };
 
@@ -142,6 +147,16 @@ constexpr FlagDef kFlags[] = {
      "--rdzv-id, --rdzv-endpoint (first node, which hosts it) and --nproc-per-node "
      "(GPUs on the node, else SLURM_NTASKS_PER_NODE) from SLURM's environment; "
      "flags and PET_* variables given win."},
+    {"--token-file", "", true, "PATH", "",
+     "File (mode 600) holding the rendezvous daemon's shared token, sent on every "
+     "call and required by a daemon meshrun hosts; else MESHRUN_RDZV_TOKEN or "
+     "MESHRUN_RDZV_TOKEN_FILE. Never pass the token itself on a command line."},
+    {"--tls-ca", "", true, "PEM", "", "Talk TLS to the daemon, trusting this CA."},
+    {"--tls-cert", "", true, "PEM", "",
+     "This node's certificate: the hosted daemon's, and the client certificate sent."},
+    {"--tls-key", "", true, "PEM", "", "The private key of --tls-cert."},
+    {"--tls-client-ca", "", true, "PEM", "",
+     "A daemon meshrun hosts requires client certificates signed by this CA."},
 };
 static_assert(std::size(kFlags) == kNumFlags, "one kFlags row per FlagId");
 
@@ -897,6 +912,11 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
 
   config->log_dir = flags.GetOr(kLogDir).text;
   config->local_addr = flags.GetOr(kLocalAddr).text;
+  config->token_file = flags.GetOr(kTokenFile).text;
+  config->tls_ca = flags.GetOr(kTlsCa).text;
+  config->tls_cert = flags.GetOr(kTlsCert).text;
+  config->tls_key = flags.GetOr(kTlsKey).text;
+  config->tls_client_ca = flags.GetOr(kTlsClientCa).text;
 
   for (auto [id, field] :
        {std::pair{kRedirects, &config->redirects}, std::pair{kTee, &config->tee}}) {

@@ -154,6 +154,14 @@ struct LaunchConfig {
   // agent looks it up (FQDN), as torchrun does.
   std::string local_addr;
 
+  // --token-file, --tls-ca, --tls-cert, --tls-key, --tls-client-ca: paths
+  // (rendezvous/security.h), checked and read by main; empty: not given.
+  std::string token_file;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+
   // --shutdown-timeout: grace between SIGTERM and SIGKILL when stopping
   // workers.
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};

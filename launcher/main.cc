@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <string>
@@ -22,6 +24,7 @@
 #include "launcher/launch_config.h"
 #include "launcher/local_address.h"
 #include "rendezvous/daemon.h"
+#include "rendezvous/security.h"
 
 extern char** environ;
 
@@ -80,6 +83,45 @@ meshrun::v1::RunConfig ToRunConfig(const LaunchConfig& config) {
   return run;
 }
 
+constexpr char kHostTlsNeedsCert[] =
+    "hosting the rendezvous daemon with TLS needs --tls-ca, --tls-cert and --tls-key "
+    "together";
+
+// A daemon this launcher hosts takes the agents' token, and serves TLS with
+// this node's --tls-cert when the agents talk TLS (--tls-ca).
+absl::Status HostedDaemonSecurity(const LaunchConfig& config,
+                                  const rdzv::ClientSecurity& client,
+                                  rdzv::ServerSecurity* server) {
+  rdzv::ServerSecurityFiles files;
+  files.tls_cert = config.tls_cert;
+  files.tls_key = config.tls_key;
+  files.tls_client_ca = config.tls_client_ca;
+  // The token was read already; no second read of the environment.
+  auto loaded =
+      rdzv::LoadServerSecurity(files, [](const char*) -> const char* { return nullptr; });
+  if (!loaded.ok()) return loaded.status();
+  *server = std::move(*loaded);
+  server->token = client.token;
+  return absl::OkStatus();
+}
+
+// Workers reach the daemon as the agent does: through file paths in their
+// environment (a token given in MESHRUN_RDZV_TOKEN is inherited as is).
+std::map<std::string, std::string> WorkerSecurityEnv(const LaunchConfig& config) {
+  std::map<std::string, std::string> env;
+  auto add = [&](const char* name, const std::string& path) {
+    if (path.empty()) return;
+    std::error_code ignored;
+    auto absolute = std::filesystem::absolute(path, ignored);
+    env[name] = absolute.empty() ? path : absolute.string();
+  };
+  add(rdzv::kTokenFileEnv, config.token_file);
+  add(rdzv::kTlsCaEnv, config.tls_ca);
+  add(rdzv::kTlsCertEnv, config.tls_cert);
+  add(rdzv::kTlsKeyEnv, config.tls_key);
+  return env;
+}
+
 int Main(int argc, char** argv) {
   // Debian builds absl with debug deadlock detection on; its bookkeeping was
   // ~11% of the daemon's CPU in a 5,000-client barrier (bench/results).
@@ -110,12 +152,32 @@ int Main(int argc, char** argv) {
         "set it yourself to tune");
   }
 
+  // Token and TLS, for the agent's calls and for a daemon hosted here.
+  auto client_security = rdzv::LoadClientSecurity(
+      {config.token_file, config.tls_ca, config.tls_cert, config.tls_key}, getenv);
+  if (!client_security.ok()) {
+    std::fprintf(stderr, "meshrun: %s\n",
+                 std::string(client_security.status().message()).c_str());
+    return 2;
+  }
+  rdzv::ServerSecurity server_security;
+  if (auto s = HostedDaemonSecurity(config, *client_security, &server_security);
+      !s.ok()) {
+    std::fprintf(stderr, "meshrun: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+
   // Where the daemon is, and whether this agent serves it.
   std::unique_ptr<rdzv::Daemon> daemon;
   std::string endpoint;
   const HostPort& rdzv = config.rdzv_endpoint;
   if (config.standalone) {
     rdzv::DaemonOptions options;  // 127.0.0.1, kernel-assigned port
+    options.security = server_security;
+    if (options.security.tls() != client_security->tls()) {
+      std::fprintf(stderr, "meshrun: %s\n", kHostTlsNeedsCert);
+      return 2;
+    }
     auto started = rdzv::Daemon::Start(options);
     if (!started.ok()) {
       log->error("cannot start the embedded rendezvous daemon: {}",
@@ -136,6 +198,11 @@ int Main(int argc, char** argv) {
       rdzv::DaemonOptions options;
       options.host = IsLoopback(rdzv.host) ? "127.0.0.1" : "0.0.0.0";
       options.port = rdzv.port;
+      options.security = server_security;
+      if (options.security.tls() != client_security->tls()) {
+        std::fprintf(stderr, "meshrun: %s\n", kHostTlsNeedsCert);
+        return 2;
+      }
       auto started = rdzv::Daemon::Start(options);
       if (started.ok()) {
         daemon = std::move(*started);
@@ -157,6 +224,8 @@ int Main(int argc, char** argv) {
   options.nproc = config.nproc_per_node;
   options.node_rank_hint = config.node_rank_given ? config.node_rank : -1;
   options.rdzv_endpoint = endpoint;
+  options.security = std::move(*client_security);
+  options.worker_security_env = WorkerSecurityEnv(config);
   options.run_config = ToRunConfig(config);
   if (config.rdzv_backend == RdzvBackend::kStatic) {
     // A fixed node set: the round forms when every node is in.

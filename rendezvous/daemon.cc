@@ -23,7 +23,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   std::string address = options.host.find(':') != std::string::npos
                             ? "[" + options.host + "]:" + std::to_string(options.port)
                             : options.host + ":" + std::to_string(options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &daemon->port_);
+  builder.AddListeningPort(address, MakeServerCredentials(options.security),
+                           &daemon->port_);
   builder.RegisterService(daemon->store_.get());
   builder.RegisterService(daemon->rendezvous_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
@@ -39,8 +40,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   daemon->server_ = builder.BuildAndStart();
   if (!daemon->server_ || daemon->port_ == 0) {
-    return absl::UnavailableError("cannot listen on " + address +
-                                  " (address in use or not local?)");
+    return absl::UnavailableError(
+        "cannot listen on " + address +
+        (options.security.tls()
+             ? " (address in use or not local, or the TLS certificate, "
+               "key or client CA is invalid?)"
+             : " (address in use or not local?)"));
   }
   return daemon;
 }
@@ -50,6 +55,13 @@ Daemon::~Daemon() { Shutdown(std::chrono::milliseconds(0)); }
 std::string Daemon::endpoint() const {
   return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" +
          std::to_string(port_);
+}
+
+std::shared_ptr<grpc::Channel> Daemon::InProcessChannel() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return server_->InProcessChannel(args);
 }
 
 void Daemon::Shutdown(std::chrono::milliseconds grace) {

@@ -10,11 +10,13 @@
 
 #include "absl/status/statusor.h"
 #include "rendezvous/rendezvous_service.h"
+#include "rendezvous/security.h"
 #include "rendezvous/store_service.h"
 
 namespace grpc {
+class Channel;
 class Server;
-}
+}  // namespace grpc
 
 namespace meshrun::rdzv {
 
@@ -25,6 +27,8 @@ struct DaemonOptions {
   // How long a closed run stays queryable before the daemon forgets it and
   // drops its store namespaces.
   std::chrono::seconds closed_run_retention{3600};
+  // Token check and TLS (rendezvous/security.h); default: neither.
+  ServerSecurity security;
   // gRPC refuses larger messages before they reach the services; kept a little
   // above the store's value limit so an oversized value gets the store's
   // clearer error.
@@ -43,6 +47,9 @@ class Daemon {
   std::string endpoint() const;
   // Stops accepting calls; calls still open after `grace` are cancelled.
   void Shutdown(std::chrono::milliseconds grace);
+  // A channel into this server with no socket (tests and fuzzers). No token
+  // or TLS check applies on it. REQUIRES: the daemon is running.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
   StoreService& store() { return *store_; }
   RendezvousService& rendezvous() { return *rendezvous_; }
 

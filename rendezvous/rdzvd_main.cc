@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/synchronization/mutex.h"
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   int grace_ms = 2000;
   int default_timeout_s = 300;
   std::string log_level = "info";
+  meshrun::rdzv::ServerSecurityFiles security_files;
 
   CLI::App app{"meshrun-rdzvd: rendezvous and key-value store daemon for meshrun"};
   app.add_option("--host", options.host, "Address to listen on")->capture_default_str();
@@ -45,6 +47,14 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--shutdown-grace-ms", grace_ms)->check(CLI::NonNegativeNumber);
+  app.add_option(
+      "--token-file", security_files.token_file,
+      "File holding the shared token every call must carry (mode 600); "
+      "else MESHRUN_RDZV_TOKEN or MESHRUN_RDZV_TOKEN_FILE; none: no token check");
+  app.add_option("--tls-cert", security_files.tls_cert, "Serve TLS: certificate (PEM)");
+  app.add_option("--tls-key", security_files.tls_key, "Serve TLS: private key (PEM)");
+  app.add_option("--tls-client-ca", security_files.tls_client_ca,
+                 "Require client certificates signed by this CA (PEM)");
   app.add_option("--log-level", log_level)
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   try {
@@ -55,6 +65,13 @@ int main(int argc, char** argv) {
     std::cerr << "meshrun-rdzvd: " << e.what() << " (see --help)\n";
     return 2;
   }
+
+  auto security = meshrun::rdzv::LoadServerSecurity(security_files, getenv);
+  if (!security.ok()) {
+    std::cerr << "meshrun-rdzvd: " << security.status().message() << "\n";
+    return 2;
+  }
+  options.security = std::move(*security);
 
   auto log = spdlog::stderr_color_mt("rdzvd");
   spdlog::set_default_logger(log);
@@ -79,7 +96,12 @@ int main(int argc, char** argv) {
   }
   std::printf("MESHRUN_RDZVD_ENDPOINT=%s\n", (*daemon)->endpoint().c_str());
   std::fflush(stdout);
-  log->info("serving on {}", (*daemon)->endpoint());
+  log->info("serving on {} ({}, {})", (*daemon)->endpoint(),
+            options.security.tls() ? (options.security.tls_client_ca_pem.empty()
+                                          ? "TLS"
+                                          : "TLS with client certificates")
+                                   : "plaintext",
+            options.security.token.empty() ? "no token check" : "token required");
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

@@ -2,6 +2,8 @@
 
 #include <deque>
 
+#include "rendezvous/request_validation.h"
+
 namespace meshrun::rdzv {
 
 namespace v1 = meshrun::v1;
@@ -222,6 +224,10 @@ grpc::ServerWriteReactor<v1::RendezvousEvent>* RendezvousService::Join(
     grpc::CallbackServerContext* /*context*/, const v1::JoinRequest* request) {
   NodeKey key{request->run_id(), request->node_id()};
   auto* stream = new JoinStream(this, key);
+  if (absl::Status invalid = ValidateJoin(*request, RequestLimits()); !invalid.ok()) {
+    stream->End(ToGrpc(invalid));
+    return stream;
+  }
   NodeInfo node;
   node.node_id = request->node_id();
   node.host = request->host();
@@ -313,6 +319,8 @@ void RendezvousService::PokeTimerLocked() {
 grpc::ServerUnaryReactor* RendezvousService::Heartbeat(
     grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatReply* reply) {
+  if (absl::Status invalid = ValidateHeartbeat(*request, RequestLimits()); !invalid.ok())
+    return Done(context, invalid);
   std::lock_guard<std::mutex> lock(mu_);
   auto status = state_.Heartbeat(request->run_id(), request->node_id(), RdzvClock::now());
   if (status.ok()) {
@@ -327,6 +335,9 @@ grpc::ServerUnaryReactor* RendezvousService::Heartbeat(
 grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
     grpc::CallbackServerContext* context, const v1::FailureReport* request,
     v1::FailureReply* reply) {
+  if (absl::Status invalid = ValidateFailureReport(*request, RequestLimits());
+      !invalid.ok())
+    return Done(context, invalid);
   std::vector<NodeEvent> events;
   std::lock_guard<std::mutex> lock(mu_);
   auto verdict =
@@ -344,6 +355,9 @@ grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
 grpc::ServerUnaryReactor* RendezvousService::ReportSuccess(
     grpc::CallbackServerContext* context, const v1::SuccessReport* request,
     v1::Empty* /*reply*/) {
+  if (absl::Status invalid = ValidateSuccessReport(*request, RequestLimits());
+      !invalid.ok())
+    return Done(context, invalid);
   std::vector<NodeEvent> events;
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status status = state_.ReportSuccess(request->run_id(), request->node_id(),
@@ -356,6 +370,8 @@ grpc::ServerUnaryReactor* RendezvousService::ReportSuccess(
 grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* context,
                                                    const v1::LeaveRequest* request,
                                                    v1::Empty* /*reply*/) {
+  if (absl::Status invalid = ValidateLeave(*request, RequestLimits()); !invalid.ok())
+    return Done(context, invalid);
   std::vector<NodeEvent> events;
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status status =
@@ -374,6 +390,8 @@ grpc::ServerUnaryReactor* RendezvousService::Leave(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* RendezvousService::Close(grpc::CallbackServerContext* context,
                                                    const v1::CloseRequest* request,
                                                    v1::Empty* /*reply*/) {
+  if (absl::Status invalid = ValidateClose(*request, RequestLimits()); !invalid.ok())
+    return Done(context, invalid);
   std::vector<NodeEvent> events;
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status status = state_.Close(request->run_id(), FromProto(request->outcome()),

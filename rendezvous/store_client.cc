@@ -44,7 +44,8 @@ uint32_t ToTimeoutMs(std::chrono::milliseconds timeout) {
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeStoreChannel(const std::string& target,
-                                                bool own_connection) {
+                                                bool own_connection,
+                                                const ClientSecurity& security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
@@ -60,7 +61,7 @@ std::shared_ptr<grpc::Channel> MakeStoreChannel(const std::string& target,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return MakeChannel(target, security, args);
 }
 
 // The client's end of one Store.BatchSession stream, shared by every
@@ -301,7 +302,10 @@ class StoreClient::Stream {
                          (status_.ok() ? std::string("closed by the server")
                                        : status_.error_message());
         for (auto& [id, slot] : pending_) {
-          slot->reply = absl::UnavailableError(broken_reason_);
+          // A refused token stays recognisable; anything else is "gone".
+          slot->reply = status_.error_code() == grpc::StatusCode::UNAUTHENTICATED
+                            ? absl::UnauthenticatedError(broken_reason_)
+                            : absl::UnavailableError(broken_reason_);
           if (slot.get() == mine) mine_done = true;
           Complete(slot);
         }
@@ -375,7 +379,8 @@ std::string RegistryKey(const StoreClientOptions& options) {
   if (options.channel)
     return "channel:" +
            std::to_string(reinterpret_cast<uintptr_t>(options.channel.get()));
-  return "target:" + options.target;
+  // Clients with another token or TLS setup need a channel of their own.
+  return "target:" + options.target + "\n" + options.security.Fingerprint();
 }
 
 }  // namespace
@@ -396,7 +401,8 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Connect(
     }
   }
   if (!options.channel)
-    options.channel = MakeStoreChannel(options.target, /*own_connection=*/false);
+    options.channel =
+        MakeStoreChannel(options.target, /*own_connection=*/false, options.security);
   std::unique_ptr<StoreClient> client(new StoreClient(std::move(options)));
   client->registry_key_ = std::move(registry_key);
   auto stream = client->OpenStream(
@@ -491,6 +497,8 @@ absl::StatusOr<StoreResponse> StoreClient::Call(StoreRequest request) {
     bool sent = false;
     auto reply = stream->Call(request, &sent);
     if (reply.ok() || !stream->broken()) return reply;
+    // A refused token is refused again on a new stream.
+    if (reply.status().code() == absl::StatusCode::kUnauthenticated) return reply;
     if (sent && !SafeToRepeat(request)) {
       return absl::UnavailableError(
           std::string(reply.status().message()) +

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "meshrun/v1/store.pb.h"
+#include "rendezvous/security.h"
 
 namespace grpc {
 class Channel;
@@ -35,6 +36,8 @@ struct StoreClientOptions {
   std::string target;
   // Reuse an existing channel (shared connection); optional.
   std::shared_ptr<grpc::Channel> channel;
+  // Token and TLS of the channel made for `target` (ignored with `channel`).
+  ClientSecurity security;
   // The store namespace every call of this client uses.
   std::string ns;
   // Default for get/wait/multi_get (c10d's default store timeout is 300 s).
@@ -50,7 +53,8 @@ struct StoreClientOptions {
 // A channel to `target` tuned for the store; `own_connection` gives it a TCP
 // connection of its own instead of gRPC's process-wide shared one.
 std::shared_ptr<grpc::Channel> MakeStoreChannel(const std::string& target,
-                                                bool own_connection);
+                                                bool own_connection,
+                                                const ClientSecurity& security = {});
 
 class StoreClient {
  public:

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "rendezvous/request_validation.h"
+
 namespace meshrun::rdzv {
 
 using meshrun::v1::StoreRequest;
@@ -225,6 +227,7 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
 
 StoreService::StoreService(StoreServiceOptions options)
     : options_(std::move(options)), store_(options_.limits) {
+  request_limits_.max_keys_per_request = options_.limits.max_keys_per_request;
   timer_ = std::make_unique<DeadlineTimer>([this](TimePoint now) { return Expire(now); });
 }
 
@@ -297,6 +300,11 @@ void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
 bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request,
                                  StoreResponse* reply, std::vector<Wakeup>* woken) {
   reply->set_id(request.id());
+  if (absl::Status invalid = ValidateStoreRequest(request, request_limits_);
+      !invalid.ok()) {
+    SetStatus(invalid, reply);
+    return true;
+  }
   const std::string& ns = request.ns();
   // Only blocking ops read the clock.
   auto deadline = [&] {

@@ -24,6 +24,7 @@
 #include "meshrun/v1/store.grpc.pb.h"
 #include "rendezvous/deadline_timer.h"
 #include "rendezvous/kv_store.h"
+#include "rendezvous/request_validation.h"
 
 namespace meshrun::rdzv {
 
@@ -92,6 +93,7 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   std::optional<TimePoint> Expire(TimePoint now);
 
   const StoreServiceOptions options_;
+  RequestLimits request_limits_;
   std::mutex mu_;
   KvStore store_;                                      // guarded by mu_
   std::unordered_map<WaiterId, PendingWait> pending_;  // guarded by mu_

@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev libgloo-dev python3-torch
   clang-format iproute2 procps
+  openssl clang libclang-rt-14-dev
   slurmctld slurmd slurm-client munge
 )
 

@@ -1,5 +1,6 @@
 #include "worker_lib/grpc_store.h"
 
+#include <cstdlib>
 #include <limits>
 #include <utility>
 
@@ -30,10 +31,15 @@ std::chrono::milliseconds WireTimeout(std::chrono::milliseconds timeout) {
 
 absl::StatusOr<c10::intrusive_ptr<GrpcStore>> GrpcStore::Connect(
     GrpcStoreOptions options) {
+  if (!options.security) {
+    auto from_env = rdzv::ClientSecurityFromEnvironment(std::getenv);
+    if (!from_env.ok()) return from_env.status();
+    options.security = std::move(*from_env);
+  }
   rdzv::StoreClientOptions client_options;
   client_options.target = options.endpoint;
   client_options.channel =
-      rdzv::MakeStoreChannel(options.endpoint, options.own_connection);
+      rdzv::MakeStoreChannel(options.endpoint, options.own_connection, *options.security);
   client_options.ns = options.ns;
   client_options.timeout = WireTimeout(options.timeout);
   client_options.connect_timeout = options.connect_timeout;

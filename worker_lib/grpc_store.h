@@ -25,12 +25,14 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "rendezvous/security.h"
 
 namespace meshrun::rdzv {
 class StoreClient;
@@ -61,6 +63,9 @@ struct GrpcStoreOptions {
   // A TCP connection of this store's own instead of gRPC's process-wide
   // shared one (several stores in one process, e.g. tests).
   bool own_connection = false;
+  // Token and TLS; unset: from the environment meshrun gives its workers
+  // (MESHRUN_RDZV_TOKEN(_FILE), MESHRUN_RDZV_TLS_*; rendezvous/security.h).
+  std::optional<rdzv::ClientSecurity> security;
 };
 
 class GrpcStore : public c10d::Store {

@@ -1,8 +1,10 @@
 // Test helper: one store operation against a daemon, from its own process,
-// so tests can kill a client in the middle of a call.
+// so tests can kill a client in the middle of a call. Token and TLS come from
+// the environment, as a worker's do (MESHRUN_RDZV_TOKEN(_FILE), MESHRUN_RDZV_TLS_*).
 //   store_tool ENDPOINT NS set KEY VALUE
 //   store_tool ENDPOINT NS wait KEY TIMEOUT_MS   (prints "waiting" first)
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "rendezvous/store_client.h"
@@ -16,6 +18,13 @@ int main(int argc, char** argv) {
   meshrun::rdzv::StoreClientOptions options;
   options.target = argv[1];
   options.ns = argv[2];
+  auto security = meshrun::rdzv::ClientSecurityFromEnvironment(std::getenv);
+  if (!security.ok()) {
+    std::fprintf(stderr, "%s\n", security.status().ToString().c_str());
+    return 1;
+  }
+  options.security = std::move(*security);
+  options.connect_timeout = std::chrono::seconds(5);
   auto client = meshrun::rdzv::StoreClient::Connect(options);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
