@@ -1,6 +1,9 @@
 #include "rendezvous/daemon.h"
 
 #include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include "rendezvous/state_codec.h"
 
 namespace meshrun::rdzv {
 
@@ -18,6 +21,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       };
   daemon->rendezvous_ =
       std::make_unique<RendezvousService>(std::move(rendezvous_options));
+  if (!options.state_dir.empty()) {
+    if (absl::Status s = daemon->OpenState(options); !s.ok()) return s;
+  }
 
   grpc::ServerBuilder builder;
   std::string address = options.host.find(':') != std::string::npos
@@ -50,6 +56,50 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   return daemon;
 }
 
+absl::Status Daemon::OpenState(const DaemonOptions& options) {
+  StoreService& store = *store_;
+  RendezvousService& rendezvous = *rendezvous_;
+  absl::Status status;
+  StateLoadReport report;
+  const RdzvTime now = RdzvClock::now();
+  store.WithStore([&](KvStore& kv) {
+    rendezvous.WithState([&](RendezvousState& state) {
+      auto log = StateLog::Open(options.state_dir, options.state_snapshot_after_bytes,
+                                &kv, &state, now, &report);
+      if (log.ok()) {
+        state_log_ = std::move(*log);
+      } else {
+        status = log.status();
+      }
+    });
+  });
+  if (!status.ok()) return status;
+  spdlog::info(
+      "state dir {}: restored {} store entries and {} runs ({}snapshot, {} log "
+      "records{})",
+      options.state_dir, report.store_entries, report.runs,
+      report.had_snapshot ? "" : "no ", report.log_records,
+      report.torn_tail ? ", a torn last record dropped" : "");
+  store.set_state_log(state_log_.get());
+  rendezvous.set_state_log(state_log_.get());
+  rendezvous.Restored();
+  state_log_->Start([&rendezvous](StateLog& log) { rendezvous.CollectChanges(log); },
+                    [&store, &rendezvous](const std::function<uint64_t()>& rotate) {
+                      std::string bytes;
+                      // Same lock order as the services' own paths: store, rendezvous,
+                      // log.
+                      store.WithStore([&](KvStore& kv) {
+                        rendezvous.WithState([&](RendezvousState& state) {
+                          (void)state.TakeChangedRuns();  // the snapshot holds them
+                          const uint64_t gen = rotate();
+                          bytes = codec::EncodeSnapshot(kv, state, gen, RdzvClock::now());
+                        });
+                      });
+                      return bytes;
+                    });
+  return absl::OkStatus();
+}
+
 Daemon::~Daemon() { Shutdown(std::chrono::milliseconds(0)); }
 
 std::string Daemon::endpoint() const {
@@ -69,6 +119,8 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   server_->Shutdown(std::chrono::system_clock::now() + grace);
   server_->Wait();
   server_.reset();
+  // Everything the last calls changed reaches the disk before we return.
+  if (state_log_) state_log_->Stop();
 }
 
 }  // namespace meshrun::rdzv

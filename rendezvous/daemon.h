@@ -33,11 +33,18 @@ struct DaemonOptions {
   // above the store's value limit so an oversized value gets the store's
   // clearer error.
   size_t max_message_bytes = (64 << 20) + (1 << 20);
+  // Non-empty: persist runs and store contents here (see state_log.h) and
+  // resume from what it holds. Empty: state lives in memory only.
+  std::string state_dir;
+  // The log is compacted into a new snapshot once it grows past this.
+  size_t state_snapshot_after_bytes = 64 << 20;
 };
 
 class Daemon {
  public:
-  // Binds and starts serving. Fails if the address cannot be bound.
+  // Loads the state dir (if any), binds and starts serving. UNAVAILABLE if
+  // the address cannot be bound; the state dir's errors (in use, damaged,
+  // unwritable) keep their own codes, and nothing is served.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions options);
   ~Daemon();  // Shutdown() with no grace if still running
   Daemon(const Daemon&) = delete;
@@ -51,14 +58,19 @@ class Daemon {
   // or TLS check applies on it. REQUIRES: the daemon is running.
   std::shared_ptr<grpc::Channel> InProcessChannel();
   StoreService& store() { return *store_; }
+  // Null without a state dir.
+  StateLog* state_log() { return state_log_.get(); }
   RendezvousService& rendezvous() { return *rendezvous_; }
 
  private:
   Daemon() = default;
+  absl::Status OpenState(const DaemonOptions& options);
   std::string host_;
   int port_ = 0;
   std::unique_ptr<StoreService> store_;
   std::unique_ptr<RendezvousService> rendezvous_;
+  // After the services: destroyed first, while its hooks' targets live.
+  std::unique_ptr<StateLog> state_log_;
   std::unique_ptr<grpc::Server> server_;
 };
 

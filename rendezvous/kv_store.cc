@@ -457,4 +457,49 @@ void KvStore::DropNamespace(const std::string& ns, std::vector<Wakeup>* woken) {
   namespaces_.erase(space);
 }
 
+std::optional<std::string> KvStore::Peek(const std::string& ns,
+                                         const std::string& key) const {
+  const Namespace* space = FindNamespace(ns);
+  if (space == nullptr) return std::nullopt;
+  auto it = space->data.find(key);
+  if (it == space->data.end()) return std::nullopt;
+  return it->second;
+}
+
+void KvStore::ForEachEntry(
+    const std::function<void(const std::string&, const std::string&, const std::string&)>&
+        visit) const {
+  for (const auto& [ns, space] : namespaces_) {
+    for (const auto& [key, value] : space.data) visit(ns, key, value);
+  }
+}
+
+void KvStore::RestoreSet(const std::string& ns, const std::string& key,
+                         std::string value) {
+  std::vector<WaiterId> ready;
+  Put(ns, key, std::move(value), &ready);
+  std::vector<Wakeup> woken;
+  Deliver(ready, &woken);
+}
+
+void KvStore::RestoreAppend(const std::string& ns, const std::string& key,
+                            const std::string& value) {
+  auto space = namespaces_.find(ns);
+  if (space != namespaces_.end()) {
+    auto it = space->second.data.find(key);
+    if (it != space->second.data.end()) {
+      it->second.append(value);
+      space->second.bytes += value.size();
+      return;
+    }
+  }
+  RestoreSet(ns, key, value);
+}
+
+size_t KvStore::num_entries() const {
+  size_t n = 0;
+  for (const auto& [ns, space] : namespaces_) n += space.data.size();
+  return n;
+}
+
 }  // namespace meshrun::rdzv

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -107,6 +108,19 @@ class KvStore {
   void DropNamespace(const std::string& ns, std::vector<Wakeup>* woken);
   // Names of the namespaces that start with `prefix`.
   std::vector<std::string> NamespacesWithPrefix(const std::string& prefix) const;
+
+  // For persistence (state_codec): a non-blocking read, a walk over every
+  // entry, and writes that skip the limit checks (restored entries passed
+  // them when first written; a daemon restarted with lower limits keeps them)
+  // and wake nobody (waiters are never persisted).
+  std::optional<std::string> Peek(const std::string& ns, const std::string& key) const;
+  void ForEachEntry(
+      const std::function<void(const std::string& ns, const std::string& key,
+                               const std::string& value)>& visit) const;
+  void RestoreSet(const std::string& ns, const std::string& key, std::string value);
+  void RestoreAppend(const std::string& ns, const std::string& key,
+                     const std::string& value);
+  size_t num_entries() const;
 
  private:
   struct Namespace {

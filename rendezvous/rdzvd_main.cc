@@ -55,6 +55,13 @@ int main(int argc, char** argv) {
   app.add_option("--tls-key", security_files.tls_key, "Serve TLS: private key (PEM)");
   app.add_option("--tls-client-ca", security_files.tls_client_ca,
                  "Require client certificates signed by this CA (PEM)");
+  app.add_option("--state-dir", options.state_dir,
+                 "Persist runs and store contents here (fsync'd log + snapshot) and "
+                 "resume from them after a restart");
+  app.add_option("--state-snapshot-bytes", options.state_snapshot_after_bytes,
+                 "Compact the state log into a snapshot once it grows past this")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--log-level", log_level)
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   try {
@@ -92,7 +99,8 @@ int main(int argc, char** argv) {
   auto daemon = meshrun::rdzv::Daemon::Start(options);
   if (!daemon.ok()) {
     std::cerr << "meshrun-rdzvd: " << daemon.status().message() << "\n";
-    return 1;
+    // 1: cannot listen; 3: the state dir is refused (in use, damaged, unwritable).
+    return daemon.status().code() == absl::StatusCode::kUnavailable ? 1 : 3;
   }
   std::printf("MESHRUN_RDZVD_ENDPOINT=%s\n", (*daemon)->endpoint().c_str());
   std::fflush(stdout);

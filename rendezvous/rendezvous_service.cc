@@ -3,6 +3,7 @@
 #include <deque>
 
 #include "rendezvous/request_validation.h"
+#include "rendezvous/state_codec.h"
 
 namespace meshrun::rdzv {
 
@@ -234,6 +235,7 @@ grpc::ServerWriteReactor<v1::RendezvousEvent>* RendezvousService::Join(
   node.nproc = request->nproc();
   node.node_rank_hint = request->node_rank_hint();
   node.master_port = request->master_port();
+  node.resume_round = request->resume_round();
 
   std::vector<NodeEvent> events;
   std::lock_guard<std::mutex> lock(mu_);
@@ -293,6 +295,7 @@ std::optional<DeadlineTimer::TimePoint> RendezvousService::Tick(
     std::lock_guard<std::mutex> lock(mu_);
     state_.Tick(now, &events);
     DispatchLocked(events);
+    if (log_) log_->Poke();
     // Closed runs are swept a few times per retention period (at most once
     // a minute), so one outlives its retention by at most that much.
     const auto sweep_every = std::min<DeadlineTimer::TimePoint::duration>(
@@ -314,6 +317,33 @@ std::optional<DeadlineTimer::TimePoint> RendezvousService::Tick(
 
 void RendezvousService::PokeTimerLocked() {
   if (auto next = state_.NextDeadline()) timer_->Poke(*next);
+  // Heartbeats change nothing that is persisted; a poke without changes
+  // costs the flusher one empty pass.
+  if (log_) log_->Poke();
+}
+
+void RendezvousService::set_state_log(StateLog* log) {
+  std::lock_guard<std::mutex> lock(mu_);
+  log_ = log;
+  state_.set_track_changes(log != nullptr);
+}
+
+void RendezvousService::CollectChanges(StateLog& log) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const RdzvTime now = RdzvClock::now();
+  for (const std::string& run_id : state_.TakeChangedRuns()) {
+    log.Append(codec::RunRecord(state_, run_id, now));
+  }
+}
+
+void RendezvousService::WithState(const std::function<void(RendezvousState&)>& fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fn(state_);
+}
+
+void RendezvousService::Restored() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto next = state_.NextDeadline()) timer_->Poke(*next);
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Heartbeat(
@@ -328,7 +358,8 @@ grpc::ServerUnaryReactor* RendezvousService::Heartbeat(
     reply->set_restart_count(status->restart_count);
     reply->set_run_closed(status->closed);
   }
-  PokeTimerLocked();
+  // Only the timer: a lease is not persisted, so the log has nothing to do.
+  if (auto next = state_.NextDeadline()) timer_->Poke(*next);
   return Done(context, status.status());
 }
 

@@ -19,6 +19,7 @@
 #include "meshrun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/deadline_timer.h"
 #include "rendezvous/rendezvous_state.h"
+#include "rendezvous/state_log.h"
 
 namespace meshrun::rdzv {
 
@@ -55,6 +56,19 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
                                   const meshrun::v1::CloseRequest* request,
                                   meshrun::v1::Empty* reply) override;
 
+  // --state-dir: changed runs are logged by the log's flusher (CollectChanges),
+  // one record per run per flush, so a burst of joins costs one write. Events
+  // are pushed without waiting for the disk: a crash within that window loses
+  // the newest membership change, and agents that were told of it find their
+  // round unknown and rejoin (see the agent). REQUIRES: before serving; `log`
+  // must remain live while the service is.
+  void set_state_log(StateLog* log);
+  void CollectChanges(StateLog& log);
+  // Runs `fn` on the state under the service's lock (restore, snapshots).
+  void WithState(const std::function<void(RendezvousState&)>& fn);
+  // Re-arms the timer after a restore gave every node a lease.
+  void Restored();
+
   std::optional<RunSummary> Summary(const std::string& run_id);
   std::vector<std::string> RunIds();
 
@@ -77,6 +91,7 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   DeadlineTimer::TimePoint next_sweep_;     // guarded by mu_; forgetting closed runs
   std::map<NodeKey, JoinStream*> streams_;  // guarded by mu_; entry => stream alive
   std::unique_ptr<DeadlineTimer> timer_;
+  StateLog* log_ = nullptr;
 };
 
 }  // namespace meshrun::rdzv

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "rendezvous/state_codec.h"
 
 namespace meshrun::rdzv {
 namespace {
@@ -243,6 +244,14 @@ absl::Status RendezvousState::Join(const std::string& run_id, const NodeInfo& no
   if (auto s = ValidateJoin(run_id, node, options); !s.ok()) return s;
 
   auto it = runs_.find(run_id);
+  if (node.resume_round != 0) {
+    if (auto s =
+            CheckResume(it == runs_.end() ? nullptr : it->second.get(), run_id, node);
+        !s.ok()) {
+      return s;
+    }
+  }
+  Touch(run_id);
   if (it == runs_.end()) {
     auto run = std::make_unique<Run>();
     run->id = run_id;
@@ -297,6 +306,29 @@ absl::Status RendezvousState::Join(const std::string& run_id, const NodeInfo& no
     return Rejoin(run, existing->second, node, now, events);
   }
   Enrol(run, node, now, events);
+  return absl::OkStatus();
+}
+
+absl::Status RendezvousState::CheckResume(const Run* run, const std::string& run_id,
+                                          const NodeInfo& node) const {
+  auto unknown = [&](const std::string& why) {
+    return absl::NotFoundError(absl::StrCat("cannot resume round ", node.resume_round,
+                                            " of run ", run_id, ": ", why));
+  };
+  if (run == nullptr) return unknown("the daemon does not know the run");
+  if (run->phase == Phase::kClosed) {
+    return unknown(absl::StrCat("the run is closed (", ToString(*run->outcome), ")"));
+  }
+  if (run->phase != Phase::kActive || run->round != node.resume_round) {
+    return unknown(absl::StrCat("the run is ",
+                                run->phase == Phase::kActive ? "active" : "gathering",
+                                " in round ", run->round));
+  }
+  auto it = run->nodes.find(node.node_id);
+  if (it == run->nodes.end() || it->second.role != Role::kParticipant ||
+      (it->second.departed && !it->second.succeeded)) {
+    return unknown(absl::StrCat("node ", node.node_id, " is not a participant"));
+  }
   return absl::OkStatus();
 }
 
@@ -702,6 +734,7 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
     return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
   }
   Run& run = *it->second;
+  Touch(run_id);
   if (run.phase == Phase::kClosed) {
     return FailureVerdict{false, run.restart_count};
   }
@@ -748,6 +781,7 @@ absl::Status RendezvousState::ReportSuccess(const std::string& run_id,
   }
   Run& run = *it->second;
   if (run.phase == Phase::kClosed) return absl::OkStatus();
+  Touch(run_id);
   auto node_it = run.nodes.find(node_id);
   if (node_it == run.nodes.end()) {
     return absl::NotFoundError(
@@ -786,6 +820,7 @@ absl::Status RendezvousState::Leave(const std::string& run_id, const std::string
   }
   // A closed run is a record; departures no longer change it.
   if (run.phase == Phase::kClosed) return absl::OkStatus();
+  Touch(run_id);
   RemoveNode(run, node_id, ReformReason::kNodeLeft, now, events);
   return absl::OkStatus();
 }
@@ -802,6 +837,7 @@ absl::Status RendezvousState::Close(const std::string& run_id, Outcome outcome,
   Run& run = *it->second;
   // Idempotent: the first outcome stands.
   if (run.phase == Phase::kClosed) return absl::OkStatus();
+  Touch(run_id);
   CloseRun(run, outcome, reason, now, events);
   return absl::OkStatus();
 }
@@ -815,6 +851,7 @@ void RendezvousState::Tick(RdzvTime now, std::vector<NodeEvent>* events) {
     auto run_it = runs_.find(due.run_id);
     if (run_it == runs_.end()) continue;
     Run& run = *run_it->second;
+    Touch(due.run_id);
     switch (due.kind) {
       case DeadlineKind::kLease: {
         auto node = run.nodes.find(due.node_id);
@@ -877,12 +914,226 @@ std::vector<std::string> RendezvousState::ForgetClosedBefore(RdzvTime cutoff) {
   for (auto it = runs_.begin(); it != runs_.end();) {
     if (it->second->phase == Phase::kClosed && it->second->closed_at < cutoff) {
       forgotten.push_back(it->first);
+      Touch(it->first);
       it = runs_.erase(it);
     } else {
       ++it;
     }
   }
   return forgotten;
+}
+
+std::vector<std::string> RendezvousState::TakeChangedRuns() {
+  std::vector<std::string> ids(changed_.begin(), changed_.end());
+  changed_.clear();
+  return ids;
+}
+
+void RendezvousState::RemoveRun(const std::string& run_id) {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) return;
+  Run& run = *it->second;
+  for (auto& [id, node] : run.nodes) DropLease(run, node);
+  SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
+  SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
+  runs_.erase(it);
+}
+
+namespace {
+// Bumped when the layout changes; a daemon refuses state it cannot read.
+constexpr uint32_t kRunFormat = 1;
+
+void WriteRemaining(codec::ByteWriter& w, const std::optional<RdzvTime>& at,
+                    RdzvTime now) {
+  w.U8(at ? 1 : 0);
+  w.I64(at ? std::chrono::duration_cast<Millis>(*at - now).count() : 0);
+}
+
+std::optional<RdzvTime> ReadRemaining(codec::ByteReader& r, RdzvTime now) {
+  const bool set = r.U8() != 0;
+  const int64_t ms = r.I64();
+  if (!set) return std::nullopt;
+  return now + Millis(ms);
+}
+}  // namespace
+
+std::optional<std::string> RendezvousState::EncodeRun(const std::string& run_id,
+                                                      RdzvTime now) const {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) return std::nullopt;
+  const Run& run = *it->second;
+  codec::ByteWriter w;
+  w.U32(kRunFormat);
+  w.Str(run.id);
+  const RunOptions& o = run.options;
+  w.U32(o.min_nodes);
+  w.U32(o.max_nodes);
+  w.U32(o.max_restarts);
+  w.I64(o.last_call_timeout.count());
+  w.I64(o.join_timeout.count());
+  w.I64(o.keep_alive_interval.count());
+  w.U32(o.keep_alive_max_attempt);
+  w.U8(o.uniform_nproc ? 1 : 0);
+  w.U32(run.nproc);
+  w.U8(static_cast<uint8_t>(run.phase));
+  w.U64(run.round);
+  w.U32(run.restart_count);
+  w.Str(run.last_failure);
+  w.U8(run.outcome ? static_cast<uint8_t>(*run.outcome) + 1 : 0);
+  w.U64(run.next_seq);
+  w.U32(static_cast<uint32_t>(run.nodes.size()));
+  for (const auto& [id, node] : run.nodes) {
+    w.Str(node.info.node_id);
+    w.Str(node.info.host);
+    w.U32(node.info.nproc);
+    w.I64(node.info.node_rank_hint);
+    w.U32(node.info.master_port);
+    w.U64(node.seq);
+    w.U8(static_cast<uint8_t>(node.role));
+    w.U8(node.group_rank ? 1 : 0);
+    w.U32(node.group_rank.value_or(0));
+    w.U8(node.succeeded ? 1 : 0);
+    w.U8(node.departed ? 1 : 0);
+  }
+  w.U32(static_cast<uint32_t>(run.participants.size()));
+  for (const std::string& id : run.participants) w.Str(id);
+  const uint32_t roster_size = run.roster ? static_cast<uint32_t>(run.roster->size()) : 0;
+  w.U8(run.roster ? 1 : 0);
+  w.U32(roster_size);
+  if (run.roster) {
+    for (const ParticipantView& p : *run.roster) {
+      w.Str(p.node_id);
+      w.Str(p.host);
+      w.U32(p.group_rank);
+      w.U32(p.nproc);
+      w.U32(p.rank_base);
+      w.U32(p.master_port);
+    }
+  }
+  w.Str(run.store_prefix);
+  w.U32(run.world_size);
+  w.U32(run.succeeded);
+  WriteRemaining(w, run.min_reached_at, now);
+  WriteRemaining(w, run.last_call_at, now);
+  WriteRemaining(w, run.join_deadline_at, now);
+  return w.Take();
+}
+
+absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
+  codec::ByteReader r(bytes);
+  auto damaged = [](const std::string& why) {
+    return absl::DataLossError("damaged run record: " + why);
+  };
+  if (uint32_t format = r.U32(); format != kRunFormat) {
+    return damaged(absl::StrCat("format ", format, ", this daemon reads ", kRunFormat));
+  }
+  auto run = std::make_unique<Run>();
+  run->id = r.Str();
+  RunOptions& o = run->options;
+  o.min_nodes = r.U32();
+  o.max_nodes = r.U32();
+  o.max_restarts = r.U32();
+  o.last_call_timeout = Millis(r.I64());
+  o.join_timeout = Millis(r.I64());
+  o.keep_alive_interval = Millis(r.I64());
+  o.keep_alive_max_attempt = r.U32();
+  o.uniform_nproc = r.U8() != 0;
+  run->nproc = r.U32();
+  const uint8_t phase = r.U8();
+  if (phase > static_cast<uint8_t>(Phase::kClosed)) return damaged("bad phase");
+  run->phase = static_cast<Phase>(phase);
+  run->round = r.U64();
+  run->restart_count = r.U32();
+  run->last_failure = r.Str();
+  const uint8_t outcome = r.U8();
+  if (outcome > static_cast<uint8_t>(Outcome::kAborted) + 1)
+    return damaged("bad outcome");
+  if (outcome != 0) run->outcome = static_cast<Outcome>(outcome - 1);
+  run->next_seq = r.U64();
+  const uint32_t num_nodes = r.U32();
+  for (uint32_t i = 0; i < num_nodes && r.ok(); ++i) {
+    Node node;
+    node.info.node_id = r.Str();
+    node.info.host = r.Str();
+    node.info.nproc = r.U32();
+    node.info.node_rank_hint = static_cast<int32_t>(r.I64());
+    node.info.master_port = r.U32();
+    node.seq = r.U64();
+    const uint8_t role = r.U8();
+    if (role > static_cast<uint8_t>(Role::kParticipant)) return damaged("bad role");
+    node.role = static_cast<Role>(role);
+    const bool has_rank = r.U8() != 0;
+    const uint32_t rank = r.U32();
+    if (has_rank) node.group_rank = rank;
+    node.succeeded = r.U8() != 0;
+    node.departed = r.U8() != 0;
+    std::string id = node.info.node_id;
+    run->nodes.emplace(std::move(id), std::move(node));
+  }
+  const uint32_t num_participants = r.U32();
+  for (uint32_t i = 0; i < num_participants && r.ok(); ++i) {
+    run->participants.push_back(r.Str());
+  }
+  const bool has_roster = r.U8() != 0;
+  const uint32_t roster_size = r.U32();
+  if (has_roster) {
+    auto roster = std::make_shared<std::vector<ParticipantView>>();
+    for (uint32_t i = 0; i < roster_size && r.ok(); ++i) {
+      ParticipantView p;
+      p.node_id = r.Str();
+      p.host = r.Str();
+      p.group_rank = r.U32();
+      p.nproc = r.U32();
+      p.rank_base = r.U32();
+      p.master_port = r.U32();
+      roster->push_back(std::move(p));
+    }
+    run->roster = std::move(roster);
+  }
+  run->store_prefix = r.Str();
+  run->world_size = r.U32();
+  run->succeeded = r.U32();
+  run->min_reached_at = ReadRemaining(r, now);
+  const std::optional<RdzvTime> last_call = ReadRemaining(r, now);
+  const std::optional<RdzvTime> join_deadline = ReadRemaining(r, now);
+  if (!r.ok() || !r.done()) return damaged("truncated or overlong");
+  // Cross-checks, so a bad record cannot make later calls index out of range.
+  if (run->phase == Phase::kActive &&
+      (!run->roster || run->roster->size() != run->participants.size() ||
+       run->participants.empty())) {
+    return damaged(absl::StrCat("run ", run->id, " is active without a roster"));
+  }
+  if (run->phase == Phase::kClosed && !run->outcome) {
+    return damaged(absl::StrCat("run ", run->id, " is closed without an outcome"));
+  }
+  for (const std::string& id : run->participants) {
+    auto node = run->nodes.find(id);
+    if (node != run->nodes.end() &&
+        (!node->second.group_rank || *node->second.group_rank >= num_participants)) {
+      return damaged(absl::StrCat("participant ", id, " has no valid rank"));
+    }
+  }
+
+  RemoveRun(run->id);
+  Run& restored = *runs_.emplace(run->id, std::move(run)).first->second;
+  if (restored.phase == Phase::kClosed) restored.closed_at = now;
+  for (auto& [id, node] : restored.nodes) {
+    if (node.role == Role::kGathering) restored.gathering.emplace(node.seq, id);
+    if (node.role == Role::kWaiting) restored.waiting.emplace(node.seq, id);
+    if (node.departed) continue;
+    restored.live_nproc += node.info.nproc;
+    if (node.info.node_rank_hint >= 0) {
+      restored.hint_owner.emplace(node.info.node_rank_hint, id);
+    }
+    if (restored.phase != Phase::kClosed) {
+      SetLease(restored, node, now + restored.options.lease());
+    }
+  }
+  if (restored.phase == Phase::kGathering) {
+    SetRunTimer(restored, DeadlineKind::kLastCall, last_call);
+    SetRunTimer(restored, DeadlineKind::kJoinTimeout, join_deadline);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace meshrun::rdzv

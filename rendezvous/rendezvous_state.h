@@ -25,6 +25,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,6 +58,11 @@ struct NodeInfo {
   // A free port on this node for the workers' MASTER_PORT should it become
   // group rank 0 (0: none offered).
   uint32_t master_port = 0;
+  // Non-zero: the agent was a participant of this round and reconnects to it
+  // (its workers still run). Refused with NOT_FOUND unless the run is active
+  // in exactly this round with the node among its participants, so a node
+  // never resumes into a world that has moved on without it.
+  uint64_t resume_round = 0;
 };
 
 struct ParticipantView {
@@ -188,6 +194,20 @@ class RendezvousState {
   // Forgets closed runs that closed before `cutoff`; returns their ids.
   std::vector<std::string> ForgetClosedBefore(RdzvTime cutoff);
 
+  // Persistence (see state_codec). With tracking on, every call that changes
+  // a run records its id until TakeChangedRuns(); heartbeats only refresh
+  // leases, which are never persisted, and record nothing.
+  void set_track_changes(bool on) { track_changes_ = on; }
+  std::vector<std::string> TakeChangedRuns();
+  // The run without its leases; nullopt for an unknown run. Timers are
+  // stored as what remains of them at `now`.
+  std::optional<std::string> EncodeRun(const std::string& run_id, RdzvTime now) const;
+  // Adds or replaces a run from EncodeRun's bytes. Every live node gets a
+  // fresh lease from `now`, so the daemon's downtime expires nobody.
+  // DATA_LOSS when the bytes do not decode.
+  absl::Status RestoreRun(std::string_view bytes, RdzvTime now);
+  void RemoveRun(const std::string& run_id);
+
  private:
   struct Run;   // defined in rendezvous_state.cc
   struct Node;  // defined in rendezvous_state.cc
@@ -203,6 +223,8 @@ class RendezvousState {
     bool operator<(const Deadline& other) const;
   };
 
+  absl::Status CheckResume(const Run* run, const std::string& run_id,
+                           const NodeInfo& node) const;
   absl::Status Rejoin(Run& run, Node& node, const NodeInfo& info, RdzvTime now,
                       std::vector<NodeEvent>* events);
   void Enrol(Run& run, const NodeInfo& info, RdzvTime now,
@@ -223,8 +245,14 @@ class RendezvousState {
   void SetRunTimer(Run& run, DeadlineKind kind, std::optional<RdzvTime> at);
   Assignment AssignmentFor(const Run& run, uint32_t group_rank) const;
 
+  void Touch(const std::string& run_id) {
+    if (track_changes_) changed_.insert(run_id);
+  }
+
   std::map<std::string, std::unique_ptr<Run>> runs_;
   std::set<Deadline> deadlines_;
+  bool track_changes_ = false;
+  std::set<std::string> changed_;
 
  public:
   RendezvousState();

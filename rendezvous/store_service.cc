@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "rendezvous/request_validation.h"
+#include "rendezvous/state_codec.h"
 
 namespace meshrun::rdzv {
 
@@ -256,8 +257,10 @@ void StoreService::DropRunNamespaces(const std::vector<std::string>& run_ids) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Wakeup> woken;
   for (const std::string& run_id : run_ids)
-    for (const std::string& ns : store_.NamespacesWithPrefix(run_id + "/"))
+    for (const std::string& ns : store_.NamespacesWithPrefix(run_id + "/")) {
       store_.DropNamespace(ns, &woken);
+      if (log_) log_->Append(codec::DropNamespaceRecord(ns));
+    }
   DeliverLocked(woken);
 }
 
@@ -271,11 +274,17 @@ void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
   StoreResponse reply;
   std::vector<Wakeup> woken;
   bool answered;
+  StateLog::Mark durable_at;
   {
     std::lock_guard<std::mutex> lock(mu_);
     answered = ExecuteLocked(session, request, &reply, &woken);
-    DeliverLocked(woken);
+    if (log_) {
+      durable_at = log_->Now();
+    } else {
+      DeliverLocked(woken);
+    }
   }
+  if (log_) AfterDurable(durable_at, woken);
   if (answered) session->Send(std::move(reply));
 }
 
@@ -285,6 +294,7 @@ void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
   std::vector<StoreResponse> replies;
   replies.reserve(static_cast<size_t>(requests.size()));
   std::vector<Wakeup> woken;
+  StateLog::Mark durable_at;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const StoreRequest& request : requests) {
@@ -292,9 +302,31 @@ void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
       if (ExecuteLocked(session, request, &reply, &woken))
         replies.push_back(std::move(reply));
     }
-    DeliverLocked(woken);
+    if (log_) {
+      durable_at = log_->Now();
+    } else {
+      DeliverLocked(woken);
+    }
   }
+  if (log_) AfterDurable(durable_at, woken);
   session->SendAll(&replies);
+}
+
+// Waits (off mu_, so other sessions' changes share the fsync) until the log
+// holds everything this call did or read, then delivers the wakeups. A read
+// waits too: it may have seen another session's change that is not yet on
+// disk. This blocks a gRPC callback thread for about one fsync.
+void StoreService::AfterDurable(StateLog::Mark mark, std::vector<Wakeup>& woken) {
+  log_->WaitDurable(mark);
+  if (woken.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  // A waiter whose session ended meanwhile is no longer pending: skipped.
+  DeliverLocked(woken);
+}
+
+void StoreService::WithStore(const std::function<void(KvStore&)>& fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fn(store_);
 }
 
 bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request,
@@ -327,9 +359,14 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
   };
 
   switch (request.op_case()) {
-    case StoreRequest::kSet:
-      SetStatus(store_.Set(ns, request.set().key(), request.set().value(), woken), reply);
+    case StoreRequest::kSet: {
+      absl::Status status =
+          store_.Set(ns, request.set().key(), request.set().value(), woken);
+      if (log_ && status.ok())
+        log_->Append(codec::SetRecord(ns, request.set().key(), request.set().value()));
+      SetStatus(status, reply);
       break;
+    }
     case StoreRequest::kGet: {
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
@@ -339,11 +376,19 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       auto sum = store_.Add(ns, request.add().key(), request.add().delta(), woken);
       SetStatus(sum.status(), reply);
       if (sum.ok()) reply->set_number(*sum);
+      if (log_ && sum.ok())
+        log_->Append(codec::SetRecord(ns, request.add().key(), std::to_string(*sum)));
       break;
     }
     case StoreRequest::kCompareSet: {
       const auto& op = request.compare_set();
       auto value = store_.CompareSet(ns, op.key(), op.expected(), op.desired(), woken);
+      // Logged only when it wrote: the key now holds `desired`.
+      if (log_ && value.ok() && *value == op.desired()) {
+        if (auto now_held = store_.Peek(ns, op.key());
+            now_held && *now_held == op.desired())
+          log_->Append(codec::SetRecord(ns, op.key(), *now_held));
+      }
       SetStatus(value.status(), reply);
       if (value.ok()) reply->add_values(std::move(*value));
       break;
@@ -353,9 +398,12 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       TimePoint when = deadline();
       return block(store_.Wait(ns, Keys(request.wait().keys()), id, when), id, when);
     }
-    case StoreRequest::kDelete:
-      reply->set_flag(store_.Delete(ns, request.delete_().key()));
+    case StoreRequest::kDelete: {
+      const bool existed = store_.Delete(ns, request.delete_().key());
+      if (log_ && existed) log_->Append(codec::DeleteRecord(ns, request.delete_().key()));
+      reply->set_flag(existed);
       break;
+    }
     case StoreRequest::kNumKeys:
       reply->set_number(store_.NumKeys(ns));
       break;
@@ -376,14 +424,23 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       entries.reserve(request.multi_set().entries_size());
       for (const auto& kv : request.multi_set().entries())
         entries.emplace_back(kv.key(), kv.value());
-      SetStatus(store_.MultiSet(ns, entries, woken), reply);
+      absl::Status status = store_.MultiSet(ns, entries, woken);
+      if (log_ && status.ok()) {
+        for (const auto& [key, value] : entries)
+          log_->Append(codec::SetRecord(ns, key, value));
+      }
+      SetStatus(status, reply);
       break;
     }
-    case StoreRequest::kAppend:
-      SetStatus(
-          store_.Append(ns, request.append().key(), request.append().value(), woken),
-          reply);
+    case StoreRequest::kAppend: {
+      absl::Status status =
+          store_.Append(ns, request.append().key(), request.append().value(), woken);
+      if (log_ && status.ok())
+        log_->Append(
+            codec::AppendRecord(ns, request.append().key(), request.append().value()));
+      SetStatus(status, reply);
       break;
+    }
     case StoreRequest::OP_NOT_SET:
       SetStatus(absl::InvalidArgumentError("store request names no operation"), reply);
       break;

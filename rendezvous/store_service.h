@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -25,6 +26,7 @@
 #include "rendezvous/deadline_timer.h"
 #include "rendezvous/kv_store.h"
 #include "rendezvous/request_validation.h"
+#include "rendezvous/state_log.h"
 
 namespace meshrun::rdzv {
 
@@ -65,6 +67,13 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // fail with ABORTED.
   void DropRunNamespaces(const std::vector<std::string>& run_ids);
 
+  // --state-dir: every change is logged, and no reply (nor a wakeup it
+  // causes) leaves before the log holds it. REQUIRES: before serving; `log`
+  // must remain live while the service is.
+  void set_state_log(StateLog* log) { log_ = log; }
+  // Runs `fn` on the store under the service's lock (restore, snapshots).
+  void WithStore(const std::function<void(KvStore&)>& fn);
+
   // One client stream, of either protocol; defined in the .cc.
   class ReplySink;
   template <typename In, typename Out>
@@ -90,6 +99,8 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   void EndSession(ReplySink* session);
   // REQUIRES: mu_ held.
   void DeliverLocked(std::vector<Wakeup>& woken);
+  // REQUIRES: log_ set, mu_ not held.
+  void AfterDurable(StateLog::Mark mark, std::vector<Wakeup>& woken);
   std::optional<TimePoint> Expire(TimePoint now);
 
   const StoreServiceOptions options_;
@@ -103,6 +114,7 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   uint64_t sessions_open_ = 0;                                           // guarded by mu_
   std::atomic<uint64_t> ops_{0};
   std::unique_ptr<DeadlineTimer> timer_;
+  StateLog* log_ = nullptr;
 };
 
 }  // namespace meshrun::rdzv

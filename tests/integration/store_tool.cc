@@ -3,6 +3,7 @@
 // the environment, as a worker's do (MESHRUN_RDZV_TOKEN(_FILE), MESHRUN_RDZV_TLS_*).
 //   store_tool ENDPOINT NS set KEY VALUE
 //   store_tool ENDPOINT NS wait KEY TIMEOUT_MS   (prints "waiting" first)
+//   store_tool ENDPOINT NS get KEY TIMEOUT_MS    (prints the value)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -38,6 +39,10 @@ int main(int argc, char** argv) {
     std::printf("waiting\n");
     std::fflush(stdout);
     status = (*client)->Wait({argv[4]}, std::chrono::milliseconds(std::stol(argv[5])));
+  } else if (op == "get" && argc == 6) {
+    auto value = (*client)->Get(argv[4], std::chrono::milliseconds(std::stol(argv[5])));
+    status = value.status();
+    if (value.ok()) std::printf("value=%s\n", value->c_str());
   } else {
     std::fprintf(stderr, "store_tool: bad arguments\n");
     return 2;
