@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio.hpp>
 #include <condition_variable>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <thread>
 
 #include "agent/agent_state.h"
+#include "agent/backoff.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
 #include "rendezvous/rendezvous_client.h"
@@ -122,7 +124,9 @@ class Agent {
       : options_(options),
         state_(options.nproc),
         signals_(io_),
-        workers_(io_, [this](const WorkerExit& exit) { OnWorkerExit(exit); }) {}
+        workers_(io_, [this](const WorkerExit& exit) { OnWorkerExit(exit); }),
+        lease_timer_(io_),
+        grace_(ReconnectGrace(options)) {}
 
   int Run() {
     for (int number : options_.signals_to_handle) signals_.add(number);
@@ -172,37 +176,119 @@ class Agent {
     });
   }
 
-  void Join() {
+  static std::chrono::milliseconds ReconnectGrace(const AgentOptions& options) {
+    if (options.reconnect_grace) return *options.reconnect_grace;
+    const auto& config = options.run_config;
+    const int64_t interval =
+        config.keep_alive_interval_ms() > 0 ? config.keep_alive_interval_ms() : 5000;
+    const int64_t attempts =
+        config.keep_alive_max_attempt() > 0 ? config.keep_alive_max_attempt() : 3;
+    return std::chrono::milliseconds(interval * attempts);
+  }
+
+  v1::JoinRequest MakeJoin(uint64_t resume_round) const {
     v1::JoinRequest join;
     join.set_run_id(options_.run_id);
     join.set_node_id(options_.node_id);
     join.set_host(options_.host);
     join.set_nproc(static_cast<uint32_t>(options_.nproc));
     join.set_node_rank_hint(options_.node_rank_hint);
+    // The same port on every (re)join, so a resumed node's details match.
     join.set_master_port(static_cast<uint32_t>(master_port_));
+    join.set_resume_round(resume_round);
     *join.mutable_config() = options_.run_config;
-    session_ = client_->Join(join);
+    return join;
+  }
+
+  void Join() {
+    last_contact_ = std::chrono::steady_clock::now();
+    ArmLeaseTimer();
     reader_ = std::thread([this] { ReadRendezvous(); });
     heartbeat_ = std::thread([this] { Heartbeat(); });
   }
 
-  // Runs on its own thread: turns the daemon's pushes into events on io_.
+  // Codes after which re-opening the stream cannot help: the daemon refused
+  // this node (bad or conflicting options, a newer join of the same node,
+  // credentials).
+  static bool Definitive(absl::StatusCode code) {
+    switch (code) {
+      case absl::StatusCode::kUnavailable:
+      case absl::StatusCode::kCancelled:
+      case absl::StatusCode::kUnknown:
+      case absl::StatusCode::kInternal:
+      case absl::StatusCode::kDeadlineExceeded:
+        return false;
+      default:
+        return true;
+    }
+  }
+
+  // Runs on its own thread: holds the Join stream open and turns the
+  // daemon's pushes into events on io_. When the stream breaks, the workers
+  // keep running and the stream is re-opened with backoff, resuming this
+  // node's round, until the lease watchdog (on io_) gives up.
   void ReadRendezvous() {
+    Backoff backoff(std::chrono::milliseconds(100), std::chrono::milliseconds(2000),
+                    std::hash<std::string>{}(options_.node_id) ^
+                        static_cast<uint64_t>(
+                            std::chrono::steady_clock::now().time_since_epoch().count()));
+    uint64_t refused_round = 0;
     while (true) {
-      auto next = session_->Next(std::chrono::hours(24 * 365));
-      if (!next.ok()) {
-        if (next.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
-        std::string reason(next.status().message());
+      uint64_t resume = resume_round_.load();
+      if (resume == refused_round) resume = 0;
+      rdzv::RendezvousClient::JoinSession* session = nullptr;
+      std::unique_ptr<rdzv::RendezvousClient::JoinSession> old;
+      {
+        std::lock_guard<std::mutex> lock(stop_mu_);
+        if (stop_threads_) return;
+        old = std::move(session_);
+        session_ = client_->Join(MakeJoin(resume));
+        session = session_.get();
+      }
+      old.reset();  // waits for its call to end; not under stop_mu_
+      absl::Status ended;
+      while (true) {
+        auto next = session->Next(std::chrono::hours(24 * 365));
+        if (!next.ok()) {
+          if (next.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+          ended = next.status();
+          break;
+        }
+        backoff.Reset();
+        v1::RendezvousEvent pushed = std::move(*next);
+        bool terminal = pushed.has_closed();
+        boost::asio::post(io_, [this, pushed] { OnRendezvousEvent(pushed); });
+        if (terminal) return;
+      }
+      if (Stopping()) return;
+      std::string reason(ended.message());
+      if (ended.code() == absl::StatusCode::kNotFound && resume != 0) {
+        // The daemon does not know this node in that round: stop the
+        // workers and join afresh at once.
+        refused_round = resume;
+        boost::asio::post(io_, [this, reason] {
+          if (closed_ || left_) return;
+          spdlog::warn("{}; stopping the workers and joining afresh", reason);
+          Dispatch(event::RoundLost{reason});
+        });
+        continue;
+      }
+      if (Definitive(ended.code())) {
         boost::asio::post(io_, [this, reason] {
           if (!closed_ && !left_) Dispatch(event::RendezvousLost{reason});
         });
         return;
       }
-      v1::RendezvousEvent pushed = std::move(*next);
-      bool terminal = pushed.has_closed();
-      boost::asio::post(io_, [this, pushed] { OnRendezvousEvent(pushed); });
-      if (terminal) return;
+      boost::asio::post(io_, [this, reason] { OnDisconnected(reason); });
+      std::unique_lock<std::mutex> lock(stop_mu_);
+      if (stop_cv_.wait_for(lock, backoff.Next(), [this] { return stop_threads_; }))
+        return;
     }
+  }
+
+  bool Stopping() {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    return stop_threads_;
   }
 
   void Heartbeat() {
@@ -210,24 +296,70 @@ class Agent {
         std::chrono::milliseconds(options_.run_config.keep_alive_interval_ms() > 0
                                       ? options_.run_config.keep_alive_interval_ms()
                                       : 5000);
+    bool failing = false;
     std::unique_lock<std::mutex> lock(stop_mu_);
     while (!stop_threads_) {
       if (stop_cv_.wait_for(lock, interval, [this] { return stop_threads_; })) break;
       lock.unlock();
       auto reply = client_->Heartbeat(options_.run_id, options_.node_id);
-      if (reply.status().code() == absl::StatusCode::kNotFound) {
-        // The daemon dropped this node (its lease ran out): the others have
-        // re-formed without it, so its workers must not train on.
-        boost::asio::post(io_, [this] {
-          if (!closed_ && !left_)
-            Dispatch(event::RendezvousLost{"this node's lease expired at the daemon"});
-        });
-      } else if (!reply.ok()) {
+      lock.lock();
+      if (reply.ok()) {
+        failing = false;
+        boost::asio::post(io_, [this] { OnContact(); });
+      } else if (reply.status().code() == absl::StatusCode::kNotFound) {
+        // The daemon does not know this node (its lease ran out, or the
+        // daemon restarted without its state). Re-open the stream: the
+        // resume answers whether this node's round still exists.
+        if (session_) session_->Cancel();
+      } else if (!failing) {
+        failing = true;
         spdlog::warn("heartbeat to {} failed: {}", options_.rdzv_endpoint,
                      std::string(reply.status().message()));
       }
-      lock.lock();
     }
+  }
+
+  // A sign of life from the daemon: it knows this node.
+  void OnContact() {
+    last_contact_ = std::chrono::steady_clock::now();
+    if (disconnected_) {
+      disconnected_ = false;
+      spdlog::info("reconnected to the rendezvous daemon at {}", options_.rdzv_endpoint);
+    }
+  }
+
+  void OnDisconnected(const std::string& reason) {
+    if (closed_ || left_ || disconnected_) return;
+    disconnected_ = true;
+    spdlog::warn(
+        "lost the rendezvous daemon at {} ({}); the workers keep running while "
+        "reconnecting, for up to {:.1f} s",
+        options_.rdzv_endpoint, reason,
+        std::chrono::duration<double>(last_contact_ + grace_ -
+                                      std::chrono::steady_clock::now())
+            .count());
+  }
+
+  // The agent's lease: without a sign of life from the daemon for grace_,
+  // the workers stop (a cut-off node must not train on while the others
+  // re-form without it) and the agent exits.
+  void ArmLeaseTimer() {
+    lease_timer_.expires_at(last_contact_ + grace_);
+    lease_timer_.async_wait([this](const boost::system::error_code& error) {
+      if (error) return;
+      if (std::chrono::steady_clock::now() < last_contact_ + grace_) {
+        ArmLeaseTimer();
+        return;
+      }
+      if (closed_ || left_) return;
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.1f",
+                    std::chrono::duration<double>(grace_).count());
+      Dispatch(event::LeaseExpired{
+          std::string("lost the rendezvous daemon at ") + options_.rdzv_endpoint +
+          ": no successful heartbeat for " + seconds +
+          " s (--rdzv-reconnect-grace); stopped this node's workers"});
+    });
   }
 
   void StopBackgroundThreads() {
@@ -236,12 +368,27 @@ class Agent {
       stop_threads_ = true;
     }
     stop_cv_.notify_all();
+    lease_timer_.cancel();
     if (heartbeat_.joinable()) heartbeat_.join();
-    if (session_) session_->Cancel();
+    {
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      if (session_) session_->Cancel();
+    }
     if (reader_.joinable()) reader_.join();
   }
 
   void OnRendezvousEvent(const v1::RendezvousEvent& pushed) {
+    OnContact();
+    if (pushed.has_assigned() && unreported_failure_ &&
+        pushed.assigned().round() == unreported_failure_->round) {
+      // The daemon (restarted, or reached again) still runs the round whose
+      // failure it never heard of: tell it now; the re-form follows.
+      auto verdict =
+          client_->ReportFailure(options_.run_id, options_.node_id,
+                                 unreported_failure_->round, unreported_failure_->detail);
+      if (verdict.ok()) unreported_failure_.reset();
+      return;
+    }
     if (pushed.has_assigned()) {
       const auto& a = pushed.assigned();
       RoundInfo round;
@@ -311,6 +458,7 @@ class Agent {
 
   void Dispatch(const Event& event) {
     for (const Action& action : state_.Step(event)) Perform(action);
+    resume_round_.store(state_.resumable_round().value_or(0));
   }
 
   void Perform(const Action& action) {
@@ -332,6 +480,8 @@ class Agent {
       if (!verdict.ok()) {
         spdlog::error("cannot report the failure to the daemon: {}",
                       std::string(verdict.status().message()));
+        // Sent again when the daemon re-sends this round's assignment.
+        unreported_failure_ = UnreportedFailure{failure->round, detail};
       } else if (verdict->will_restart()) {
         spdlog::warn("worker failed; restarting the run (restart {} of {})",
                      verdict->restart_count(), options_.run_config.max_restarts());
@@ -472,12 +622,25 @@ class Agent {
   WorkerGroup workers_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
-  std::unique_ptr<rdzv::RendezvousClient::JoinSession> session_;
   std::thread reader_;
   std::thread heartbeat_;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stop_threads_ = false;  // guarded by stop_mu_
+  // The current Join stream; replaced by the reader when it reconnects.
+  std::unique_ptr<rdzv::RendezvousClient::JoinSession> session_;  // guarded by stop_mu_
+  // The round a reconnecting join resumes (0: none); written on io_.
+  std::atomic<uint64_t> resume_round_{0};
+  // The lease watchdog and what it watches (io_ thread only).
+  boost::asio::steady_timer lease_timer_;
+  const std::chrono::milliseconds grace_;
+  std::chrono::steady_clock::time_point last_contact_;
+  bool disconnected_ = false;
+  struct UnreportedFailure {
+    uint64_t round;
+    std::string detail;
+  };
+  std::optional<UnreportedFailure> unreported_failure_;
   bool closed_ = false;
   bool left_ = false;
   int master_port_ = 0;

@@ -50,6 +50,11 @@ struct AgentOptions {
   std::string prefix_template = "[${role_name}${local_rank}]:";
   std::set<int> local_ranks_filter;  // empty: every local rank on the console
   std::chrono::milliseconds shutdown_timeout{30000};
+  // How long the workers keep running without a successful heartbeat (the
+  // daemon restarting, or this node cut off) while the agent reconnects;
+  // then they are stopped and the agent exits with kLeaseExpiredExitCode.
+  // Unset: keep_alive_interval x keep_alive_max_attempt, the daemon's lease.
+  std::optional<std::chrono::milliseconds> reconnect_grace;
   std::vector<int> signals_to_handle;
 };
 

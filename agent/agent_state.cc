@@ -95,15 +95,17 @@ std::vector<Action> AgentState::Step(const Event& event) {
             actions.insert(actions.end(), exit.begin(), exit.end());
             return actions;
           },
-          [&](const event::RendezvousLost& e) -> std::vector<Action> {
-            // Already on the way out (a signal, a close): that reason stands.
-            if (exit_after_stop_) return {};
-            std::string summary = "lost the rendezvous: " + e.reason;
-            if (phase_ == Phase::kRunning || phase_ == Phase::kStopping) {
-              exit_after_stop_ = action::Exit{1, summary};
-              return BeginStop(SIGTERM);
-            }
-            return ExitNow(1, std::move(summary));
+          [&](const event::RendezvousLost& e) {
+            return GiveUp(1, "lost the rendezvous: " + e.reason);
+          },
+          [&](const event::LeaseExpired& e) {
+            return GiveUp(kLeaseExpiredExitCode, e.reason);
+          },
+          [&](const event::RoundLost&) -> std::vector<Action> {
+            // Like a re-form, but decided by this node: its round is gone.
+            if (phase_ == Phase::kRunning) return BeginStop(SIGTERM);
+            if (phase_ == Phase::kSucceeded) phase_ = Phase::kJoining;
+            return {};
           },
       },
       event);
@@ -113,8 +115,11 @@ std::vector<Action> AgentState::OnAssigned(const RoundInfo& round) {
   switch (phase_) {
     case Phase::kJoining:
     case Phase::kSucceeded:
+      // A re-sent assignment of the round we finished (the agent reconnected):
+      // report the success again, since the first report may have been lost
+      // with the daemon. The daemon counts it once.
       if (current_ && round.round == current_->round && phase_ == Phase::kSucceeded)
-        return {};  // a re-sent assignment of the round we finished
+        return {action::ReportSuccess{round.round}};
       current_ = round;
       phase_ = Phase::kRunning;
       live_workers_ = nproc_;
@@ -168,6 +173,22 @@ std::vector<Action> AgentState::OnStopped() {
     return OnAssigned(round);
   }
   return {};
+}
+
+std::vector<Action> AgentState::GiveUp(int code, std::string summary) {
+  // Already on the way out (a signal, a close): that reason stands.
+  if (exit_after_stop_) return {};
+  if (phase_ == Phase::kRunning || phase_ == Phase::kStopping) {
+    exit_after_stop_ = action::Exit{code, std::move(summary)};
+    return BeginStop(SIGTERM);
+  }
+  return ExitNow(code, std::move(summary));
+}
+
+std::optional<uint64_t> AgentState::resumable_round() const {
+  if ((phase_ == Phase::kRunning || phase_ == Phase::kSucceeded) && current_)
+    return current_->round;
+  return std::nullopt;
 }
 
 std::vector<Action> AgentState::BeginStop(int signal) {

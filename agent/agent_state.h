@@ -63,15 +63,33 @@ struct WorkersStopped {};
 struct Signal {
   int number;
 };
-// The Join stream ended without a close (daemon gone, refused join).
+// The Join stream ended without a close and cannot be re-opened (a refused
+// join, a closed run).
 struct RendezvousLost {
+  std::string reason;
+};
+// The daemon answered that it does not know this node in its round (it
+// restarted without --state-dir, or the others re-formed without this node
+// while it was cut off). The workers of that round must stop; the adapter
+// joins afresh, and the assignment it gets starts the next ones.
+struct RoundLost {
+  std::string reason;
+};
+// No successful heartbeat for the agent's lease (the reconnect grace): the
+// daemon is gone or this node is cut off from it. The others re-form without
+// this node, so its workers must not train on.
+struct LeaseExpired {
   std::string reason;
 };
 }  // namespace event
 
-using Event =
-    std::variant<event::Assigned, event::Reform, event::Closed, event::WorkerExited,
-                 event::WorkersStopped, event::Signal, event::RendezvousLost>;
+using Event = std::variant<event::Assigned, event::Reform, event::Closed,
+                           event::WorkerExited, event::WorkersStopped, event::Signal,
+                           event::RendezvousLost, event::RoundLost, event::LeaseExpired>;
+
+// meshrun's exit code when it gave up on an unreachable daemon after its
+// lease (sysexits' EX_TEMPFAIL: the job may be retried).
+inline constexpr int kLeaseExpiredExitCode = 75;
 
 namespace action {
 struct StartWorkers {
@@ -119,12 +137,17 @@ class AgentState {
   // The first local failure of the run, if any (the summary's root cause
   // when the daemon has none).
   const std::optional<ExitInfo>& first_failure() const { return first_failure_; }
+  // The round whose workers run or finished on this node: the round a
+  // reconnecting agent resumes. nullopt while joining or stopping.
+  std::optional<uint64_t> resumable_round() const;
 
  private:
   std::vector<Action> OnAssigned(const RoundInfo& round);
   std::vector<Action> OnWorkerExited(const ExitInfo& exit);
   std::vector<Action> OnStopped();
   std::vector<Action> BeginStop(int signal);
+  // Stops the workers (if any) and exits with `code`.
+  std::vector<Action> GiveUp(int code, std::string summary);
   std::vector<Action> ExitNow(int code, std::string summary);
 
   const int nproc_;

@@ -66,6 +66,7 @@ enum FlagId {
   kMasterPort,
   kLocalAddr,
   kShutdownTimeout,
+  kRdzvReconnectGrace,
   kSignalsToHandle,
   kLogLinePrefixTemplate,
   kSlurm,
@@ -137,6 +138,10 @@ constexpr FlagDef kFlags[] = {
      "Address other nodes reach this node by (default: this host's FQDN)."},
     {"--shutdown-timeout", "", true, "SECONDS", "30",
      "Grace period between SIGTERM and SIGKILL when stopping workers."},
+    {"--rdzv-reconnect-grace", "", true, "SECONDS", "",
+     "How long the workers keep running while the daemon is unreachable (the "
+     "agent reconnects meanwhile); then they are stopped and meshrun exits 75. "
+     "Default: keep_alive_interval x keep_alive_max_attempt."},
     {"--signals-to-handle", "", true, "LIST", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "Signals forwarded to the workers."},
     {"--log-line-prefix-template", "", true, "TEMPLATE", "[${role_name}${local_rank}]:",
@@ -892,6 +897,15 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
       return FlagError(id, given, Got("a non-negative number of seconds", given.text));
     }
     *field = *seconds;
+  }
+
+  if (Given grace = flags.GetOr(kRdzvReconnectGrace); !grace.text.empty()) {
+    std::optional<std::chrono::milliseconds> seconds = ParseSeconds(grace.text);
+    if (!seconds || seconds->count() == 0) {
+      return FlagError(kRdzvReconnectGrace, grace,
+                       Got("a positive number of seconds", grace.text));
+    }
+    config->reconnect_grace = *seconds;
   }
 
   Given start_method = flags.GetOr(kStartMethod);

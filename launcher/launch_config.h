@@ -165,6 +165,9 @@ struct LaunchConfig {
   // --shutdown-timeout: grace between SIGTERM and SIGKILL when stopping
   // workers.
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};
+  // --rdzv-reconnect-grace: how long workers run on while the daemon is
+  // unreachable; unset: the lease (keep_alive_interval x max_attempt).
+  std::optional<std::chrono::milliseconds> reconnect_grace;
   // --signals-to-handle as signal numbers, in the order given, no repeats.
   std::vector<int> signals_to_handle;
   // --log-line-prefix-template: console prefix of worker output lines, with

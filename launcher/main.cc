@@ -245,6 +245,7 @@ int Main(int argc, char** argv) {
   options.prefix_template = config.log_line_prefix_template;
   options.local_ranks_filter = config.local_ranks_filter;
   options.shutdown_timeout = config.shutdown_timeout;
+  options.reconnect_grace = config.reconnect_grace;
   options.signals_to_handle = config.signals_to_handle;
 
   int code = agent::RunAgent(options);

@@ -316,9 +316,8 @@ absl::Status RendezvousState::CheckResume(const Run* run, const std::string& run
                                             " of run ", run_id, ": ", why));
   };
   if (run == nullptr) return unknown("the daemon does not know the run");
-  if (run->phase == Phase::kClosed) {
-    return unknown(absl::StrCat("the run is closed (", ToString(*run->outcome), ")"));
-  }
+  // An ended run answers with its outcome (see Join), like any late node.
+  if (run->phase == Phase::kClosed) return absl::OkStatus();
   if (run->phase != Phase::kActive || run->round != node.resume_round) {
     return unknown(absl::StrCat("the run is ",
                                 run->phase == Phase::kActive ? "active" : "gathering",
@@ -979,6 +978,7 @@ std::optional<std::string> RendezvousState::EncodeRun(const std::string& run_id,
   w.U64(run.round);
   w.U32(run.restart_count);
   w.Str(run.last_failure);
+  w.Str(run.close_reason);
   w.U8(run.outcome ? static_cast<uint8_t>(*run.outcome) + 1 : 0);
   w.U64(run.next_seq);
   w.U32(static_cast<uint32_t>(run.nodes.size()));
@@ -1045,6 +1045,7 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
   run->round = r.U64();
   run->restart_count = r.U32();
   run->last_failure = r.Str();
+  run->close_reason = r.Str();
   const uint8_t outcome = r.U8();
   if (outcome > static_cast<uint8_t>(Outcome::kAborted) + 1)
     return damaged("bad outcome");

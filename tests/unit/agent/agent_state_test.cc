@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include "agent/backoff.h"
+
 namespace meshrun::agent {
 namespace {
 
@@ -157,6 +159,93 @@ TEST(AgentStateTest, LostRendezvousStopsWorkersAndFails) {
   actions = state.Step(event::WorkersStopped{});
   EXPECT_EQ(Find<action::Exit>(actions)->code, 1);
   EXPECT_NE(Find<action::Exit>(actions)->summary.find("daemon gone"), std::string::npos);
+}
+
+// The daemon restarted or this node reconnected: the re-sent assignment of
+// the running round changes nothing.
+TEST(AgentStateTest, ResentAssignmentOfTheRunningRoundKeepsTheWorkers) {
+  AgentState state(2);
+  state.Step(event::Assigned{Round(3)});
+  EXPECT_EQ(state.resumable_round(), 3u);
+  EXPECT_TRUE(state.Step(event::Assigned{Round(3)}).empty());
+  EXPECT_EQ(state.phase(), AgentState::Phase::kRunning);
+}
+
+TEST(AgentStateTest, ResentAssignmentAfterSuccessReportsTheSuccessAgain) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(2)});
+  ASSERT_NE(Find<action::ReportSuccess>(state.Step(event::WorkerExited{Exit(0, 0)})),
+            nullptr);
+  EXPECT_EQ(state.resumable_round(), 2u);
+  auto actions = state.Step(event::Assigned{Round(2)});
+  ASSERT_EQ(actions.size(), 1u);
+  ASSERT_NE(Find<action::ReportSuccess>(actions), nullptr);
+  EXPECT_EQ(Find<action::ReportSuccess>(actions)->round, 2u);
+  EXPECT_EQ(state.phase(), AgentState::Phase::kSucceeded);
+}
+
+TEST(AgentStateTest, LeaseExpiredStopsTheWorkersThenExitsWithItsCode) {
+  AgentState state(2);
+  state.Step(event::Assigned{Round(1)});
+  auto actions = state.Step(event::LeaseExpired{"no heartbeat for 3 s"});
+  ASSERT_NE(Find<action::StopWorkers>(actions), nullptr);
+  EXPECT_EQ(Find<action::Exit>(actions), nullptr);
+  EXPECT_EQ(state.resumable_round(), std::nullopt);
+  actions = state.Step(event::WorkersStopped{});
+  const auto* exit = Find<action::Exit>(actions);
+  ASSERT_NE(exit, nullptr);
+  EXPECT_EQ(exit->code, kLeaseExpiredExitCode);
+  EXPECT_EQ(exit->summary, "no heartbeat for 3 s");
+}
+
+TEST(AgentStateTest, LeaseExpiredWhileJoiningExitsAtOnce) {
+  AgentState state(1);
+  auto actions = state.Step(event::LeaseExpired{"gone"});
+  const auto* exit = Find<action::Exit>(actions);
+  ASSERT_NE(exit, nullptr);
+  EXPECT_EQ(exit->code, kLeaseExpiredExitCode);
+}
+
+TEST(AgentStateTest, RoundLostStopsTheWorkersAndTheNextAssignmentStartsThem) {
+  AgentState state(2);
+  state.Step(event::Assigned{Round(4, 1)});
+  auto actions = state.Step(event::RoundLost{"unknown run"});
+  ASSERT_NE(Find<action::StopWorkers>(actions), nullptr);
+  EXPECT_EQ(Find<action::Exit>(actions), nullptr);
+  // The fresh join's assignment may arrive while the workers still stop; a
+  // restarted daemon numbers rounds from 1 again.
+  EXPECT_TRUE(state.Step(event::Assigned{Round(1)}).empty());
+  actions = state.Step(event::WorkersStopped{});
+  const auto* start = Find<action::StartWorkers>(actions);
+  ASSERT_NE(start, nullptr);
+  EXPECT_EQ(start->round.round, 1u);
+}
+
+TEST(AgentStateTest, RoundLostAfterSuccessWaitsForTheNextRound) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(1)});
+  state.Step(event::WorkerExited{Exit(0, 0)});
+  EXPECT_TRUE(state.Step(event::RoundLost{"unknown run"}).empty());
+  EXPECT_EQ(state.phase(), AgentState::Phase::kJoining);
+  ASSERT_NE(Find<action::StartWorkers>(state.Step(event::Assigned{Round(1)})), nullptr);
+}
+
+TEST(BackoffTest, GrowsExponentiallyWithJitterUpToTheCap) {
+  Backoff backoff(std::chrono::milliseconds(100), std::chrono::milliseconds(1000), 7);
+  const int64_t highs[] = {100, 200, 400, 800, 1000, 1000};
+  for (int64_t high : highs) {
+    const int64_t d = backoff.Next().count();
+    EXPECT_GE(d, high / 2);
+    EXPECT_LE(d, high);
+  }
+  backoff.Reset();
+  EXPECT_LE(backoff.Next().count(), 100);
+  // Jitter: two agents seeded differently do not wait the same times.
+  Backoff a(std::chrono::milliseconds(1000), std::chrono::milliseconds(8000), 1);
+  Backoff b(std::chrono::milliseconds(1000), std::chrono::milliseconds(8000), 2);
+  int same = 0;
+  for (int i = 0; i < 8; ++i) same += a.Next() == b.Next();
+  EXPECT_LT(same, 8);
 }
 
 }  // namespace

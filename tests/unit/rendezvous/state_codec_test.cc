@@ -245,8 +245,16 @@ TEST(StateCodec, ClosedRunStaysClosed) {
   RendezvousState restored;
   ASSERT_TRUE(restored.RestoreRun(*state.EncodeRun("job", At(100)), At(500)).ok());
   EXPECT_EQ(restored.Summary("job")->outcome, Outcome::kFailed);
-  EXPECT_EQ(restored.Join("job", Node("d"), Opts(2, 2), At(600), nullptr).code(),
-            absl::StatusCode::kFailedPrecondition);
+  // A late node, or a participant resuming, learns the outcome and its reason.
+  for (uint64_t resume : {0, 1}) {
+    std::vector<NodeEvent> events;
+    ASSERT_TRUE(
+        restored.Join("job", Node("a", resume), Opts(2, 2), At(600), &events).ok());
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_EQ(events[0].kind, Kind::kClosed);
+    EXPECT_EQ(events[0].outcome, Outcome::kFailed);
+    EXPECT_NE(events[0].detail.find("gave up"), std::string::npos) << events[0].detail;
+  }
   std::vector<NodeEvent> events;
   restored.Tick(At(100000), &events);
   EXPECT_TRUE(events.empty());
