@@ -120,7 +120,12 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   server_->Wait();
   server_.reset();
   // Everything the last calls changed reaches the disk before we return.
-  if (state_log_) state_log_->Stop();
+  if (state_log_) {
+    state_log_->Stop();
+    const StateLog::Stats stats = state_log_->stats();
+    spdlog::info("state log: {} records, {} bytes in {} fsyncs, {} snapshots",
+                 stats.records, stats.bytes, stats.fsyncs, stats.snapshots);
+  }
 }
 
 }  // namespace meshrun::rdzv

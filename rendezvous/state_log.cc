@@ -224,8 +224,26 @@ StateLog::Mark StateLog::Now() {
 
 void StateLog::WaitDurable(Mark mark) {
   std::unique_lock<std::mutex> lock(mu_);
-  durable_cv_.wait(
-      lock, [&] { return durable_seq_ >= mark.seq && durable_pokes_ >= mark.pokes; });
+  durable_cv_.wait(lock, [&] { return DurableLocked(mark); });
+}
+
+void StateLog::WhenDurable(Mark mark, std::function<void()> done) {
+  std::lock_guard<std::mutex> lock(mu_);
+  callbacks_.emplace_back(mark, std::move(done));
+  work_cv_.notify_one();
+}
+
+std::vector<std::function<void()>> StateLog::TakeReadyLocked() {
+  std::vector<std::function<void()>> ready;
+  for (auto it = callbacks_.begin(); it != callbacks_.end();) {
+    if (DurableLocked(it->first)) {
+      ready.push_back(std::move(it->second));
+      it = callbacks_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ready;
 }
 
 void StateLog::Poke() {
@@ -237,6 +255,15 @@ void StateLog::Poke() {
 StateLog::Stats StateLog::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
+}
+
+void StateLog::RunReady() {
+  std::vector<std::function<void()>> ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready = TakeReadyLocked();
+  }
+  for (auto& done : ready) done();
 }
 
 void StateLog::Fatal(const std::string& what) {
@@ -255,7 +282,8 @@ void StateLog::FlushLoop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] {
-        return stopping_ || pokes_ != durable_pokes_ || !pending_.empty();
+        return stopping_ || pokes_ != durable_pokes_ || !pending_.empty() ||
+               (!callbacks_.empty() && DurableLocked(callbacks_.front().first));
       });
       stopping = stopping_;
       // Every change poked up to here is collected below.
@@ -285,6 +313,7 @@ void StateLog::FlushLoop() {
       }
     }
     durable_cv_.notify_all();
+    RunReady();
 
     if (wal_bytes_ >= snapshot_after_bytes_ && snapshot_) {
       uint64_t covered = 0;
@@ -301,10 +330,11 @@ void StateLog::FlushLoop() {
         durable_seq_ = std::max(durable_seq_, covered);
       }
       durable_cv_.notify_all();
+      RunReady();
     }
     if (stopping) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (pending_.empty()) return;
+      if (pending_.empty() && callbacks_.empty()) return;
     }
   }
 }

@@ -19,6 +19,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -79,6 +80,11 @@ class StateLog {
   Mark Now();
   // Blocks until everything in `mark` is on disk.
   void WaitDurable(Mark mark);
+  // Runs `done` on the flusher thread once everything in `mark` is on disk.
+  // Callbacks run in the order they were registered when their marks allow,
+  // so one caller's replies keep their order. `done` may take a service's
+  // mutex (not the log's).
+  void WhenDurable(Mark mark, std::function<void()> done);
   // Something is waiting for Collect.
   void Poke();
 
@@ -93,6 +99,14 @@ class StateLog {
  private:
   StateLog() = default;
   void FlushLoop();
+  // REQUIRES: mu_ held.
+  bool DurableLocked(const Mark& mark) const {
+    return durable_seq_ >= mark.seq && durable_pokes_ >= mark.pokes;
+  }
+  // Takes the callbacks whose marks are durable, keeping the others' order.
+  std::vector<std::function<void()>> TakeReadyLocked();
+  // Runs the ready callbacks, without mu_ held.
+  void RunReady();
   // Writes the snapshot for generation `gen`, starts wal.<gen>, drops the
   // previous generation. Flusher thread (or Open) only.
   absl::Status InstallSnapshot(const std::string& bytes, uint64_t gen);
@@ -120,6 +134,7 @@ class StateLog {
   bool stopping_ = false;               // guarded by mu_
   bool stopped_ = false;                // guarded by mu_
   Stats stats_;                         // guarded by mu_
+  std::deque<std::pair<Mark, std::function<void()>>> callbacks_;  // guarded by mu_
 };
 
 }  // namespace meshrun::rdzv

@@ -50,6 +50,11 @@ class StoreService::ReplySink {
   // Queue replies. May be called from any thread until EndSession() ran.
   virtual void Send(StoreResponse reply) = 0;
   virtual void SendAll(std::vector<StoreResponse>* replies) = 0;
+  // --state-dir: replies wait for the log. Hold() keeps the stream from
+  // finishing (so the session outlives the wait); SendHeld() queues the
+  // replies and lets it finish again.
+  virtual void Hold() = 0;
+  virtual void SendHeld(std::vector<StoreResponse>* replies) = 0;
 };
 
 // One client stream of either protocol: In/Out are StoreRequest/StoreResponse
@@ -90,6 +95,27 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
       to_write = StartWritingLocked();
     }
     if (to_write) this->StartWrite(to_write);
+  }
+
+  void Hold() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++holds_;
+  }
+
+  void SendHeld(std::vector<StoreResponse>* replies) override {
+    Out* to_write = nullptr;
+    bool finish;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --holds_;
+      if (!finished_ && !write_failed_) {
+        for (auto& reply : *replies) QueueLocked(std::move(reply));
+        to_write = StartWritingLocked();
+      }
+      finish = ShouldFinishLocked();
+    }
+    if (to_write) this->StartWrite(to_write);
+    if (finish) this->Finish(finish_status_);
   }
 
   void OnReadDone(bool ok) override {
@@ -207,7 +233,7 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
 
   // REQUIRES: mu_ held. True exactly once: when the caller must Finish().
   bool ShouldFinishLocked() {
-    if (finished_ || !reading_done_ || writing_) return false;
+    if (finished_ || !reading_done_ || writing_ || holds_ > 0) return false;
     finished_ = true;
     return true;
   }
@@ -223,6 +249,7 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
   bool read_paused_ = false;    // guarded by mu_
   bool reading_done_ = false;   // guarded by mu_
   bool finished_ = false;       // guarded by mu_
+  int holds_ = 0;               // guarded by mu_; replies waiting for the log
   grpc::Status finish_status_;  // guarded by mu_ until finished_
 };
 
@@ -271,21 +298,22 @@ StoreServiceStats StoreService::Stats() {
 
 void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
   ops_.fetch_add(1, std::memory_order_relaxed);
-  StoreResponse reply;
+  std::vector<StoreResponse> replies(1);
   std::vector<Wakeup> woken;
   bool answered;
-  StateLog::Mark durable_at;
+  StateLog::Mark mark;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    answered = ExecuteLocked(session, request, &reply, &woken);
+    answered = ExecuteLocked(session, request, &replies[0], &woken);
     if (log_) {
-      durable_at = log_->Now();
+      mark = log_->Now();
     } else {
       DeliverLocked(woken);
     }
   }
-  if (log_) AfterDurable(durable_at, woken);
-  if (answered) session->Send(std::move(reply));
+  if (!answered) replies.clear();
+  if (log_) return AfterDurable(session, mark, std::move(replies), std::move(woken));
+  if (answered) session->Send(std::move(replies[0]));
 }
 
 void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
@@ -294,7 +322,7 @@ void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
   std::vector<StoreResponse> replies;
   replies.reserve(static_cast<size_t>(requests.size()));
   std::vector<Wakeup> woken;
-  StateLog::Mark durable_at;
+  StateLog::Mark mark;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const StoreRequest& request : requests) {
@@ -303,25 +331,32 @@ void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
         replies.push_back(std::move(reply));
     }
     if (log_) {
-      durable_at = log_->Now();
+      mark = log_->Now();
     } else {
       DeliverLocked(woken);
     }
   }
-  if (log_) AfterDurable(durable_at, woken);
+  if (log_) return AfterDurable(session, mark, std::move(replies), std::move(woken));
   session->SendAll(&replies);
 }
 
-// Waits (off mu_, so other sessions' changes share the fsync) until the log
-// holds everything this call did or read, then delivers the wakeups. A read
-// waits too: it may have seen another session's change that is not yet on
-// disk. This blocks a gRPC callback thread for about one fsync.
-void StoreService::AfterDurable(StateLog::Mark mark, std::vector<Wakeup>& woken) {
-  log_->WaitDurable(mark);
-  if (woken.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  // A waiter whose session ended meanwhile is no longer pending: skipped.
-  DeliverLocked(woken);
+// Once the log holds everything this call did or read (a read may have seen
+// another session's change that is not yet on disk), the flusher sends the
+// replies and delivers the wakeups. Nothing blocks meanwhile: the stream
+// goes on reading, and the calls of every session share one fsync.
+void StoreService::AfterDurable(ReplySink* session, StateLog::Mark mark,
+                                std::vector<StoreResponse> replies,
+                                std::vector<Wakeup> woken) {
+  session->Hold();
+  log_->WhenDurable(mark, [this, session, replies = std::move(replies),
+                           woken = std::move(woken)]() mutable {
+    if (!woken.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      // A waiter whose session ended meanwhile is no longer pending: skipped.
+      DeliverLocked(woken);
+    }
+    session->SendHeld(&replies);
+  });
 }
 
 void StoreService::WithStore(const std::function<void(KvStore&)>& fn) {

@@ -100,7 +100,9 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // REQUIRES: mu_ held.
   void DeliverLocked(std::vector<Wakeup>& woken);
   // REQUIRES: log_ set, mu_ not held.
-  void AfterDurable(StateLog::Mark mark, std::vector<Wakeup>& woken);
+  void AfterDurable(ReplySink* session, StateLog::Mark mark,
+                    std::vector<meshrun::v1::StoreResponse> replies,
+                    std::vector<Wakeup> woken);
   std::optional<TimePoint> Expire(TimePoint now);
 
   const StoreServiceOptions options_;

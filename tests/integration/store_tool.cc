@@ -4,6 +4,8 @@
 //   store_tool ENDPOINT NS set KEY VALUE
 //   store_tool ENDPOINT NS wait KEY TIMEOUT_MS   (prints "waiting" first)
 //   store_tool ENDPOINT NS get KEY TIMEOUT_MS    (prints the value)
+//   store_tool ENDPOINT NS setmany PREFIX COUNT  (one after another; prints
+//                                                 "elapsed_us=N")
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -39,6 +41,16 @@ int main(int argc, char** argv) {
     std::printf("waiting\n");
     std::fflush(stdout);
     status = (*client)->Wait({argv[4]}, std::chrono::milliseconds(std::stol(argv[5])));
+  } else if (op == "setmany" && argc == 6) {
+    const long count = std::stol(argv[5]);
+    const auto start = std::chrono::steady_clock::now();
+    for (long i = 0; i < count && status.ok(); ++i)
+      status = (*client)->Set(std::string(argv[4]) + std::to_string(i), "value");
+    std::printf(
+        "elapsed_us=%lld\n",
+        static_cast<long long>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::steady_clock::now() - start)
+                                   .count()));
   } else if (op == "get" && argc == 6) {
     auto value = (*client)->Get(argv[4], std::chrono::milliseconds(std::stol(argv[5])));
     status = value.status();
