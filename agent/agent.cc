@@ -134,6 +134,13 @@ class Agent {
     if (!PrepareLogRoot()) return 1;
     channel_ = rdzv::MakeChannel(options_.rdzv_endpoint, options_.security);
     client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
+    // A heartbeat slower than its interval is no use, and a cut-off node's
+    // agent must not wait out the general call timeout before exiting.
+    heartbeat_client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
+    heartbeat_client_->set_call_timeout(
+        std::chrono::milliseconds(options_.run_config.keep_alive_interval_ms() > 0
+                                      ? options_.run_config.keep_alive_interval_ms()
+                                      : 5000));
     // The daemon may be starting on another node (agent-hosted or static
     // rank 0): wait for it as long as a join may take.
     const auto join_timeout = std::chrono::milliseconds(
@@ -301,7 +308,7 @@ class Agent {
     while (!stop_threads_) {
       if (stop_cv_.wait_for(lock, interval, [this] { return stop_threads_; })) break;
       lock.unlock();
-      auto reply = client_->Heartbeat(options_.run_id, options_.node_id);
+      auto reply = heartbeat_client_->Heartbeat(options_.run_id, options_.node_id);
       lock.lock();
       if (reply.ok()) {
         failing = false;
@@ -622,6 +629,7 @@ class Agent {
   WorkerGroup workers_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
+  std::unique_ptr<rdzv::RendezvousClient> heartbeat_client_;
   std::thread reader_;
   std::thread heartbeat_;
   std::mutex stop_mu_;
