@@ -141,6 +141,9 @@ class Agent {
         std::chrono::milliseconds(options_.run_config.keep_alive_interval_ms() > 0
                                       ? options_.run_config.keep_alive_interval_ms()
                                       : 5000));
+    // Reports only for show (worker exits) must not hold up the agent long.
+    report_client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
+    report_client_->set_call_timeout(std::chrono::seconds(2));
     // The daemon may be starting on another node (agent-hosted or static
     // rank 0): wait for it as long as a join may take.
     const auto join_timeout = std::chrono::milliseconds(
@@ -431,10 +434,48 @@ class Agent {
     info.global_rank = exit.global_rank;
     info.exit_code = exit.exit_code < 0 ? 0 : exit.exit_code;
     info.signal = exit.signal;
+    v1::WorkerExit record;
+    record.set_local_rank(static_cast<uint32_t>(exit.local_rank));
+    record.set_global_rank(static_cast<uint32_t>(exit.global_rank));
+    record.set_exit_code(exit.signal != 0 ? -1 : info.exit_code);
+    record.set_signal(exit.signal);
+    record.set_time_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                exit.when.time_since_epoch())
+                                .count());
+    *round_exits_.add_exits() = record;
     if (info.failed() && state_.phase() == AgentState::Phase::kRunning) {
       last_failure_detail_[exit.local_rank] = DescribeFailure(info, exit.pid);
+      v1::FailureCause& cause = failure_causes_[exit.local_rank];
+      cause.Clear();
+      *cause.mutable_exit() = record;
+      cause.set_host(options_.host);
+      ErrorFile error = ReadErrorFile(ErrorFilePath(exit.local_rank));
+      cause.set_message(error.message);
+      cause.set_traceback(TracebackExcerpt(error.traceback));
     }
     Dispatch(event::WorkerExited{info});
+    // Every local worker of the round has ended: tell the daemon how, for
+    // the status page and metrics. Best effort; the run does not depend on it.
+    if (workers_.live() == 0 && round_exits_.exits_size() > 0) {
+      round_exits_.set_run_id(options_.run_id);
+      round_exits_.set_node_id(options_.node_id);
+      round_exits_.set_host(options_.host);
+      absl::Status status = report_client_->ReportWorkerExits(round_exits_);
+      if (!status.ok())
+        spdlog::debug("cannot report worker exits: {}", std::string(status.message()));
+      round_exits_.Clear();
+    }
+  }
+
+  // The end of a Python traceback is where the error is; keep its last
+  // lines, up to kMaxTracebackBytes.
+  static std::string TracebackExcerpt(const std::string& traceback) {
+    constexpr size_t kMaxTracebackBytes = 4096;
+    if (traceback.size() <= kMaxTracebackBytes) return traceback;
+    size_t from = traceback.size() - kMaxTracebackBytes;
+    size_t line = traceback.find('\n', from);
+    if (line != std::string::npos && line + 1 < traceback.size()) from = line + 1;
+    return "...\n" + traceback.substr(from);
   }
 
   std::string DescribeFailure(const ExitInfo& exit, pid_t pid) {
@@ -480,10 +521,16 @@ class Agent {
       spdlog::info("forwarding {} to the workers", SignalName(forward->number));
       workers_.Signal(forward->number);
     } else if (auto* failure = std::get_if<action::ReportFailure>(&action)) {
-      std::string detail = "[" + std::to_string(failure->exit.global_rank) + "]:\n" +
-                           last_failure_detail_[failure->exit.local_rank];
-      auto verdict = client_->ReportFailure(options_.run_id, options_.node_id,
-                                            failure->round, detail);
+      v1::FailureReport report;
+      report.set_run_id(options_.run_id);
+      report.set_node_id(options_.node_id);
+      report.set_round(failure->round);
+      report.set_detail("[" + std::to_string(failure->exit.global_rank) + "]:\n" +
+                        last_failure_detail_[failure->exit.local_rank]);
+      if (auto cause = failure_causes_.find(failure->exit.local_rank);
+          cause != failure_causes_.end())
+        *report.mutable_cause() = cause->second;
+      auto verdict = client_->ReportFailure(report);
       if (!verdict.ok()) {
         spdlog::error("cannot report the failure to the daemon: {}",
                       std::string(verdict.status().message()));
@@ -508,6 +555,8 @@ class Agent {
   }
 
   void StartWorkers(const RoundInfo& round) {
+    round_exits_.Clear();
+    round_exits_.set_round(round.round);
     std::vector<WorkerSpec> specs;
     specs.reserve(options_.nproc);
     const std::string attempt_dir =
@@ -630,6 +679,7 @@ class Agent {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   std::unique_ptr<rdzv::RendezvousClient> heartbeat_client_;
+  std::unique_ptr<rdzv::RendezvousClient> report_client_;
   std::thread reader_;
   std::thread heartbeat_;
   std::mutex stop_mu_;
@@ -654,6 +704,8 @@ class Agent {
   int master_port_ = 0;
   std::map<int, std::string> error_files_;
   std::map<int, std::string> last_failure_detail_;
+  std::map<int, v1::FailureCause> failure_causes_;  // by local rank
+  v1::WorkerExitsReport round_exits_;               // of the running round
   std::string log_root_;
   std::string temporary_root_;  // made by us when there is no --log-dir
   int exit_code_ = 1;

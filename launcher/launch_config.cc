@@ -75,6 +75,7 @@ enum FlagId {
   kTlsCert,
   kTlsKey,
   kTlsClientCa,
+  kMetricsPort,
   kNumFlags,
 };
 
@@ -162,6 +163,10 @@ constexpr FlagDef kFlags[] = {
     {"--tls-key", "", true, "PEM", "", "The private key of --tls-cert."},
     {"--tls-client-ca", "", true, "PEM", "",
      "A daemon meshrun hosts requires client certificates signed by this CA."},
+    {"--metrics-port", "", true, "PORT", "",
+     "When this meshrun hosts the rendezvous daemon (--standalone, or the node the "
+     "endpoint names): serve /metrics, /api/status and the status page on PORT "
+     "(0: kernel-assigned; the URL is logged)."},
 };
 static_assert(std::size(kFlags) == kNumFlags, "one kFlags row per FlagId");
 
@@ -1138,6 +1143,14 @@ absl::StatusOr<LaunchConfig> ParseLaunchArgs(
     // The derived endpoint is the first node, which serves it; another
     // agent on the same machine (virtual nodes, shared nodes) must not.
     config.rdzv_conf.is_host = config.node_rank == 0;
+  }
+  if (status.ok()) {
+    if (std::optional<Given> port = flags.Get(kMetricsPort)) {
+      std::optional<int> parsed = ParsePort(port->text);
+      if (!parsed)
+        return FlagError(kMetricsPort, *port, Got("a port in 0..65535", port->text));
+      config.metrics_port = *parsed;
+    }
   }
   if (status.ok()) status = ParseWorkerFlags(flags, env, host, &config);
   if (status.ok()) status = BuildWorkerCommand(flags, env, &config);

@@ -183,6 +183,10 @@ struct LaunchConfig {
   // PATH by the spawner when it has no slash.
   std::vector<std::string> worker_argv;
 
+  // --metrics-port: the embedded daemon's HTTP port (status page, metrics);
+  // -1 for none, 0 for kernel-assigned.
+  int metrics_port = -1;
+
   // --slurm: defaults came from SLURM's environment (see slurm_env.h); the
   // first node hosts the derived rendezvous endpoint.
   bool slurm = false;

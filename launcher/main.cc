@@ -23,6 +23,7 @@
 #include "agent/agent.h"
 #include "launcher/launch_config.h"
 #include "launcher/local_address.h"
+#include "launcher/status_command.h"
 #include "rendezvous/daemon.h"
 #include "rendezvous/security.h"
 
@@ -127,6 +128,10 @@ int Main(int argc, char** argv) {
   // ~11% of the daemon's CPU in a 5,000-client barrier (bench/results).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::vector<std::string> args(argv + 1, argv + argc);
+  // A subcommand, not a script: run a script named "status" as ./status.
+  if (!args.empty() && args.front() == "status") {
+    return RunStatusCommand({args.begin() + 1, args.end()});
+  }
   auto parsed = ParseLaunchArgs(args, Environment());
   if (!parsed.ok()) {
     std::fprintf(stderr, "meshrun: %s\n", std::string(parsed.status().message()).c_str());
@@ -178,6 +183,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "meshrun: %s\n", kHostTlsNeedsCert);
       return 2;
     }
+    options.metrics_port = config.metrics_port;
     auto started = rdzv::Daemon::Start(options);
     if (!started.ok()) {
       log->error("cannot start the embedded rendezvous daemon: {}",
@@ -203,6 +209,7 @@ int Main(int argc, char** argv) {
         std::fprintf(stderr, "meshrun: %s\n", kHostTlsNeedsCert);
         return 2;
       }
+      options.metrics_port = config.metrics_port;
       auto started = rdzv::Daemon::Start(options);
       if (started.ok()) {
         daemon = std::move(*started);
@@ -212,6 +219,14 @@ int Main(int argc, char** argv) {
         log->info("rendezvous endpoint {} is served already; joining it", endpoint);
       }
     }
+  }
+
+  if (daemon && daemon->metrics_port() >= 0) {
+    log->info("status page and metrics on http://{}/ (run {})",
+              daemon->metrics_endpoint(), config.rdzv_id);
+  } else if (config.metrics_port >= 0) {
+    log->warn(
+        "--metrics-port: this meshrun does not host the rendezvous daemon; ignored");
   }
 
   agent::AgentOptions options;

@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include "rendezvous/state_codec.h"
+#include "rendezvous/status_http.h"
+#include "rendezvous/status_render.h"
 
 namespace meshrun::rdzv {
 
@@ -53,6 +55,25 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                "key or client CA is invalid?)"
              : " (address in use or not local?)"));
   }
+  if (options.metrics_port >= 0) {
+    HttpServerOptions http;
+    http.host = options.host;
+    http.port = options.metrics_port;
+    Daemon* self = daemon.get();
+    StatusRoutes routes;
+    routes.metrics_text = [self] { return self->MetricsText(); };
+    routes.status_json = [self](const std::string& run_id) {
+      StatusSnapshot snapshot = self->rendezvous_->Snapshot(run_id);
+      if (!run_id.empty() && snapshot.runs.empty()) return std::string();
+      return RenderStatusJson(snapshot);
+    };
+    auto server = HttpServer::Start(
+        http, [routes](const std::string& method, const std::string& target) {
+          return RouteStatusRequest(routes, method, target);
+        });
+    if (!server.ok()) return server.status();
+    daemon->http_ = std::move(*server);
+  }
   return daemon;
 }
 
@@ -100,6 +121,22 @@ absl::Status Daemon::OpenState(const DaemonOptions& options) {
   return absl::OkStatus();
 }
 
+int Daemon::metrics_port() const { return http_ ? http_->port() : -1; }
+
+std::string Daemon::metrics_endpoint() const {
+  if (!http_) return {};
+  return (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" +
+         std::to_string(http_->port());
+}
+
+std::string Daemon::MetricsText() {
+  std::vector<MetricFamily> families;
+  rendezvous_->CollectMetrics(&families);
+  store_->CollectMetrics(&families);
+  if (http_) http_->CollectMetrics(&families);
+  return RenderPrometheusText(families);
+}
+
 Daemon::~Daemon() { Shutdown(std::chrono::milliseconds(0)); }
 
 std::string Daemon::endpoint() const {
@@ -115,6 +152,8 @@ std::shared_ptr<grpc::Channel> Daemon::InProcessChannel() {
 }
 
 void Daemon::Shutdown(std::chrono::milliseconds grace) {
+  // Its handlers read the services.
+  if (http_) http_->Stop();
   if (!server_) return;
   server_->Shutdown(std::chrono::system_clock::now() + grace);
   server_->Wait();

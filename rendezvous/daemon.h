@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "rendezvous/http_server.h"
 #include "rendezvous/rendezvous_service.h"
 #include "rendezvous/security.h"
 #include "rendezvous/store_service.h"
@@ -38,6 +39,9 @@ struct DaemonOptions {
   std::string state_dir;
   // The log is compacted into a new snapshot once it grows past this.
   size_t state_snapshot_after_bytes = 64 << 20;
+  // The HTTP port for /metrics, /api/status and the status page, on `host`:
+  // -1 for none, 0 for a kernel-assigned one (read metrics_port()).
+  int metrics_port = -1;
 };
 
 class Daemon {
@@ -52,6 +56,12 @@ class Daemon {
 
   int port() const { return port_; }
   std::string endpoint() const;
+  // -1 when not serving HTTP.
+  int metrics_port() const;
+  // host:port of the HTTP port, empty when not serving it.
+  std::string metrics_endpoint() const;
+  // The text served at /metrics.
+  std::string MetricsText();
   // Stops accepting calls; calls still open after `grace` are cancelled.
   void Shutdown(std::chrono::milliseconds grace);
   // A channel into this server with no socket (tests and fuzzers). No token
@@ -72,6 +82,7 @@ class Daemon {
   // After the services: destroyed first, while its hooks' targets live.
   std::unique_ptr<StateLog> state_log_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HttpServer> http_;  // after the services: stopped first
 };
 
 }  // namespace meshrun::rdzv

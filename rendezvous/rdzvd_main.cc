@@ -1,5 +1,6 @@
 // meshrun-rdzvd: the rendezvous daemon. Prints one machine-readable line,
-// `MESHRUN_RDZVD_ENDPOINT=host:port`, on stdout once it serves; logs go to
+// `MESHRUN_RDZVD_ENDPOINT=host:port`, on stdout once it serves (then
+// `MESHRUN_RDZVD_METRICS=host:port` with --metrics-port); logs go to
 // stderr. SIGTERM/SIGINT shut it down gracefully.
 
 #include <signal.h>
@@ -46,6 +47,10 @@ int main(int argc, char** argv) {
                  "forgotten")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--metrics-port", options.metrics_port,
+                 "HTTP port for /metrics, /api/status and the status page at / "
+                 "(0: kernel-assigned; default: none)")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--shutdown-grace-ms", grace_ms)->check(CLI::NonNegativeNumber);
   app.add_option(
       "--token-file", security_files.token_file,
@@ -103,6 +108,8 @@ int main(int argc, char** argv) {
     return daemon.status().code() == absl::StatusCode::kUnavailable ? 1 : 3;
   }
   std::printf("MESHRUN_RDZVD_ENDPOINT=%s\n", (*daemon)->endpoint().c_str());
+  if ((*daemon)->metrics_port() >= 0)
+    std::printf("MESHRUN_RDZVD_METRICS=%s\n", (*daemon)->metrics_endpoint().c_str());
   std::fflush(stdout);
   log->info("serving on {} ({}, {})", (*daemon)->endpoint(),
             options.security.tls() ? (options.security.tls_client_ca_pem.empty()
@@ -110,6 +117,8 @@ int main(int argc, char** argv) {
                                           : "TLS with client certificates")
                                    : "plaintext",
             options.security.token.empty() ? "no token check" : "token required");
+  if ((*daemon)->metrics_port() >= 0)
+    log->info("status page and metrics on http://{}/", (*daemon)->metrics_endpoint());
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);

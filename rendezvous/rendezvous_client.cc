@@ -160,4 +160,28 @@ absl::Status RendezvousClient::Close(const std::string& run_id, v1::RunOutcome o
   return FromGrpc(stub_->Close(context.get(), request, &reply));
 }
 
+absl::StatusOr<v1::FailureReply> RendezvousClient::ReportFailure(
+    const v1::FailureReport& request) {
+  v1::FailureReply reply;
+  auto context = MakeContext();
+  grpc::Status status = stub_->ReportFailure(context.get(), request, &reply);
+  if (!status.ok()) return FromGrpc(status);
+  return reply;
+}
+
+absl::Status RendezvousClient::ReportWorkerExits(const v1::WorkerExitsReport& request) {
+  v1::Empty reply;
+  auto context = MakeContext();
+  return FromGrpc(stub_->ReportWorkerExits(context.get(), request, &reply));
+}
+
+absl::StatusOr<v1::StatusReply> RendezvousClient::Status(
+    const v1::StatusRequest& request) {
+  v1::StatusReply reply;
+  auto context = MakeContext();
+  grpc::Status status = stub_->Status(context.get(), request, &reply);
+  if (!status.ok()) return FromGrpc(status);
+  return reply;
+}
+
 }  // namespace meshrun::rdzv

@@ -54,6 +54,12 @@ class RendezvousClient {
   absl::Status Leave(const std::string& run_id, const std::string& node_id);
   absl::Status Close(const std::string& run_id, meshrun::v1::RunOutcome outcome,
                      const std::string& reason);
+  // A failure report with every field (root cause as data included).
+  absl::StatusOr<meshrun::v1::FailureReply> ReportFailure(
+      const meshrun::v1::FailureReport& request);
+  absl::Status ReportWorkerExits(const meshrun::v1::WorkerExitsReport& request);
+  absl::StatusOr<meshrun::v1::StatusReply> Status(
+      const meshrun::v1::StatusRequest& request);
 
   // Deadline of every unary call.
   void set_call_timeout(std::chrono::milliseconds timeout) { call_timeout_ = timeout; }

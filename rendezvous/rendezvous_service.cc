@@ -1,9 +1,11 @@
 #include "rendezvous/rendezvous_service.h"
 
 #include <deque>
+#include <map>
 
 #include "rendezvous/request_validation.h"
 #include "rendezvous/state_codec.h"
+#include "rendezvous/status_proto.h"
 
 namespace meshrun::rdzv {
 
@@ -305,6 +307,7 @@ std::optional<DeadlineTimer::TimePoint> RendezvousService::Tick(
     if (next_sweep_ == DeadlineTimer::TimePoint::max()) next_sweep_ = now + sweep_every;
     if (now >= next_sweep_) {
       forgotten = state_.ForgetClosedBefore(now - options_.closed_run_retention);
+      for (const std::string& run_id : forgotten) observed_.erase(run_id);
       next_sweep_ = now + sweep_every;
     }
     next = state_.NextDeadline();
@@ -378,6 +381,14 @@ grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
     reply->set_will_restart(verdict->will_restart);
     reply->set_restart_count(verdict->restart_count);
   }
+  if (verdict.ok() && verdict->counted) {
+    FailureStatusRecord& failure = observed_[request->run_id()].last_failure.emplace();
+    failure.round = request->round();
+    failure.node_id = request->node_id();
+    failure.host = request->cause().host();
+    failure.detail = request->detail();
+    if (request->has_cause()) failure.cause = FromProto(request->cause());
+  }
   DispatchLocked(events);
   PokeTimerLocked();
   return Done(context, verdict.status());
@@ -430,6 +441,151 @@ grpc::ServerUnaryReactor* RendezvousService::Close(grpc::CallbackServerContext* 
   DispatchLocked(events);
   PokeTimerLocked();
   return Done(context, status);
+}
+
+grpc::ServerUnaryReactor* RendezvousService::ReportWorkerExits(
+    grpc::CallbackServerContext* context, const v1::WorkerExitsReport* request,
+    v1::Empty* /*reply*/) {
+  if (absl::Status invalid = ValidateWorkerExitsReport(*request, RequestLimits());
+      !invalid.ok())
+    return Done(context, invalid);
+  std::lock_guard<std::mutex> lock(mu_);
+  // Only runs and nodes the daemon knows, so a stray client cannot grow this.
+  if (!state_.HasNode(request->run_id(), request->node_id())) {
+    return Done(context,
+                absl::NotFoundError("node " + request->node_id() +
+                                    " is not enrolled in run " + request->run_id()));
+  }
+  NodeExitsRecord& record = observed_[request->run_id()].exits[request->node_id()];
+  record.node_id = request->node_id();
+  record.host = request->host();
+  record.round = request->round();
+  record.exits.clear();
+  for (const v1::WorkerExit& exit : request->exits()) {
+    record.exits.push_back(FromProto(exit));
+    worker_exits_[exit.signal() != 0 ? 2 : exit.exit_code() != 0 ? 1 : 0].Inc();
+  }
+  return Done(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Status(grpc::CallbackServerContext* context,
+                                                    const v1::StatusRequest* request,
+                                                    v1::StatusReply* reply) {
+  if (absl::Status invalid = ValidateStatusRequest(*request, RequestLimits());
+      !invalid.ok())
+    return Done(context, invalid);
+  StatusSnapshot snapshot = Snapshot(request->run_id());
+  if (!request->run_id().empty() && snapshot.runs.empty()) {
+    return Done(context,
+                absl::NotFoundError("the daemon knows no run " + request->run_id()));
+  }
+  *reply = ToProto(snapshot);
+  return Done(context, absl::OkStatus());
+}
+
+StatusSnapshot RendezvousService::Snapshot(const std::string& run_id) {
+  StatusSnapshot snapshot;
+  snapshot.now_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  std::lock_guard<std::mutex> lock(mu_);
+  snapshot.runs = state_.Status(RdzvClock::now(), run_id);
+  for (RunStatusRecord& run : snapshot.runs) {
+    auto it = observed_.find(run.run_id);
+    if (it == observed_.end()) continue;
+    run.last_failure = it->second.last_failure;
+    for (const auto& [node_id, exits] : it->second.exits)
+      run.worker_exits.push_back(exits);
+  }
+  return snapshot;
+}
+
+void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
+  StatusSnapshot snapshot = Snapshot();
+  RendezvousStats stats;
+  size_t streams;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats = state_.stats();
+    streams = streams_.size();
+  }
+  auto counter = [&](const char* name, const char* help, uint64_t value) {
+    MetricFamily& family = out->emplace_back(name, help, "counter");
+    family.Add({}, static_cast<double>(value));
+  };
+  std::map<std::string, int> by_state{{"gathering", 0}, {"active", 0}, {"closed", 0}};
+  MetricFamily round{"meshrun_run_round", "The run's current round number.", "gauge"};
+  MetricFamily restarts_used{"meshrun_run_restarts",
+                             "Restarts the run has used of its --max-restarts budget.",
+                             "gauge"};
+  MetricFamily nodes{"meshrun_run_nodes", "Nodes known to the run, by state.", "gauge"};
+  MetricFamily world{"meshrun_run_world_size", "Workers in the run's current round.",
+                     "gauge"};
+  for (const RunStatusRecord& run : snapshot.runs) {
+    ++by_state[run.state];
+    const Labels labels{{"run", run.run_id}};
+    round.Add(labels, static_cast<double>(run.round));
+    restarts_used.Add(labels, run.restart_count);
+    world.Add(labels, run.world_size);
+    std::map<std::string, int> node_states{
+        {"participant", 0}, {"gathering", 0}, {"waiting", 0}, {"succeeded", 0}};
+    for (const NodeStatusRecord& node : run.nodes) ++node_states[node.state];
+    for (const auto& [state, n] : node_states)
+      nodes.Add({{"run", run.run_id}, {"state", state}}, n);
+  }
+  MetricFamily runs{"meshrun_runs", "Runs the daemon knows, by state.", "gauge"};
+  for (const auto& [state, n] : by_state) runs.Add({{"state", state}}, n);
+  out->push_back(std::move(runs));
+  out->push_back(std::move(round));
+  out->push_back(std::move(restarts_used));
+  out->push_back(std::move(nodes));
+  out->push_back(std::move(world));
+
+  counter("meshrun_runs_created_total", "Runs created (first join).", stats.runs_created);
+  MetricFamily closed{"meshrun_runs_closed_total", "Runs closed, by outcome.", "counter"};
+  for (Outcome outcome : {Outcome::kSucceeded, Outcome::kFailed, Outcome::kAborted})
+    closed.Add({{"outcome", ToString(outcome)}},
+               static_cast<double>(stats.runs_closed[static_cast<size_t>(outcome)]));
+  out->push_back(std::move(closed));
+  counter("meshrun_rounds_completed_total", "Rendezvous rounds completed (formed).",
+          stats.rounds_completed);
+  counter("meshrun_joins_total", "Joins accepted (re-joins included).", stats.joins);
+  counter("meshrun_joins_refused_total",
+          "Joins refused (bad request, closed run, option mismatch).",
+          stats.joins_refused);
+  counter("meshrun_join_timeouts_total",
+          "Rounds that gathered too few nodes within join_timeout.", stats.join_timeouts);
+  counter("meshrun_heartbeats_total", "Heartbeats received from enrolled nodes.",
+          stats.heartbeats);
+  counter("meshrun_heartbeats_late_total",
+          "Heartbeats that came over 1.5 keep-alive intervals after the node's last "
+          "contact.",
+          stats.heartbeats_late);
+  counter("meshrun_heartbeats_expired_total",
+          "Leases that ran out (a node missed keep_alive_max_attempt heartbeats).",
+          stats.leases_expired);
+  MetricFamily restarts{"meshrun_restarts_total",
+                        "Re-forms of a running round, by cause (only worker failures "
+                        "count against --max-restarts).",
+                        "counter"};
+  for (ReformReason reason : {ReformReason::kWorkerFailure, ReformReason::kNodeExpired,
+                              ReformReason::kNodeLeft, ReformReason::kNodesWaiting})
+    restarts.Add({{"cause", ToString(reason)}},
+                 static_cast<double>(stats.reforms[static_cast<size_t>(reason)]));
+  out->push_back(std::move(restarts));
+  counter("meshrun_failure_reports_total",
+          "Worker-failure reports from agents (several nodes may report one failure).",
+          stats.failure_reports);
+  MetricFamily exits{"meshrun_worker_exits_total",
+                     "Worker process exits reported by agents, by result.", "counter"};
+  const char* kResults[] = {"success", "exit_code", "signal"};
+  for (size_t i = 0; i < worker_exits_.size(); ++i)
+    exits.Add({{"result", kResults[i]}}, static_cast<double>(worker_exits_[i].value()));
+  out->push_back(std::move(exits));
+  MetricFamily open{"meshrun_join_streams_open",
+                    "Agents' Join streams open now (nodes connected).", "gauge"};
+  open.Add({}, static_cast<double>(streams));
+  out->push_back(std::move(open));
 }
 
 std::optional<RunSummary> RendezvousService::Summary(const std::string& run_id) {

@@ -18,7 +18,9 @@
 
 #include "meshrun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/deadline_timer.h"
+#include "rendezvous/metrics.h"
 #include "rendezvous/rendezvous_state.h"
+#include "rendezvous/run_status.h"
 #include "rendezvous/state_log.h"
 
 namespace meshrun::rdzv {
@@ -68,6 +70,18 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   void WithState(const std::function<void(RendezvousState&)>& fn);
   // Re-arms the timer after a restore gave every node a lease.
   void Restored();
+  grpc::ServerUnaryReactor* ReportWorkerExits(
+      grpc::CallbackServerContext* context, const meshrun::v1::WorkerExitsReport* request,
+      meshrun::v1::Empty* reply) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const meshrun::v1::StatusRequest* request,
+                                   meshrun::v1::StatusReply* reply) override;
+
+  // Every run (or the one named): the state machine's view plus the failure
+  // causes and worker exits the agents reported.
+  StatusSnapshot Snapshot(const std::string& run_id = {});
+  // Runs, rounds, nodes, joins, heartbeats, restarts by cause, worker exits.
+  void CollectMetrics(std::vector<MetricFamily>* out);
 
   std::optional<RunSummary> Summary(const std::string& run_id);
   std::vector<std::string> RunIds();
@@ -90,6 +104,14 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   RendezvousState state_;                   // guarded by mu_
   DeadlineTimer::TimePoint next_sweep_;     // guarded by mu_; forgetting closed runs
   std::map<NodeKey, JoinStream*> streams_;  // guarded by mu_; entry => stream alive
+  // What agents reported beyond the state machine's business, per run.
+  struct Observed {
+    std::optional<FailureStatusRecord> last_failure;
+    std::map<std::string, NodeExitsRecord> exits;  // by node id: its latest round
+  };
+  std::map<std::string, Observed> observed_;  // guarded by mu_
+  // Worker exits reported, by result: 0 success, 1 exit code, 2 signal.
+  std::array<Counter, 3> worker_exits_;
   std::unique_ptr<DeadlineTimer> timer_;
   StateLog* log_ = nullptr;
 };

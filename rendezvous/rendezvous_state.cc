@@ -241,6 +241,18 @@ absl::Status RendezvousState::Join(const std::string& run_id, const NodeInfo& no
                                    std::vector<NodeEvent>* events) {
   std::vector<NodeEvent> scratch;
   if (events == nullptr) events = &scratch;
+  absl::Status status = JoinChecked(run_id, node, options, now, events);
+  if (status.ok()) {
+    ++stats_.joins;
+  } else {
+    ++stats_.joins_refused;
+  }
+  return status;
+}
+
+absl::Status RendezvousState::JoinChecked(const std::string& run_id, const NodeInfo& node,
+                                          const RunOptions& options, RdzvTime now,
+                                          std::vector<NodeEvent>* events) {
   if (auto s = ValidateJoin(run_id, node, options); !s.ok()) return s;
 
   auto it = runs_.find(run_id);
@@ -253,6 +265,7 @@ absl::Status RendezvousState::Join(const std::string& run_id, const NodeInfo& no
   }
   Touch(run_id);
   if (it == runs_.end()) {
+    ++stats_.runs_created;
     auto run = std::make_unique<Run>();
     run->id = run_id;
     run->options = options;
@@ -491,6 +504,7 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
   run.store_prefix = absl::StrCat(run.id, "/r", run.round);
   run.succeeded = 0;
   run.phase = Phase::kActive;
+  ++stats_.rounds_completed;
   run.gathering.clear();
   run.min_reached_at.reset();
   SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
@@ -527,6 +541,7 @@ Assignment RendezvousState::AssignmentFor(const Run& run, uint32_t group_rank) c
 // (completes on joins / last call, or times out after join_timeout).
 void RendezvousState::Reform(Run& run, ReformReason reason, const std::string& detail,
                              RdzvTime now, std::vector<NodeEvent>* events) {
+  ++stats_.reforms[static_cast<size_t>(reason)];
   const uint64_t next = run.round + 1;
   for (const std::string& id : run.participants) {
     auto it = run.nodes.find(id);
@@ -634,6 +649,7 @@ void RendezvousState::Forget(Run& run, const std::string& node_id) {
 }
 
 void RendezvousState::TimeOutJoin(Run& run, std::vector<NodeEvent>* events) {
+  ++stats_.join_timeouts;
   const std::string detail = absl::StrCat(
       "round ", run.round, " of run ", run.id, " gathered ", run.gathering.size(),
       " of the ", run.options.min_nodes, " nodes needed within join_timeout (",
@@ -677,6 +693,7 @@ void RendezvousState::CloseRun(Run& run, Outcome outcome, const std::string& rea
   run.outcome = outcome;
   run.close_reason = reason;
   run.closed_at = now;
+  ++stats_.runs_closed[static_cast<size_t>(outcome)];
 }
 
 void RendezvousState::SetLease(Run& run, Node& node, RdzvTime until) {
@@ -719,6 +736,11 @@ absl::StatusOr<HeartbeatStatus> RendezvousState::Heartbeat(const std::string& ru
     return absl::NotFoundError(
         absl::StrCat("node ", node_id, " is not enrolled in run ", run_id));
   }
+  ++stats_.heartbeats;
+  // The lease was last set at the node's last contact.
+  const RdzvTime last_contact = node->second.lease_until - run.options.lease();
+  if (node->second.leased && now - last_contact > run.options.keep_alive_interval * 3 / 2)
+    ++stats_.heartbeats_late;
   SetLease(run, node->second, now + run.options.lease());
   return status;
 }
@@ -734,6 +756,7 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
   }
   Run& run = *it->second;
   Touch(run_id);
+  ++stats_.failure_reports;
   if (run.phase == Phase::kClosed) {
     return FailureVerdict{false, run.restart_count};
   }
@@ -761,11 +784,11 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
   if (run.restart_count <= run.options.max_restarts) {
     const std::string reason = run.last_failure;
     Reform(run, ReformReason::kWorkerFailure, reason, now, events);
-    return FailureVerdict{true, run.restart_count};
+    return FailureVerdict{true, run.restart_count, /*counted=*/true};
   }
   const std::string reason = run.last_failure;
   CloseRun(run, Outcome::kFailed, reason, now, events);
-  return FailureVerdict{false, run.restart_count};
+  return FailureVerdict{false, run.restart_count, /*counted=*/true};
 }
 
 absl::Status RendezvousState::ReportSuccess(const std::string& run_id,
@@ -856,6 +879,7 @@ void RendezvousState::Tick(RdzvTime now, std::vector<NodeEvent>* events) {
         auto node = run.nodes.find(due.node_id);
         if (node == run.nodes.end()) break;
         node->second.leased = false;
+        ++stats_.leases_expired;
         RemoveNode(run, due.node_id, ReformReason::kNodeExpired, now, events);
         break;
       }
@@ -899,6 +923,80 @@ std::optional<RunSummary> RendezvousState::Summary(const std::string& run_id) co
   summary.outcome = run.outcome;
   summary.last_failure = run.last_failure;
   return summary;
+}
+
+bool RendezvousState::HasNode(const std::string& run_id,
+                              const std::string& node_id) const {
+  auto it = runs_.find(run_id);
+  return it != runs_.end() && it->second->nodes.count(node_id) > 0;
+}
+
+std::vector<RunStatusRecord> RendezvousState::Status(RdzvTime now,
+                                                     const std::string& run_id) const {
+  std::vector<RunStatusRecord> out;
+  if (!run_id.empty()) {
+    auto it = runs_.find(run_id);
+    if (it != runs_.end()) out.push_back(StatusOf(*it->second, now));
+    return out;
+  }
+  out.reserve(runs_.size());
+  for (const auto& [id, run] : runs_) out.push_back(StatusOf(*run, now));
+  return out;
+}
+
+RunStatusRecord RendezvousState::StatusOf(const Run& run, RdzvTime now) const {
+  RunStatusRecord out;
+  out.run_id = run.id;
+  out.state = run.phase == Phase::kGathering ? "gathering"
+              : run.phase == Phase::kActive  ? "active"
+                                             : "closed";
+  if (run.outcome) out.outcome = ToString(*run.outcome);
+  out.closed_reason = run.close_reason;
+  out.round = run.round;
+  out.restart_count = run.restart_count;
+  out.max_restarts = run.options.max_restarts;
+  out.min_nodes = run.options.min_nodes;
+  out.max_nodes = run.options.max_nodes;
+  out.world_size = run.world_size;
+  auto describe = [&](const Node& node) {
+    NodeStatusRecord record;
+    record.node_id = node.info.node_id;
+    record.host = node.info.host;
+    record.nproc = node.info.nproc;
+    record.heartbeat_age_ms =
+        std::chrono::duration_cast<Millis>(now - (node.lease_until - run.options.lease()))
+            .count();
+    switch (node.role) {
+      case Role::kGathering:
+        record.state = "gathering";
+        break;
+      case Role::kWaiting:
+        record.state = "waiting";
+        break;
+      case Role::kParticipant:
+        record.state = node.departed    ? "departed"
+                       : node.succeeded ? "succeeded"
+                                        : "participant";
+        break;
+    }
+    return record;
+  };
+  // Participants of the round (also of the last one, once closed).
+  if (run.roster && (run.phase == Phase::kActive || run.phase == Phase::kClosed)) {
+    for (const ParticipantView& p : *run.roster) {
+      auto it = run.nodes.find(p.node_id);
+      if (it == run.nodes.end()) continue;
+      NodeStatusRecord record = describe(it->second);
+      record.group_rank = static_cast<int32_t>(p.group_rank);
+      record.rank_base = p.rank_base;
+      out.nodes.push_back(std::move(record));
+    }
+  }
+  for (const auto& [seq, id] : run.gathering)
+    out.nodes.push_back(describe(run.nodes.at(id)));
+  for (const auto& [seq, id] : run.waiting)
+    out.nodes.push_back(describe(run.nodes.at(id)));
+  return out;
 }
 
 std::vector<std::string> RendezvousState::RunIds() const {

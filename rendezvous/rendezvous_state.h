@@ -18,6 +18,7 @@
 //
 // Thread-safety: none; the owner serialises all calls.
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -30,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "rendezvous/run_status.h"
 
 namespace meshrun::rdzv {
 
@@ -129,6 +131,27 @@ struct HeartbeatStatus {
 struct FailureVerdict {
   bool will_restart = false;
   uint32_t restart_count = 0;
+  // This report was the round's root cause (it restarted or failed the run);
+  // false for the stale reports of the same failure by other nodes.
+  bool counted = false;
+};
+
+// What happened, counted where it happened, since the state was created.
+// Plain counters; the owner serialises access like every other call.
+struct RendezvousStats {
+  uint64_t runs_created = 0;
+  uint64_t joins = 0;  // accepted, re-joins included
+  uint64_t joins_refused = 0;
+  uint64_t join_timeouts = 0;  // rounds that gathered too few nodes in time
+  uint64_t rounds_completed = 0;
+  uint64_t heartbeats = 0;
+  // Arrived more than 1.5 keep-alive intervals after the node's last contact:
+  // a beat was missed, the lease has not run out yet.
+  uint64_t heartbeats_late = 0;
+  uint64_t leases_expired = 0;
+  uint64_t failure_reports = 0;           // every report, stale ones included
+  std::array<uint64_t, 4> reforms{};      // by ReformReason
+  std::array<uint64_t, 3> runs_closed{};  // by Outcome
 };
 
 struct RunSummary {
@@ -190,6 +213,12 @@ class RendezvousState {
   std::optional<RdzvTime> NextDeadline() const;
 
   std::optional<RunSummary> Summary(const std::string& run_id) const;
+  // Every run (or the one named), for the status page and `meshrun status`;
+  // worker exits and structured failure causes are the adapter's to add.
+  std::vector<RunStatusRecord> Status(RdzvTime now, const std::string& run_id = {}) const;
+  const RendezvousStats& stats() const { return stats_; }
+  // Whether the run has this node (live or departed).
+  bool HasNode(const std::string& run_id, const std::string& node_id) const;
   std::vector<std::string> RunIds() const;
   // Forgets closed runs that closed before `cutoff`; returns their ids.
   std::vector<std::string> ForgetClosedBefore(RdzvTime cutoff);
@@ -225,6 +254,9 @@ class RendezvousState {
 
   absl::Status CheckResume(const Run* run, const std::string& run_id,
                            const NodeInfo& node) const;
+  absl::Status JoinChecked(const std::string& run_id, const NodeInfo& node,
+                           const RunOptions& options, RdzvTime now,
+                           std::vector<NodeEvent>* events);
   absl::Status Rejoin(Run& run, Node& node, const NodeInfo& info, RdzvTime now,
                       std::vector<NodeEvent>* events);
   void Enrol(Run& run, const NodeInfo& info, RdzvTime now,
@@ -253,6 +285,11 @@ class RendezvousState {
   std::set<Deadline> deadlines_;
   bool track_changes_ = false;
   std::set<std::string> changed_;
+  RunStatusRecord StatusOf(const Run& run, RdzvTime now) const;
+
+  std::map<std::string, std::unique_ptr<Run>> runs_;
+  std::set<Deadline> deadlines_;
+  RendezvousStats stats_;
 
  public:
   RendezvousState();

@@ -169,7 +169,40 @@ absl::Status ValidateFailureReport(const v1::FailureReport& request,
       !s.ok())
     return s;
   if (request.round() == 0) return Invalid("failure.round", "must be at least 1");
-  return Text("failure.detail", request.detail(), limits);
+  if (auto s = Text("failure.detail", request.detail(), limits); !s.ok()) return s;
+  const v1::FailureCause& cause = request.cause();
+  if (auto s = MaxBytes("failure.cause.host", cause.host().size(), limits.max_host_bytes);
+      !s.ok())
+    return s;
+  if (auto s = Printable("failure.cause.host", cause.host()); !s.ok()) return s;
+  if (auto s = AtMost("failure.cause.exit.local_rank", cause.exit().local_rank(),
+                      limits.max_nproc);
+      !s.ok())
+    return s;
+  if (auto s = Text("failure.cause.message", cause.message(), limits); !s.ok()) return s;
+  return Text("failure.cause.traceback", cause.traceback(), limits);
+}
+
+absl::Status ValidateWorkerExitsReport(const v1::WorkerExitsReport& request,
+                                       const RequestLimits& limits) {
+  if (auto s = RunAndNode("worker_exits", request.run_id(), request.node_id(), limits);
+      !s.ok())
+    return s;
+  if (request.round() == 0) return Invalid("worker_exits.round", "must be at least 1");
+  if (auto s =
+          MaxBytes("worker_exits.host", request.host().size(), limits.max_host_bytes);
+      !s.ok())
+    return s;
+  if (auto s = Printable("worker_exits.host", request.host()); !s.ok()) return s;
+  // A node has at most max_nproc workers.
+  return AtMost("worker_exits.exits", static_cast<uint32_t>(request.exits_size()),
+                limits.max_nproc);
+}
+
+absl::Status ValidateStatusRequest(const v1::StatusRequest& request,
+                                   const RequestLimits& limits) {
+  if (request.run_id().empty()) return absl::OkStatus();  // every run
+  return ValidateId("status.run_id", request.run_id(), limits);
 }
 
 absl::Status ValidateSuccessReport(const v1::SuccessReport& request,

@@ -60,5 +60,9 @@ absl::Status ValidateLeave(const meshrun::v1::LeaveRequest& request,
                            const RequestLimits& limits);
 absl::Status ValidateClose(const meshrun::v1::CloseRequest& request,
                            const RequestLimits& limits);
+absl::Status ValidateWorkerExitsReport(const meshrun::v1::WorkerExitsReport& request,
+                                       const RequestLimits& limits);
+absl::Status ValidateStatusRequest(const meshrun::v1::StatusRequest& request,
+                                   const RequestLimits& limits);
 
 }  // namespace meshrun::rdzv

@@ -296,8 +296,54 @@ StoreServiceStats StoreService::Stats() {
   return {sessions_open_, ops_.load(std::memory_order_relaxed), store_.num_waiters()};
 }
 
+int StoreService::OpIndex(const StoreRequest& request) {
+  const int op = static_cast<int>(request.op_case());
+  if (op < kFirstOp || op - kFirstOp + 1 >= kNumOps) return 0;
+  return op - kFirstOp + 1;
+}
+
+void StoreService::Observe(int op, TimePoint arrived, const StoreResponse& reply) {
+  OpMetrics& metrics = op_metrics_[op];
+  metrics.ops.Inc();
+  if (reply.code() != meshrun::v1::STORE_OK) metrics.errors.Inc();
+  metrics.latency.Observe(std::chrono::duration<double>(Clock::now() - arrived).count());
+}
+
+void StoreService::CollectMetrics(std::vector<MetricFamily>* out) {
+  static const char* const kOpNames[kNumOps] = {
+      "none",   "set",      "get",   "add",       "compare_set", "wait",
+      "delete", "num_keys", "check", "multi_get", "multi_set",   "append"};
+  MetricFamily ops{"meshrun_store_ops_total", "Store operations answered, by type.",
+                   "counter"};
+  MetricFamily errors{"meshrun_store_op_errors_total",
+                      "Store operations answered with an error (timeout, limit, bad "
+                      "request), by type.",
+                      "counter"};
+  MetricFamily latency{"meshrun_store_op_duration_seconds",
+                       "From a store request's arrival to its answer, by type; blocking "
+                       "ops (get, wait, multi_get) include the wait.",
+                       "histogram"};
+  for (int i = 1; i < kNumOps; ++i) {
+    const Labels labels{{"op", kOpNames[i]}};
+    ops.Add(labels, static_cast<double>(op_metrics_[i].ops.value()));
+    errors.Add(labels, static_cast<double>(op_metrics_[i].errors.value()));
+    latency.AddHistogram(labels, op_metrics_[i].latency.Snapshot());
+  }
+  StoreServiceStats stats = Stats();
+  MetricFamily sessions{"meshrun_store_sessions_open",
+                        "Store client streams (sessions) open now.", "gauge"};
+  sessions.Add({}, static_cast<double>(stats.sessions_open));
+  MetricFamily waiters{"meshrun_store_waiters_parked",
+                       "Blocking store calls (get, wait, multi_get) parked now.",
+                       "gauge"};
+  waiters.Add({}, static_cast<double>(stats.waiters));
+  for (MetricFamily* family : {&ops, &errors, &latency, &sessions, &waiters})
+    out->push_back(std::move(*family));
+}
+
 void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
   ops_.fetch_add(1, std::memory_order_relaxed);
+  const TimePoint arrived = Clock::now();
   std::vector<StoreResponse> replies(1);
   std::vector<Wakeup> woken;
   bool answered;
@@ -305,6 +351,7 @@ void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     answered = ExecuteLocked(session, request, &replies[0], &woken);
+    if (answered) Observe(OpIndex(request), arrived, replies[0]);
     if (log_) {
       mark = log_->Now();
     } else {
@@ -319,6 +366,7 @@ void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
 void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
   if (requests.empty()) return;
   ops_.fetch_add(static_cast<uint64_t>(requests.size()), std::memory_order_relaxed);
+  const TimePoint arrived = Clock::now();
   std::vector<StoreResponse> replies;
   replies.reserve(static_cast<size_t>(requests.size()));
   std::vector<Wakeup> woken;
@@ -327,8 +375,10 @@ void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const StoreRequest& request : requests) {
       StoreResponse reply;
-      if (ExecuteLocked(session, request, &reply, &woken))
+      if (ExecuteLocked(session, request, &reply, &woken)) {
+        Observe(OpIndex(request), arrived, reply);
         replies.push_back(std::move(reply));
+      }
     }
     if (log_) {
       mark = log_->Now();
@@ -383,7 +433,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
   // Blocking ops return a BlockingResult; parked ones reply later.
   auto block = [&](BlockingResult result, WaiterId waiter, TimePoint when) {
     if (!result.ready) {
-      pending_[waiter] = {session, request.id()};
+      pending_[waiter] = {session, request.id(), OpIndex(request), Clock::now()};
       parked_[session].insert(waiter);
       timer_->Poke(when);
       return false;
@@ -491,6 +541,7 @@ void StoreService::DeliverLocked(std::vector<Wakeup>& woken) {
     reply.set_id(it->second.request_id);
     SetStatus(wake.status, &reply);
     for (auto& v : wake.values) reply.add_values(std::move(v));
+    Observe(it->second.op, it->second.arrived, reply);
     // Lock order: mu_ then the session's own mutex; sessions never take mu_
     // while holding theirs.
     it->second.session->Send(std::move(reply));

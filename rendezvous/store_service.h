@@ -12,6 +12,7 @@
 // operations are short, and the notes in shared/notes show the server's
 // cost is gRPC's, not the map's.
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include "meshrun/v1/store.grpc.pb.h"
 #include "rendezvous/deadline_timer.h"
 #include "rendezvous/kv_store.h"
+#include "rendezvous/metrics.h"
 #include "rendezvous/request_validation.h"
 #include "rendezvous/state_log.h"
 
@@ -66,6 +68,8 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // Drops every namespace of these runs ("<run id>/..."); their parked waits
   // fail with ABORTED.
   void DropRunNamespaces(const std::vector<std::string>& run_ids);
+  // Ops, errors and latency by op type; sessions open and waiters parked.
+  void CollectMetrics(std::vector<MetricFamily>* out);
 
   // --state-dir: every change is logged, and no reply (nor a wakeup it
   // causes) leaves before the log holds it. REQUIRES: before serving; `log`
@@ -85,7 +89,20 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   struct PendingWait {
     ReplySink* session;
     uint64_t request_id;
+    // For the latency metric, which for a blocking op includes the wait.
+    int op;
+    TimePoint arrived;
   };
+  // Per op type (index: StoreRequest::OpCase - kFirstOp; 0 for OP_NOT_SET).
+  static constexpr int kFirstOp = meshrun::v1::StoreRequest::kSet;
+  static constexpr int kNumOps = meshrun::v1::StoreRequest::kAppend - kFirstOp + 2;
+  struct OpMetrics {
+    Counter ops;
+    Counter errors;  // answered with a code other than STORE_OK
+    Histogram latency{LatencyBuckets()};
+  };
+  static int OpIndex(const meshrun::v1::StoreRequest& request);
+  void Observe(int op, TimePoint arrived, const meshrun::v1::StoreResponse& reply);
   using Requests = google::protobuf::RepeatedPtrField<meshrun::v1::StoreRequest>;
 
   // Executes requests in order; replies now or parks them. Called by sessions.
@@ -115,6 +132,7 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   WaiterId next_waiter_ = 1;                                             // guarded by mu_
   uint64_t sessions_open_ = 0;                                           // guarded by mu_
   std::atomic<uint64_t> ops_{0};
+  std::array<OpMetrics, kNumOps> op_metrics_;
   std::unique_ptr<DeadlineTimer> timer_;
   StateLog* log_ = nullptr;
 };
