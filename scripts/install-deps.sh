@@ -12,6 +12,7 @@ packages=(
   clang-format iproute2 procps
   openssl clang libclang-rt-14-dev
   slurmctld slurmd slurm-client munge
+  chromium chromium-driver
 )
 
 missing=()
