@@ -83,9 +83,16 @@ int RunStatusCommand(const std::vector<std::string>& args) {
   request.set_run_id(run_id);
   auto reply = client.Status(request);
   if (!reply.ok()) {
-    if (reply.status().code() == absl::StatusCode::kNotFound) {
+    const absl::StatusCode code = reply.status().code();
+    if (code == absl::StatusCode::kNotFound) {
       std::fprintf(stderr, "meshrun status: %s\n",
                    std::string(reply.status().message()).c_str());
+    } else if (code == absl::StatusCode::kUnauthenticated ||
+               code == absl::StatusCode::kPermissionDenied) {
+      std::fprintf(stderr,
+                   "meshrun status: the rendezvous daemon at %s refused the call: %s "
+                   "(see --token-file, --tls-ca)\n",
+                   endpoint.c_str(), std::string(reply.status().message()).c_str());
     } else {
       std::fprintf(stderr,
                    "meshrun status: cannot reach the rendezvous daemon at %s: %s\n",

@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -237,6 +238,26 @@ TEST(ObservabilityTest, StatusCommandErrors) {
   auto [bad, out5] = Status({"--rdzv-endpoint", "no-port"});
   EXPECT_EQ(bad, 2);
   EXPECT_NE(out5.find("expected HOST:PORT"), std::string::npos) << out5;
+}
+
+TEST(ObservabilityTest, StatusCommandSendsTheToken) {
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  const std::string token_file = dir + "/token";
+  std::ofstream(token_file) << "observability-test-token\n";
+  ASSERT_EQ(chmod(token_file.c_str(), 0600), 0);
+  DaemonProcess daemon({"--token-file", token_file});
+  auto [refused, out1] = Status({"--rdzv-endpoint", daemon.endpoint()});
+  EXPECT_EQ(refused, 1) << out1;
+  EXPECT_NE(out1.find("meshrun status: the rendezvous daemon at " + daemon.endpoint() +
+                      " refused the call"),
+            std::string::npos)
+      << out1;
+  auto [ok, out2] =
+      Status({"--rdzv-endpoint", daemon.endpoint(), "--token-file", token_file});
+  EXPECT_EQ(ok, 0) << out2;
+  EXPECT_EQ(out2, "no runs\n");
+  fs::remove_all(dir);
 }
 
 TEST(ObservabilityTest, HttpPortRefusesBadRequests) {
