@@ -535,7 +535,7 @@ class Agent {
         spdlog::error("cannot report the failure to the daemon: {}",
                       std::string(verdict.status().message()));
         // Sent again when the daemon re-sends this round's assignment.
-        unreported_failure_ = UnreportedFailure{failure->round, detail};
+        unreported_failure_ = UnreportedFailure{failure->round, report.detail()};
       } else if (verdict->will_restart()) {
         spdlog::warn("worker failed; restarting the run (restart {} of {})",
                      verdict->restart_count(), options_.run_config.max_restarts());

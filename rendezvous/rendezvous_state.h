@@ -277,6 +277,8 @@ class RendezvousState {
   void SetRunTimer(Run& run, DeadlineKind kind, std::optional<RdzvTime> at);
   Assignment AssignmentFor(const Run& run, uint32_t group_rank) const;
 
+  RunStatusRecord StatusOf(const Run& run, RdzvTime now) const;
+
   void Touch(const std::string& run_id) {
     if (track_changes_) changed_.insert(run_id);
   }
@@ -285,10 +287,6 @@ class RendezvousState {
   std::set<Deadline> deadlines_;
   bool track_changes_ = false;
   std::set<std::string> changed_;
-  RunStatusRecord StatusOf(const Run& run, RdzvTime now) const;
-
-  std::map<std::string, std::unique_ptr<Run>> runs_;
-  std::set<Deadline> deadlines_;
   RendezvousStats stats_;
 
  public:
