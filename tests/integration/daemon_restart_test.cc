@@ -20,6 +20,7 @@
 
 #include "rendezvous/store_client.h"
 #include "tests/support/child_process.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshrun {
 namespace {
@@ -34,21 +35,10 @@ using Clock = std::chrono::steady_clock;
 const std::string kWorker =
     std::string(MESHRUN_SOURCE_DIR) + "/tests/integration/workers/resume_worker.py";
 
-class TempDir {
+// Every directory of this file's tests is named after it.
+class TempDir : public testing::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "meshrun-restart-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : testing::TempDir("meshrun-restart") {}
 };
 
 struct Daemon {

@@ -27,6 +27,7 @@
 #include "rendezvous/rendezvous_client.h"
 #include "rendezvous/store_client.h"
 #include "tests/support/child_process.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshrun {
 namespace {
@@ -43,28 +44,10 @@ const std::string kOtherToken = "other-token-9876543210-zyxwvutsrq";
 const std::string kWorker =
     std::string(MESHRUN_SOURCE_DIR) + "/tests/integration/workers/worker.sh";
 
-class TempDir {
+// Every directory of this file's tests is named after it.
+class TempDir : public testing::TempDir {
  public:
-  TempDir() {
-    char pattern[] = "/tmp/meshrun-security-test-XXXXXX";
-    path_ = mkdtemp(pattern);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string Write(const std::string& name, const std::string& text,
-                    mode_t mode = 0600) const {
-    std::string file = path_ + "/" + name;
-    std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
-    chmod(file.c_str(), mode);
-    return file;
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : testing::TempDir("meshrun-security-test") {}
 };
 
 int ExitCode(ChildProcess& process, milliseconds timeout = seconds(60)) {

@@ -16,6 +16,7 @@
 #include "rendezvous/rendezvous_client.h"
 #include "rendezvous/store_client.h"
 #include "tests/support/child_process.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshrun {
 namespace {
@@ -27,21 +28,10 @@ using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
 
-class TempDir {
+// Every directory of this file's tests is named after it.
+class TempDir : public testing::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "meshrun-state-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : testing::TempDir("meshrun-state") {}
 };
 
 // A real meshrun-rdzvd on 127.0.0.1:`port` (0: kernel-assigned).

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "rendezvous/security.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshrun::rdzv {
 namespace {
@@ -20,26 +21,10 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kToken = "0123456789abcdef0123456789ABCDEF";
 
-class TempDir {
+// Every directory of this file's tests is named after it.
+class TempDir : public testing::TempDir {
  public:
-  TempDir() {
-    char pattern[] = "/tmp/meshrun-auth-test-XXXXXX";
-    path_ = mkdtemp(pattern);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string Write(const std::string& name, const std::string& text, mode_t mode) {
-    std::string file = path_ + "/" + name;
-    std::ofstream(file, std::ios::binary) << text;
-    chmod(file.c_str(), mode);
-    return file;
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : testing::TempDir("meshrun-auth-test") {}
 };
 
 GetEnv FakeEnv(std::map<std::string, std::string> vars) {
