@@ -24,16 +24,10 @@ using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
 using testing::DaemonProcess;
+using testing::ExitCode;
 namespace fs = std::filesystem;
 
 const std::string kSource = MESHRUN_SOURCE_DIR;
-
-int ExitCode(ChildProcess& process, std::chrono::milliseconds timeout) {
-  process.ReadAll(timeout);
-  auto status = process.Wait(timeout);
-  if (!status) return -1;
-  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
-}
 
 TEST(StatusPageTest, BrowserSeesNodesRestartAndFailure) {
   for (const char* binary : {"/usr/bin/chromium", "/usr/bin/chromedriver"}) {

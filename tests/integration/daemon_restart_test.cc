@@ -30,6 +30,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
+using testing::ExitCode;
 using Clock = std::chrono::steady_clock;
 
 const std::string kWorker =
@@ -85,13 +86,6 @@ std::unique_ptr<ChildProcess> LaunchAgent(const std::string& endpoint, int node_
   argv.push_back(go);
   argv.push_back(std::to_string(limit_s));
   return std::make_unique<ChildProcess>(argv, /*merge_stderr=*/true);
-}
-
-int ExitCode(ChildProcess& process, milliseconds timeout) {
-  process.ReadAll(timeout);
-  auto status = process.Wait(timeout);
-  if (!status) return -1;
-  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
 }
 
 bool ProcessAlive(pid_t pid) {

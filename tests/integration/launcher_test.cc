@@ -28,6 +28,8 @@ using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
 using testing::DaemonProcess;
+using testing::ExitCode;
+using testing::FreePort;
 namespace fs = std::filesystem;
 
 const std::string kWorker =
@@ -41,25 +43,6 @@ std::unique_ptr<ChildProcess> Launch(std::vector<std::string> args) {
 }
 
 // Exit code of a finished launcher (128 + signal if it was killed).
-int ExitCode(ChildProcess& process, milliseconds timeout = milliseconds(60000)) {
-  process.ReadAll(timeout);
-  auto status = process.Wait(timeout);
-  if (!status) return -1;
-  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Alive = exists and is not a zombie.
 bool ProcessAlive(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");

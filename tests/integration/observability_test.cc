@@ -38,6 +38,7 @@ using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
 using testing::DaemonProcess;
+using testing::ExitCode;
 using testing::HttpResult;
 using testing::ReadToClose;
 using testing::ScrapeUntil;
@@ -61,13 +62,6 @@ std::unique_ptr<ChildProcess> Agent(const std::string& endpoint, const std::stri
           "--rdzv-endpoint=" + endpoint, "--rdzv-id=obs", "--max-restarts=1",
           "--no-python", kWorker, BinDir() + "/store_tool", dir},
       /*merge_stderr=*/true);
-}
-
-int ExitCode(ChildProcess& process, milliseconds timeout = seconds(60)) {
-  process.ReadAll(timeout);
-  auto status = process.Wait(timeout);
-  if (!status) return -1;
-  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
 }
 
 // `meshrun status ...`: exit code and output.

@@ -38,6 +38,8 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
+using testing::ExitCode;
+using testing::FreePort;
 
 const std::string kToken = "s3cret-token-0123456789-abcdefghij";
 const std::string kOtherToken = "other-token-9876543210-zyxwvutsrq";
@@ -49,13 +51,6 @@ class TempDir : public testing::TempDir {
  public:
   TempDir() : testing::TempDir("meshrun-security-test") {}
 };
-
-int ExitCode(ChildProcess& process, milliseconds timeout = seconds(60)) {
-  process.ReadAll(timeout);
-  auto status = process.Wait(timeout);
-  if (!status) return -1;
-  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
-}
 
 size_t Count(const std::string& text, const std::string& needle) {
   size_t n = 0;
@@ -380,18 +375,6 @@ TEST_F(TokenTest, AgentsWithoutTheTokenAreRefusedAndTheDaemonKeepsServing) {
                "--token-file", token_file_, "--no-python", kWorker, "env"});
   EXPECT_EQ(ExitCode(*good), 0) << good->output();
   EXPECT_NE(good->output().find("round 1:"), std::string::npos) << good->output();
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 TEST(HostedDaemonTokenTest, TheAgentHostingTheDaemonRequiresTheToken) {

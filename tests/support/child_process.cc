@@ -1,9 +1,12 @@
 #include "tests/support/child_process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -142,6 +145,27 @@ DaemonProcess::DaemonProcess(std::vector<std::string> extra_args)
   if (!line || line->rfind(prefix, 0) != 0)
     throw std::runtime_error("meshrun-rdzvd did not print its endpoint");
   endpoint_ = line->substr(prefix.size());
+}
+
+int ExitCode(ChildProcess& process, std::chrono::milliseconds timeout) {
+  process.ReadAll(timeout);
+  auto status = process.Wait(timeout);
+  if (!status) return -1;
+  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
 }
 
 }  // namespace meshrun::testing

@@ -58,6 +58,15 @@ class DaemonProcess {
   std::string endpoint_;
 };
 
+// Reads the child's output to EOF and waits for it: its exit code, 128 +
+// the signal that ended it, or -1 if it did not end within `timeout`.
+int ExitCode(ChildProcess& process,
+             std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// A port that was free on 127.0.0.1 a moment ago (for flags that need one
+// before the process that binds it starts).
+int FreePort();
+
 // Directory holding the built binaries (build/bin).
 std::string BinDir();
 

@@ -20,6 +20,7 @@ using std::chrono::milliseconds;
 using testing::BinDir;
 using testing::ChildProcess;
 using testing::DaemonProcess;
+using testing::ExitCode;
 
 const std::string kWorker = PG_WORKER_BINARY;
 constexpr milliseconds kRunTimeout{180000};
@@ -33,13 +34,6 @@ std::unique_ptr<ChildProcess> Launch(std::vector<std::string> launcher_args,
   argv.push_back(kWorker);
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
   return std::make_unique<ChildProcess>(argv, /*merge_stderr=*/true);
-}
-
-int ExitCode(ChildProcess& process) {
-  process.ReadAll(kRunTimeout);
-  auto status = process.Wait(kRunTimeout);
-  if (!status) return -1;
-  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
 }
 
 size_t Count(const std::string& text, const std::string& needle) {
@@ -74,7 +68,7 @@ TEST_P(Collectives, StandaloneEveryGroupComputesTheRightValues) {
   const Layout& layout = GetParam();
   auto run = Launch({"--standalone", "--nproc-per-node=" + std::to_string(layout.nproc)},
                     {"collectives", "--store", layout.store});
-  ASSERT_EQ(ExitCode(*run), 0) << run->output();
+  ASSERT_EQ(ExitCode(*run, kRunTimeout), 0) << run->output();
   ExpectAllPassed(run->output(), layout.nproc);
   EXPECT_EQ(Count(run->output(), "store=" + layout.store),
             static_cast<size_t>(layout.nproc))
@@ -100,7 +94,7 @@ TEST(ProcessGroupTest, TwoAgentsOnOneDaemonFormOneWorld) {
   }
   std::string output;
   for (auto& agent : agents) {
-    EXPECT_EQ(ExitCode(*agent), 0) << agent->output();
+    EXPECT_EQ(ExitCode(*agent, kRunTimeout), 0) << agent->output();
     output += agent->output();
   }
   ExpectAllPassed(output, 4);
@@ -108,7 +102,7 @@ TEST(ProcessGroupTest, TwoAgentsOnOneDaemonFormOneWorld) {
 
 TEST(ProcessGroupTest, ErrorCasesAreReportedClearly) {
   auto run = Launch({"--standalone", "--nproc-per-node=4"}, {"errors"});
-  ASSERT_EQ(ExitCode(*run), 0) << run->output();
+  ASSERT_EQ(ExitCode(*run, kRunTimeout), 0) << run->output();
   ExpectAllPassed(run->output(), 4);
   // Ranks that disagree on a NewGroup: a member is told which lists differ;
   // the others fail their rendezvous or are not members, nobody hangs.
