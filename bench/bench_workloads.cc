@@ -2,16 +2,21 @@
 
 #include <grpcpp/grpcpp.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -124,6 +129,57 @@ std::pair<std::string, int> SplitHostPort(const std::string& target) {
   }
 }
 
+namespace {
+
+// CPU time used so far, in microseconds: this process, or another one
+// (from /proc/<pid>/stat; 0 if it cannot be read).
+double OwnCpuUs() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto us = [](const timeval& t) { return t.tv_sec * 1e6 + t.tv_usec; };
+  return us(usage.ru_utime) + us(usage.ru_stime);
+}
+
+double ProcessCpuUs(pid_t pid) {
+  if (pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  // Fields after the command name, which ends at the last ')': state is the
+  // 3rd field of the file; utime and stime are the 14th and 15th.
+  const size_t end = stat.rfind(')');
+  if (end == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(end + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i)
+    if (i >= 14) ticks += std::stod(field);
+  return ticks * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Busy and total jiffies of all cores (/proc/stat's first line).
+std::pair<double, double> MachineJiffies() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  in >> cpu;
+  double value, total = 0, idle = 0;
+  for (int i = 0; i < 10 && in >> value; ++i) {
+    total += value;
+    if (i == 3 || i == 4) idle += value;  // idle, iowait
+  }
+  return {total - idle, total};
+}
+
+struct CpuSnapshot {
+  double own_us, server_us;
+  std::pair<double, double> machine;
+  static CpuSnapshot Take(pid_t server) {
+    return {OwnCpuUs(), ProcessCpuUs(server), MachineJiffies()};
+  }
+};
+
+}  // namespace
+
 int RunOpsClient(const OpsOptions& options) {
   std::shared_ptr<grpc::Channel> shared;
   if (options.impl != Impl::kTcpStore && options.shared_channel)
@@ -182,11 +238,13 @@ int RunOpsClient(const OpsOptions& options) {
   }
   gate.Open();
   std::this_thread::sleep_for(options.warmup);
+  const CpuSnapshot cpu_start = CpuSnapshot::Take(options.server_pid);
   auto measure_start = SteadyClock::now();
   phase.store(1);
   std::this_thread::sleep_for(options.duration);
   phase.store(2);
   auto measure_end = SteadyClock::now();
+  const CpuSnapshot cpu_end = CpuSnapshot::Take(options.server_pid);
   for (auto& t : threads) t.join();
 
   std::vector<int64_t> all;
@@ -199,11 +257,19 @@ int RunOpsClient(const OpsOptions& options) {
   }
   std::sort(all.begin(), all.end());
   double seconds = std::chrono::duration<double>(measure_end - measure_start).count();
+  const double ops = static_cast<double>(std::max<size_t>(1, all.size()));
+  const double busy = cpu_end.machine.first - cpu_start.machine.first;
+  const double jiffies = cpu_end.machine.second - cpu_start.machine.second;
+  const double cores = static_cast<double>(std::thread::hardware_concurrency());
   std::string line = absl::StrCat(
       "RESULT ops=", all.size(), " seconds=", seconds,
       " ops_per_s=", static_cast<double>(all.size()) / seconds,
       " p50_us=", static_cast<double>(Percentile(all, 0.50)) / 1e3,
-      " p99_us=", static_cast<double>(Percentile(all, 0.99)) / 1e3, " errors=", errors);
+      " p99_us=", static_cast<double>(Percentile(all, 0.99)) / 1e3,
+      " client_cpu_us_per_op=", (cpu_end.own_us - cpu_start.own_us) / ops,
+      " server_cpu_us_per_op=",
+      options.server_pid > 0 ? (cpu_end.server_us - cpu_start.server_us) / ops : 0.0,
+      " busy_cores=", jiffies > 0 ? cores * busy / jiffies : 0.0, " errors=", errors);
   if (!first_error.empty()) absl::StrAppend(&line, " error=", OneLine(first_error));
   Emit(line);
   // Tear-down is not measured; leave at once (c10d's and gRPC's destructors

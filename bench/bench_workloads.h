@@ -6,6 +6,8 @@
 // orchestrator in store_bench.cc parses. Times that cross processes are
 // steady_clock nanoseconds (CLOCK_MONOTONIC, one clock for the whole machine).
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -16,11 +18,15 @@ namespace meshrun::bench {
 
 // Throughput and latency: `clients` threads, each with its own store client,
 // loop set(k_i, 64 B) / get(k_i) / add("counter", 1) for warmup + duration;
-// only ops started in the measured window count.
-// Prints: RESULT ops= seconds= ops_per_s= p50_us= p99_us= errors= [error=]
+// only ops started in the measured window count. Over the same window it
+// reads the CPU time of this process and of the server (`server_pid`), and
+// how busy the machine's cores were, to tell where the time per op goes.
+// Prints: RESULT ops= seconds= ops_per_s= p50_us= p99_us= client_cpu_us_per_op=
+//   server_cpu_us_per_op= busy_cores= errors= [error=]
 struct OpsOptions {
   Impl impl = Impl::kMeshrun;
-  std::string target;  // host:port
+  std::string target;    // host:port
+  pid_t server_pid = 0;  // 0: server CPU not measured
   int clients = 1;
   // meshrun only: every client's stream on one channel (one TCP connection)
   // instead of a channel and a connection each.
