@@ -222,11 +222,6 @@ StateLog::Mark StateLog::Now() {
   return Mark{last_seq_, pokes_};
 }
 
-void StateLog::WaitDurable(Mark mark) {
-  std::unique_lock<std::mutex> lock(mu_);
-  durable_cv_.wait(lock, [&] { return DurableLocked(mark); });
-}
-
 void StateLog::WhenDurable(Mark mark, std::function<void()> done) {
   std::lock_guard<std::mutex> lock(mu_);
   callbacks_.emplace_back(mark, std::move(done));
@@ -312,7 +307,6 @@ void StateLog::FlushLoop() {
         stats_.bytes += data.size();
       }
     }
-    durable_cv_.notify_all();
     RunReady();
 
     if (wal_bytes_ >= snapshot_after_bytes_ && snapshot_) {
@@ -329,7 +323,6 @@ void StateLog::FlushLoop() {
         std::lock_guard<std::mutex> lock(mu_);
         durable_seq_ = std::max(durable_seq_, covered);
       }
-      durable_cv_.notify_all();
       RunReady();
     }
     if (stopping) {

@@ -78,8 +78,6 @@ class StateLog {
     uint64_t pokes = 0;
   };
   Mark Now();
-  // Blocks until everything in `mark` is on disk.
-  void WaitDurable(Mark mark);
   // Runs `done` on the flusher thread once everything in `mark` is on disk.
   // Callbacks run in the order they were registered when their marks allow,
   // so one caller's replies keep their order. `done` may take a service's
@@ -124,16 +122,15 @@ class StateLog {
   std::thread flusher_;
 
   std::mutex mu_;
-  std::condition_variable work_cv_;     // flusher waits for records or a poke
-  std::condition_variable durable_cv_;  // WaitDurable waits for the flusher
-  std::string pending_;                 // guarded by mu_: framed, not yet written
-  uint64_t last_seq_ = 0;               // guarded by mu_
-  uint64_t durable_seq_ = 0;            // guarded by mu_
-  uint64_t pokes_ = 0;                  // guarded by mu_
-  uint64_t durable_pokes_ = 0;          // guarded by mu_: collected and written
-  bool stopping_ = false;               // guarded by mu_
-  bool stopped_ = false;                // guarded by mu_
-  Stats stats_;                         // guarded by mu_
+  std::condition_variable work_cv_;  // flusher waits for records or a poke
+  std::string pending_;              // guarded by mu_: framed, not yet written
+  uint64_t last_seq_ = 0;            // guarded by mu_
+  uint64_t durable_seq_ = 0;         // guarded by mu_
+  uint64_t pokes_ = 0;               // guarded by mu_
+  uint64_t durable_pokes_ = 0;       // guarded by mu_: collected and written
+  bool stopping_ = false;            // guarded by mu_
+  bool stopped_ = false;             // guarded by mu_
+  Stats stats_;                      // guarded by mu_
   std::deque<std::pair<Mark, std::function<void()>>> callbacks_;  // guarded by mu_
 };
 

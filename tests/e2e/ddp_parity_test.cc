@@ -3,8 +3,6 @@
 // torchrun with the same world size.
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,22 +16,11 @@ namespace {
 using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
+using testing::FreePort;
 
 const std::string kSource = MESHRUN_SOURCE_DIR;
 const std::string kScript = kSource + "/examples/ddp_train.py";
 const std::vector<std::string> kScriptArgs{"--epochs", "3", "--batch-size", "16"};
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 int Finish(ChildProcess& process) {
   process.ReadAll(seconds(240));

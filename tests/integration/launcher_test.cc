@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "tests/support/child_process.h"
+#include "tests/support/text.h"
 
 namespace meshrun {
 namespace {
@@ -27,6 +28,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
+using testing::Count;
 using testing::DaemonProcess;
 using testing::ExitCode;
 using testing::FreePort;
@@ -82,14 +84,6 @@ std::map<int, std::map<std::string, std::string>> Envs(const std::string& output
     if (std::regex_search(line, m, env_re)) envs[std::stoi(m[1])][m[2]] = m[3];
   }
   return envs;
-}
-
-size_t Count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos;
-       at = text.find(needle, at + 1))
-    ++n;
-  return n;
 }
 
 class LauncherTest : public ::testing::Test {

@@ -28,6 +28,7 @@
 #include "rendezvous/store_client.h"
 #include "tests/support/child_process.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/text.h"
 
 namespace meshrun {
 namespace {
@@ -38,6 +39,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
+using testing::Count;
 using testing::ExitCode;
 using testing::FreePort;
 
@@ -51,14 +53,6 @@ class TempDir : public testing::TempDir {
  public:
   TempDir() : testing::TempDir("meshrun-security-test") {}
 };
-
-size_t Count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos;
-       at = text.find(needle, at + 1))
-    ++n;
-  return n;
-}
 
 // meshrun-rdzvd on 127.0.0.1:0 with stderr merged into the captured output.
 class Daemon {
