@@ -155,21 +155,38 @@ class StepRunner {
   double loss_sum_ = 0;
 };
 
-// `batch` split into `microbatches` equal row blocks.
-absl::StatusOr<std::vector<at::Tensor>> SplitBatch(const at::Tensor& batch,
-                                                   int microbatches,
-                                                   const std::string& what) {
-  if (!batch.defined() || batch.dim() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pipeline ", what, " must be a tensor of at least 1 dimension"));
+// Rows of `batch`, or StepArgs::kNotABatch.
+int64_t Rows(const at::Tensor& batch) {
+  return batch.defined() && batch.dim() > 0 ? batch.size(0) : StepArgs::kNotABatch;
+}
+
+// Every stage's StepArgs, `mine` included (index = stage): one small
+// all-gather over the pp group. Throws c10::Error on a c10d failure.
+std::vector<StepArgs> ExchangeStepArgs(c10d::ProcessGroup& group, const StepArgs& mine) {
+  constexpr int kFields = 5;
+  at::Tensor packed = at::tensor(
+      {static_cast<int64_t>(mine.schedule), static_cast<int64_t>(mine.microbatches),
+       mine.input_rows, mine.target_rows, static_cast<int64_t>(mine.has_loss_fn)},
+      at::kLong);
+  std::vector<at::Tensor> input{packed};
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int s = 0; s < group.getSize(); ++s)
+    output[0].push_back(at::empty({kFields}, at::kLong));
+  group.allgather(output, input)->wait();
+  std::vector<StepArgs> all;
+  for (const at::Tensor& t : output[0]) {
+    auto f = t.accessor<int64_t, 1>();
+    StepArgs args;
+    args.schedule = f[0] == static_cast<int64_t>(Schedule::kOneFOneB)
+                        ? Schedule::kOneFOneB
+                        : Schedule::kGPipe;
+    args.microbatches = static_cast<int>(f[1]);
+    args.input_rows = f[2];
+    args.target_rows = f[3];
+    args.has_loss_fn = f[4] != 0;
+    all.push_back(args);
   }
-  if (batch.size(0) % microbatches != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pipeline ", what, " of ", batch.size(0),
-                     " rows does not split into ", microbatches, " equal microbatches"));
-  }
-  std::vector<at::Tensor> parts = batch.split(batch.size(0) / microbatches, 0);
-  return parts;
+  return all;
 }
 
 }  // namespace
@@ -210,25 +227,35 @@ absl::StatusOr<PipelineStage> MakeStage(Sequential model, ProcessGroupPtr pp_gro
 absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int microbatches,
                                const at::Tensor& input, const at::Tensor& target,
                                const LossFn& loss_fn) {
-  absl::StatusOr<std::vector<Action>> actions =
-      StageActions(schedule, stage.num_stages(), stage.stage(), microbatches);
-  if (!actions.ok()) return actions.status();
-  std::vector<at::Tensor> inputs;
-  std::vector<at::Tensor> targets;
-  if (stage.is_first()) {
-    absl::StatusOr<std::vector<at::Tensor>> split =
-        SplitBatch(input, microbatches, "input");
-    if (!split.ok()) return split.status();
-    inputs = *std::move(split);
-  }
-  if (stage.is_last()) {
-    if (!loss_fn) return absl::InvalidArgumentError("pipeline RunStep: no loss function");
-    absl::StatusOr<std::vector<at::Tensor>> split =
-        SplitBatch(target, microbatches, "target");
-    if (!split.ok()) return split.status();
-    targets = *std::move(split);
-  }
+  auto internal = [&](const std::string& what) {
+    return absl::InternalError(absl::StrCat("pipeline stage ", stage.stage(), " (",
+                                            ScheduleName(schedule), "): ", what));
+  };
   try {
+    // Every stage judges the whole step before any activation is sent: the
+    // batch is visible only on the first stage and the target only on the
+    // last, and a stage refusing alone would leave its neighbours waiting
+    // for messages until the group timed out.
+    StepArgs mine;
+    mine.schedule = schedule;
+    mine.microbatches = microbatches;
+    if (stage.is_first()) mine.input_rows = Rows(input);
+    if (stage.is_last()) {
+      mine.target_rows = Rows(target);
+      mine.has_loss_fn = static_cast<bool>(loss_fn);
+    }
+    if (absl::Status status = ValidateStep(ExchangeStepArgs(*stage.group(), mine));
+        !status.ok()) {
+      return status;
+    }
+    absl::StatusOr<std::vector<Action>> actions =
+        StageActions(schedule, stage.num_stages(), stage.stage(), microbatches);
+    if (!actions.ok()) return actions.status();
+    std::vector<at::Tensor> inputs;
+    std::vector<at::Tensor> targets;
+    if (stage.is_first()) inputs = input.split(input.size(0) / microbatches, 0);
+    if (stage.is_last()) targets = target.split(target.size(0) / microbatches, 0);
+
     StepRunner runner(stage, microbatches, std::move(inputs), std::move(targets),
                       loss_fn);
     const double loss_sum = runner.Run(*actions);
@@ -240,12 +267,9 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
     stage.group()->broadcast(tensors, options)->wait();
     return loss.item<double>();
   } catch (const c10::Error& error) {
-    return absl::InternalError(absl::StrCat("pipeline stage ", stage.stage(), " (",
-                                            ScheduleName(schedule),
-                                            "): ", error.what_without_backtrace()));
+    return internal(error.what_without_backtrace());
   } catch (const std::exception& error) {
-    return absl::InternalError(absl::StrCat("pipeline stage ", stage.stage(), " (",
-                                            ScheduleName(schedule), "): ", error.what()));
+    return internal(error.what());
   }
 }
 

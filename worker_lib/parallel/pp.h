@@ -19,7 +19,9 @@
 // neighbouring stage. Data parallelism across pipeline replicas: call
 // DataParallel's gradient sync after RunStep, before the optimizer step.
 //
-// Wire protocol, per microbatch m of a step (tags are per microbatch, so
+// Wire protocol of a step: first an all-gather of every stage's StepArgs
+// (pp_schedule.h) over the pp group, so that a step one stage cannot run is
+// refused by all; then, per microbatch m (tags are per microbatch, so
 // messages match by (peer, tag), never by arrival order):
 //   forward:  a header (int64 [2 + kMaxDims]: ndim, dtype, sizes) with tag
 //             3m, then the activation with tag 3m + 1. The header is sent
@@ -108,13 +110,16 @@ using LossFn =
 // after) as with loss.backward().
 // Returns the step's loss (mean over microbatches) on every stage: computed
 // on the last stage and broadcast over the pp group.
-// Errors: INVALID_ARGUMENT before any communication for a bad schedule
-// (1F1B with fewer microbatches than stages: "1F1B needs at least 4
-// microbatches for 4 stages, got 2"; every stage refuses alike) or a batch
-// that does not split into equal microbatches (checked on the first and last
-// stage only: a stage failing alone leaves its peers waiting until the
-// launcher stops them or the group times out); INTERNAL for a failure during
-// the step (a c10d error, a TORCH_CHECK in a layer).
+// Errors: INVALID_ARGUMENT, the same on every stage and before any
+// activation is sent, for a step that cannot run (ValidateStep in
+// pp_schedule.h): stages disagreeing on schedule or microbatches, 1F1B with
+// fewer microbatches than stages ("1F1B needs at least 4 microbatches for 4
+// stages, got 2"), an input or target that does not split into equal
+// microbatches ("pipeline input of 30 rows does not split into 4 equal
+// microbatches"), no loss function on the last stage. The stages learn each
+// other's arguments from one small all-gather over the pp group at the start
+// of every step. INTERNAL for a failure during the step (a c10d error, a
+// TORCH_CHECK in a layer).
 absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int microbatches,
                                const at::Tensor& input, const at::Tensor& target,
                                const LossFn& loss_fn);

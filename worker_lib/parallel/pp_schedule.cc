@@ -54,6 +54,54 @@ absl::Status ValidateSchedule(Schedule schedule, int num_stages, int microbatche
 
 namespace {
 
+// The first failure of `what`'s batch of `rows` rows split into `microbatches`.
+absl::Status ValidateBatch(const std::string& what, int64_t rows, int microbatches) {
+  if (rows == StepArgs::kNotABatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline ", what, " must be a tensor of at least 1 dimension"));
+  }
+  if (rows == 0 || rows % microbatches != 0) {  // 0 rows: no microbatch to run
+    return absl::InvalidArgumentError(absl::StrCat("pipeline ", what, " of ", rows,
+                                                   " rows does not split into ",
+                                                   microbatches, " equal microbatches"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateStep(const std::vector<StepArgs>& stages) {
+  if (stages.empty()) return absl::InvalidArgumentError("a pipeline step needs a stage");
+  const StepArgs& first = stages.front();
+  const StepArgs& last = stages.back();
+  for (size_t s = 1; s < stages.size(); ++s) {
+    if (stages[s].schedule != first.schedule ||
+        stages[s].microbatches != first.microbatches) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline stages disagree on the step: stage 0 runs ",
+          ScheduleName(first.schedule), " with ", first.microbatches,
+          " microbatches, stage ", s, " ", ScheduleName(stages[s].schedule), " with ",
+          stages[s].microbatches,
+          "; every stage must call RunStep with the same schedule and microbatches"));
+    }
+  }
+  const int num_stages = static_cast<int>(stages.size());
+  if (absl::Status status =
+          ValidateSchedule(first.schedule, num_stages, first.microbatches);
+      !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = ValidateBatch("input", first.input_rows, first.microbatches);
+      !status.ok()) {
+    return status;
+  }
+  if (!last.has_loss_fn)
+    return absl::InvalidArgumentError("pipeline RunStep: no loss function");
+  return ValidateBatch("target", last.target_rows, first.microbatches);
+}
+
+namespace {
+
 class Builder {
  public:
   Builder(int num_stages, int stage)

@@ -61,6 +61,31 @@ std::string ActionsToString(const std::vector<Action>& actions);
 // microbatches for 4 stages, got 2"). INVALID_ARGUMENT otherwise.
 absl::Status ValidateSchedule(Schedule schedule, int num_stages, int microbatches);
 
+// What one stage brings to a step. Only the first stage sees the input batch
+// and only the last the target, so a step the stages cannot all run is
+// visible to some stages only; RunStep (pp.h) exchanges these between all
+// stages before any activation is sent and has every stage judge all of them
+// with ValidateStep, so that every stage refuses such a step with the same
+// error instead of waiting for messages that will never come.
+struct StepArgs {
+  // Rows of a batch that is not a tensor of at least one dimension.
+  static constexpr int64_t kNotABatch = -1;
+
+  Schedule schedule = Schedule::kGPipe;
+  int microbatches = 0;
+  int64_t input_rows = kNotABatch;   // dim 0 of the input; read on the first stage
+  int64_t target_rows = kNotABatch;  // dim 0 of the target; read on the last stage
+  bool has_loss_fn = false;          // read on the last stage
+};
+
+// Judges one step from every stage's StepArgs (`stages[s]` from stage s):
+// the stages agree on schedule and microbatches; ValidateSchedule; the first
+// stage's input and the last stage's target split into `microbatches` equal
+// row blocks ("pipeline input of 30 rows does not split into 4 equal
+// microbatches"); the last stage has a loss function. The first failure as
+// INVALID_ARGUMENT, the same on every stage given the same `stages`.
+absl::Status ValidateStep(const std::vector<StepArgs>& stages);
+
 // The actions of `stage` (of `num_stages`) for one step of `microbatches`.
 // The first stage neither receives activations nor sends gradients; the last
 // neither sends activations nor receives gradients.

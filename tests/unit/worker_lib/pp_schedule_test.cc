@@ -68,6 +68,92 @@ TEST(PipelineSchedule, RejectsBadArguments) {
   EXPECT_FALSE(StageActions(Schedule::kGPipe, 2, 0, 0).ok());
 }
 
+// What each of `num_stages` stages brings to a step of `microbatches`: the
+// first stage a batch of `input_rows`, the last a target of `target_rows`
+// and a loss function; the middle stages neither.
+std::vector<StepArgs> Step(int num_stages, Schedule schedule, int microbatches,
+                           int64_t input_rows, int64_t target_rows) {
+  std::vector<StepArgs> stages(num_stages);
+  for (StepArgs& args : stages) {
+    args.schedule = schedule;
+    args.microbatches = microbatches;
+  }
+  stages.front().input_rows = input_rows;
+  stages.back().target_rows = target_rows;
+  stages.back().has_loss_fn = true;
+  return stages;
+}
+
+std::string Refusal(const std::vector<StepArgs>& stages) {
+  absl::Status status = ValidateStep(stages);
+  if (status.ok()) return "OK";
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  return std::string(status.message());
+}
+
+// Every stage judges the step from all stages' arguments, so a problem only
+// the first or the last stage can see is refused by all of them alike.
+TEST(ValidateStep, JudgesTheWholeStepFromEveryStagesArguments) {
+  const Schedule kG = Schedule::kGPipe;
+  const Schedule k1 = Schedule::kOneFOneB;
+  const int64_t kNone = StepArgs::kNotABatch;
+  struct Case {
+    std::vector<StepArgs> stages;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {Step(4, kG, 4, 32, 32), "OK"},
+      {Step(4, k1, 8, 32, 32), "OK"},
+      {Step(1, kG, 4, 32, 32), "OK"},
+      {Step(3, kG, 4, 30, 30),
+       "pipeline input of 30 rows does not split into 4 equal microbatches"},
+      {Step(3, kG, 5, 32, 30),
+       "pipeline input of 32 rows does not split into 5 equal microbatches"},
+      {Step(3, kG, 4, 32, 30),
+       "pipeline target of 30 rows does not split into 4 equal microbatches"},
+      {Step(1, kG, 4, 32, 30),
+       "pipeline target of 30 rows does not split into 4 equal microbatches"},
+      {Step(3, kG, 4, 0, 0),
+       "pipeline input of 0 rows does not split into 4 equal microbatches"},
+      {Step(3, kG, 4, kNone, 32),
+       "pipeline input must be a tensor of at least 1 dimension"},
+      {Step(3, kG, 4, 32, kNone),
+       "pipeline target must be a tensor of at least 1 dimension"},
+      {Step(4, k1, 2, 32, 32), "1F1B needs at least 4 microbatches for 4 stages, got 2"},
+      {Step(2, kG, 0, 32, 32), "a pipeline step needs at least 1 microbatch, got 0"},
+      {{}, "a pipeline step needs a stage"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.stages.size() << " stages");
+    EXPECT_EQ(Refusal(c.stages), c.want);
+  }
+
+  // The middle stages' batches are nobody's business (they pass none).
+  std::vector<StepArgs> stages = Step(3, kG, 4, 32, 32);
+  stages[1].input_rows = 7;
+  stages[1].target_rows = 7;
+  EXPECT_EQ(Refusal(stages), "OK");
+
+  stages = Step(3, kG, 4, 32, 32);
+  stages.back().has_loss_fn = false;
+  EXPECT_EQ(Refusal(stages), "pipeline RunStep: no loss function");
+
+  // Stages that were called differently are told so, instead of running
+  // schedules that do not match.
+  stages = Step(3, kG, 4, 32, 32);
+  stages[2].microbatches = 8;
+  EXPECT_EQ(Refusal(stages),
+            "pipeline stages disagree on the step: stage 0 runs gpipe with 4 "
+            "microbatches, stage 2 gpipe with 8; every stage must call RunStep with the "
+            "same schedule and microbatches");
+  stages = Step(3, kG, 4, 32, 32);
+  stages[1].schedule = k1;
+  EXPECT_EQ(Refusal(stages),
+            "pipeline stages disagree on the step: stage 0 runs gpipe with 4 "
+            "microbatches, stage 1 1f1b with 4; every stage must call RunStep with the "
+            "same schedule and microbatches");
+}
+
 TEST(PipelineSchedule, ParsesNames) {
   EXPECT_EQ(*ParseSchedule("gpipe"), Schedule::kGPipe);
   EXPECT_EQ(*ParseSchedule("1F1B"), Schedule::kOneFOneB);
