@@ -154,6 +154,46 @@ class GroupTimeoutStore final : public c10d::Store {
 // adds the "/" itself: keys land under "pg/<n>/".
 std::string GroupPrefix(int n) { return absl::StrCat("pg/", n); }
 
+// NewGroup's closing barrier over the whole world, through the store (as
+// torch's new_group ends with its store-based barrier): every rank counts
+// itself in under the group's prefix and the last to arrive releases the
+// others. Through the store rather than a collective on the default group so
+// that it neither depends on the default group's backend nor shifts its
+// sequence of collectives.
+// Rank 0 leaves last: it may serve the TCPStore, and a rank 0 that exits
+// right after NewGroup must not take the store down under peers still in
+// the barrier (torch's polling barrier has that race). The releases are adds,
+// not sets: TCPStore answers an add, so a releasing rank knows the store has
+// taken its release before it goes on (and perhaps exits).
+absl::Status StoreBarrier(c10d::Store& store, int rank, int group_number, int world_size,
+                          std::chrono::milliseconds timeout) {
+  const std::string key = absl::StrCat(GroupPrefix(group_number), "/barrier/");
+  const std::string arrived = key + "arrived";
+  try {
+    if (store.add(arrived, 1) == world_size) store.add(key + "released", 1);
+    store.wait({key + "released"}, timeout);
+    if (world_size > 1) {
+      if (rank != 0) {
+        if (store.add(key + "left", 1) == world_size - 1) store.add(key + "all_left", 1);
+      } else {
+        store.wait({key + "all_left"}, timeout);
+      }
+    }
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    std::string count = "?";
+    try {
+      count = absl::StrCat(store.add(arrived, 0));
+    } catch (const std::exception&) {
+      // The store itself failed; the first error says so.
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "NewGroup #", group_number, ": the closing barrier failed (timeout ",
+        timeout.count(), " ms) with ", count, " of ", world_size,
+        " ranks arrived (every rank of the world must call NewGroup): ", FirstLine(e)));
+  }
+}
+
 }  // namespace
 
 // The parts of World only this file needs.
@@ -162,6 +202,11 @@ struct WorldInternals {
                                                      InitOptions options);
   static absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroup(
       World& world, std::vector<int> ranks, const GroupOptions& options);
+  // This rank's part of NewGroup #group_number: the group for a member of
+  // `ranks` (sorted), null for the others.
+  static absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> JoinGroup(
+      World& world, const std::vector<int>& ranks, const std::string& backend_option,
+      int group_number, std::chrono::milliseconds timeout);
   static absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeGroup(
       World& world, const std::string& backend, int group_number, int rank, int size,
       std::chrono::milliseconds timeout);
@@ -332,6 +377,28 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::NewGroup(
     std::lock_guard<std::mutex> lock(world.mu_);
     group_number = world.next_group_++;
   }
+  const std::chrono::milliseconds timeout = options.timeout.value_or(world.timeout());
+  auto group = JoinGroup(world, ranks, options.backend, group_number, timeout);
+  // Members and non-members alike, and after a failure too: no rank returns
+  // (and perhaps exits, taking its Gloo pairs or the TCPStore it serves with
+  // it) while a peer is still forming the group. A peer may spend up to
+  // `timeout` forming it before it arrives (a member whose rendezvous times
+  // out), hence twice that here.
+  absl::Status barrier =
+      StoreBarrier(*world.store_, world.rank(), group_number, world.size(), 2 * timeout);
+  if (!group.ok()) return group.status();
+  if (!barrier.ok()) return barrier;
+  if (*group) {
+    std::lock_guard<std::mutex> lock(world.mu_);
+    world.group_ranks_[group->get()] = ranks;
+    world.groups_.push_back(*group);
+  }
+  return *group;
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::JoinGroup(
+    World& world, const std::vector<int>& ranks, const std::string& backend_option,
+    int group_number, std::chrono::milliseconds timeout) {
   auto me = std::lower_bound(ranks.begin(), ranks.end(), world.rank());
   if (me == ranks.end() || *me != world.rank())
     return c10::intrusive_ptr<c10d::ProcessGroup>();
@@ -357,15 +424,9 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::NewGroup(
         absl::StrCat("NewGroup: the store failed: ", FirstLine(e)));
   }
 
-  const std::string backend = options.backend.empty() ? world.backend() : options.backend;
-  auto group =
-      MakeGroup(world, backend, group_number, group_rank, static_cast<int>(ranks.size()),
-                options.timeout.value_or(world.timeout()));
-  if (!group.ok()) return group.status();
-  std::lock_guard<std::mutex> lock(world.mu_);
-  world.group_ranks_[group->get()] = ranks;
-  world.groups_.push_back(*group);
-  return *group;
+  const std::string backend = backend_option.empty() ? world.backend() : backend_option;
+  return MakeGroup(world, backend, group_number, group_rank,
+                   static_cast<int>(ranks.size()), timeout);
 }
 
 }  // namespace meshrun::worker

@@ -139,6 +139,14 @@ absl::StatusOr<std::shared_ptr<World>> InitProcessGroup(
 // repeated creations never collide. Members check that they agree on `ranks`
 // (FAILED_PRECONDITION naming both lists otherwise). INVALID_ARGUMENT for an
 // empty list, a duplicate or an out-of-range rank.
+// Ends, like torch's new_group, with a barrier of the whole world through
+// the store: no rank returns (members, non-members, and ranks whose part
+// failed alike) before every rank has finished its part, so a rank that
+// exits right after NewGroup cannot break a peer still connecting to it.
+// Rank 0 returns last: it may serve the TCPStore the barrier goes through.
+// The barrier waits up to twice the group's timeout (a peer may spend one
+// timeout failing its part); UNAVAILABLE, naming how many ranks arrived,
+// when it runs out.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroup(
     World& world, std::vector<int> ranks, const GroupOptions& options = {});
 

@@ -10,12 +10,21 @@
 //       the same ranks created again and again).
 //   pg_worker errors
 //       The documented error cases of InitProcessGroup and NewGroup.
+//   pg_worker exit-after-newgroup [--store ...]
+//       NewGroup of every rank but 0, the last rank first sleeping a second
+//       (slowed before it creates its Gloo pairs); every rank prints
+//       "NEWGROUP rank=<r> member|not a member" (or "NEWGROUP rank=<r> FAILED
+//       <status>", exit 1) and exits at once with _Exit, as a program that
+//       is done may. Rank 0 may serve the TCPStore.
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
@@ -177,21 +186,26 @@ void Subgroup(World& world, std::vector<int> ranks, const std::string& name) {
   CheckCollectives(world, *group, ranks, name);
 }
 
-int Collectives(StoreKind store) {
+// InitProcessGroup("gloo") over `store` with a 60 s timeout; null, after
+// saying why on stderr, when it fails.
+std::shared_ptr<World> InitGloo(StoreKind store) {
   InitOptions options;
   options.store = store;
   options.timeout = std::chrono::seconds(60);
+  auto world = InitProcessGroup("gloo", options);
+  if (world.ok()) return *world;
+  std::fprintf(stderr, "pg_worker: %s\n", std::string(world.status().message()).c_str());
+  return nullptr;
+}
+
+int Collectives(StoreKind store) {
   const auto start = std::chrono::steady_clock::now();
-  auto world_or = InitProcessGroup("gloo", options);
+  std::shared_ptr<World> world_ptr = InitGloo(store);
   const auto init_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                            std::chrono::steady_clock::now() - start)
                            .count();
-  if (!world_or.ok()) {
-    std::fprintf(stderr, "pg_worker: %s\n",
-                 std::string(world_or.status().message()).c_str());
-    return 1;
-  }
-  World& world = **world_or;
+  if (!world_ptr) return 1;
+  World& world = *world_ptr;
   rank = world.rank();
   const int n = world.size();
   std::printf("INFO rank=%d size=%d store=%s init_ms=%lld\n", rank, n,
@@ -263,13 +277,9 @@ int Errors() {
                               "unknown backend 'bogus': expected gloo or nccl",
            "bogus: " + bogus.status().ToString());
   }
-  auto world_or = InitProcessGroup("gloo", options);
-  if (!world_or.ok()) {
-    std::fprintf(stderr, "pg_worker: %s\n",
-                 std::string(world_or.status().message()).c_str());
-    return 1;
-  }
-  World& world = **world_or;
+  std::shared_ptr<World> world_ptr = InitGloo(StoreKind::kAuto);
+  if (!world_ptr) return 1;
+  World& world = *world_ptr;
   rank = world.rank();
   const int n = world.size();
   auto expect_invalid = [&](std::vector<int> ranks, const std::string& message) {
@@ -332,6 +342,25 @@ int Errors() {
   return failures == 0 ? 0 : 1;
 }
 
+int ExitAfterNewGroup(StoreKind store) {
+  std::shared_ptr<World> world_ptr = InitGloo(store);
+  if (!world_ptr) return 1;
+  World& world = *world_ptr;
+  rank = world.rank();
+  const int n = world.size();
+  std::vector<int> members;
+  for (int r = 1; r < n; ++r) members.push_back(r);
+  if (rank == n - 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+  auto group = NewGroup(world, members);
+  if (!group.ok()) {
+    std::printf("NEWGROUP rank=%d FAILED %s\n", rank, group.status().ToString().c_str());
+  } else {
+    std::printf("NEWGROUP rank=%d %s\n", rank, *group ? "member" : "not a member");
+  }
+  std::fflush(stdout);
+  std::_Exit(group.ok() ? 0 : 1);  // no destructors: the process is simply gone
+}
+
 }  // namespace
 }  // namespace meshrun::worker
 
@@ -349,6 +378,7 @@ int main(int argc, char** argv) {
   try {
     if (mode == "collectives") return meshrun::worker::Collectives(store);
     if (mode == "errors") return meshrun::worker::Errors();
+    if (mode == "exit-after-newgroup") return meshrun::worker::ExitAfterNewGroup(store);
   } catch (const std::exception& e) {
     std::string what = e.what();
     std::fprintf(stderr, "pg_worker: uncaught: %s\n",

@@ -116,6 +116,28 @@ TEST(ProcessGroupTest, ErrorCasesAreReportedClearly) {
       << out;
 }
 
+// NewGroup ends with a barrier of the whole world (as torch's new_group):
+// rank 0, not a member, and the fast members return only once the slow
+// member has formed the group, so their exiting at once breaks nobody. Before
+// the barrier, rank 0 left at once and, serving the TCPStore, took the
+// members' rendezvous down with it.
+class ExitRightAfterNewGroup : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExitRightAfterNewGroup, BreaksNoPeer) {
+  auto run = Launch({"--standalone", "--nproc-per-node=4"},
+                    {"exit-after-newgroup", "--store", GetParam()});
+  EXPECT_EQ(ExitCode(*run, kRunTimeout), 0) << run->output();
+  const std::string& out = run->output();
+  EXPECT_EQ(Count(out, "NEWGROUP rank="), 4u) << out;
+  EXPECT_EQ(Count(out, "NEWGROUP rank=0 not a member"), 1u) << out;
+  for (int rank = 1; rank < 4; ++rank)
+    EXPECT_EQ(Count(out, "NEWGROUP rank=" + std::to_string(rank) + " member"), 1u) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, ExitRightAfterNewGroup,
+                         ::testing::Values("tcpstore", "meshrun"),
+                         [](const auto& info) { return info.param; });
+
 TEST(ProcessGroupTest, OutsideALauncherTheErrorNamesWhatIsMissing) {
   ChildProcess run({"/usr/bin/env", "-i", kWorker, "collectives"}, /*merge_stderr=*/true);
   run.ReadAll(kRunTimeout);
