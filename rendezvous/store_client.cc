@@ -302,10 +302,21 @@ class StoreClient::Stream {
                          (status_.ok() ? std::string("closed by the server")
                                        : status_.error_message());
         for (auto& [id, slot] : pending_) {
-          // A refused token stays recognisable; anything else is "gone".
-          slot->reply = status_.error_code() == grpc::StatusCode::UNAUTHENTICATED
-                            ? absl::UnauthenticatedError(broken_reason_)
-                            : absl::UnavailableError(broken_reason_);
+          // A refused token or a refused message stays recognisable (the
+          // caller must not send it again); anything else is "gone".
+          switch (status_.error_code()) {
+            case grpc::StatusCode::UNAUTHENTICATED:
+              slot->reply = absl::UnauthenticatedError(broken_reason_);
+              break;
+            case grpc::StatusCode::RESOURCE_EXHAUSTED:
+              slot->reply = absl::ResourceExhaustedError(broken_reason_);
+              break;
+            case grpc::StatusCode::INVALID_ARGUMENT:
+              slot->reply = absl::InvalidArgumentError(broken_reason_);
+              break;
+            default:
+              slot->reply = absl::UnavailableError(broken_reason_);
+          }
           if (slot.get() == mine) mine_done = true;
           Complete(slot);
         }
@@ -497,8 +508,18 @@ absl::StatusOr<StoreResponse> StoreClient::Call(StoreRequest request) {
     bool sent = false;
     auto reply = stream->Call(request, &sent);
     if (reply.ok() || !stream->broken()) return reply;
-    // A refused token is refused again on a new stream.
-    if (reply.status().code() == absl::StatusCode::kUnauthenticated) return reply;
+    // Only a lost connection is worth another stream: a refused token, or a
+    // message the daemon refuses (too large), is refused again.
+    if (reply.status().code() != absl::StatusCode::kUnavailable) return reply;
+    // Nor is a stream that keeps breaking: repeating is bounded by
+    // connect_timeout from the first failure, even while the channel stays
+    // connected.
+    const auto now = std::chrono::system_clock::now();
+    if (!reconnect_deadline) {
+      reconnect_deadline = now + options_.connect_timeout;
+    } else if (now >= *reconnect_deadline) {
+      return reply;
+    }
     if (sent && !SafeToRepeat(request)) {
       return absl::UnavailableError(
           std::string(reply.status().message()) +
