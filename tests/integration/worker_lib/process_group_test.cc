@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/support/child_process.h"
+#include "tests/support/text.h"
 
 namespace meshrun {
 namespace {
@@ -19,6 +20,7 @@ namespace {
 using std::chrono::milliseconds;
 using testing::BinDir;
 using testing::ChildProcess;
+using testing::Count;
 using testing::DaemonProcess;
 using testing::ExitCode;
 
@@ -34,14 +36,6 @@ std::unique_ptr<ChildProcess> Launch(std::vector<std::string> launcher_args,
   argv.push_back(kWorker);
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
   return std::make_unique<ChildProcess>(argv, /*merge_stderr=*/true);
-}
-
-size_t Count(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t at = text.find(needle); at != std::string::npos;
-       at = text.find(needle, at + 1))
-    ++n;
-  return n;
 }
 
 // Every rank printed PASS and none FAIL.
