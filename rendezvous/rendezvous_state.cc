@@ -195,6 +195,26 @@ struct RendezvousState::Node {
   bool departed = false;
 };
 
+// How an incarnation of a run ended.
+struct RendezvousState::RunEnd {
+  Outcome outcome = Outcome::kAborted;
+  std::string reason;
+  uint64_t round = 0;
+};
+
+namespace {
+// What a node that took part in no round of a run that ended with `outcome`
+// is told: a success is not its own (it ran nothing), so it reads as kAborted.
+std::pair<Outcome, std::string> AsToldTo(bool took_part, const std::string& run_id,
+                                         Outcome outcome, uint64_t round,
+                                         const std::string& reason) {
+  if (took_part || outcome != Outcome::kSucceeded) return {outcome, reason};
+  return {Outcome::kAborted,
+          absl::StrCat("run ", run_id, " ended (succeeded) in round ", round,
+                       " before this node took part; nothing ran on it")};
+}
+}  // namespace
+
 struct RendezvousState::Run {
   std::string id;
   RunOptions options;
@@ -226,6 +246,23 @@ struct RendezvousState::Run {
   std::optional<RdzvTime> min_reached_at;
   std::optional<RdzvTime> last_call_at;      // mirrored in deadlines_
   std::optional<RdzvTime> join_deadline_at;  // mirrored in deadlines_
+  // The join timeout fired while the round had min nodes (its last call was
+  // pending): should the round drop below min, it times out at once.
+  bool join_deadline_passed = false;
+  std::optional<RdzvTime> abandon_at;  // mirrored in deadlines_; no live node
+
+  // Grows with every incarnation and every restore; part of store prefixes,
+  // so none repeats (see the header).
+  uint64_t epoch = 1;
+  uint64_t round_epoch = 0;  // the epoch the current (or last) round formed in
+  // Every node that enrolled in this incarnation, gone ones included: after
+  // the end they are told the outcome, anyone else starts a new incarnation.
+  // The value: whether the node took part in a round (else it only waited).
+  std::map<std::string, bool> members;
+  // The incarnation before this one and its members, for its nodes that
+  // come back late.
+  std::optional<RunEnd> previous;
+  std::map<std::string, bool> previous_members;
 };
 
 bool RendezvousState::Deadline::operator<(const Deadline& other) const {
@@ -273,18 +310,23 @@ absl::Status RendezvousState::JoinChecked(const std::string& run_id, const NodeI
     it = runs_.emplace(run_id, std::move(run)).first;
   }
   Run& run = *it->second;
-  if (run.phase == Phase::kClosed) {
-    // A node that arrives after the end (a replacement racing the last
-    // success, an agent back from a partition) learns the outcome as the
-    // participants did, instead of an error: torchrun's agents also leave a
-    // finished rendezvous cleanly. It is not enrolled.
+  if (const std::optional<RunEnd> end = EndedRunOf(run, node.node_id)) {
+    // A node of an ended incarnation that comes back (its stream broke
+    // before the end reached it, an agent back from a partition) learns the
+    // outcome as the other participants did. It is not enrolled.
     NodeEvent& event =
-        Emit(events, run.id, node.node_id, NodeEvent::Kind::kClosed, run.round);
-    event.outcome = *run.outcome;
+        Emit(events, run.id, node.node_id, NodeEvent::Kind::kClosed, end->round);
+    event.outcome = end->outcome;
     event.detail = absl::StrCat("run ", run_id, " had already ended (",
-                                ToString(*run.outcome), ") when this node joined");
-    if (!run.close_reason.empty()) absl::StrAppend(&event.detail, ": ", run.close_reason);
+                                ToString(end->outcome), ") when this node joined");
+    if (!end->reason.empty()) absl::StrAppend(&event.detail, ": ", end->reason);
     return absl::OkStatus();
+  }
+  if (run.phase == Phase::kClosed) {
+    // Anyone else is a new launch under a used id: telling it the old
+    // outcome would report work it never ran, so it runs its own.
+    ++stats_.runs_created;
+    StartIncarnation(run, options, node.nproc);
   }
   if (std::string diff = DescribeOptionDiff(run.options, options); !diff.empty()) {
     return absl::FailedPreconditionError(
@@ -329,8 +371,9 @@ absl::Status RendezvousState::CheckResume(const Run* run, const std::string& run
                                             " of run ", run_id, ": ", why));
   };
   if (run == nullptr) return unknown("the daemon does not know the run");
-  // An ended run answers with its outcome (see Join), like any late node.
-  if (run->phase == Phase::kClosed) return absl::OkStatus();
+  // An ended run answers its nodes with its outcome (see Join).
+  if (EndedRunOf(*run, node.node_id)) return absl::OkStatus();
+  if (run->phase == Phase::kClosed) return unknown("the run ended without this node");
   if (run->phase != Phase::kActive || run->round != node.resume_round) {
     return unknown(absl::StrCat("the run is ",
                                 run->phase == Phase::kActive ? "active" : "gathering",
@@ -351,9 +394,16 @@ absl::Status RendezvousState::Rejoin(Run& run, Node& node, const NodeInfo& info,
   const bool same =
       node.info.nproc == info.nproc && node.info.node_rank_hint == info.node_rank_hint &&
       node.info.host == info.host && node.info.master_port == info.master_port;
+  SetRunTimer(run, DeadlineKind::kAbandoned, std::nullopt);
+  // A participant that joins afresh after a restore may have run (and
+  // stopped) workers in a round the crash lost; its round's world and store
+  // keys cannot be trusted, so the round re-forms below. Without a restore in
+  // between, a fresh join means the assignment never reached it: re-sent.
+  const bool stale_round =
+      info.resume_round == 0 && run.round_epoch != run.epoch && !node.succeeded;
   if (node.role == Role::kParticipant) {
     // A succeeded node's round is over for it; its new details cannot matter.
-    if (same || node.succeeded) {
+    if ((same && !stale_round) || node.succeeded) {
       if (node.departed) {
         node.departed = false;
         run.live_nproc += node.info.nproc;
@@ -367,8 +417,8 @@ absl::Status RendezvousState::Rejoin(Run& run, Node& node, const NodeInfo& info,
       event.assignment = AssignmentFor(run, *node.group_rank);
       return absl::OkStatus();
     }
-    // Its assignment is stale (other nproc, host or hint): the round must
-    // re-form without the old incarnation, then the node joins afresh.
+    // Its assignment is stale (other nproc, host or hint, or see above): the
+    // round must re-form without the old incarnation, then it joins afresh.
     RemoveNode(run, info.node_id, ReformReason::kNodeLeft, now, events);
     Enrol(run, info, now, events);
     return absl::OkStatus();
@@ -395,6 +445,8 @@ void RendezvousState::Enrol(Run& run, const NodeInfo& info, RdzvTime now,
   Node& node = run.nodes[info.node_id];
   node.info = info;
   node.seq = run.next_seq++;
+  run.members.emplace(info.node_id, false);
+  SetRunTimer(run, DeadlineKind::kAbandoned, std::nullopt);
   run.live_nproc += info.nproc;
   if (info.node_rank_hint >= 0) {
     run.hint_owner.emplace(info.node_rank_hint, info.node_id);
@@ -489,6 +541,7 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
   uint64_t rank_base = 0;
   for (uint32_t rank = 0; rank < n; ++rank) {
     Node& node = *slots[rank];
+    run.members[node.info.node_id] = true;
     node.role = Role::kParticipant;
     node.group_rank = rank;
     node.succeeded = false;
@@ -501,7 +554,8 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
   run.roster = std::move(roster);
   // Bounded by kMaxWorldSize at join.
   run.world_size = static_cast<uint32_t>(rank_base);
-  run.store_prefix = absl::StrCat(run.id, "/r", run.round);
+  run.store_prefix = absl::StrCat(run.id, "/e", run.epoch, ".r", run.round);
+  run.round_epoch = run.epoch;
   run.succeeded = 0;
   run.phase = Phase::kActive;
   ++stats_.rounds_completed;
@@ -621,6 +675,11 @@ void RendezvousState::RemoveNode(Run& run, const std::string& node_id,
       }
       if (run.gathering.size() < run.options.min_nodes) {
         SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
+        // The join timeout has no time left to give: waiting on would have
+        // no timer at all.
+        if (run.join_deadline_passed && !run.gathering.empty()) {
+          TimeOutJoin(run, now, events);
+        }
       }
       return;
     }
@@ -648,7 +707,8 @@ void RendezvousState::Forget(Run& run, const std::string& node_id) {
   run.nodes.erase(it);
 }
 
-void RendezvousState::TimeOutJoin(Run& run, std::vector<NodeEvent>* events) {
+void RendezvousState::TimeOutJoin(Run& run, RdzvTime now,
+                                  std::vector<NodeEvent>* events) {
   ++stats_.join_timeouts;
   const std::string detail = absl::StrCat(
       "round ", run.round, " of run ", run.id, " gathered ", run.gathering.size(),
@@ -667,6 +727,17 @@ void RendezvousState::TimeOutJoin(Run& run, std::vector<NodeEvent>* events) {
   run.min_reached_at.reset();
   SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
   SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
+  // The timed-out nodes were all of it (a gathering round has no waiting
+  // nodes while it has room): the run ends, and a relaunch is a new one.
+  if (run.live_nproc == 0) CloseRun(run, Outcome::kAborted, detail, now, events);
+}
+
+void RendezvousState::CheckAbandoned(Run& run, RdzvTime now) {
+  if (run.phase == Phase::kClosed || run.live_nproc > 0) {
+    SetRunTimer(run, DeadlineKind::kAbandoned, std::nullopt);
+  } else if (!run.abandon_at) {
+    SetRunTimer(run, DeadlineKind::kAbandoned, now + run.options.lease());
+  }
 }
 
 void RendezvousState::CloseRun(Run& run, Outcome outcome, const std::string& reason,
@@ -675,8 +746,8 @@ void RendezvousState::CloseRun(Run& run, Outcome outcome, const std::string& rea
     auto it = run.nodes.find(id);
     if (it == run.nodes.end() || it->second.departed) return;
     NodeEvent& event = Emit(events, run.id, id, NodeEvent::Kind::kClosed, run.round);
-    event.outcome = outcome;
-    event.detail = reason;
+    std::tie(event.outcome, event.detail) =
+        AsToldTo(run.members[id], run.id, outcome, run.round, reason);
   };
   // Participants by rank, then the rest in join order: a stable order for
   // the adapter and the tests.
@@ -689,11 +760,73 @@ void RendezvousState::CloseRun(Run& run, Outcome outcome, const std::string& rea
   for (auto& [id, node] : run.nodes) DropLease(run, node);
   SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
   SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
+  SetRunTimer(run, DeadlineKind::kAbandoned, std::nullopt);
+  // Told the end; no longer gathering or waiting for anything.
+  run.gathering.clear();
+  run.waiting.clear();
+  run.min_reached_at.reset();
   run.phase = Phase::kClosed;
   run.outcome = outcome;
   run.close_reason = reason;
   run.closed_at = now;
   ++stats_.runs_closed[static_cast<size_t>(outcome)];
+}
+
+void RendezvousState::StartIncarnation(Run& run, const RunOptions& options,
+                                       uint32_t nproc) {
+  run.previous = RunEnd{*run.outcome, run.close_reason, run.round};
+  run.previous_members = std::move(run.members);
+  run.members.clear();
+  for (auto& [id, node] : run.nodes) DropLease(run, node);
+  run.nodes.clear();
+  run.gathering.clear();
+  run.waiting.clear();
+  run.hint_owner.clear();
+  run.participants.clear();
+  run.roster.reset();
+  run.store_prefix.clear();
+  run.world_size = 0;
+  run.succeeded = 0;
+  run.live_nproc = 0;
+  run.min_reached_at.reset();
+  SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
+  SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
+  SetRunTimer(run, DeadlineKind::kAbandoned, std::nullopt);
+  run.options = options;
+  run.nproc = nproc;
+  run.phase = Phase::kGathering;
+  // Numbered on, so a round number names one round of one incarnation (an
+  // old node's resume can never match a new round).
+  ++run.round;
+  ++run.epoch;
+  run.restart_count = 0;
+  run.last_failure.clear();
+  run.outcome.reset();
+  run.close_reason.clear();
+  run.closed_at = {};
+}
+
+std::optional<RendezvousState::RunEnd> RendezvousState::EndedRunOf(
+    const Run& run, const std::string& node_id) {
+  std::optional<RunEnd> end;
+  bool took_part = false;
+  if (auto it = run.members.find(node_id); it != run.members.end()) {
+    if (run.phase != Phase::kClosed) return std::nullopt;
+    end = RunEnd{*run.outcome, run.close_reason, run.round};
+    took_part = it->second;
+  } else if (auto old = run.previous_members.find(node_id);
+             run.previous && old != run.previous_members.end()) {
+    end = run.previous;
+    took_part = old->second;
+  } else {
+    return std::nullopt;
+  }
+  // A node that only waited (a scale-up or replacement node, or a second
+  // launch under the same id, that came while the run was finishing) ran
+  // nothing: it must not report the others' success as its own.
+  std::tie(end->outcome, end->reason) =
+      AsToldTo(took_part, run.id, end->outcome, end->round, end->reason);
+  return end;
 }
 
 void RendezvousState::SetLease(Run& run, Node& node, RdzvTime until) {
@@ -712,8 +845,12 @@ void RendezvousState::DropLease(Run& run, Node& node) {
 
 void RendezvousState::SetRunTimer(Run& run, DeadlineKind kind,
                                   std::optional<RdzvTime> at) {
-  std::optional<RdzvTime>& slot =
-      kind == DeadlineKind::kLastCall ? run.last_call_at : run.join_deadline_at;
+  std::optional<RdzvTime>& slot = kind == DeadlineKind::kLastCall ? run.last_call_at
+                                  : kind == DeadlineKind::kJoinTimeout
+                                      ? run.join_deadline_at
+                                      : run.abandon_at;
+  // A new join deadline (or none) starts the round's wait over.
+  if (kind == DeadlineKind::kJoinTimeout) run.join_deadline_passed = false;
   if (slot == at) return;
   if (slot) deadlines_.erase(Deadline{*slot, kind, run.id, {}});
   slot = at;
@@ -730,6 +867,10 @@ absl::StatusOr<HeartbeatStatus> RendezvousState::Heartbeat(const std::string& ru
   Run& run = *it->second;
   HeartbeatStatus status{run.round, run.restart_count, run.phase == Phase::kClosed};
   if (status.closed) return status;
+  if (EndedRunOf(run, node_id)) {
+    status.closed = true;  // its incarnation ended; a new one runs now
+    return status;
+  }
   auto node = run.nodes.find(node_id);
   // A departed node must re-join to be live again, like an expired one.
   if (node == run.nodes.end() || node->second.departed) {
@@ -760,6 +901,7 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
   if (run.phase == Phase::kClosed) {
     return FailureVerdict{false, run.restart_count};
   }
+  if (EndedRunOf(run, node_id)) return FailureVerdict{false, 0};
   auto node_it = run.nodes.find(node_id);
   if (node_it == run.nodes.end()) {
     return absl::NotFoundError(
@@ -787,8 +929,9 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
     return FailureVerdict{true, run.restart_count, /*counted=*/true};
   }
   const std::string reason = run.last_failure;
+  const uint32_t restart_count = run.restart_count;
   CloseRun(run, Outcome::kFailed, reason, now, events);
-  return FailureVerdict{false, run.restart_count, /*counted=*/true};
+  return FailureVerdict{false, restart_count, /*counted=*/true};
 }
 
 absl::Status RendezvousState::ReportSuccess(const std::string& run_id,
@@ -802,7 +945,7 @@ absl::Status RendezvousState::ReportSuccess(const std::string& run_id,
     return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
   }
   Run& run = *it->second;
-  if (run.phase == Phase::kClosed) return absl::OkStatus();
+  if (run.phase == Phase::kClosed || EndedRunOf(run, node_id)) return absl::OkStatus();
   Touch(run_id);
   auto node_it = run.nodes.find(node_id);
   if (node_it == run.nodes.end()) {
@@ -836,6 +979,7 @@ absl::Status RendezvousState::Leave(const std::string& run_id, const std::string
     return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
   }
   Run& run = *it->second;
+  if (EndedRunOf(run, node_id)) return absl::OkStatus();
   if (run.nodes.find(node_id) == run.nodes.end()) {
     return absl::NotFoundError(
         absl::StrCat("node ", node_id, " is not enrolled in run ", run_id));
@@ -844,6 +988,7 @@ absl::Status RendezvousState::Leave(const std::string& run_id, const std::string
   if (run.phase == Phase::kClosed) return absl::OkStatus();
   Touch(run_id);
   RemoveNode(run, node_id, ReformReason::kNodeLeft, now, events);
+  CheckAbandoned(run, now);
   return absl::OkStatus();
 }
 
@@ -881,6 +1026,7 @@ void RendezvousState::Tick(RdzvTime now, std::vector<NodeEvent>* events) {
         node->second.leased = false;
         ++stats_.leases_expired;
         RemoveNode(run, due.node_id, ReformReason::kNodeExpired, now, events);
+        CheckAbandoned(run, now);
         break;
       }
       case DeadlineKind::kLastCall:
@@ -892,9 +1038,22 @@ void RendezvousState::Tick(RdzvTime now, std::vector<NodeEvent>* events) {
         break;
       case DeadlineKind::kJoinTimeout:
         run.join_deadline_at.reset();
-        if (run.phase == Phase::kGathering && !run.gathering.empty() &&
-            run.gathering.size() < run.options.min_nodes) {
-          TimeOutJoin(run, events);
+        if (run.phase != Phase::kGathering || run.gathering.empty()) break;
+        if (run.gathering.size() < run.options.min_nodes) {
+          TimeOutJoin(run, now, events);
+        } else {
+          // Min nodes are in and the last call will complete the round,
+          // unless some leave first (see RemoveNode).
+          run.join_deadline_passed = true;
+        }
+        break;
+      case DeadlineKind::kAbandoned:
+        run.abandon_at.reset();
+        if (run.phase != Phase::kClosed && run.live_nproc == 0) {
+          CloseRun(run, Outcome::kAborted,
+                   absl::StrCat("no live node for ", run.options.lease().count(),
+                                "ms: every node left or expired"),
+                   now, events);
         }
         break;
     }
@@ -925,6 +1084,11 @@ std::optional<RunSummary> RendezvousState::Summary(const std::string& run_id) co
   return summary;
 }
 
+bool RendezvousState::IsClosed(const std::string& run_id) const {
+  auto it = runs_.find(run_id);
+  return it != runs_.end() && it->second->phase == Phase::kClosed;
+}
+
 bool RendezvousState::HasNode(const std::string& run_id,
                               const std::string& node_id) const {
   auto it = runs_.find(run_id);
@@ -947,9 +1111,12 @@ std::vector<RunStatusRecord> RendezvousState::Status(RdzvTime now,
 RunStatusRecord RendezvousState::StatusOf(const Run& run, RdzvTime now) const {
   RunStatusRecord out;
   out.run_id = run.id;
-  out.state = run.phase == Phase::kGathering ? "gathering"
-              : run.phase == Phase::kActive  ? "active"
-                                             : "closed";
+  // A run with no live node is not gathering anything: it ends (aborted)
+  // when its abandon timer runs out, unless a node joins.
+  out.state = run.phase == Phase::kClosed      ? "closed"
+              : run.live_nproc == 0            ? "abandoned"
+              : run.phase == Phase::kGathering ? "gathering"
+                                               : "active";
   if (run.outcome) out.outcome = ToString(*run.outcome);
   out.closed_reason = run.close_reason;
   out.round = run.round;
@@ -1033,12 +1200,15 @@ void RendezvousState::RemoveRun(const std::string& run_id) {
   for (auto& [id, node] : run.nodes) DropLease(run, node);
   SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
   SetRunTimer(run, DeadlineKind::kJoinTimeout, std::nullopt);
+  SetRunTimer(run, DeadlineKind::kAbandoned, std::nullopt);
   runs_.erase(it);
 }
 
 namespace {
 // Bumped when the layout changes; a daemon refuses state it cannot read.
-constexpr uint32_t kRunFormat = 1;
+// 2 added the epoch, incarnations, the abandon timer and the passed join
+// deadline; format 1 still reads (as a first incarnation).
+constexpr uint32_t kRunFormat = 2;
 
 void WriteRemaining(codec::ByteWriter& w, const std::optional<RdzvTime>& at,
                     RdzvTime now) {
@@ -1114,6 +1284,25 @@ std::optional<std::string> RendezvousState::EncodeRun(const std::string& run_id,
   WriteRemaining(w, run.min_reached_at, now);
   WriteRemaining(w, run.last_call_at, now);
   WriteRemaining(w, run.join_deadline_at, now);
+  // Format 2.
+  w.U64(run.epoch);
+  w.U64(run.round_epoch);
+  w.U8(run.join_deadline_passed ? 1 : 0);
+  WriteRemaining(w, run.abandon_at, now);
+  auto members = [&w](const std::map<std::string, bool>& ids) {
+    w.U32(static_cast<uint32_t>(ids.size()));
+    for (const auto& [id, took_part] : ids) {
+      w.Str(id);
+      w.U8(took_part ? 1 : 0);
+    }
+  };
+  members(run.members);
+  w.U8(run.previous ? static_cast<uint8_t>(run.previous->outcome) + 1 : 0);
+  if (run.previous) {
+    w.Str(run.previous->reason);
+    w.U64(run.previous->round);
+    members(run.previous_members);
+  }
   return w.Take();
 }
 
@@ -1122,8 +1311,10 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
   auto damaged = [](const std::string& why) {
     return absl::DataLossError("damaged run record: " + why);
   };
-  if (uint32_t format = r.U32(); format != kRunFormat) {
-    return damaged(absl::StrCat("format ", format, ", this daemon reads ", kRunFormat));
+  const uint32_t format = r.U32();
+  if (format != 1 && format != kRunFormat) {
+    return damaged(
+        absl::StrCat("format ", format, ", this daemon reads 1 to ", kRunFormat));
   }
   auto run = std::make_unique<Run>();
   run->id = r.Str();
@@ -1195,7 +1386,40 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
   run->min_reached_at = ReadRemaining(r, now);
   const std::optional<RdzvTime> last_call = ReadRemaining(r, now);
   const std::optional<RdzvTime> join_deadline = ReadRemaining(r, now);
+  std::optional<RdzvTime> abandon_at;
+  if (format >= 2) {
+    run->epoch = r.U64();
+    run->round_epoch = r.U64();
+    run->join_deadline_passed = r.U8() != 0;
+    abandon_at = ReadRemaining(r, now);
+    auto members = [&r](std::map<std::string, bool>* ids) {
+      const uint32_t n = r.U32();
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        std::string id = r.Str();
+        (*ids)[std::move(id)] = r.U8() != 0;
+      }
+    };
+    members(&run->members);
+    const uint8_t previous = r.U8();
+    if (previous > static_cast<uint8_t>(Outcome::kAborted) + 1)
+      return damaged("bad previous outcome");
+    if (previous != 0) {
+      RunEnd& end = run->previous.emplace();
+      end.outcome = static_cast<Outcome>(previous - 1);
+      end.reason = r.Str();
+      end.round = r.U64();
+      members(&run->previous_members);
+    }
+  } else {
+    // Format 1 kept no members apart from the nodes.
+    for (const auto& [id, node] : run->nodes)
+      run->members.emplace(id, node.group_rank.has_value());
+    run->round_epoch = run->epoch;
+  }
   if (!r.ok() || !r.done()) return damaged("truncated or overlong");
+  // Rounds formed after this restore must not reuse a prefix that a round
+  // lost in the crash may have used (see the header).
+  ++run->epoch;
   // Cross-checks, so a bad record cannot make later calls index out of range.
   if (run->phase == Phase::kActive &&
       (!run->roster || run->roster->size() != run->participants.size() ||
@@ -1229,8 +1453,14 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
     }
   }
   if (restored.phase == Phase::kGathering) {
+    const bool passed = restored.join_deadline_passed;
     SetRunTimer(restored, DeadlineKind::kLastCall, last_call);
     SetRunTimer(restored, DeadlineKind::kJoinTimeout, join_deadline);
+    restored.join_deadline_passed = passed;
+  }
+  if (restored.phase != Phase::kClosed) {
+    SetRunTimer(restored, DeadlineKind::kAbandoned, abandon_at);
+    CheckAbandoned(restored, now);
   }
   return absl::OkStatus();
 }

@@ -16,6 +16,20 @@
 // rank hint if it fits the round, else its rank of the previous round if that
 // still fits (rank 0 stays put), else the lowest free rank in join order.
 //
+// Lifecycle: a run ends (kClosed) when every participant succeeds, when the
+// restart budget is spent, when a Close names it, when its join times out,
+// or when it has had no live node for one lease (every node left or
+// expired). An ended run is kept (answering its own nodes with the outcome)
+// until ForgetClosedBefore. A node that was not part of it and joins its id
+// starts a new incarnation of the run: new rounds (numbered on from the old
+// ones), restart count 0, the joiner's options, a new store prefix. A node
+// of the run that took part in no round of it (it was still waiting when the
+// run ended) ran nothing, so a success reaches it as kAborted saying so.
+//
+// Store prefixes ("<run_id>/e<epoch>.r<round>") never repeat for a run id:
+// the epoch grows with every incarnation and every restore (RestoreRun), so
+// a round formed again after a crash lost it cannot meet its old keys.
+//
 // Thread-safety: none; the owner serialises all calls.
 
 #include <array>
@@ -89,7 +103,7 @@ struct Assignment {
   uint32_t rank_base = 0;
   uint32_t world_size = 0;
   uint32_t restart_count = 0;
-  std::string store_prefix;  // "<run_id>/r<round>"
+  std::string store_prefix;  // "<run_id>/e<epoch>.r<round>"
   // By group rank; empty when group_world_size > kMaxInlineParticipants.
   std::vector<ParticipantView> participants;
   // The same roster, always set on kAssigned events and shared (not copied)
@@ -139,8 +153,8 @@ struct FailureVerdict {
 // What happened, counted where it happened, since the state was created.
 // Plain counters; the owner serialises access like every other call.
 struct RendezvousStats {
-  uint64_t runs_created = 0;
-  uint64_t joins = 0;  // accepted, re-joins included
+  uint64_t runs_created = 0;  // new incarnations of an ended run included
+  uint64_t joins = 0;         // accepted, re-joins included
   uint64_t joins_refused = 0;
   uint64_t join_timeouts = 0;  // rounds that gathered too few nodes in time
   uint64_t rounds_completed = 0;
@@ -170,9 +184,12 @@ class RendezvousState {
   // Enrols a node. The first node of a run fixes its options; a node whose
   // options differ is refused with FAILED_PRECONDITION naming each field that
   // differs ("min_nodes: run has 2, node asked for 3"). A node id already in
-  // the run is re-enrolled (its previous stream is considered gone). Joining a
-  // closed run answers FAILED_PRECONDITION. Invalid input (empty ids, nproc 0,
-  // min > max, max 0) answers INVALID_ARGUMENT.
+  // the run is re-enrolled (its previous stream is considered gone); a
+  // participant of a round formed before the last restore that joins afresh
+  // (not resuming) re-forms the round, since its workers are gone. A node of
+  // an ended run is told its outcome (kClosed); anyone else starts a new
+  // incarnation (see the lifecycle above). Invalid input (empty ids,
+  // nproc 0, min > max, max 0) answers INVALID_ARGUMENT.
   absl::Status Join(const std::string& run_id, const NodeInfo& node,
                     const RunOptions& options, RdzvTime now,
                     std::vector<NodeEvent>* events);
@@ -196,9 +213,10 @@ class RendezvousState {
                              uint64_t round, RdzvTime now,
                              std::vector<NodeEvent>* events);
 
-  // The node departs (graceful leave, or its stream broke). Never closes the
-  // run; an active round that loses a participant that has not succeeded
-  // re-forms with the others.
+  // The node departs (graceful leave, or its stream broke). An active round
+  // that loses a participant that has not succeeded re-forms with the others;
+  // a run left with no live node ends as kAborted one lease later unless a
+  // node joins meanwhile (a reconnecting agent comes back within its lease).
   absl::Status Leave(const std::string& run_id, const std::string& node_id, RdzvTime now,
                      std::vector<NodeEvent>* events);
 
@@ -217,6 +235,8 @@ class RendezvousState {
   // worker exits and structured failure causes are the adapter's to add.
   std::vector<RunStatusRecord> Status(RdzvTime now, const std::string& run_id = {}) const;
   const RendezvousStats& stats() const { return stats_; }
+  // Whether the run exists and has ended (its latest incarnation).
+  bool IsClosed(const std::string& run_id) const;
   // Whether the run has this node (live or departed).
   bool HasNode(const std::string& run_id, const std::string& node_id) const;
   std::vector<std::string> RunIds() const;
@@ -232,16 +252,19 @@ class RendezvousState {
   // stored as what remains of them at `now`.
   std::optional<std::string> EncodeRun(const std::string& run_id, RdzvTime now) const;
   // Adds or replaces a run from EncodeRun's bytes. Every live node gets a
-  // fresh lease from `now`, so the daemon's downtime expires nobody.
+  // fresh lease from `now`, so the daemon's downtime expires nobody, and the
+  // run a new epoch, so rounds formed from now on get store prefixes that the
+  // rounds a crash may have lost did not use.
   // DATA_LOSS when the bytes do not decode.
   absl::Status RestoreRun(std::string_view bytes, RdzvTime now);
   void RemoveRun(const std::string& run_id);
 
  private:
-  struct Run;   // defined in rendezvous_state.cc
-  struct Node;  // defined in rendezvous_state.cc
+  struct Run;     // defined in rendezvous_state.cc
+  struct Node;    // defined in rendezvous_state.cc
+  struct RunEnd;  // defined in rendezvous_state.cc
 
-  enum class DeadlineKind : uint8_t { kLease, kLastCall, kJoinTimeout };
+  enum class DeadlineKind : uint8_t { kLease, kLastCall, kJoinTimeout, kAbandoned };
   // One pending timer. All timers live in one ordered index so Tick costs
   // O(expired * log n) instead of a scan over every node of every run.
   struct Deadline {
@@ -269,9 +292,17 @@ class RendezvousState {
                   std::vector<NodeEvent>* events);
   void Depart(Run& run, Node& node);
   void Forget(Run& run, const std::string& node_id);
-  void TimeOutJoin(Run& run, std::vector<NodeEvent>* events);
+  void TimeOutJoin(Run& run, RdzvTime now, std::vector<NodeEvent>* events);
+  // Arms or disarms the run's end for having no live node.
+  void CheckAbandoned(Run& run, RdzvTime now);
   void CloseRun(Run& run, Outcome outcome, const std::string& reason, RdzvTime now,
                 std::vector<NodeEvent>* events);
+  // The ended run `run` starts over as a new incarnation with these options.
+  void StartIncarnation(Run& run, const RunOptions& options, uint32_t nproc);
+  // How the incarnation `node_id` belongs to ended, if it has: the run
+  // itself once closed, or the one before it. A success reads as kAborted
+  // to a node that took part in no round of it.
+  static std::optional<RunEnd> EndedRunOf(const Run& run, const std::string& node_id);
   void SetLease(Run& run, Node& node, RdzvTime until);
   void DropLease(Run& run, Node& node);
   void SetRunTimer(Run& run, DeadlineKind kind, std::optional<RdzvTime> at);

@@ -88,7 +88,12 @@ void ExpectConsistentAssignments(const std::vector<NodeEvent>& events) {
       EXPECT_EQ(a.roster, first.roster) << "roster is shared, not copied";
       EXPECT_EQ(a.world_size, first.world_size);
       EXPECT_EQ(a.restart_count, first.restart_count);
-      EXPECT_EQ(a.store_prefix, absl::StrCat(e->run_id, "/r", round));
+      // "<run>/e<epoch>.r<round>"
+      const std::string prefix = absl::StrCat(e->run_id, "/e");
+      const std::string suffix = absl::StrCat(".r", round);
+      EXPECT_EQ(a.store_prefix.rfind(prefix, 0), 0u) << a.store_prefix;
+      EXPECT_EQ(a.store_prefix.substr(a.store_prefix.size() - suffix.size()), suffix)
+          << a.store_prefix;
       ASSERT_LT(a.group_rank, roster.size());
       EXPECT_FALSE(seen[a.group_rank]) << "rank " << a.group_rank << " twice";
       seen[a.group_rank] = true;
@@ -154,7 +159,7 @@ TEST_F(RendezvousStateTest, CompletesAsSoonAsMaxNodesJoined) {
   EXPECT_EQ(a.group_world_size, 3u);
   EXPECT_EQ(a.world_size, 3u);
   EXPECT_EQ(a.restart_count, 0u);
-  EXPECT_EQ(a.store_prefix, "job/r1");
+  EXPECT_EQ(a.store_prefix, "job/e1.r1");
   EXPECT_TRUE(Summary().round_active);
 }
 
@@ -211,14 +216,15 @@ TEST_F(RendezvousStateTest, JoinTimeoutDismissesGatheringNodes) {
       << events[0].detail;
   RunSummary s = Summary();
   EXPECT_TRUE(s.waiting.empty());
-  EXPECT_FALSE(s.outcome.has_value()) << "the run stays open";
-  EXPECT_EQ(state_.Heartbeat(kRun, "a", At(5001)).status().code(),
-            absl::StatusCode::kNotFound);
+  // Nobody is left: the run ends, and is forgotten after the retention.
+  EXPECT_EQ(s.outcome, Outcome::kAborted);
+  EXPECT_TRUE(state_.Heartbeat(kRun, "a", At(5001))->closed);
   EXPECT_FALSE(state_.NextDeadline().has_value());
 
-  // A later join starts a new gathering clock.
+  // A later join is a new incarnation with a new gathering clock.
   JoinAll({Node("c")}, At(9000));
-  Take();
+  EXPECT_EQ(Take().at(0).round, 2u);
+  EXPECT_FALSE(Summary().outcome.has_value());
   state_.Tick(At(13999), &events_);
   EXPECT_TRUE(Of(Take(), Kind::kJoinTimeout).empty());
   state_.Tick(At(14000), &events_);
@@ -544,7 +550,9 @@ TEST_F(RendezvousStateTest, NoScaleUpOnceAParticipantSucceeded) {
   JoinAll({Node("c")}, At(2));
   EXPECT_EQ(Ids(Take()), (std::vector<std::string>{"c"}));
   ASSERT_TRUE(state_.ReportSuccess(kRun, "b", 2, At(3), &events_).ok());
-  EXPECT_EQ(Ids(Of(Take(), Kind::kClosed)), (std::vector<std::string>{"a", "b", "c"}));
+  auto closed = Of(Take(), Kind::kClosed);
+  EXPECT_EQ(Ids(closed), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(closed[2].outcome, Outcome::kAborted) << "c ran nothing";
 }
 
 // ---------------------------------------------------------------------------
@@ -643,18 +651,82 @@ TEST_F(RendezvousStateTest, LeaveOfWaitingOrGatheringNodeEmitsNothing) {
   EXPECT_EQ(state_.Leave(kRun, "d", At(2), &events_).code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(RendezvousStateTest, LastParticipantLeavingLeavesAnEmptyOpenRun) {
-  options_ = Opts(1, 1);
+TEST_F(RendezvousStateTest, RunWithNoLiveNodeEndsOneLeaseLater) {
+  options_ = Opts(1, 1);  // lease 3000 ms
   JoinAll({Node("a")});
   Take();
   ASSERT_TRUE(state_.Leave(kRun, "a", At(1), &events_).ok());
   EXPECT_TRUE(Take().empty());
   RunSummary s = Summary();
-  EXPECT_FALSE(s.outcome.has_value());
+  EXPECT_FALSE(s.outcome.has_value()) << "a reconnecting agent gets its lease";
   EXPECT_EQ(s.round, 2u);
-  EXPECT_FALSE(state_.NextDeadline().has_value());
-  JoinAll({Node("b")}, At(2));
-  EXPECT_EQ(Ranks(Take()), (std::map<std::string, uint32_t>{{"b", 0}}));
+  EXPECT_EQ(state_.Status(At(1)).at(0).state, "abandoned");
+  EXPECT_EQ(state_.NextDeadline(), At(3001));
+  state_.Tick(At(3000), &events_);
+  EXPECT_FALSE(Summary().outcome.has_value());
+  state_.Tick(At(3001), &events_);
+  EXPECT_TRUE(Take().empty()) << "nobody left to tell";
+  EXPECT_EQ(Summary().outcome, Outcome::kAborted);
+  RunStatusRecord status = state_.Status(At(3001)).at(0);
+  EXPECT_EQ(status.state, "closed");
+  EXPECT_NE(status.closed_reason.find("no live node"), std::string::npos)
+      << status.closed_reason;
+  // Forgotten after the retention like any ended run.
+  EXPECT_EQ(state_.ForgetClosedBefore(At(3002)), (std::vector<std::string>{"job"}));
+}
+
+TEST_F(RendezvousStateTest, ExpiredNodesEndTheRunAndAJoinInTimeKeepsItGoing) {
+  options_ = Opts(2, 2);  // lease 3000 ms
+  JoinAll({Node("a"), Node("b")});
+  Take();
+  state_.Tick(At(3000), &events_);  // both expire
+  EXPECT_FALSE(Summary().outcome.has_value());
+  // A node back within the lease keeps the run; the timer is disarmed.
+  JoinAll({Node("a")}, At(5000));
+  EXPECT_EQ(Summary().round, 2u);
+  state_.Tick(At(6001), &events_);
+  EXPECT_FALSE(Summary().outcome.has_value());
+  // Then it expires too, and the run ends one lease after that.
+  state_.Tick(At(8000), &events_);
+  EXPECT_FALSE(Summary().outcome.has_value());
+  state_.Tick(At(11000), &events_);
+  EXPECT_EQ(Summary().outcome, Outcome::kAborted);
+}
+
+TEST_F(RendezvousStateTest, JoinTimeoutFiringAtMinStillTimesOutBelowMin) {
+  options_ = Opts(2, 4);
+  options_.join_timeout = Millis(5000);
+  options_.last_call_timeout = Millis(8000);
+  options_.keep_alive_interval = Millis(100000);
+  JoinAll({Node("a")}, At(0));
+  JoinAll({Node("b")}, At(1000));   // last call at 9000
+  state_.Tick(At(5000), &events_);  // join deadline passes at min
+  EXPECT_TRUE(Of(Take(), Kind::kJoinTimeout).empty());
+  // b leaves before the last call: below min with no join time left, a is
+  // told at once instead of waiting with no timer.
+  ASSERT_TRUE(state_.Leave(kRun, "b", At(6000), &events_).ok());
+  auto events = Take();
+  EXPECT_EQ(Ids(Of(events, Kind::kJoinTimeout)), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(Summary().outcome, Outcome::kAborted);
+}
+
+TEST_F(RendezvousStateTest, NewJoinDeadlineClearsAPassedOne) {
+  options_ = Opts(2, 4);
+  options_.join_timeout = Millis(5000);
+  options_.last_call_timeout = Millis(8000);
+  options_.keep_alive_interval = Millis(100000);
+  JoinAll({Node("a")}, At(0));
+  JoinAll({Node("b")}, At(1000));
+  state_.Tick(At(5000), &events_);
+  // The round empties; the next join arms a fresh join timeout.
+  ASSERT_TRUE(state_.Leave(kRun, "a", At(5500), &events_).ok());
+  ASSERT_TRUE(state_.Leave(kRun, "b", At(5600), &events_).ok());
+  Take();
+  JoinAll({Node("c"), Node("d")}, At(6000));
+  ASSERT_TRUE(state_.Leave(kRun, "d", At(6500), &events_).ok());
+  EXPECT_TRUE(Of(Take(), Kind::kJoinTimeout).empty());
+  state_.Tick(At(11000), &events_);
+  EXPECT_EQ(Ids(Of(Take(), Kind::kJoinTimeout)), (std::vector<std::string>{"c"}));
 }
 
 // ---------------------------------------------------------------------------
@@ -757,6 +829,7 @@ TEST_F(RendezvousStateTest, AllParticipantsSucceedingClosesTheRun) {
   EXPECT_EQ(Ids(closed), (std::vector<std::string>{"a", "b", "w"}));
   EXPECT_EQ(closed[0].outcome, Outcome::kSucceeded);
   EXPECT_EQ(closed[0].detail, "all 2 nodes succeeded in round 1");
+  EXPECT_EQ(closed[2].outcome, Outcome::kAborted) << "w waited: it ran nothing";
   EXPECT_EQ(Summary().outcome, Outcome::kSucceeded);
   EXPECT_FALSE(state_.NextDeadline().has_value());
 }
@@ -799,11 +872,12 @@ TEST_F(RendezvousStateTest, ClosedRunAnswersWithClosedStatus) {
   JoinAll({Node("a")});
   ASSERT_TRUE(state_.ReportSuccess(kRun, "a", 1, At(1), &events_).ok());
   Take();
-  // A late node is told the outcome (and is not enrolled), like a participant.
-  ASSERT_TRUE(Join(Node("b"), At(2)).ok());
+  // A node of the run that comes back late is told the outcome (and is not
+  // enrolled), like the other participants.
+  ASSERT_TRUE(Join(Node("a"), At(2)).ok());
   auto told = Take();
   ASSERT_EQ(told.size(), 1u);
-  EXPECT_EQ(told[0].node_id, "b");
+  EXPECT_EQ(told[0].node_id, "a");
   EXPECT_EQ(told[0].kind, NodeEvent::Kind::kClosed);
   EXPECT_EQ(told[0].outcome, Outcome::kSucceeded);
   EXPECT_EQ(told[0].detail.rfind(
@@ -828,12 +902,140 @@ TEST_F(RendezvousStateTest, ClosedRunAnswersWithClosedStatus) {
 
   // Queryable until forgotten.
   EXPECT_EQ(state_.RunIds(), (std::vector<std::string>{"job"}));
+  EXPECT_TRUE(Summary().waiting.empty());
   state_.ForgetClosedBefore(At(1));
   EXPECT_EQ(state_.RunIds().size(), 1u) << "closed at 1, not before";
   state_.ForgetClosedBefore(At(2));
   EXPECT_TRUE(state_.RunIds().empty());
   // The id is free for a new run.
   EXPECT_TRUE(Join(Node("b"), At(4)).ok());
+}
+
+// A relaunch under the id of an ended run (another launch: none of its nodes)
+// is never told that run's outcome: it runs its own incarnation, with its own
+// options, restart count and store prefix, while the old nodes still learn
+// how theirs ended.
+TEST_F(RendezvousStateTest, RelaunchAfterTheEndStartsANewIncarnation) {
+  options_ = Opts(2, 2);
+  options_.max_restarts = 1;
+  JoinAll({Node("a"), Node("b")});
+  ASSERT_TRUE(state_.ReportFailure(kRun, "a", 1, "boom", At(1), &events_).ok());
+  ASSERT_TRUE(state_.ReportSuccess(kRun, "a", 2, At(2), &events_).ok());
+  ASSERT_TRUE(state_.ReportSuccess(kRun, "b", 2, At(2), &events_).ok());
+  EXPECT_EQ(Summary().outcome, Outcome::kSucceeded);
+  Take();
+
+  RunOptions changed = Opts(1, 2);
+  changed.max_restarts = 3;
+  ASSERT_TRUE(Join(Node("c"), changed, At(10)).ok()) << "other options are fine now";
+  ASSERT_TRUE(Join(Node("d"), changed, At(11)).ok());
+  auto events = Take();
+  EXPECT_TRUE(Of(events, Kind::kClosed).empty()) << "nobody is told the old outcome";
+  auto assigned = Of(events, Kind::kAssigned);
+  ASSERT_EQ(assigned.size(), 2u);
+  EXPECT_EQ(assigned[0].round, 3u) << "rounds are numbered on";
+  EXPECT_EQ(assigned[0].assignment.restart_count, 0u);
+  EXPECT_EQ(assigned[0].assignment.store_prefix, "job/e2.r3");
+  EXPECT_FALSE(Summary().outcome.has_value());
+
+  // An old node is still told how its run ended.
+  ASSERT_TRUE(Join(Node("a"), At(12)).ok());
+  events = Take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, Kind::kClosed);
+  EXPECT_EQ(events[0].outcome, Outcome::kSucceeded);
+  auto hb = state_.Heartbeat(kRun, "b", At(12));
+  ASSERT_TRUE(hb.ok());
+  EXPECT_TRUE(hb->closed);
+  EXPECT_EQ(Summary().participants.size(), 2u) << "a was not enrolled";
+
+  // The new incarnation's own budget: 3 restarts, none used yet.
+  auto verdict = state_.ReportFailure(kRun, "c", 3, "x", At(13), &events_);
+  ASSERT_TRUE(verdict.ok());
+  EXPECT_TRUE(verdict->will_restart);
+  EXPECT_EQ(verdict->restart_count, 1u);
+}
+
+// A node still waiting when the run succeeds ran nothing (a second launch
+// that joined while the first ran, a replacement racing the last success):
+// it is not told the success as its own, but that the run ended before it
+// took part, and so again if it comes back.
+TEST_F(RendezvousStateTest, NodeWaitingAtTheEndIsNotToldTheSuccess) {
+  options_ = Opts(1, 1);
+  JoinAll({Node("a")});
+  JoinAll({Node("x")}, At(1));  // full: x waits
+  Take();
+  ASSERT_TRUE(state_.ReportSuccess(kRun, "a", 1, At(2), &events_).ok());
+  auto closed = Of(Take(), Kind::kClosed);
+  ASSERT_EQ(Ids(closed), (std::vector<std::string>{"a", "x"}));
+  EXPECT_EQ(closed[0].outcome, Outcome::kSucceeded);
+  EXPECT_EQ(closed[1].outcome, Outcome::kAborted);
+  EXPECT_EQ(closed[1].detail,
+            "run job ended (succeeded) in round 1 before this node took part; nothing "
+            "ran on it");
+  ASSERT_TRUE(Join(Node("x"), At(3)).ok());
+  closed = Take();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].kind, Kind::kClosed);
+  EXPECT_EQ(closed[0].outcome, Outcome::kAborted);
+  ASSERT_TRUE(Join(Node("a"), At(3)).ok());
+  EXPECT_EQ(Take().at(0).outcome, Outcome::kSucceeded);
+  EXPECT_EQ(Summary().outcome, Outcome::kSucceeded);
+}
+
+TEST_F(RendezvousStateTest, IncarnationsSurviveEncodeAndRestore) {
+  options_ = Opts(1, 1);
+  JoinAll({Node("a")});
+  ASSERT_TRUE(state_.ReportSuccess(kRun, "a", 1, At(1), &events_).ok());
+  JoinAll({Node("b")}, At(2));
+  Take();
+  std::optional<std::string> bytes = state_.EncodeRun(kRun, At(3));
+  ASSERT_TRUE(bytes.has_value());
+  RendezvousState restored;
+  ASSERT_TRUE(restored.RestoreRun(*bytes, At(100)).ok());
+  std::vector<NodeEvent> events;
+  ASSERT_TRUE(restored.Join(kRun, Node("a"), options_, At(101), &events).ok());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, Kind::kClosed) << "a belongs to the ended incarnation";
+}
+
+// A crash can lose a membership change that agents already acted on (with
+// --state-dir). Rounds formed after the restore must not reuse any prefix,
+// and a participant of the restored round that joins afresh (its workers
+// stopped) must not be handed that round's old prefix again.
+TEST_F(RendezvousStateTest, StorePrefixesNeverRepeatAcrossARestore) {
+  options_ = Opts(2, 2);
+  options_.max_restarts = 1;
+  JoinAll({Node("a"), Node("b")});
+  EXPECT_EQ(Of(Take(), Kind::kAssigned).at(0).assignment.store_prefix, "job/e1.r1");
+  std::optional<std::string> persisted = state_.EncodeRun(kRun, At(1));
+  ASSERT_TRUE(persisted.has_value());
+  // What the crash loses: a re-form into round 2 (b's workers failed).
+  ASSERT_TRUE(state_.ReportFailure(kRun, "b", 1, "x", At(2), &events_).ok());
+  std::set<std::string> used;
+  for (const NodeEvent& e : Of(Take(), Kind::kAssigned))
+    used.insert(e.assignment.store_prefix);
+  EXPECT_EQ(used, (std::set<std::string>{"job/e1.r2"}));
+  used.insert("job/e1.r1");
+
+  RendezvousState restored;
+  ASSERT_TRUE(restored.RestoreRun(*persisted, At(10)).ok());
+  std::vector<NodeEvent> events;
+  // a resumes round 1 (its workers never stopped): the same round, fine.
+  NodeInfo a = Node("a");
+  a.resume_round = 1;
+  ASSERT_TRUE(restored.Join(kRun, a, options_, At(11), &events).ok());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].assignment.store_prefix, "job/e1.r1");
+  events.clear();
+  // b was told round 2, ran it, and now joins afresh: round 1 re-forms.
+  ASSERT_TRUE(restored.Join(kRun, Node("b"), options_, At(12), &events).ok());
+  auto assigned = Of(events, Kind::kAssigned);
+  ASSERT_EQ(assigned.size(), 2u);
+  for (const NodeEvent& e : assigned) {
+    EXPECT_EQ(used.count(e.assignment.store_prefix), 0u) << e.assignment.store_prefix;
+    EXPECT_EQ(e.assignment.store_prefix, "job/e2.r2");
+  }
 }
 
 TEST_F(RendezvousStateTest, ForgetKeepsOpenRuns) {

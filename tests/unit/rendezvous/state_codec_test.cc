@@ -174,14 +174,16 @@ TEST(StateCodec, RunRoundTripsAndResumes) {
 
   // A participant resumes its round: same assignment, no re-form.
   const std::string& a_id = now->participants[0].node_id;
+  NodeInfo resuming = Node(a_id, 2);
+  resuming.resume_round = 2;
   ASSERT_TRUE(
-      after.Join("job", Node(a_id, 2), Opts(2, 2), restore + Millis(100), &events).ok());
+      after.Join("job", resuming, Opts(2, 2), restore + Millis(100), &events).ok());
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].kind, Kind::kAssigned);
   EXPECT_EQ(events[0].assignment.round, 2u);
   EXPECT_EQ(events[0].assignment.restart_count, 1u);
   EXPECT_EQ(events[0].assignment.group_rank, 0u);
-  EXPECT_EQ(events[0].assignment.store_prefix, "job/r2");
+  EXPECT_EQ(events[0].assignment.store_prefix, "job/e1.r2");
 
   // The other participant never comes back: it expires one lease after the restore.
   events.clear();
