@@ -333,7 +333,10 @@ std::string RenderStatusTable(const StatusSnapshot& snapshot, int max_traceback_
            std::to_string(node.nproc), FormatAge(node.heartbeat_age_ms)});
     }
     if (run.nodes.empty()) {
-      out += "  (no live nodes)\n";
+      out += run.state == "abandoned"
+                 ? "  (no live nodes: the run ends as aborted unless a node joins "
+                   "within one lease)\n"
+                 : "  (no nodes)\n";
     } else {
       out += Table(rows, "  ");
     }

@@ -108,6 +108,27 @@ TEST(RendezvousStatsTest, LateHeartbeats) {
   EXPECT_EQ(state.stats().heartbeats, 3u) << "unknown nodes are not counted";
 }
 
+// `meshrun status` must tell an abandoned run from a gathering one, and a
+// closed run has nobody waiting any more.
+TEST(RendezvousStatsTest, StatusOfAbandonedAndClosedRuns) {
+  RendezvousState state;
+  ASSERT_TRUE(state.Join(kRun, Node("a"), Opts(2, 2), At(0), nullptr).ok());
+  ASSERT_TRUE(state.Leave(kRun, "a", At(1), nullptr).ok());
+  RunStatusRecord abandoned = state.Status(At(1)).at(0);
+  EXPECT_EQ(abandoned.state, "abandoned");
+  EXPECT_TRUE(abandoned.nodes.empty());
+
+  ASSERT_TRUE(state.Join("full", Node("a"), Opts(1, 1), At(0), nullptr).ok());
+  ASSERT_TRUE(state.Join("full", Node("w"), Opts(1, 1), At(0), nullptr).ok());
+  ASSERT_TRUE(state.Close("full", Outcome::kAborted, "operator", At(2), nullptr).ok());
+  RunStatusRecord closed = state.Status(At(2), "full").at(0);
+  EXPECT_EQ(closed.state, "closed");
+  for (const NodeStatusRecord& node : closed.nodes)
+    EXPECT_NE(node.state, "waiting") << node.node_id;
+  ASSERT_EQ(closed.nodes.size(), 1u);
+  EXPECT_EQ(closed.nodes[0].node_id, "a");
+}
+
 TEST(RendezvousStatsTest, StatusShowsNodesRanksAndAges) {
   RendezvousState state;
   const RunOptions o = Opts(2, 2, 3);

@@ -95,6 +95,31 @@ TEST(StatusRenderTest, Table) {
   EXPECT_EQ(RenderStatusTable(StatusSnapshot{}), "no runs\n");
 }
 
+TEST(StatusRenderTest, TableOfAbandonedAndClosedRunsWithoutNodes) {
+  StatusSnapshot snapshot;
+  RunStatusRecord& abandoned = snapshot.runs.emplace_back();
+  abandoned.run_id = "left";
+  abandoned.state = "abandoned";
+  abandoned.round = 2;
+  abandoned.min_nodes = abandoned.max_nodes = 1;
+  RunStatusRecord& closed = snapshot.runs.emplace_back();
+  closed.run_id = "gone";
+  closed.state = "closed";
+  closed.outcome = "aborted";
+  closed.closed_reason = "no live node for 15000ms: every node left or expired";
+  closed.round = 2;
+  closed.min_nodes = closed.max_nodes = 1;
+  EXPECT_EQ(
+      RenderStatusTable(snapshot),
+      "run left: abandoned, round 2, restarts 0/0, nodes 1..1, world size 0\n"
+      "  (no live nodes: the run ends as aborted unless a node joins within one "
+      "lease)\n"
+      "\n"
+      "run gone: closed (aborted), round 2, restarts 0/0, nodes 1..1, world size 0\n"
+      "  closed: no live node for 15000ms: every node left or expired\n"
+      "  (no nodes)\n");
+}
+
 StatusRoutes Routes() {
   StatusRoutes routes;
   routes.metrics_text = [] { return std::string("m 1\n"); };
