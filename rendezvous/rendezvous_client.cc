@@ -41,11 +41,11 @@ class RendezvousClient::JoinSession::Reactor final
   }
 
   void OnDone(const grpc::Status& status) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-      final_status_ = FromGrpc(status);
-    }
+    // Notify under the lock: once done_ is seen the destructor may return
+    // and free cv_, so a notify after unlocking could touch freed memory.
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    final_status_ = FromGrpc(status);
     cv_.notify_all();
   }
 
