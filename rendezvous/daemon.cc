@@ -155,6 +155,9 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   // Its handlers read the services.
   if (http_) http_->Stop();
   if (!server_) return;
+  // Before the server cancels the Join streams, which must not read as the
+  // nodes leaving (the flush below would persist a run everybody left).
+  rendezvous_->BeginShutdown();
   server_->Shutdown(std::chrono::system_clock::now() + grace);
   server_->Wait();
   server_.reset();

@@ -241,8 +241,12 @@ grpc::ServerWriteReactor<v1::RendezvousEvent>* RendezvousService::Join(
 
   std::vector<NodeEvent> events;
   std::lock_guard<std::mutex> lock(mu_);
+  const bool was_closed = state_.IsClosed(request->run_id());
   absl::Status status = state_.Join(request->run_id(), node, FromProto(request->config()),
                                     RdzvClock::now(), &events);
+  // A new incarnation began: the old one's failure and exits are not its.
+  if (was_closed && !state_.IsClosed(request->run_id()))
+    observed_.erase(request->run_id());
   if (!status.ok()) {
     stream->End(ToGrpc(status));
     return stream;
@@ -282,6 +286,9 @@ void RendezvousService::StreamBroken(const NodeKey& node, JoinStream* stream) {
   }
   streams_.erase(it);
   stream->End(grpc::Status::CANCELLED);
+  // The server cancels every stream when it shuts down; the agents are
+  // fine and will resume after the restart.
+  if (shutting_down_) return;
   // Not finding the node is fine: it may have left or expired already.
   (void)state_.Leave(node.first, node.second, RdzvClock::now(), &events);
   DispatchLocked(events);
@@ -295,6 +302,7 @@ std::optional<DeadlineTimer::TimePoint> RendezvousService::Tick(
   std::optional<DeadlineTimer::TimePoint> next;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return std::nullopt;
     state_.Tick(now, &events);
     DispatchLocked(events);
     if (log_) log_->Poke();
@@ -342,6 +350,11 @@ void RendezvousService::CollectChanges(StateLog& log) {
 void RendezvousService::WithState(const std::function<void(RendezvousState&)>& fn) {
   std::lock_guard<std::mutex> lock(mu_);
   fn(state_);
+}
+
+void RendezvousService::BeginShutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutting_down_ = true;
 }
 
 void RendezvousService::Restored() {

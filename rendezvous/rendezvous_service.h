@@ -3,7 +3,9 @@
 // gRPC adapter of the Rendezvous service: proto <-> RendezvousState, and the
 // push of each NodeEvent on the addressed node's Join stream. A Join stream
 // that breaks (agent killed, connection lost) counts as the node leaving, so
-// survivors re-form at once instead of waiting for the lease to run out.
+// survivors re-form at once instead of waiting for the lease to run out;
+// streams that end because the daemon is shutting down do not (see
+// BeginShutdown).
 //
 // Thread-safe; one mutex serialises the state machine.
 
@@ -70,6 +72,13 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   void WithState(const std::function<void(RendezvousState&)>& fn);
   // Re-arms the timer after a restore gave every node a lease.
   void Restored();
+  // The daemon is stopping: from now on the state no longer changes by
+  // itself. Streams the server cancels are not departures and timers do not
+  // run (nobody can heartbeat), so what the last flush persists is the run
+  // as it was, and agents resume into it after a restart. Calls still
+  // served (a real Leave) change it as usual. Call before shutting the
+  // server down.
+  void BeginShutdown();
   grpc::ServerUnaryReactor* ReportWorkerExits(
       grpc::CallbackServerContext* context, const meshrun::v1::WorkerExitsReport* request,
       meshrun::v1::Empty* reply) override;
@@ -103,6 +112,7 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   std::mutex mu_;
   RendezvousState state_;                   // guarded by mu_
   DeadlineTimer::TimePoint next_sweep_;     // guarded by mu_; forgetting closed runs
+  bool shutting_down_ = false;              // guarded by mu_
   std::map<NodeKey, JoinStream*> streams_;  // guarded by mu_; entry => stream alive
   // What agents reported beyond the state machine's business, per run.
   struct Observed {

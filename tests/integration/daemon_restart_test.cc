@@ -1,9 +1,10 @@
 // A real 2-node job (two real `meshrun` agents, two Python workers each)
-// while its real meshrun-rdzvd is SIGKILLed: restarted with --state-dir on
-// the same port, the job finishes with no worker restart; restarted without
-// it, the job restarts from round 1 (the documented behaviour); never
-// restarted, the agents stop their workers within the reconnect grace and
-// exit 75.
+// while its real meshrun-rdzvd is SIGKILLed or stopped with SIGTERM:
+// restarted with --state-dir on the same port, the job finishes with no
+// worker restart; restarted without it, the job restarts from round 1 (the
+// documented behaviour); never restarted, the agents stop their workers
+// within the reconnect grace and exit 75. And a second launch under the id of
+// a run that ended runs its own workers.
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -151,7 +152,13 @@ class DaemonRestartTest : public ::testing::Test {
   const std::string go_ = dir_.path() + "/go";
 };
 
-TEST_F(DaemonRestartTest, SigkilledDaemonWithStateDirResumesWithoutRestartingWorkers) {
+class DaemonRestartBySignalTest : public DaemonRestartTest,
+                                  public ::testing::WithParamInterface<int> {};
+
+// SIGKILL persists nothing more; a graceful stop (SIGTERM) must not persist
+// its own shutdown as every node leaving, or every resume is refused.
+TEST_P(DaemonRestartBySignalTest, DaemonWithStateDirResumesWithoutRestartingWorkers) {
+  const int stop_signal = GetParam();
   const std::string state = dir_.path() + "/state";
   Daemon daemon = StartDaemon(0, state);
   ASSERT_FALSE(daemon.endpoint.empty());
@@ -169,14 +176,18 @@ TEST_F(DaemonRestartTest, SigkilledDaemonWithStateDirResumesWithoutRestartingWor
   ASSERT_EQ(pids.size(), 4u);
   ASSERT_TRUE(Store(daemon.endpoint)->Set("written-before-the-kill", "42").ok());
 
-  daemon.process->Signal(SIGKILL);
-  ASSERT_TRUE(daemon.process->Wait(seconds(10)));
+  daemon.process->Signal(stop_signal);
+  std::optional<int> status = daemon.process->Wait(seconds(10));
+  ASSERT_TRUE(status);
+  if (stop_signal == SIGTERM) {
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << *status;
+  }
   for (auto& agent : agents) {
     ASSERT_TRUE(agent->ReadUntil("lost the rendezvous daemon", seconds(20)))
         << agent->output();
   }
   Daemon restarted = StartDaemon(daemon.port, state);
-  ASSERT_EQ(restarted.endpoint, daemon.endpoint) << "rebinding the port after SIGKILL";
+  ASSERT_EQ(restarted.endpoint, daemon.endpoint) << "rebinding the port";
   for (auto& agent : agents) {
     ASSERT_TRUE(agent->ReadUntil("reconnected to the rendezvous daemon", seconds(20)))
         << agent->output();
@@ -195,8 +206,17 @@ TEST_F(DaemonRestartTest, SigkilledDaemonWithStateDirResumesWithoutRestartingWor
     for (const WorkerStart& s : starts) EXPECT_EQ(pids[s.rank], s.pid);
     EXPECT_NE(agent->output().find("run succeeded"), std::string::npos)
         << agent->output();
+    EXPECT_EQ(agent->output().find("cannot resume"), std::string::npos)
+        << agent->output();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Signals, DaemonRestartBySignalTest,
+                         ::testing::Values(SIGKILL, SIGTERM),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::string(info.param == SIGKILL ? "Sigkill"
+                                                                    : "Sigterm");
+                         });
 
 TEST_F(DaemonRestartTest, WithoutStateDirTheJobStartsAgainFromRoundOne) {
   Daemon daemon = StartDaemon(0, "");
@@ -266,6 +286,45 @@ TEST_F(DaemonRestartTest, DaemonGoneLongerThanTheGraceStopsTheWorkers) {
   }
   EXPECT_GE(Clock::now() - killed, grace - seconds(1)) << "stopped before the grace";
   for (pid_t pid : pids) EXPECT_FALSE(ProcessAlive(pid)) << pid;
+}
+
+// Two launches with one --rdzv-id, one after the other, against one daemon:
+// the second is not told the first one's outcome, it runs its own workers
+// (a new incarnation), with its own options and restart count.
+TEST_F(DaemonRestartTest, RelaunchOfAnEndedRunIdRunsItsOwnWorkers) {
+  Daemon daemon = StartDaemon(0, dir_.path() + "/state");
+  ASSERT_FALSE(daemon.endpoint.empty());
+  // Fails at its first start, so the first launch uses a restart.
+  const std::string worker = dir_.path() + "/worker.sh";
+  std::ofstream(worker)
+      << "#!/bin/sh\n"
+         "echo \"RAN launch=$1 restart=$TORCHELASTIC_RESTART_COUNT\"\n"
+         "[ \"$1\" = 2 ] || [ \"$TORCHELASTIC_RESTART_COUNT\" -ge 1 ]\n";
+  fs::permissions(worker, fs::perms::owner_all);
+  auto launch = [&](int number, const std::string& max_restarts) {
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{BinDir() + "/meshrun", "--nnodes=2",
+                                 "--nproc-per-node=1",
+                                 "--rdzv-endpoint=" + daemon.endpoint, "--rdzv-id=reused",
+                                 "--max-restarts=" + max_restarts, "--no-python", worker,
+                                 std::to_string(number)},
+        /*merge_stderr=*/true);
+  };
+  std::unique_ptr<ChildProcess> first[2] = {launch(1, "1"), launch(1, "1")};
+  for (auto& agent : first) {
+    EXPECT_EQ(ExitCode(*agent, seconds(60)), 0) << agent->output();
+    EXPECT_NE(agent->output().find("RAN launch=1 restart=1"), std::string::npos)
+        << agent->output();
+  }
+  // Other options (--max-restarts) than the ended run's.
+  std::unique_ptr<ChildProcess> second[2] = {launch(2, "2"), launch(2, "2")};
+  for (auto& agent : second) {
+    EXPECT_EQ(ExitCode(*agent, seconds(60)), 0) << agent->output();
+    EXPECT_NE(agent->output().find("RAN launch=2 restart=0"), std::string::npos)
+        << agent->output();
+    EXPECT_EQ(agent->output().find("already ended"), std::string::npos)
+        << agent->output();
+  }
 }
 
 }  // namespace
