@@ -139,11 +139,18 @@ TEST_F(RendezvousDaemonTest, SuccessOfEveryNodeClosesTheRun) {
   ASSERT_TRUE(client_.ReportSuccess("job", "b", round).ok());
   for (auto* s : {a.get(), b.get()})
     EXPECT_EQ(NextNonWaiting(*s).closed().outcome(), v1::OUTCOME_SUCCEEDED);
-  // A node that comes too late is told how the run ended.
-  auto late = client_.Join(MakeJoin("late", 2, 2));
-  auto told = NextNonWaiting(*late);
+  // A node of the run that comes back is told how the run ended.
+  auto back = client_.Join(MakeJoin("a", 2, 2));
+  auto told = NextNonWaiting(*back);
   ASSERT_TRUE(told.has_closed());
   EXPECT_EQ(told.closed().outcome(), v1::OUTCOME_SUCCEEDED);
+  // Any other node is a new launch under the id: it is never told a success
+  // it had no part in, it gathers a new incarnation of the run.
+  auto late = client_.Join(MakeJoin("late", 2, 2));
+  auto waiting = late->Next(seconds(10));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  ASSERT_TRUE(waiting->has_waiting()) << waiting->DebugString();
+  EXPECT_EQ(waiting->waiting().round(), round + 1);
 }
 
 TEST_F(RendezvousDaemonTest, LateNodeTriggersScaleUp) {
@@ -244,6 +251,41 @@ TEST(RendezvousRetentionTest, ClosedRunsAndTheirStoreDataAreForgotten) {
   // The id is free: a new run of the same id forms.
   auto again = client.Join(MakeJoin("b", 1, 1));
   EXPECT_TRUE(NextNonWaiting(*again).has_assigned());
+}
+
+// A run every node left is not kept forever: one lease later it ends as
+// aborted, and after the retention it is forgotten with its store data.
+TEST(RendezvousRetentionTest, RunEveryNodeLeftEndsAndIsForgotten) {
+  DaemonProcess daemon({"--closed-run-retention", "1"});
+  auto channel =
+      grpc::CreateChannel(daemon.endpoint(), grpc::InsecureChannelCredentials());
+  rdzv::RendezvousClient client(channel);
+  auto a = client.Join(MakeJoin("a", 1, 1));  // lease: 3 s
+  auto assigned = NextNonWaiting(*a);
+  ASSERT_TRUE(assigned.has_assigned());
+  rdzv::StoreClientOptions options;
+  options.target = daemon.endpoint();
+  options.ns = assigned.assigned().store_prefix();
+  auto store = rdzv::StoreClient::Connect(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("key", "value").ok());
+  ASSERT_TRUE(client.Leave("job", "a").ok());
+
+  // Lease (3 s) + retention (1 s) + one sweep period (1 s), with margin.
+  const auto deadline = std::chrono::steady_clock::now() + seconds(20);
+  while (*(*store)->Check({"key"})) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "the abandoned run's keys remain";
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  v1::StatusRequest request;
+  request.set_run_id("job");
+  v1::StatusReply reply;
+  grpc::ClientContext context;
+  EXPECT_EQ(
+      v1::Rendezvous::NewStub(channel)->Status(&context, request, &reply).error_code(),
+      grpc::StatusCode::NOT_FOUND)
+      << "the run is forgotten";
 }
 
 }  // namespace
