@@ -39,6 +39,7 @@ const std::string& StatusPageHtml() {
            text-transform:uppercase; letter-spacing:.4px; }
   .badge.active { background:#dafbe1; color:var(--ok); }
   .badge.gathering { background:#fff1d6; color:var(--warn); }
+  .badge.abandoned { background:#ffe1e1; color:var(--bad); }
   .badge.closed { background:#eaeef2; color:var(--muted); }
   .badge.failed { background:#ffe1e1; color:var(--bad); }
   .badge.succeeded { background:#dafbe1; color:var(--ok); }
