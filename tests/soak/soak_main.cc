@@ -252,16 +252,24 @@ class LoggedProcess {
 struct Agent {
   std::unique_ptr<LoggedProcess> process;
   std::string log;
-  bool killed = false;  // by the soak, on purpose
+  bool killed = false;       // by the soak, on purpose
+  bool replacement = false;  // started in place of a killed one
 };
 
 struct Job {
   std::string run_id;
   std::vector<Agent> agents;
   Clock::time_point started;
+  // When an agent of the job first exited 0: the run has succeeded.
+  std::optional<Clock::time_point> succeeded_at;
   bool finished = false;
   bool failed = false;
 };
+
+// How long a replacement agent may outlive its job's success: a participant
+// exits at once; one still running joined too late and gathers a new
+// incarnation of the run that nobody else joins.
+constexpr auto kLateReplacementGrace = std::chrono::seconds(10);
 
 std::string Describe(int status) {
   if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
@@ -403,9 +411,10 @@ class Soak {
         "SIGKILLed, %d store processes SIGKILLed\n",
         agent_kills_, agent_terms_, worker_kills_, store_kills_);
     std::printf(
-        "  agents started: %d; jobs started: %zu, finished: %d, failed: %d, "
-        "unfinished after the drain: %d\n",
-        agents_started_, jobs_.size(), jobs_finished_, jobs_failed_, unfinished);
+        "  agents started: %d (%d replacements came too late for their job); jobs "
+        "started: %zu, finished: %d, failed: %d, unfinished after the drain: %d\n",
+        agents_started_, late_replacements_, jobs_.size(), jobs_finished_, jobs_failed_,
+        unfinished);
     std::printf(
         "  store ops answered: %llu (%.0f ops/s over the run), unexpected errors: "
         "%llu; probe set+get p50 %.0f us, p99 %.0f us\n",
@@ -573,22 +582,49 @@ class Soak {
       ++agent_kills_;
     }
     StartAgent(job);  // a fresh node takes its place
+    job.agents.back().replacement = true;
   }
 
   // A job is done when all its agents have exited; it succeeded when every
-  // agent not killed on purpose exited 0.
+  // agent not killed on purpose exited 0. A replacement agent that came too
+  // late for the job's last round never ran in it: the daemon tells it so
+  // (exit 1, "before this node took part") or, joining after the end, it
+  // gathers a new incarnation of the run alone; the soak ends it and does
+  // not count it against the job (README, Rendezvous).
   void ReapJobs(bool replace) {
     for (size_t i = 0; i < jobs_.size(); ++i) {
       Job& job = jobs_[i];
       if (job.finished) continue;
       bool all_exited = true;
-      for (auto& agent : job.agents)
-        if (!agent.process->Poll()) all_exited = false;
+      for (auto& agent : job.agents) {
+        const std::optional<int> status = agent.process->Poll();
+        if (!status) {
+          all_exited = false;
+        } else if (!agent.killed && WIFEXITED(*status) && WEXITSTATUS(*status) == 0 &&
+                   !job.succeeded_at) {
+          job.succeeded_at = Clock::now();
+        }
+      }
+      if (!all_exited && job.succeeded_at &&
+          Clock::now() - *job.succeeded_at > kLateReplacementGrace) {
+        for (auto& agent : job.agents) {
+          if (!agent.replacement || agent.killed || agent.process->Poll()) continue;
+          kill(agent.process->pid(), SIGTERM);
+          agent.killed = true;
+          ++late_replacements_;
+        }
+      }
       if (!all_exited) continue;
       job.finished = true;
       for (auto& agent : job.agents) {
         const int status = *agent.process->Poll();
         if (agent.killed) continue;
+        if (agent.replacement && job.succeeded_at &&
+            Tail(agent.log, 4000).find("before this node took part") !=
+                std::string::npos) {
+          ++late_replacements_;
+          continue;
+        }
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
           job.failed = true;
           Fail("job " + job.run_id + ": an agent ended with " + Describe(status) +
@@ -659,6 +695,7 @@ class Soak {
   std::string first_store_error_;
   int next_job_ = 0, next_store_proc_ = 0, agents_started_ = 0;
   int agent_kills_ = 0, agent_terms_ = 0, worker_kills_ = 0, store_kills_ = 0;
+  int late_replacements_ = 0;
   int jobs_finished_ = 0, jobs_failed_ = 0;
 };
 
