@@ -221,69 +221,67 @@ TEST_F(RendezvousDaemonTest, UnknownNodesAndRunsAreNotFound) {
 
 // A long-lived daemon forgets closed runs after --closed-run-retention: the
 // run id is free again and the run's store namespaces are gone.
-TEST(RendezvousRetentionTest, ClosedRunsAndTheirStoreDataAreForgotten) {
-  DaemonProcess daemon({"--closed-run-retention", "1"});
-  auto channel =
-      grpc::CreateChannel(daemon.endpoint(), grpc::InsecureChannelCredentials());
-  rdzv::RendezvousClient client(channel);
-  auto a = client.Join(MakeJoin("a", 1, 1));
-  auto assigned = NextNonWaiting(*a);
-  ASSERT_TRUE(assigned.has_assigned());
-  rdzv::StoreClientOptions options;
-  options.target = daemon.endpoint();
-  options.ns = assigned.assigned().store_prefix();
-  auto store = rdzv::StoreClient::Connect(options);
-  ASSERT_TRUE(store.ok()) << store.status();
-  ASSERT_TRUE((*store)->Set("key", "value").ok());
+// Node "a" alone in run "job" on a daemon that forgets closed runs after 1 s,
+// with a key in its round's store namespace.
+class RendezvousRetentionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = client_.Join(MakeJoin("a", 1, 1));  // lease: 3 s
+    auto assigned = NextNonWaiting(*a_);
+    ASSERT_TRUE(assigned.has_assigned());
+    options_.target = daemon_.endpoint();
+    options_.ns = assigned.assigned().store_prefix();
+    auto store = rdzv::StoreClient::Connect(options_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    ASSERT_TRUE(store_->Set("key", "value").ok());
+  }
+
+  // Waits until the run's key is gone (its namespace dropped).
+  void ExpectKeyDropped(std::chrono::seconds within) {
+    const auto deadline = std::chrono::steady_clock::now() + within;
+    while (*store_->Check({"key"})) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the run's keys remain";
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+  }
+
+  DaemonProcess daemon_{{"--closed-run-retention", "1"}};
+  std::shared_ptr<grpc::Channel> channel_ =
+      grpc::CreateChannel(daemon_.endpoint(), grpc::InsecureChannelCredentials());
+  rdzv::RendezvousClient client_{channel_};
+  std::unique_ptr<rdzv::RendezvousClient::JoinSession> a_;
+  rdzv::StoreClientOptions options_;
+  std::unique_ptr<rdzv::StoreClient> store_;
+};
+
+TEST_F(RendezvousRetentionTest, ClosedRunsAndTheirStoreDataAreForgotten) {
+  rdzv::StoreClientOptions options = options_;
   options.ns = "another-run/r1";
   auto other = rdzv::StoreClient::Connect(options);
   ASSERT_TRUE((*other)->Set("key", "value").ok());
 
-  ASSERT_TRUE(client.Close("job", v1::OUTCOME_SUCCEEDED, "done").ok());
+  ASSERT_TRUE(client_.Close("job", v1::OUTCOME_SUCCEEDED, "done").ok());
   // Forgotten within retention + one sweep period (1 s each here).
-  const auto deadline = std::chrono::steady_clock::now() + seconds(15);
-  while (*(*store)->Check({"key"})) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-        << "the closed run's keys remain";
-    std::this_thread::sleep_for(milliseconds(100));
-  }
+  ExpectKeyDropped(seconds(15));
   EXPECT_TRUE(*(*other)->Check({"key"})) << "another run's namespace was dropped";
   // The id is free: a new run of the same id forms.
-  auto again = client.Join(MakeJoin("b", 1, 1));
+  auto again = client_.Join(MakeJoin("b", 1, 1));
   EXPECT_TRUE(NextNonWaiting(*again).has_assigned());
 }
 
 // A run every node left is not kept forever: one lease later it ends as
 // aborted, and after the retention it is forgotten with its store data.
-TEST(RendezvousRetentionTest, RunEveryNodeLeftEndsAndIsForgotten) {
-  DaemonProcess daemon({"--closed-run-retention", "1"});
-  auto channel =
-      grpc::CreateChannel(daemon.endpoint(), grpc::InsecureChannelCredentials());
-  rdzv::RendezvousClient client(channel);
-  auto a = client.Join(MakeJoin("a", 1, 1));  // lease: 3 s
-  auto assigned = NextNonWaiting(*a);
-  ASSERT_TRUE(assigned.has_assigned());
-  rdzv::StoreClientOptions options;
-  options.target = daemon.endpoint();
-  options.ns = assigned.assigned().store_prefix();
-  auto store = rdzv::StoreClient::Connect(options);
-  ASSERT_TRUE(store.ok()) << store.status();
-  ASSERT_TRUE((*store)->Set("key", "value").ok());
-  ASSERT_TRUE(client.Leave("job", "a").ok());
-
+TEST_F(RendezvousRetentionTest, RunEveryNodeLeftEndsAndIsForgotten) {
+  ASSERT_TRUE(client_.Leave("job", "a").ok());
   // Lease (3 s) + retention (1 s) + one sweep period (1 s), with margin.
-  const auto deadline = std::chrono::steady_clock::now() + seconds(20);
-  while (*(*store)->Check({"key"})) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-        << "the abandoned run's keys remain";
-    std::this_thread::sleep_for(milliseconds(100));
-  }
+  ExpectKeyDropped(seconds(20));
   v1::StatusRequest request;
   request.set_run_id("job");
   v1::StatusReply reply;
   grpc::ClientContext context;
   EXPECT_EQ(
-      v1::Rendezvous::NewStub(channel)->Status(&context, request, &reply).error_code(),
+      v1::Rendezvous::NewStub(channel_)->Status(&context, request, &reply).error_code(),
       grpc::StatusCode::NOT_FOUND)
       << "the run is forgotten";
 }

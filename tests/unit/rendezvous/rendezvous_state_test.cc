@@ -693,15 +693,23 @@ TEST_F(RendezvousStateTest, ExpiredNodesEndTheRunAndAJoinInTimeKeepsItGoing) {
   EXPECT_EQ(Summary().outcome, Outcome::kAborted);
 }
 
-TEST_F(RendezvousStateTest, JoinTimeoutFiringAtMinStillTimesOutBelowMin) {
-  options_ = Opts(2, 4);
-  options_.join_timeout = Millis(5000);
-  options_.last_call_timeout = Millis(8000);
-  options_.keep_alive_interval = Millis(100000);
-  JoinAll({Node("a")}, At(0));
-  JoinAll({Node("b")}, At(1000));   // last call at 9000
-  state_.Tick(At(5000), &events_);  // join deadline passes at min
-  EXPECT_TRUE(Of(Take(), Kind::kJoinTimeout).empty());
+// a and b gather (min 2) and the join deadline passes at 5000 while the last
+// call (at 9000) is pending.
+class PassedJoinDeadlineTest : public RendezvousStateTest {
+ protected:
+  void SetUp() override {
+    options_ = Opts(2, 4);
+    options_.join_timeout = Millis(5000);
+    options_.last_call_timeout = Millis(8000);
+    options_.keep_alive_interval = Millis(100000);
+    JoinAll({Node("a")}, At(0));
+    JoinAll({Node("b")}, At(1000));
+    state_.Tick(At(5000), &events_);
+    EXPECT_TRUE(Of(Take(), Kind::kJoinTimeout).empty());
+  }
+};
+
+TEST_F(PassedJoinDeadlineTest, RoundDroppingBelowMinTimesOutAtOnce) {
   // b leaves before the last call: below min with no join time left, a is
   // told at once instead of waiting with no timer.
   ASSERT_TRUE(state_.Leave(kRun, "b", At(6000), &events_).ok());
@@ -710,14 +718,7 @@ TEST_F(RendezvousStateTest, JoinTimeoutFiringAtMinStillTimesOutBelowMin) {
   EXPECT_EQ(Summary().outcome, Outcome::kAborted);
 }
 
-TEST_F(RendezvousStateTest, NewJoinDeadlineClearsAPassedOne) {
-  options_ = Opts(2, 4);
-  options_.join_timeout = Millis(5000);
-  options_.last_call_timeout = Millis(8000);
-  options_.keep_alive_interval = Millis(100000);
-  JoinAll({Node("a")}, At(0));
-  JoinAll({Node("b")}, At(1000));
-  state_.Tick(At(5000), &events_);
+TEST_F(PassedJoinDeadlineTest, NewJoinDeadlineClearsIt) {
   // The round empties; the next join arms a fresh join timeout.
   ASSERT_TRUE(state_.Leave(kRun, "a", At(5500), &events_).ok());
   ASSERT_TRUE(state_.Leave(kRun, "b", At(5600), &events_).ok());
