@@ -168,7 +168,7 @@ TEST_F(LauncherTest, ExactEnvironmentOfATwoNodeLayout) {
         {"TORCHELASTIC_USE_AGENT_STORE", "False"},
         {"OMP_NUM_THREADS", "1"},
         {"MESHRUN_STORE_ENDPOINT", daemon.endpoint()},
-        {"MESHRUN_STORE_PREFIX", "envjob/r1"},
+        {"MESHRUN_STORE_PREFIX", "envjob/e1.r1"},
     };
     for (const auto& [key, value] : expected)
       EXPECT_EQ(envs[rank][key], value) << "rank " << rank << " " << key;
