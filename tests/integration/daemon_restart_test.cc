@@ -6,6 +6,7 @@
 // within the reconnect grace and exit 75. And a second launch under the id of
 // a run that ended runs its own workers.
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "rendezvous/rendezvous_client.h"
 #include "rendezvous/store_client.h"
 #include "tests/support/child_process.h"
 #include "tests/support/temp_dir.h"
@@ -27,6 +29,7 @@ namespace meshrun {
 namespace {
 
 namespace fs = std::filesystem;
+namespace v1 = meshrun::v1;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::BinDir;
@@ -323,6 +326,60 @@ TEST_F(DaemonRestartTest, RelaunchOfAnEndedRunIdRunsItsOwnWorkers) {
     EXPECT_NE(agent->output().find("RAN launch=2 restart=0"), std::string::npos)
         << agent->output();
     EXPECT_EQ(agent->output().find("already ended"), std::string::npos)
+        << agent->output();
+  }
+}
+
+// A second launch under the id of a job that is still running waits (the
+// run is full) and, when the first one succeeds, is told it took part in
+// nothing: exit 1 with one line, never the first job's success.
+TEST_F(DaemonRestartTest, LaunchJoiningARunningJobIsNeverToldItsSuccess) {
+  Daemon daemon = StartDaemon(0, "");
+  ASSERT_FALSE(daemon.endpoint.empty());
+  const std::string worker = dir_.path() + "/worker.sh";
+  std::ofstream(worker) << "#!/bin/sh\n"
+                           "echo \"RAN launch=$1\"\n"
+                           "while [ ! -e \"$2\" ]; do sleep 0.05; done\n";
+  fs::permissions(worker, fs::perms::owner_all);
+  auto launch = [&](int number) {
+    return std::make_unique<ChildProcess>(
+        std::vector<std::string>{BinDir() + "/meshrun", "--nnodes=2",
+                                 "--nproc-per-node=1",
+                                 "--rdzv-endpoint=" + daemon.endpoint, "--rdzv-id=shared",
+                                 "--no-python", worker, std::to_string(number), go_},
+        /*merge_stderr=*/true);
+  };
+  std::unique_ptr<ChildProcess> first[2] = {launch(1), launch(1)};
+  for (auto& agent : first)
+    ASSERT_TRUE(agent->ReadUntil("RAN launch=1", seconds(60))) << agent->output();
+  std::unique_ptr<ChildProcess> second[2] = {launch(2), launch(2)};
+  // Both are enrolled (waiting) before the first job may finish.
+  rdzv::RendezvousClient client(
+      grpc::CreateChannel(daemon.endpoint, grpc::InsecureChannelCredentials()));
+  auto waiting = [&client] {
+    v1::StatusRequest request;
+    request.set_run_id("shared");
+    auto reply = client.Status(request);
+    int n = 0;
+    if (reply.ok() && reply->runs_size() == 1)
+      for (const auto& node : reply->runs(0).nodes()) n += node.state() == "waiting";
+    return n;
+  };
+  const auto deadline = Clock::now() + seconds(30);
+  while (waiting() < 2) {
+    ASSERT_LT(Clock::now(), deadline) << "the second launch never joined";
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  std::ofstream(go_) << "go\n";
+  for (auto& agent : first)
+    EXPECT_EQ(ExitCode(*agent, seconds(60)), 0) << agent->output();
+  for (auto& agent : second) {
+    EXPECT_EQ(ExitCode(*agent, seconds(60)), 1) << agent->output();
+    EXPECT_EQ(agent->output().find("RAN launch=2"), std::string::npos) << agent->output();
+    EXPECT_EQ(agent->output().find("run succeeded"), std::string::npos)
+        << agent->output();
+    EXPECT_NE(agent->output().find("before this node took part; nothing ran on it"),
+              std::string::npos)
         << agent->output();
   }
 }
