@@ -57,7 +57,7 @@ struct NodeExitsRecord {
 
 struct RunStatusRecord {
   std::string run_id;
-  std::string state;    // gathering, active, closed
+  std::string state;    // gathering, active, abandoned (no live node), closed
   std::string outcome;  // succeeded, failed, aborted; empty while open
   std::string closed_reason;
   uint64_t round = 0;
