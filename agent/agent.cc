@@ -432,7 +432,7 @@ class Agent {
     ExitInfo info;
     info.local_rank = exit.local_rank;
     info.global_rank = exit.global_rank;
-    info.exit_code = exit.exit_code < 0 ? 0 : exit.exit_code;
+    info.exit_code = exit.signal != 0 ? 0 : exit.exit_code;  // -1: status unknown
     info.signal = exit.signal;
     v1::WorkerExit record;
     record.set_local_rank(static_cast<uint32_t>(exit.local_rank));

@@ -5,16 +5,25 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -68,6 +77,8 @@ struct ChildArgs {
   int stdout_fd = -1;
   int stderr_fd = -1;
   int status_fd = -1;
+  int cgroup_procs_fd = -1;  // the worker's cgroup.procs, or -1
+  bool simulate_no_close_range_cloexec = false;
   char* const* argv = nullptr;
   char* const* envp = nullptr;
   const char* const* candidates = nullptr;  // paths to try, as execvp would
@@ -82,6 +93,51 @@ struct ChildArgs {
   ::_exit(stage == ChildStage::kExec && error == ENOENT ? 127 : 126);
 }
 
+// close_range(CLOSE_RANGE_CLOEXEC) by hand, for kernels before 5.11: every
+// fd >= 3 listed in /proc/self/fd, or without /proc every one below the fd
+// limit. Async-signal-safe (raw getdents64 into a stack buffer).
+void MarkFdsCloexec() {
+  int dir = ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    struct Dirent64 {
+      ino64_t ino;
+      off64_t off;
+      unsigned short reclen;
+      unsigned char type;
+      char name[1];
+    };
+    alignas(Dirent64) char buffer[4096];
+    while (true) {
+      long n = ::syscall(SYS_getdents64, dir, buffer, sizeof buffer);
+      if (n <= 0) break;
+      for (long at = 0; at < n;) {
+        const auto* entry = reinterpret_cast<const Dirent64*>(buffer + at);
+        at += entry->reclen;
+        int fd = 0;
+        bool number = entry->name[0] != '\0';
+        for (const char* c = entry->name; *c != '\0'; ++c) {
+          if (*c < '0' || *c > '9')
+            number = false;
+          else
+            fd = fd * 10 + (*c - '0');
+        }
+        if (number && fd >= 3 && fd != dir) (void)::fcntl(fd, F_SETFD, FD_CLOEXEC);
+      }
+    }
+    ::close(dir);
+    return;
+  }
+  struct rlimit limit {};
+  rlim_t end = 65536;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    end = limit.rlim_cur;
+  for (rlim_t fd = 3; fd < end; ++fd) {
+    int flags = ::fcntl(static_cast<int>(fd), F_GETFD);
+    if (flags >= 0 && (flags & FD_CLOEXEC) == 0)
+      (void)::fcntl(static_cast<int>(fd), F_SETFD, flags | FD_CLOEXEC);
+  }
+}
+
 [[noreturn]] void RunChild(const ChildArgs& args) {
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
     ReportAndExit(args.status_fd, ChildStage::kPdeathsig, errno);
@@ -93,9 +149,14 @@ struct ChildArgs {
   if (::dup2(args.stdout_fd, STDOUT_FILENO) < 0 ||
       ::dup2(args.stderr_fd, STDERR_FILENO) < 0)
     ReportAndExit(args.status_fd, ChildStage::kDup2, errno);
+  // Into its own cgroup before it can start anything. Best effort: a worker
+  // outside it only loses the cleanup of what escapes its process group.
+  if (args.cgroup_procs_fd >= 0) (void)::write(args.cgroup_procs_fd, "0", 1);
   // Nothing of the agent's but stdin/out/err reaches the worker, even fds
   // opened without O_CLOEXEC by a library (Popen's close_fds in torchrun).
-  (void)::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+  if (args.simulate_no_close_range_cloexec ||
+      ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
+    MarkFdsCloexec();
   // exec keeps ignored signals ignored and the mask as is; a worker starts
   // with defaults, whatever the agent set up.
   struct sigaction default_action {};
@@ -162,6 +223,96 @@ class Fd {
  private:
   int fd_ = -1;
 };
+
+// Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or
+// /sys/fs/cgroup/unified on a hybrid system) and the root of what this mount
+// shows of it; empty without one.
+std::pair<std::string, std::string> Cgroup2Mount() {
+  std::ifstream in("/proc/self/mountinfo");
+  for (std::string line; std::getline(in, line);) {
+    size_t dash = line.find(" - ");
+    if (dash == std::string::npos || line.compare(dash + 3, 8, "cgroup2 ") != 0) continue;
+    std::istringstream fields(line.substr(0, dash));
+    std::string id, parent, device, root, mount;
+    if (fields >> id >> parent >> device >> root >> mount) return {mount, root};
+  }
+  return {};
+}
+
+// An agent that was SIGKILLed could not remove its cgroups; once empty,
+// the next agent on the machine does. Non-empty ones (what escaped that
+// agent's workers) are left alone.
+void RemoveStaleCgroups(const std::string& parent) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  for (fs::directory_iterator it(parent, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    constexpr std::string_view kPrefix = "meshrun-agent.";
+    if (name.rfind(kPrefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + kPrefix.size(), nullptr, 10);
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code ignored;
+    for (fs::directory_iterator worker(it->path(), ignored), none;
+         !ignored && worker != none; worker.increment(ignored)) {
+      if (worker->is_directory(ignored)) ::rmdir(worker->path().c_str());
+    }
+    ::rmdir(it->path().c_str());
+  }
+}
+
+// A cgroup directory for one WorkerGroup's workers, below the agent's own
+// cgroup. A child of the agent's cgroup may always hold processes (its
+// subtree_control is empty while the agent is in it); moving a worker there
+// needs write access to the agent's cgroup: root, or a delegated subtree.
+absl::StatusOr<std::string> CreateGroupCgroup() {
+  auto [mount, root] = Cgroup2Mount();
+  if (mount.empty()) return absl::UnavailableError("no cgroup v2 hierarchy is mounted");
+  std::string own;
+  std::ifstream in("/proc/self/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("0::", 0) == 0) own = line.substr(3);
+  }
+  if (own.empty() || own.find(" (deleted)") != std::string::npos)
+    return absl::UnavailableError("the agent is in no cgroup v2 cgroup");
+  if (root != "/" && own.rfind(root, 0) == 0) own = own.substr(root.size());
+  if (!own.empty() && own.back() == '/') own.pop_back();
+  const std::string parent = absl::StrCat(mount, own);
+  RemoveStaleCgroups(parent);
+  static std::atomic<uint64_t> counter{0};
+  std::string dir =
+      absl::StrCat(parent, "/meshrun-agent.", ::getpid(), ".", counter.fetch_add(1));
+  if (::mkdir(dir.c_str(), 0755) != 0)
+    return absl::UnavailableError(
+        absl::StrCat("cannot create ", dir, ": ", std::strerror(errno)));
+  return dir;
+}
+
+// SIGKILL to every process in the cgroup `dir` and below.
+void KillCgroup(const std::string& dir) {
+  int fd = ::open(absl::StrCat(dir, "/cgroup.kill").c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    bool killed = ::write(fd, "1", 1) == 1;
+    ::close(fd);
+    if (killed) return;
+  }
+  // Before Linux 5.14: what cgroup.procs lists, a few times over for what
+  // forked meanwhile.
+  for (int round = 0; round < 10; ++round) {
+    std::ifstream procs(absl::StrCat(dir, "/cgroup.procs"));
+    bool any = false;
+    for (pid_t pid; procs >> pid;) {
+      ::kill(pid, SIGKILL);
+      any = true;
+    }
+    if (!any) return;
+  }
+}
+
+// False while killed processes are still being torn down (EBUSY).
+bool RemoveCgroup(const std::string& dir) {
+  return ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
+}
 
 absl::Status MakePipe(Fd* read_end, Fd* write_end) {
   int fds[2];
@@ -242,6 +393,7 @@ struct WorkerGroup::Worker {
   std::unique_ptr<Pipe> out;  // null when not piped
   std::unique_ptr<Pipe> err;
   int open_pipes = 0;
+  std::string cgroup;  // its own cgroup's directory, or empty
   bool reaped = false;
   bool status_known = true;
   int wait_status = 0;
@@ -282,13 +434,35 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io,
     ::sigaction(SIGCHLD, &action, nullptr);
   }
   WaitForSigchld();
+
+  const char* setting = ::getenv("MESHRUN_CGROUPS");
+  if (options_.cgroups == WorkerGroupOptions::Cgroups::kOff) {
+    Log().debug("workers run without cgroups");
+  } else if (setting != nullptr && std::string_view(setting) == "off") {
+    Log().info(
+        "workers run without cgroups (MESHRUN_CGROUPS=off): what a worker leaves in "
+        "its process group ends with it, processes that left the group (setsid) "
+        "outlive it");
+  } else if (absl::StatusOr<std::string> dir = CreateGroupCgroup(); dir.ok()) {
+    cgroup_parent_ = *dir;
+    Log().info(
+        "each worker runs in a cgroup of its own under {}: whatever it leaves running "
+        "ends with it",
+        cgroup_parent_);
+  } else {
+    Log().info(
+        "workers run without cgroups ({}): what a worker leaves in its process group "
+        "ends with it, processes that left the group (setsid) outlive it",
+        std::string(dir.status().message()));
+  }
 }
 
 WorkerGroup::~WorkerGroup() {
   self_.reset();  // handlers still queued now do nothing
   for (const auto& worker : workers_) {
-    KillGroup(*worker, SIGKILL);
     if (!worker->reaped) {
+      KillGroup(*worker, SIGKILL);
+      if (!worker->cgroup.empty()) KillCgroup(worker->cgroup);
       while (::waitpid(worker->pid, nullptr, 0) < 0 && errno == EINTR) {
       }
     }
@@ -296,7 +470,29 @@ WorkerGroup::~WorkerGroup() {
     worker->ClosePipe(worker->out.get());
     worker->ClosePipe(worker->err.get());
     worker->drain_timer.cancel();
+    if (!worker->cgroup.empty()) cgroups_to_remove_.push_back(worker->cgroup);
   }
+  if (cgroup_parent_.empty()) return;
+  // The killed processes go within milliseconds, unless stuck in the kernel
+  // (D state); what is still busy after a second stays behind, empty once
+  // they go.
+  cgroups_to_remove_.push_back(cgroup_parent_);
+  const auto deadline = SteadyClock::now() + std::chrono::seconds(1);
+  while (true) {
+    RemoveCgroups();
+    if (cgroups_to_remove_.empty()) return;
+    if (SteadyClock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Log().warn("cannot remove the workers' cgroup {}: {}", cgroup_parent_,
+             std::strerror(EBUSY));
+}
+
+void WorkerGroup::RemoveCgroups() {
+  // In order: a worker's cgroup before the group's own.
+  auto kept = std::remove_if(cgroups_to_remove_.begin(), cgroups_to_remove_.end(),
+                             [](const std::string& dir) { return RemoveCgroup(dir); });
+  cgroups_to_remove_.erase(kept, cgroups_to_remove_.end());
 }
 
 absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
@@ -356,8 +552,10 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
   auto abandon = [&](absl::Status status) {
     for (const auto& worker : started) {
       KillGroup(*worker, SIGKILL);
+      if (!worker->cgroup.empty()) KillCgroup(worker->cgroup);
       while (::waitpid(worker->pid, nullptr, 0) < 0 && errno == EINTR) {
       }
+      if (!worker->cgroup.empty()) cgroups_to_remove_.push_back(worker->cgroup);
       worker->finished = true;
       worker->ClosePipe(worker->out.get());
       worker->ClosePipe(worker->err.get());
@@ -372,12 +570,30 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
     if (p.err) status.Update(MakePipe(&err_read, &err_write));
     status.Update(MakePipe(&status_read, &status_write));
     if (!status.ok()) return abandon(status);
+    std::string cgroup;
+    Fd cgroup_procs;
+    if (uses_cgroups()) {
+      cgroup = absl::StrCat(cgroup_parent_, "/worker.", next_cgroup_++);
+      if (::mkdir(cgroup.c_str(), 0755) == 0) {
+        int fd =
+            ::open(absl::StrCat(cgroup, "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+        absl::StatusOr<int> moved =
+            fd < 0 ? absl::ErrnoToStatus(errno, "open") : MakeFd(fd);
+        if (moved.ok()) cgroup_procs = Fd(*moved);
+      } else {
+        Log().warn("worker {} runs without a cgroup: cannot create {}: {}",
+                   p.spec.local_rank, cgroup, std::strerror(errno));
+        cgroup.clear();
+      }
+    }
 
     ChildArgs args;
     args.parent = ::getpid();
     args.stdout_fd = p.out ? out_write.get() : devnull.get();
     args.stderr_fd = p.err ? err_write.get() : devnull.get();
     args.status_fd = status_write.get();
+    args.cgroup_procs_fd = cgroup_procs.get();
+    args.simulate_no_close_range_cloexec = options_.simulate_no_close_range_cloexec;
     args.argv = p.argv.data();
     args.envp = p.envp.data();
     args.candidates = p.candidate_ptrs.data();
@@ -394,6 +610,7 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
     int fork_error = errno;
     ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
     if (pid < 0) {
+      if (!cgroup.empty()) RemoveCgroup(cgroup);
       return abandon(absl::ResourceExhaustedError(
           absl::StrCat("cannot start worker ", p.spec.local_rank,
                        ": fork: ", std::strerror(fork_error))));
@@ -435,6 +652,7 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
     worker->local_rank = p.spec.local_rank;
     worker->global_rank = p.spec.global_rank;
     worker->pid = pid;
+    worker->cgroup = std::move(cgroup);
     if (p.out) {
       worker->out = std::make_unique<Pipe>(io_, out_read.Release(), std::move(p.out));
       ++worker->open_pipes;
@@ -468,19 +686,14 @@ void WorkerGroup::Stop(int signal, std::chrono::milliseconds grace,
     stopping_ = true;
     grace_expired_ = false;
     ArmGraceTimer(deadline);
-    // An exited worker whose output is still open now waits for the grace
-    // period: a process it left behind in its group may be finishing up.
-    for (const auto& worker : workers_) {
-      if (!worker->reaped) continue;
-      ++worker->drain_generation;
-      worker->drain_timer.cancel();
-    }
   } else if (!grace_expired_ && deadline < grace_deadline_) {
     ArmGraceTimer(deadline);
   }
   const char* name = ::sigabbrev_np(signal);
+  size_t running = 0;
+  for (const auto& worker : workers_) running += worker->reaped ? 0 : 1;
   Log().info("sending SIG{} to {} worker(s), SIGKILL after {} ms", name ? name : "?",
-             workers_.size(), grace.count());
+             running, grace.count());
   for (const auto& worker : workers_) KillGroup(*worker, signal);
 }
 
@@ -498,11 +711,13 @@ std::vector<pid_t> WorkerGroup::pids() const {
 }
 
 void WorkerGroup::KillGroup(const Worker& worker, int signal) {
-  // The group outlives its leader while anything it started is alive, and
-  // its id is not reused before the whole group is gone.
+  // Only while the leader is unreaped: its pid, which is the group's id,
+  // cannot be reused until then. Once it is reaped and its group gone, the
+  // number may name an unrelated group.
+  if (worker.reaped) return;
   if (::kill(-worker.pid, signal) == 0 || errno != ESRCH) return;
   // Not a group leader (it failed before setpgid, or left its group itself).
-  if (!worker.reaped) ::kill(worker.pid, signal);
+  ::kill(worker.pid, signal);
 }
 
 void WorkerGroup::WaitForSigchld() {
@@ -521,30 +736,54 @@ void WorkerGroup::Reap() {
   const auto snapshot = workers_;
   for (const auto& worker : snapshot) {
     if (worker->reaped) continue;
-    int status = 0;
-    pid_t result;
+    // WNOWAIT: the exited worker stays a zombie, so its pid, which is its
+    // group's id, is still reserved while what it left in the group is
+    // killed.
+    siginfo_t info{};
+    int waited;
     do {
-      result = ::waitpid(worker->pid, &status, WNOHANG);
-    } while (result < 0 && errno == EINTR);
-    if (result == 0) continue;
+      waited = ::waitid(P_PID, static_cast<id_t>(worker->pid), &info,
+                        WEXITED | WNOHANG | WNOWAIT);
+    } while (waited < 0 && errno == EINTR);
+    if (waited == 0 && info.si_pid == 0) continue;  // still running
+    pid_t result = -1;
+    int status = 0;
+    if (waited == 0) {
+      EndLeftovers(*worker);
+      do {
+        result = ::waitpid(worker->pid, &status, 0);  // a zombie: at once
+      } while (result < 0 && errno == EINTR);
+    }
     worker->reaped = true;
     worker->when = std::chrono::system_clock::now();
     if (result == worker->pid) {
       worker->wait_status = status;
     } else {
       // Someone else reaped it (SIGCHLD ignored, or a waitpid(-1) elsewhere).
+      // Its group id may be reused already: only its cgroup is safe to kill.
       worker->status_known = false;
-      Log().error("worker {} (pid {}) was reaped by someone else: {}", worker->local_rank,
-                  worker->pid, std::strerror(errno));
+      Log().error("worker {} (pid {}) was reaped by someone else: {}; counted as failed",
+                  worker->local_rank, worker->pid, std::strerror(errno));
+      if (!worker->cgroup.empty()) KillCgroup(worker->cgroup);
     }
     OnReaped(worker);
   }
 }
 
+void WorkerGroup::EndLeftovers(const Worker& worker) {
+  // torch's agent likewise kills each worker's process group: nothing a
+  // worker started may outlive it, into the next round or past the job.
+  KillGroup(worker, SIGKILL);
+  if (!worker.cgroup.empty()) KillCgroup(worker.cgroup);
+}
+
 void WorkerGroup::OnReaped(const std::shared_ptr<Worker>& worker) {
+  // Also while stopping: what the worker left in its group (and cgroup) is
+  // dead, so output still open is held by a process outside them, which no
+  // grace period would end.
   if (worker->open_pipes == 0) {
     Finish(worker);
-  } else if (!stopping_ || grace_expired_) {
+  } else {
     StartDrainTimer(worker);
   }
 }
@@ -614,10 +853,10 @@ void WorkerGroup::OnGraceExpired() {
   if (running > 0)
     Log().warn("{} worker(s) still running after the grace period; sending SIGKILL",
                running);
-  const auto snapshot = workers_;
-  for (const auto& worker : snapshot) {
+  for (const auto& worker : workers_) {
+    if (worker->reaped) continue;
     KillGroup(*worker, SIGKILL);
-    if (worker->reaped) StartDrainTimer(worker);
+    if (!worker->cgroup.empty()) KillCgroup(worker->cgroup);
   }
 }
 
@@ -628,6 +867,8 @@ void WorkerGroup::Finish(const std::shared_ptr<Worker>& worker) {
   worker->ClosePipe(worker->out.get());
   worker->ClosePipe(worker->err.get());
   workers_.erase(std::find(workers_.begin(), workers_.end(), worker));
+  if (!worker->cgroup.empty()) cgroups_to_remove_.push_back(worker->cgroup);
+  RemoveCgroups();
 
   WorkerExit exit;
   exit.local_rank = worker->local_rank;
@@ -636,6 +877,7 @@ void WorkerGroup::Finish(const std::shared_ptr<Worker>& worker) {
   exit.when = worker->when;
   if (!worker->status_known) {
     exit.exit_code = -1;
+    exit.status_known = false;
   } else if (WIFEXITED(worker->wait_status)) {
     exit.exit_code = WEXITSTATUS(worker->wait_status);
   } else if (WIFSIGNALED(worker->wait_status)) {

@@ -8,6 +8,13 @@
 // everything it started (data loader processes, shells' children), and dies
 // with the agent (PR_SET_PDEATHSIG = SIGKILL): a SIGKILLed agent leaves no
 // running workers behind.
+//
+// When a worker ends, what it left running ends with it: its process group is
+// SIGKILLed, and where the agent can create cgroups (cgroup v2, writable: root,
+// or a delegated subtree) each worker runs in a cgroup of its own, killed
+// too, which also catches processes that left the group (setsid). A group is
+// signalled only while its leader is unreaped (running or a zombie), so its
+// id cannot have been reused by an unrelated group.
 
 #include <sys/types.h>
 
@@ -52,22 +59,33 @@ struct WorkerExit {
   int local_rank = 0;
   int global_rank = 0;
   pid_t pid = 0;
-  int exit_code = 0;  // -1 if killed by a signal
+  int exit_code = 0;  // -1 if killed by a signal or the status is unknown
   int signal = 0;     // 0 if it exited
+  // False when someone else reaped the worker (SIGCHLD ignored, a stray
+  // waitpid(-1)): how it ended cannot be known, and it counts as a failure.
+  bool status_known = true;
+  bool failed() const { return !status_known || signal != 0 || exit_code != 0; }
   // When the agent reaped it (before its output was drained).
   std::chrono::system_clock::time_point when;
 };
 
 struct WorkerGroupOptions {
   // How long a worker's exit may wait for its output pipes to reach EOF. A
-  // background process the worker left behind can hold them open forever;
-  // after this the pipes are closed (that process gets SIGPIPE on its next
-  // write) and the exit is reported. While a Stop is under way, the bound
-  // starts only when its grace period ends.
+  // process that escaped the worker's group and cgroup (setsid, without
+  // cgroups) can hold them open forever; after this the pipes are closed
+  // (that process gets SIGPIPE on its next write) and the exit is reported,
+  // also during a Stop.
   std::chrono::milliseconds output_drain_timeout{1000};
   // Console for the workers' prefixed lines; null means
   // ConsoleWriter::Default(). Must outlive the group.
   ConsoleWriter* console = nullptr;
+  // kAuto: a cgroup per worker where possible (see the top of this file),
+  // unless the environment has MESHRUN_CGROUPS=off.
+  enum class Cgroups { kAuto, kOff };
+  Cgroups cgroups = Cgroups::kAuto;
+  // Tests: behave as on a kernel where close_range(CLOSE_RANGE_CLOEXEC) fails
+  // (before 5.11).
+  bool simulate_no_close_range_cloexec = false;
 };
 
 // A set of worker processes started together.
@@ -93,9 +111,9 @@ class WorkerGroup {
   // but must not destroy it.
   WorkerGroup(boost::asio::io_context& io, std::function<void(const WorkerExit&)> on_exit,
               WorkerGroupOptions options = {});
-  // Kills (SIGKILL to each live worker's process group) and reaps the live
-  // workers without reporting them. Blocks only until the kernel tears them
-  // down.
+  // Kills (SIGKILL to each running worker's process group and cgroup) and
+  // reaps the live workers without reporting them, and removes the cgroups. Blocks only
+  // until the kernel tears them down.
   ~WorkerGroup();
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
@@ -109,18 +127,21 @@ class WorkerGroup {
   // and no Stop is under way (start the next workers from Stop's `done`).
   absl::Status Start(std::vector<WorkerSpec> specs);
 
-  // Sends `signal` to every live worker's process group, then SIGKILL to the
-  // groups still there after `grace`. `done` runs on `io` after the last
-  // exit has been reported, always posted, never from inside Stop (also when
-  // nothing is live); the group may be destroyed from within it. Calling Stop
-  // again while stopping sends the new signal, moves the SIGKILL deadline
-  // earlier if the new grace ends sooner, and adds its `done`.
+  // Sends `signal` to the process group of every worker still running, then
+  // SIGKILL to those (and their cgroups) still running after `grace`. A
+  // worker that exited is not waited for beyond output_drain_timeout. `done` runs on `io`
+  // after the last exit has been reported, always posted, never from inside Stop (also
+  // when nothing is live); the group may be destroyed from within it. Calling Stop again
+  // while stopping sends the new signal, moves the SIGKILL deadline earlier if the new
+  // grace ends sooner, and adds its `done`.
   void Stop(int signal, std::chrono::milliseconds grace, std::function<void()> done);
 
   // Forwards `signal` to the process group of every worker still running.
   void Signal(int signal);
 
   size_t live() const { return workers_.size(); }
+  // Whether each worker runs in a cgroup of its own (decided at construction).
+  bool uses_cgroups() const { return !cgroup_parent_.empty(); }
   std::vector<pid_t> pids() const;  // of the live workers, in start order
 
  private:
@@ -137,7 +158,10 @@ class WorkerGroup {
   void OnGraceExpired();
   void Finish(const std::shared_ptr<Worker>& worker);
   void MaybeFinishStop();
+  // REQUIRES: for either, the worker is unreaped (see the top of the file).
   void KillGroup(const Worker& worker, int signal);
+  void EndLeftovers(const Worker& worker);
+  void RemoveCgroups();
 
   boost::asio::io_context& io_;
   const std::function<void(const WorkerExit&)> on_exit_;
@@ -151,6 +175,13 @@ class WorkerGroup {
   std::chrono::steady_clock::time_point grace_deadline_;
   uint64_t grace_generation_ = 0;  // tells a stale grace timer expiry apart
   std::vector<std::function<void()>> stop_done_;
+  // This group's cgroup directory (the workers' cgroups are under it), or
+  // empty without cgroups.
+  std::string cgroup_parent_;
+  uint64_t next_cgroup_ = 0;
+  // Cgroups of ended workers not removed yet (a killed process was still
+  // being torn down); retried on later exits and at destruction.
+  std::vector<std::string> cgroups_to_remove_;
   // Handlers hold a weak_ptr to this, so ones still queued after the group
   // is destroyed do nothing.
   std::shared_ptr<WorkerGroup*> self_;

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "tests/support/child_process.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/text.h"
 
 namespace meshrun {
@@ -32,14 +33,18 @@ using testing::Count;
 using testing::DaemonProcess;
 using testing::ExitCode;
 using testing::FreePort;
+using testing::TempDir;
 namespace fs = std::filesystem;
 
 const std::string kWorker =
     std::string(MESHRUN_SOURCE_DIR) + "/tests/integration/workers/worker.sh";
 
-std::unique_ptr<ChildProcess> Launch(std::vector<std::string> args) {
-  std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=/usr/bin/python3",
-                                BinDir() + "/meshrun"};
+// `env`: more "KEY=VALUE"s for meshrun's environment.
+std::unique_ptr<ChildProcess> Launch(std::vector<std::string> args,
+                                     const std::vector<std::string>& env = {}) {
+  std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=/usr/bin/python3"};
+  argv.insert(argv.end(), env.begin(), env.end());
+  argv.push_back(BinDir() + "/meshrun");
   argv.insert(argv.end(), args.begin(), args.end());
   return std::make_unique<ChildProcess>(argv, /*merge_stderr=*/true);
 }
@@ -320,6 +325,115 @@ TEST_F(LauncherTest, SigtermWhileWaitingForTheDaemonExitsAtOnce) {
   ASSERT_TRUE(status.has_value()) << "meshrun still waits after SIGTERM";
   ASSERT_TRUE(WIFEXITED(*status)) << run->output();  // handled, not killed by it
   EXPECT_EQ(WEXITSTATUS(*status), 128 + SIGTERM);
+}
+
+// Shell code: `sleep 1000` in a session of its own (outside the worker's
+// process group, holding its stdout), its pid in the file `escaped` once it is
+// there.
+const char kEscapedSleep[] =
+    "mkfifo fifo.$$; setsid sh -c 'echo $$ > fifo.'$$'; exec sleep 1000' & "
+    "read pid < fifo.$$; echo $pid > escaped.tmp; mv escaped.tmp escaped; ";
+
+// The pids listed in `path`, one a line.
+std::vector<pid_t> PidsIn(const std::string& path) {
+  std::vector<pid_t> pids;
+  std::ifstream in(path);
+  for (pid_t pid; in >> pid;) pids.push_back(pid);
+  return pids;
+}
+
+// Issue 19 item 11: a worker's background children end with it, after a
+// failure (before the restart) as after a success.
+TEST_F(LauncherTest, WorkersBackgroundChildrenEndWithIt) {
+  TempDir dir;
+  const std::string worker = dir.Write("worker.sh", R"sh(#!/bin/sh
+cd "$(dirname "$0")"
+sleep 1000 &
+echo $! >> pids
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 3; fi
+# The first attempt's child must be gone (or a zombie) by now.
+state=$(sed 's/.*) //' /proc/$(head -n 1 pids)/stat 2>/dev/null | cut -c1)
+if [ -n "$state" ] && [ "$state" != Z ]; then echo "leftover running"; exit 9; fi
+exit 0
+)sh",
+                                       0755);
+  auto run = Launch(
+      {"--standalone", "--nproc-per-node=1", "--max-restarts=1", "--no-python", worker});
+  EXPECT_EQ(ExitCode(*run), 0) << run->output();
+  const std::vector<pid_t> pids = PidsIn(dir / "pids");
+  EXPECT_EQ(pids.size(), 2u) << run->output();
+  for (pid_t pid : pids) {
+    EXPECT_TRUE(GoneWithin(pid, seconds(5))) << pid;
+    if (ProcessAlive(pid)) kill(pid, SIGKILL);
+  }
+}
+
+// Issue 19 item 11: where cgroups can be used, also what left the worker's
+// process group.
+TEST_F(LauncherTest, WorkersSetsidChildrenEndWithItWhereCgroupsWork) {
+  TempDir dir;
+  const std::string worker = dir.Write(
+      "worker.sh",
+      std::string("#!/bin/sh\ncd \"$(dirname \"$0\")\"\n") + kEscapedSleep + "exit 0\n",
+      0755);
+  auto run = Launch({"--standalone", "--nproc-per-node=1", "--no-python", worker});
+  EXPECT_EQ(ExitCode(*run), 0) << run->output();
+  const std::vector<pid_t> pids = PidsIn(dir / "escaped");
+  ASSERT_EQ(pids.size(), 1u) << run->output();
+  if (run->output().find("workers run without cgroups") != std::string::npos) {
+    kill(pids[0], SIGKILL);
+    GTEST_SKIP() << "no cgroups here: " << run->output();
+  }
+  EXPECT_TRUE(GoneWithin(pids[0], seconds(5))) << run->output();
+  if (ProcessAlive(pids[0])) kill(pids[0], SIGKILL);
+}
+
+// Issue 19 item 12: a detached process holding a worker's output delays
+// neither a SIGTERM stop nor a restart by the shutdown timeout, with cgroups
+// (it is killed) or without (the 1 s output cut-off).
+TEST_F(LauncherTest, DetachedChildHoldingOutputStallsNoStop) {
+  for (const char* cgroups : {"MESHRUN_CGROUPS=off", "MESHRUN_CGROUPS=auto"}) {
+    SCOPED_TRACE(cgroups);
+    TempDir dir;
+    const std::string worker =
+        dir.Write("worker.sh",
+                  std::string("#!/bin/sh\ncd \"$(dirname \"$0\")\"\n") + kEscapedSleep +
+                      "echo ready; exec sleep 1000\n",
+                  0755);
+    auto run = Launch({"--standalone", "--nproc-per-node=1", "--shutdown-timeout=20",
+                       "--no-python", worker},
+                      {cgroups});
+    ASSERT_TRUE(run->ReadUntil("ready", seconds(30))) << run->output();
+    const auto signalled = std::chrono::steady_clock::now();
+    run->Signal(SIGTERM);
+    EXPECT_EQ(ExitCode(*run, seconds(40)), 128 + SIGTERM) << run->output();
+    EXPECT_LT(std::chrono::steady_clock::now() - signalled, seconds(6)) << run->output();
+    for (pid_t pid : PidsIn(dir / "escaped")) kill(pid, SIGKILL);
+  }
+}
+
+TEST_F(LauncherTest, DetachedChildHoldingOutputStallsNoRestart) {
+  for (const char* cgroups : {"MESHRUN_CGROUPS=off", "MESHRUN_CGROUPS=auto"}) {
+    SCOPED_TRACE(cgroups);
+    TempDir dir;
+    // Rank 0 detaches a child, rank 1 then fails; the restart stops rank 0.
+    const std::string worker = dir.Write(
+        "worker.sh",
+        std::string("#!/bin/sh\ncd \"$(dirname \"$0\")\"\n"
+                    "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] || exit 0\n"
+                    "if [ \"$LOCAL_RANK\" = 1 ]; then read go < go; exit 3; fi\n") +
+            kEscapedSleep + "echo go > go; exec sleep 1000\n",
+        0755);
+    // Rank 1 must find the fifo; made here, so no rank waits for another's.
+    ASSERT_EQ(mkfifo((dir / "go").c_str(), 0600), 0);
+    const auto started = std::chrono::steady_clock::now();
+    auto run = Launch({"--standalone", "--nproc-per-node=2", "--max-restarts=1",
+                       "--shutdown-timeout=15", "--no-python", worker},
+                      {cgroups});
+    EXPECT_EQ(ExitCode(*run, seconds(40)), 0) << run->output();
+    EXPECT_LT(std::chrono::steady_clock::now() - started, seconds(8)) << run->output();
+    for (pid_t pid : PidsIn(dir / "escaped")) kill(pid, SIGKILL);
+  }
 }
 
 TEST_F(LauncherTest, StaticBackendUsesNodeRanks) {

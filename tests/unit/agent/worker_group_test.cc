@@ -1,5 +1,6 @@
 #include "agent/worker_group.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -100,6 +101,13 @@ bool WaitGone(pid_t pid, milliseconds timeout) {
 }
 
 bool Gone(pid_t pid) { return ::kill(pid, 0) == -1 && errno == ESRCH; }
+
+// Shell code that starts `sleep` in a session of its own (so outside the
+// worker's process group), prints its pid once it is there, and goes on.
+std::string EscapedSleep(const std::string& fifo) {
+  return absl::StrCat("mkfifo ", fifo, "; setsid sh -c 'echo $$ > ", fifo,
+                      "; exec sleep 1000' & read pid < ", fifo, "; echo $pid; ");
+}
 
 WorkerSpec Shell(int local_rank, const std::string& script) {
   WorkerSpec spec;
@@ -400,8 +408,9 @@ TEST_F(WorkerGroupTest, StopKillsTheWholeProcessGroup) {
   const auto stop_at = SteadyClock::now();
   group_->Stop(SIGTERM, milliseconds(300), [&] { done = true; });
   ASSERT_TRUE(RunUntil([&] { return done; }));
-  // Rank 0's exit waited for the grandchild's SIGKILL at the end of grace.
-  EXPECT_GE(SteadyClock::now() - stop_at, milliseconds(300));
+  // The grandchild that ignores SIGTERM ended with its worker: the stop did
+  // not wait for the grace period.
+  EXPECT_LT(SteadyClock::now() - stop_at, milliseconds(300));
   EXPECT_EQ(ExitOf(0).signal, SIGTERM);
   EXPECT_EQ(ExitOf(1).signal, SIGTERM);
   for (pid_t pid : others_) EXPECT_TRUE(WaitGone(pid, seconds(10))) << pid;
@@ -468,11 +477,14 @@ TEST_F(WorkerGroupTest, ExitIsReportedAfterAllOutput) {
 TEST_F(WorkerGroupTest, DrainIsBoundedWhenABackgroundProcessHoldsTheOutput) {
   WorkerGroupOptions options;
   options.output_drain_timeout = milliseconds(300);
+  // Without cgroups, a process that left the worker's group (setsid) survives
+  // it and keeps the output open.
+  options.cgroups = WorkerGroupOptions::Cgroups::kOff;
   MakeGroup(options);
   SteadyClock::time_point exit_seen;
   on_exit_ = [&](const WorkerExit&) { exit_seen = SteadyClock::now(); };
   const auto start = SteadyClock::now();
-  ASSERT_TRUE(Start({Shell(0, "sleep 100 & echo $!; echo bye")}).ok());
+  ASSERT_TRUE(Start({Shell(0, EscapedSleep(dir_ + "/fifo") + "echo bye")}).ok());
   ASSERT_TRUE(RunUntilExits(1));
   EXPECT_GE(exit_seen - start, milliseconds(300));
   EXPECT_LT(exit_seen - start, seconds(10));
@@ -480,11 +492,107 @@ TEST_F(WorkerGroupTest, DrainIsBoundedWhenABackgroundProcessHoldsTheOutput) {
   auto lines = LinesOf(Out(), "[default0]:");
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[1], "bye");
-  // A natural exit leaves the worker's background process alone.
-  pid_t background = std::stoi(lines[0]);
-  ASSERT_EQ(::kill(background, 0), 0);
-  ::kill(background, SIGKILL);
-  others_.push_back(background);
+  pid_t escaped = std::stoi(lines[0]);
+  ASSERT_EQ(::kill(escaped, 0), 0);
+  ::kill(escaped, SIGKILL);
+  others_.push_back(escaped);
+}
+
+// Issue 19 item 11: what a worker leaves in its process group ends with it,
+// after a success as after a failure.
+TEST_F(WorkerGroupTest, BackgroundChildrenEndWithTheirWorker) {
+  WorkerGroupOptions options;
+  options.cgroups = WorkerGroupOptions::Cgroups::kOff;  // the process group alone
+  MakeGroup(options);
+  ASSERT_TRUE(Start({Shell(0, "sleep 1000 & echo $!; exit 0"),
+                     Shell(1, "sleep 1000 & echo $!; exit 3")})
+                  .ok());
+  ASSERT_TRUE(RunUntilExits(2));
+  EXPECT_EQ(ExitOf(0).exit_code, 0);
+  EXPECT_EQ(ExitOf(1).exit_code, 3);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto lines = LinesOf(Out(), absl::StrCat("[default", rank, "]:"));
+    ASSERT_EQ(lines.size(), 1u) << Out();
+    pid_t background = std::stoi(lines[0]);
+    others_.push_back(background);
+    EXPECT_TRUE(WaitGone(background, seconds(5))) << "rank " << rank;
+  }
+}
+
+// Issue 19 item 11: with cgroups, also what escaped the group.
+TEST_F(WorkerGroupTest, EscapedChildrenEndWithTheirWorkerInACgroup) {
+  MakeGroup();
+  if (!group_->uses_cgroups())
+    GTEST_SKIP() << "cannot create cgroups here (needs cgroup v2, writable)";
+  SteadyClock::time_point exit_seen;
+  on_exit_ = [&](const WorkerExit&) { exit_seen = SteadyClock::now(); };
+  const auto start = SteadyClock::now();
+  ASSERT_TRUE(Start({Shell(0, EscapedSleep(dir_ + "/fifo") + "exit 0")}).ok());
+  ASSERT_TRUE(RunUntilExits(1));
+  auto lines = LinesOf(Out(), "[default0]:");
+  ASSERT_EQ(lines.size(), 1u) << Out();
+  pid_t escaped = std::stoi(lines[0]);
+  others_.push_back(escaped);
+  EXPECT_TRUE(WaitGone(escaped, seconds(5)));
+  // Killed, so its end closed the output: no drain timeout was waited for.
+  EXPECT_LT(exit_seen - start, milliseconds(900));
+}
+
+// Issue 19 item 12: a stop does not wait out its grace period for output a
+// process outside the worker's group holds open; the drain bound applies.
+TEST_F(WorkerGroupTest, StopDoesNotWaitForOutputHeldByAnEscapedProcess) {
+  WorkerGroupOptions options;
+  options.output_drain_timeout = milliseconds(300);
+  options.cgroups = WorkerGroupOptions::Cgroups::kOff;
+  MakeGroup(options);
+  ASSERT_TRUE(Start({Shell(0, EscapedSleep(dir_ + "/fifo") + "exec sleep 100")}).ok());
+  ASSERT_TRUE(RunUntil([&] { return !LinesOf(Out(), "[default0]:").empty(); }));
+  others_.push_back(std::stoi(LinesOf(Out(), "[default0]:")[0]));
+  bool done = false;
+  const auto stop_at = SteadyClock::now();
+  group_->Stop(SIGTERM, seconds(30), [&] { done = true; });
+  ASSERT_TRUE(RunUntil([&] { return done; }));
+  EXPECT_LT(SteadyClock::now() - stop_at, seconds(5));
+  EXPECT_EQ(ExitOf(0).signal, SIGTERM);
+  ::kill(others_.back(), SIGKILL);
+}
+
+// Issue 19 item 9: a worker reaped by someone else has an unknown status,
+// which is a failure, not a success.
+TEST_F(WorkerGroupTest, UnknownStatusCountsAsAFailure) {
+  MakeGroup();
+  ASSERT_TRUE(Start({Shell(0, "exit 0")}).ok());
+  const pid_t pid = group_->pids().at(0);
+  int status = 0;
+  pid_t reaped;
+  do {
+    reaped = ::waitpid(pid, &status, 0);  // before the group sees SIGCHLD
+  } while (reaped < 0 && errno == EINTR);
+  ASSERT_EQ(reaped, pid);
+  ASSERT_TRUE(RunUntilExits(1));
+  EXPECT_FALSE(ExitOf(0).status_known);
+  EXPECT_TRUE(ExitOf(0).failed());
+  EXPECT_NE(ExitOf(0).exit_code, 0);
+}
+
+// Issue 19 item 9: fds the agent opened without O_CLOEXEC never reach a
+// worker, also where close_range(CLOSE_RANGE_CLOEXEC) fails (kernel < 5.11).
+TEST_F(WorkerGroupTest, AgentFdsDoNotLeakIntoWorkers) {
+  for (bool simulate_old_kernel : {false, true}) {
+    SCOPED_TRACE(simulate_old_kernel ? "without close_range" : "with close_range");
+    WorkerGroupOptions options;
+    options.simulate_no_close_range_cloexec = simulate_old_kernel;
+    MakeGroup(options);
+    exits_.clear();
+    int leaked = ::open("/dev/null", O_RDONLY);  // deliberately inheritable
+    ASSERT_GE(leaked, 3);
+    ASSERT_TRUE(Start({Shell(0, absl::StrCat("[ -e /proc/$$/fd/", leaked,
+                                             " ] && exit 3; exit 0"))})
+                    .ok());
+    ASSERT_TRUE(RunUntilExits(1));
+    ::close(leaked);
+    EXPECT_EQ(ExitOf(0).exit_code, 0) << "fd " << leaked << " reached the worker";
+  }
 }
 
 TEST_F(WorkerGroupTest, LinesOfManyWorkersNeverInterleave) {
