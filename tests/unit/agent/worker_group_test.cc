@@ -557,6 +557,59 @@ TEST_F(WorkerGroupTest, StopDoesNotWaitForOutputHeldByAnEscapedProcess) {
   ::kill(others_.back(), SIGKILL);
 }
 
+// Issue 19 item 9: once a worker is reaped, its group id is free for reuse,
+// and a stop must not signal whatever group has it now. The kernel is made
+// to reuse it (ns_last_pid, root only).
+TEST_F(WorkerGroupTest, StopNeverSignalsAReusedGroupId) {
+  WorkerGroupOptions options;
+  options.output_drain_timeout = milliseconds(1500);  // the worker stays live
+  options.cgroups = WorkerGroupOptions::Cgroups::kOff;
+  MakeGroup(options);
+  ASSERT_TRUE(Start({Shell(0, EscapedSleep(dir_ + "/fifo") + "exit 0")}).ok());
+  const pid_t worker = group_->pids().at(0);
+  ASSERT_TRUE(RunUntil([&] { return !LinesOf(Out(), "[default0]:").empty(); }));
+  others_.push_back(std::stoi(LinesOf(Out(), "[default0]:")[0]));
+  // Reaped (its /proc entry is gone), but live while the escaped sleep holds
+  // its output.
+  ASSERT_TRUE(RunUntil([&] { return Gone(worker); }));
+  ASSERT_EQ(group_->live(), 1u);
+
+  // A process of ours that leads a group with the worker's old id.
+  pid_t impostor = -1;
+  for (int attempt = 0; attempt < 20 && impostor != worker; ++attempt) {
+    if (impostor > 0) {
+      ::kill(impostor, SIGKILL);
+      ::waitpid(impostor, nullptr, 0);
+    }
+    std::ofstream last("/proc/sys/kernel/ns_last_pid");
+    if (!(last << worker - 1 << std::flush)) GTEST_SKIP() << "ns_last_pid not writable";
+    last.close();
+    impostor = ::fork();
+    if (impostor == 0) {
+      ::setpgid(0, 0);
+      ::pause();
+      ::_exit(0);
+    }
+    ASSERT_GT(impostor, 0);
+  }
+  if (impostor != worker) {
+    ::kill(impostor, SIGKILL);
+    ::waitpid(impostor, nullptr, 0);
+    GTEST_SKIP() << "the kernel did not hand out pid " << worker << " again";
+  }
+  ::setpgid(impostor, impostor);  // in case the child has not run yet
+
+  bool done = false;
+  group_->Stop(SIGTERM, milliseconds(100), [&] { done = true; });
+  ASSERT_TRUE(RunUntil([&] { return done; }));
+  int status = 0;
+  EXPECT_EQ(::waitpid(impostor, &status, WNOHANG), 0)
+      << "group " << impostor << " was signalled: " << status;
+  ::kill(impostor, SIGKILL);
+  ::waitpid(impostor, nullptr, 0);
+  ::kill(others_.back(), SIGKILL);
+}
+
 // Issue 19 item 9: a worker reaped by someone else has an unknown status,
 // which is a failure, not a success.
 TEST_F(WorkerGroupTest, UnknownStatusCountsAsAFailure) {
