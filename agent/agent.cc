@@ -424,6 +424,8 @@ class Agent {
         session = session_.get();
       }
       old.reset();  // waits for its call to end; not under stop_mu_
+      // Before any event of the new stream (posts run in order).
+      boost::asio::post(io_, [this] { heard_on_stream_ = false; });
       absl::Status ended;
       while (true) {
         auto next = session->Next(std::chrono::hours(24 * 365));
@@ -523,7 +525,9 @@ class Agent {
   // Either way the workers' round may be gone: re-open the stream at once;
   // its resume says whether the round still exists.
   void OnNotKnown(const std::string& reason) {
-    if (closed_ || left_) return;
+    // Not before the daemon has answered this stream's join: the heartbeat
+    // may have overtaken it.
+    if (closed_ || left_ || !heard_on_stream_) return;
     OnContact();  // the daemon is there
     {
       std::lock_guard<std::mutex> lock(stop_mu_);
@@ -662,6 +666,7 @@ class Agent {
 
   void OnRendezvousEvent(const v1::RendezvousEvent& pushed) {
     OnContact();
+    heard_on_stream_ = true;
     if (pushed.has_assigned() && unreported_failure_ &&
         pushed.assigned().round() == unreported_failure_->round) {
       // The daemon (restarted, or reached again) still runs the round whose
@@ -1005,6 +1010,8 @@ class Agent {
   std::chrono::steady_clock::time_point lease_until_;
   bool disconnected_ = false;
   bool heartbeat_failing_ = false;
+  // The daemon has pushed something on the current Join stream.
+  bool heard_on_stream_ = false;
   // Since when this node waits for a round to form (reported periodically).
   std::optional<std::chrono::steady_clock::time_point> waiting_since_;
   // The agent's calls to the daemon, off io_ (declared after what they use).

@@ -155,10 +155,11 @@ TEST_F(AgentDaemonTest, AnAgentThatLeftNeverJoinsAgain) {
 // and the job goes on. Its fresh join offers a fresh MASTER_PORT.
 TEST_F(AgentDaemonTest, AnAgentExpelledWhileStalledRejoinsAndTheJobGoesOn) {
   DaemonProcess daemon;
-  // Round 1's workers wait; later rounds' finish.
+  // Round 1's workers wait; later rounds' finish. The round is the number
+  // that ends the store prefix.
   const std::string worker =
-      "echo pid=$$ port=$MASTER_PORT prefix=$MESHRUN_STORE_PREFIX; "
-      "case $MESHRUN_STORE_PREFIX in */r1) exec sleep 60;; esac; echo finished";
+      "round=${MESHRUN_STORE_PREFIX##*r}; echo pid=$$ port=$MASTER_PORT round=$round; "
+      "if [ $round = 1 ]; then exec sleep 60; fi; echo finished";
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node)
     agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=1",
@@ -166,9 +167,9 @@ TEST_F(AgentDaemonTest, AnAgentExpelledWhileStalledRejoinsAndTheJobGoesOn) {
                              "--node-rank=" + std::to_string(node), "--max-restarts=3",
                              "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=2",
                              "--no-python", "/bin/sh", "-c", worker}));
-  auto first = agents[0]->ReadUntil("prefix=stalled/r1", seconds(30));
+  auto first = agents[0]->ReadUntil("round=1", seconds(30));
   ASSERT_TRUE(first) << agents[0]->output();
-  ASSERT_TRUE(agents[1]->ReadUntil("prefix=stalled/r1", seconds(30)));
+  ASSERT_TRUE(agents[1]->ReadUntil("round=1", seconds(30)));
   const auto stopped = Clock::now();
   agents[0]->Signal(SIGSTOP);
   // The daemon expels it after its lease (2 s) and the other node re-forms.
@@ -188,8 +189,7 @@ TEST_F(AgentDaemonTest, AnAgentExpelledWhileStalledRejoinsAndTheJobGoesOn) {
   // Group rank 0 both times (its --node-rank), offering a port per join.
   std::smatch before, after;
   ASSERT_TRUE(std::regex_search(*first, before, std::regex("port=(\\d+)")));
-  ASSERT_TRUE(
-      std::regex_search(woken, after, std::regex("port=(\\d+) prefix=stalled/r[2-9]")))
+  ASSERT_TRUE(std::regex_search(woken, after, std::regex("port=(\\d+) round=[2-9]")))
       << woken;
   EXPECT_NE(before[1], after[1]) << woken;
 }
