@@ -34,31 +34,13 @@ using testing::Count;
 using testing::DaemonProcess;
 using testing::ExitCode;
 using testing::FreePort;
+using testing::GoneWithin;
 using Clock = std::chrono::steady_clock;
 
 std::unique_ptr<ChildProcess> Launch(std::vector<std::string> args) {
   std::vector<std::string> argv{BinDir() + "/meshrun"};
   argv.insert(argv.end(), args.begin(), args.end());
   return std::make_unique<ChildProcess>(argv, /*merge_stderr=*/true);
-}
-
-bool ProcessAlive(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return false;
-  std::string line;
-  std::getline(stat, line);
-  auto close_paren = line.rfind(')');
-  return close_paren != std::string::npos && line.size() > close_paren + 2 &&
-         line[close_paren + 2] != 'Z';
-}
-
-bool GoneWithin(pid_t pid, milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  while (ProcessAlive(pid)) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
 }
 
 pid_t PidIn(const std::string& line) {
