@@ -10,19 +10,23 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <thread>
 
 #include "agent/agent_state.h"
 #include "agent/backoff.h"
+#include "agent/endpoint_probe.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
 #include "rendezvous/rendezvous_client.h"
@@ -113,6 +117,108 @@ int PickFreePort() {
   return port;
 }
 
+// A re-form's reason in words, for the log.
+const char* ReformWords(v1::ReformReason reason) {
+  switch (reason) {
+    case v1::REFORM_NODES_WAITING:
+      return "nodes are waiting to join";
+    case v1::REFORM_NODE_EXPIRED:
+      return "a node missed its heartbeats";
+    case v1::REFORM_NODE_LEFT:
+      return "a node left";
+    case v1::REFORM_WORKER_FAILURE:
+      return "a worker failed";
+    default:
+      return "the daemon re-forms the run";
+  }
+}
+
+// "9m40s", "45s", "1h02m".
+std::string Approx(std::chrono::milliseconds duration) {
+  long long s = std::max<long long>(0, duration.count() / 1000);
+  char text[32];
+  if (s >= 3600) {
+    std::snprintf(text, sizeof text, "%lldh%02lldm", s / 3600, (s / 60) % 60);
+  } else if (s >= 60) {
+    std::snprintf(text, sizeof text, "%lldm%02llds", s / 60, s % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%llds", s);
+  }
+  return text;
+}
+
+// The agent's calls to the daemon, made one at a time and in order on a
+// thread of their own: a slow or unreachable daemon (each call may take its
+// whole deadline) must never hold up the event loop, which reaps workers,
+// drains their pipes and runs the stop grace timer. Results come back as
+// handlers the calls post to the loop.
+//
+// Thread-safety: Post and Drain from the owner's thread.
+class CallQueue {
+ public:
+  CallQueue() : thread_([this] { Loop(); }) {}
+  ~CallQueue() {
+    Drain(std::chrono::steady_clock::now(), [] {});
+  }
+
+  void Post(std::function<void()> call) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      calls_.push_back(std::move(call));
+    }
+    cv_.notify_all();
+  }
+
+  // Lets the calls posted so far end until `deadline`; then drops those not
+  // started, runs `cancel` (which must end the call under way) and joins.
+  void Drain(std::chrono::steady_clock::time_point deadline,
+             const std::function<void()>& cancel) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!thread_.joinable()) return;
+    idle_cv_.wait_until(lock, deadline, [this] { return calls_.empty() && !busy_; });
+    stopped_ = true;
+    calls_.clear();
+    lock.unlock();
+    cv_.notify_all();
+    cancel();
+    thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return stopped_ || !calls_.empty(); });
+      if (calls_.empty()) return;  // stopped
+      std::function<void()> call = std::move(calls_.front());
+      calls_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      call();
+      lock.lock();
+      busy_ = false;
+      if (calls_.empty()) idle_cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::deque<std::function<void()>> calls_;  // guarded by mu_
+  bool busy_ = false;                        // guarded by mu_
+  bool stopped_ = false;                     // guarded by mu_
+  std::thread thread_;
+};
+
+// How long an exiting agent lets its last calls to the daemon (a Leave, a
+// report) finish. Its exit ends its Join stream, which the daemon takes as a
+// departure anyway, so a daemon that does not answer must not hold it longer.
+constexpr std::chrono::seconds kExitDrain{2};
+// How often an agent that cannot reach the daemon, or waits for other nodes,
+// says so.
+constexpr std::chrono::seconds kWaitReportEvery{20};
+
 int StreamsFor(const std::vector<int>& per_rank, int all, int local_rank) {
   if (local_rank < static_cast<int>(per_rank.size())) return per_rank[local_rank];
   return all;
@@ -126,7 +232,16 @@ class Agent {
         signals_(io_),
         workers_(io_, [this](const WorkerExit& exit) { OnWorkerExit(exit); }),
         lease_timer_(io_),
-        grace_(ReconnectGrace(options)) {}
+        waiting_timer_(io_),
+        grace_(ReconnectGrace(options)),
+        heartbeat_interval_(
+            options.run_config.keep_alive_interval_ms() > 0
+                ? std::chrono::milliseconds(options.run_config.keep_alive_interval_ms())
+                : std::chrono::milliseconds(5000)),
+        join_timeout_(
+            options.run_config.join_timeout_ms() > 0
+                ? std::chrono::milliseconds(options.run_config.join_timeout_ms())
+                : std::chrono::milliseconds(600000)) {}
 
   int Run() {
     for (int number : options_.signals_to_handle) signals_.add(number);
@@ -137,38 +252,16 @@ class Agent {
     // A heartbeat slower than its interval is no use, and a cut-off node's
     // agent must not wait out the general call timeout before exiting.
     heartbeat_client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
-    heartbeat_client_->set_call_timeout(
-        std::chrono::milliseconds(options_.run_config.keep_alive_interval_ms() > 0
-                                      ? options_.run_config.keep_alive_interval_ms()
-                                      : 5000));
+    heartbeat_client_->set_call_timeout(heartbeat_interval_);
     // Reports only for show (worker exits) must not hold up the agent long.
     report_client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
     report_client_->set_call_timeout(std::chrono::seconds(2));
-    // The daemon may be starting on another node (agent-hosted or static
-    // rank 0): wait for it as long as a join may take.
-    const auto join_timeout = std::chrono::milliseconds(
-        options_.run_config.join_timeout_ms() > 0 ? options_.run_config.join_timeout_ms()
-                                                  : 600000);
-    // In slices, so a signal meanwhile still stops the launcher at once.
-    const auto give_up = std::chrono::steady_clock::now() + join_timeout;
-    bool said = false;
-    while (!channel_->WaitForConnected(std::chrono::system_clock::now() +
-                                       std::chrono::milliseconds(100))) {
-      if (!said)
-        spdlog::info("waiting for the rendezvous daemon at {}", options_.rdzv_endpoint);
-      said = true;
-      io_.poll();
-      if (state_.phase() == AgentState::Phase::kExited) return exit_code_;
-      if (std::chrono::steady_clock::now() >= give_up) {
-        std::fprintf(stderr,
-                     "meshrun: cannot reach the rendezvous daemon at %s within %lld s\n",
-                     options_.rdzv_endpoint.c_str(),
-                     static_cast<long long>(join_timeout.count() / 1000));
-        return 1;
-      }
+    calls_ = std::make_unique<CallQueue>();
+    if (!WaitForDaemon()) {
+      // A Leave sent on a signal meanwhile cannot reach the daemon anyway.
+      calls_->Drain(std::chrono::steady_clock::now(), [this] { client_->CancelCalls(); });
+      return exit_code_;
     }
-    io_.restart();
-    master_port_ = PickFreePort();
     Join();
     io_.run();
     StopBackgroundThreads();
@@ -186,6 +279,76 @@ class Agent {
     });
   }
 
+  // The daemon may be starting on another node (agent-hosted or static rank
+  // 0): wait for it as long as a join may take, saying why it does not answer
+  // (at once, then every kWaitReportEvery), and give up at once when what
+  // answers is not a meshrun daemon. False: exit with exit_code_.
+  bool WaitForDaemon() {
+    const auto start = std::chrono::steady_clock::now();
+    const auto give_up = start + join_timeout_;
+    struct Probe {
+      std::mutex mu;
+      std::optional<ProbeResult> result;  // guarded by mu
+    };
+    std::shared_ptr<Probe> probe;
+    auto next_probe = start;
+    // In slices, so a signal meanwhile still stops the launcher at once.
+    while (!channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                       std::chrono::milliseconds(100))) {
+      io_.poll();
+      if (state_.phase() == AgentState::Phase::kExited) return false;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= give_up) {
+        std::fprintf(stderr,
+                     "meshrun: cannot reach the rendezvous daemon at %s within %lld s\n",
+                     options_.rdzv_endpoint.c_str(),
+                     static_cast<long long>(join_timeout_.count() / 1000));
+        exit_code_ = 1;
+        return false;
+      }
+      if (!probe && now >= next_probe) {
+        // DNS and connect can block: off this thread. A probe still running
+        // when the agent exits only writes to its own shared state.
+        probe = std::make_shared<Probe>();
+        std::thread([probe, endpoint = options_.rdzv_endpoint,
+                     tls = options_.security.tls()] {
+          ProbeResult result = ProbeEndpoint(endpoint, tls, std::chrono::seconds(3));
+          std::lock_guard<std::mutex> lock(probe->mu);
+          probe->result = std::move(result);
+        }).detach();
+        continue;
+      }
+      if (!probe) continue;
+      std::optional<ProbeResult> result;
+      {
+        std::lock_guard<std::mutex> lock(probe->mu);
+        result = probe->result;
+      }
+      if (!result) continue;
+      probe.reset();
+      next_probe = now + kWaitReportEvery;
+      if (result->kind == ProbeResult::Kind::kNotMeshrun) {
+        std::fprintf(stderr, "meshrun: cannot use the rendezvous endpoint %s: %s\n",
+                     options_.rdzv_endpoint.c_str(), result->detail.c_str());
+        exit_code_ = 1;
+        return false;
+      }
+      if (result->kind == ProbeResult::Kind::kAnswers) {
+        spdlog::info(
+            "waiting for the rendezvous daemon at {} ({}), up to {} more",
+            options_.rdzv_endpoint, result->detail,
+            Approx(std::chrono::duration_cast<std::chrono::milliseconds>(give_up - now)));
+      } else {
+        spdlog::warn(
+            "waiting for the rendezvous daemon at {}: {}; up to {} more",
+            options_.rdzv_endpoint, result->detail,
+            Approx(std::chrono::duration_cast<std::chrono::milliseconds>(give_up - now)));
+      }
+    }
+    io_.restart();
+    return true;
+  }
+
   static std::chrono::milliseconds ReconnectGrace(const AgentOptions& options) {
     if (options.reconnect_grace) return *options.reconnect_grace;
     const auto& config = options.run_config;
@@ -196,15 +359,14 @@ class Agent {
     return std::chrono::milliseconds(interval * attempts);
   }
 
-  v1::JoinRequest MakeJoin(uint64_t resume_round) const {
+  v1::JoinRequest MakeJoin(uint64_t resume_round, int master_port) const {
     v1::JoinRequest join;
     join.set_run_id(options_.run_id);
     join.set_node_id(options_.node_id);
     join.set_host(options_.host);
     join.set_nproc(static_cast<uint32_t>(options_.nproc));
     join.set_node_rank_hint(options_.node_rank_hint);
-    // The same port on every (re)join, so a resumed node's details match.
-    join.set_master_port(static_cast<uint32_t>(master_port_));
+    join.set_master_port(static_cast<uint32_t>(master_port));
     join.set_resume_round(resume_round);
     *join.mutable_config() = options_.run_config;
     return join;
@@ -212,6 +374,7 @@ class Agent {
 
   void Join() {
     last_contact_ = std::chrono::steady_clock::now();
+    lease_until_ = last_contact_ + grace_;
     ArmLeaseTimer();
     reader_ = std::thread([this] { ReadRendezvous(); });
     heartbeat_ = std::thread([this] { Heartbeat(); });
@@ -236,26 +399,33 @@ class Agent {
   // Runs on its own thread: holds the Join stream open and turns the
   // daemon's pushes into events on io_. When the stream breaks, the workers
   // keep running and the stream is re-opened with backoff, resuming this
-  // node's round, until the lease watchdog (on io_) gives up.
+  // node's round, until the lease watchdog (on io_) gives up. Once the agent
+  // leaves, it never joins again.
   void ReadRendezvous() {
     Backoff backoff(std::chrono::milliseconds(100), std::chrono::milliseconds(2000),
                     std::hash<std::string>{}(options_.node_id) ^
                         static_cast<uint64_t>(
                             std::chrono::steady_clock::now().time_since_epoch().count()));
-    uint64_t refused_round = 0;
+    // A fresh join offers a port free now (torchrun picks one per
+    // rendezvous); a resuming one offers the port of the join it resumes,
+    // so its details match the round's.
+    int master_port = 0;
     while (true) {
-      uint64_t resume = resume_round_.load();
-      if (resume == refused_round) resume = 0;
+      const uint64_t resume = resume_round_.load();
+      if (resume == 0 || master_port == 0) master_port = PickFreePort();
       rdzv::RendezvousClient::JoinSession* session = nullptr;
       std::unique_ptr<rdzv::RendezvousClient::JoinSession> old;
       {
         std::lock_guard<std::mutex> lock(stop_mu_);
-        if (stop_threads_) return;
+        if (stop_threads_ || leaving_) return;
+        rejoin_requested_ = false;
         old = std::move(session_);
-        session_ = client_->Join(MakeJoin(resume));
+        session_ = client_->Join(MakeJoin(resume, master_port));
         session = session_.get();
       }
       old.reset();  // waits for its call to end; not under stop_mu_
+      // Before any event of the new stream (posts run in order).
+      boost::asio::post(io_, [this] { heard_on_stream_ = false; });
       absl::Status ended;
       while (true) {
         auto next = session->Next(std::chrono::hours(24 * 365));
@@ -270,17 +440,32 @@ class Agent {
         boost::asio::post(io_, [this, pushed] { OnRendezvousEvent(pushed); });
         if (terminal) return;
       }
-      if (Stopping()) return;
+      {
+        std::lock_guard<std::mutex> lock(stop_mu_);
+        if (stop_threads_ || leaving_) return;
+        // The agent ended the stream to join again (see OnNotKnown).
+        if (rejoin_requested_) continue;
+      }
       std::string reason(ended.message());
       if (ended.code() == absl::StatusCode::kNotFound && resume != 0) {
         // The daemon does not know this node in that round: stop the
-        // workers and join afresh at once.
-        refused_round = resume;
+        // workers and join afresh at once, once io_ has taken the round
+        // back (then resume_round_ no longer names it).
+        std::unique_lock<std::mutex> lock(stop_mu_);
+        round_lost_taken_ = false;
         boost::asio::post(io_, [this, reason] {
-          if (closed_ || left_) return;
-          spdlog::warn("{}; stopping the workers and joining afresh", reason);
-          Dispatch(event::RoundLost{reason});
+          if (!closed_ && !left_) {
+            spdlog::warn("{}; stopping the workers and joining afresh", reason);
+            Dispatch(event::RoundLost{reason});
+          }
+          {
+            std::lock_guard<std::mutex> taken(stop_mu_);
+            round_lost_taken_ = true;
+          }
+          stop_cv_.notify_all();
         });
+        stop_cv_.wait(lock,
+                      [this] { return stop_threads_ || leaving_ || round_lost_taken_; });
         continue;
       }
       if (Definitive(ended.code())) {
@@ -296,35 +481,23 @@ class Agent {
     }
   }
 
-  bool Stopping() {
-    std::lock_guard<std::mutex> lock(stop_mu_);
-    return stop_threads_;
-  }
-
   void Heartbeat() {
-    const auto interval =
-        std::chrono::milliseconds(options_.run_config.keep_alive_interval_ms() > 0
-                                      ? options_.run_config.keep_alive_interval_ms()
-                                      : 5000);
-    bool failing = false;
     std::unique_lock<std::mutex> lock(stop_mu_);
-    while (!stop_threads_) {
-      if (stop_cv_.wait_for(lock, interval, [this] { return stop_threads_; })) break;
+    while (!stop_threads_ && !leaving_) {
+      if (stop_cv_.wait_for(lock, heartbeat_interval_,
+                            [this] { return stop_threads_ || leaving_; }))
+        break;
       lock.unlock();
       auto reply = heartbeat_client_->Heartbeat(options_.run_id, options_.node_id);
       lock.lock();
       if (reply.ok()) {
-        failing = false;
         boost::asio::post(io_, [this] { OnContact(); });
       } else if (reply.status().code() == absl::StatusCode::kNotFound) {
-        // The daemon does not know this node (its lease ran out, or the
-        // daemon restarted without its state). Re-open the stream: the
-        // resume answers whether this node's round still exists.
-        if (session_) session_->Cancel();
-      } else if (!failing) {
-        failing = true;
-        spdlog::warn("heartbeat to {} failed: {}", options_.rdzv_endpoint,
-                     std::string(reply.status().message()));
+        std::string reason(reply.status().message());
+        boost::asio::post(io_, [this, reason] { OnNotKnown(reason); });
+      } else {
+        std::string reason(reply.status().message());
+        boost::asio::post(io_, [this, reason] { OnHeartbeatFailed(reason); });
       }
     }
   }
@@ -332,32 +505,77 @@ class Agent {
   // A sign of life from the daemon: it knows this node.
   void OnContact() {
     last_contact_ = std::chrono::steady_clock::now();
+    lease_until_ = std::max(lease_until_, last_contact_ + grace_);
+    heartbeat_failing_ = false;
     if (disconnected_) {
       disconnected_ = false;
       spdlog::info("reconnected to the rendezvous daemon at {}", options_.rdzv_endpoint);
     }
   }
 
+  void OnHeartbeatFailed(const std::string& reason) {
+    if (heartbeat_failing_ || closed_ || left_) return;
+    heartbeat_failing_ = true;
+    spdlog::warn("heartbeat to {} failed: {}", options_.rdzv_endpoint, reason);
+  }
+
+  // The daemon answered a heartbeat, but does not know this node: its lease
+  // ran out (this agent was stalled or cut off for longer than the lease,
+  // and the others re-formed without it), or the daemon lost its state.
+  // Either way the workers' round may be gone: re-open the stream at once;
+  // its resume says whether the round still exists.
+  void OnNotKnown(const std::string& reason) {
+    // Not before the daemon has answered this stream's join: the heartbeat
+    // may have overtaken it.
+    if (closed_ || left_ || !heard_on_stream_) return;
+    OnContact();  // the daemon is there
+    {
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      if (rejoin_requested_) return;  // re-joining already
+    }
+    const bool run_known = reason.rfind("unknown run", 0) != 0;
+    spdlog::warn(
+        "{}: {}; re-joining the run",
+        run_known ? "the rendezvous daemon expelled this node (no heartbeat within its "
+                    "lease: this agent was stalled or cut off)"
+                  : "the rendezvous daemon no longer knows this run (it restarted "
+                    "without its state)",
+        reason);
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (rejoin_requested_) return;  // one re-join per stream
+    rejoin_requested_ = true;
+    if (session_) session_->Cancel();
+  }
+
   void OnDisconnected(const std::string& reason) {
     if (closed_ || left_ || disconnected_) return;
     disconnected_ = true;
+    const auto left = std::max(lease_until_ - std::chrono::steady_clock::now(),
+                               std::chrono::steady_clock::duration::zero());
     spdlog::warn(
         "lost the rendezvous daemon at {} ({}); the workers keep running while "
         "reconnecting, for up to {:.1f} s",
-        options_.rdzv_endpoint, reason,
-        std::chrono::duration<double>(last_contact_ + grace_ -
-                                      std::chrono::steady_clock::now())
-            .count());
+        options_.rdzv_endpoint, reason, std::chrono::duration<double>(left).count());
   }
 
   // The agent's lease: without a sign of life from the daemon for grace_,
   // the workers stop (a cut-off node must not train on while the others
-  // re-form without it) and the agent exits.
+  // re-form without it) and the agent exits. The lease counts time this
+  // agent ran: a timer that fires far too late means the process was not
+  // running (SIGSTOP, a VM pause, a swap storm), and then the heartbeat it
+  // sends on waking gets one call timeout to say whether the daemon is
+  // there (and whether it still knows this node) before the agent gives up.
   void ArmLeaseTimer() {
-    lease_timer_.expires_at(last_contact_ + grace_);
-    lease_timer_.async_wait([this](const boost::system::error_code& error) {
+    const auto due = lease_until_;
+    lease_timer_.expires_at(due);
+    lease_timer_.async_wait([this, due](const boost::system::error_code& error) {
       if (error) return;
-      if (std::chrono::steady_clock::now() < last_contact_ + grace_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - due > std::max<std::chrono::steady_clock::duration>(
+                          heartbeat_interval_, std::chrono::seconds(1))) {
+        lease_until_ = std::max(lease_until_, now + heartbeat_interval_ * 2);
+      }
+      if (now < lease_until_) {
         ArmLeaseTimer();
         return;
       }
@@ -379,27 +597,90 @@ class Agent {
     }
     stop_cv_.notify_all();
     lease_timer_.cancel();
+    waiting_timer_.cancel();
+    // A heartbeat waiting on a daemon that does not answer ends now.
+    heartbeat_client_->CancelCalls();
     if (heartbeat_.joinable()) heartbeat_.join();
     {
       std::lock_guard<std::mutex> lock(stop_mu_);
       if (session_) session_->Cancel();
     }
     if (reader_.joinable()) reader_.join();
+    calls_->Drain(std::chrono::steady_clock::now() + kExitDrain, [this] {
+      client_->CancelCalls();
+      report_client_->CancelCalls();
+    });
+  }
+
+  // While this node waits for a round to form, say how many nodes are in
+  // and how long the daemon waits for the rest (its join timeout started
+  // with the round's first node, so the time left is at most this): on
+  // joining at once, after a re-form (which mostly completes within moments)
+  // only if the wait lasts.
+  void StartWaitingReports(bool at_once) {
+    if (waiting_since_) return;
+    waiting_since_ = std::chrono::steady_clock::now();
+    if (at_once) {
+      ReportWaiting();
+      return;
+    }
+    waiting_timer_.expires_after(kWaitReportEvery);
+    waiting_timer_.async_wait([this](const boost::system::error_code& error) {
+      if (!error) ReportWaiting();
+    });
+  }
+
+  void StopWaitingReports() {
+    waiting_since_.reset();
+    waiting_timer_.cancel();
+  }
+
+  void ReportWaiting() {
+    waiting_timer_.expires_after(kWaitReportEvery);
+    waiting_timer_.async_wait([this](const boost::system::error_code& error) {
+      if (!error) ReportWaiting();
+    });
+    v1::StatusRequest request;
+    request.set_run_id(options_.run_id);
+    calls_->Post([this, request] {
+      auto reply = report_client_->Status(request);
+      boost::asio::post(io_, [this, reply] {
+        if (!waiting_since_ || closed_ || left_ || !reply.ok() || reply->runs_size() != 1)
+          return;
+        const v1::RunStatus& run = reply->runs(0);
+        if (run.state() != "gathering") return;
+        int joined = 0;
+        for (const v1::NodeStatus& node : run.nodes())
+          if (node.state() == "gathering") ++joined;
+        const std::string of = run.min_nodes() == run.max_nodes()
+                                   ? std::to_string(run.min_nodes())
+                                   : std::to_string(run.min_nodes()) + ".." +
+                                         std::to_string(run.max_nodes());
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - *waiting_since_);
+        spdlog::info("{} of {} nodes joined round {}, waiting up to {} more", joined, of,
+                     run.round(), Approx(join_timeout_ - waited));
+      });
+    });
   }
 
   void OnRendezvousEvent(const v1::RendezvousEvent& pushed) {
     OnContact();
+    heard_on_stream_ = true;
     if (pushed.has_assigned() && unreported_failure_ &&
         pushed.assigned().round() == unreported_failure_->round) {
       // The daemon (restarted, or reached again) still runs the round whose
-      // failure it never heard of: tell it now; the re-form follows.
-      auto verdict =
-          client_->ReportFailure(options_.run_id, options_.node_id,
-                                 unreported_failure_->round, unreported_failure_->detail);
-      if (verdict.ok()) unreported_failure_.reset();
+      // failure it has not acknowledged: tell it (again; it counts a failure
+      // once); the re-form follows.
+      SendFailure(unreported_failure_->report);
+      return;
+    }
+    if (pushed.has_waiting()) {
+      StartWaitingReports(/*at_once=*/true);
       return;
     }
     if (pushed.has_assigned()) {
+      StopWaitingReports();
       const auto& a = pushed.assigned();
       RoundInfo round;
       round.round = a.round();
@@ -417,10 +698,10 @@ class Agent {
                    round.restart_count);
       Dispatch(event::Assigned{round});
     } else if (pushed.has_reform()) {
-      spdlog::info("re-forming into round {}: {} {}", pushed.reform().next_round(),
-                   v1::ReformReason_Name(pushed.reform().reason()),
-                   pushed.reform().detail());
+      spdlog::info("re-forming into round {}: {} ({})", pushed.reform().next_round(),
+                   ReformWords(pushed.reform().reason()), pushed.reform().detail());
       Dispatch(event::Reform{pushed.reform().next_round(), pushed.reform().detail()});
+      StartWaitingReports(/*at_once=*/false);
     } else if (pushed.has_closed()) {
       closed_ = true;
       Dispatch(
@@ -460,9 +741,11 @@ class Agent {
       round_exits_.set_run_id(options_.run_id);
       round_exits_.set_node_id(options_.node_id);
       round_exits_.set_host(options_.host);
-      absl::Status status = report_client_->ReportWorkerExits(round_exits_);
-      if (!status.ok())
-        spdlog::debug("cannot report worker exits: {}", std::string(status.message()));
+      calls_->Post([this, report = round_exits_] {
+        absl::Status status = report_client_->ReportWorkerExits(report);
+        if (!status.ok())
+          spdlog::debug("cannot report worker exits: {}", std::string(status.message()));
+      });
       round_exits_.Clear();
     }
   }
@@ -530,28 +813,49 @@ class Agent {
       if (auto cause = failure_causes_.find(failure->exit.local_rank);
           cause != failure_causes_.end())
         *report.mutable_cause() = cause->second;
-      auto verdict = client_->ReportFailure(report);
-      if (!verdict.ok()) {
-        spdlog::error("cannot report the failure to the daemon: {}",
-                      std::string(verdict.status().message()));
-        // Sent again when the daemon re-sends this round's assignment.
-        unreported_failure_ = UnreportedFailure{failure->round, report.detail()};
-      } else if (verdict->will_restart()) {
-        spdlog::warn("worker failed; restarting the run (restart {} of {})",
-                     verdict->restart_count(), options_.run_config.max_restarts());
-      }
+      // Unacknowledged until the daemon answers: sent again when it re-sends
+      // this round's assignment.
+      unreported_failure_ = UnreportedFailure{failure->round, report};
+      SendFailure(report);
     } else if (auto* success = std::get_if<action::ReportSuccess>(&action)) {
-      absl::Status status =
-          client_->ReportSuccess(options_.run_id, options_.node_id, success->round);
-      if (!status.ok())
-        spdlog::error("cannot report success to the daemon: {}",
-                      std::string(status.message()));
+      calls_->Post([this, round = success->round] {
+        absl::Status status =
+            client_->ReportSuccess(options_.run_id, options_.node_id, round);
+        if (!status.ok())
+          spdlog::error("cannot report success to the daemon: {}",
+                        std::string(status.message()));
+      });
     } else if (std::holds_alternative<action::LeaveRun>(action)) {
       left_ = true;  // the stream ends now, and that is expected
-      (void)client_->Leave(options_.run_id, options_.node_id);
+      {
+        // No re-join and no heartbeat after this: the node is gone.
+        std::lock_guard<std::mutex> lock(stop_mu_);
+        leaving_ = true;
+      }
+      stop_cv_.notify_all();
+      StopWaitingReports();
+      calls_->Post([this] { (void)client_->Leave(options_.run_id, options_.node_id); });
     } else if (auto* exit = std::get_if<action::Exit>(&action)) {
       Finish(*exit);
     }
+  }
+
+  void SendFailure(const v1::FailureReport& report) {
+    calls_->Post([this, report] {
+      auto verdict = client_->ReportFailure(report);
+      boost::asio::post(io_, [this, verdict, round = report.round()] {
+        if (!verdict.ok()) {
+          spdlog::error("cannot report the failure to the daemon: {}",
+                        std::string(verdict.status().message()));
+          return;
+        }
+        if (unreported_failure_ && unreported_failure_->round == round)
+          unreported_failure_.reset();
+        if (verdict->will_restart())
+          spdlog::warn("worker failed; restarting the run (restart {} of {})",
+                       verdict->restart_count(), options_.run_config.max_restarts());
+      });
+    });
   }
 
   void StartWorkers(const RoundInfo& round) {
@@ -685,23 +989,40 @@ class Agent {
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stop_threads_ = false;  // guarded by stop_mu_
+  // The agent left the run: the reader never re-joins, heartbeats stop.
+  bool leaving_ = false;  // guarded by stop_mu_
+  // The agent cancelled the stream to re-join at once (OnNotKnown).
+  bool rejoin_requested_ = false;  // guarded by stop_mu_
+  // io_ has dispatched the RoundLost the reader posted.
+  bool round_lost_taken_ = false;  // guarded by stop_mu_
   // The current Join stream; replaced by the reader when it reconnects.
   std::unique_ptr<rdzv::RendezvousClient::JoinSession> session_;  // guarded by stop_mu_
   // The round a reconnecting join resumes (0: none); written on io_.
   std::atomic<uint64_t> resume_round_{0};
   // The lease watchdog and what it watches (io_ thread only).
   boost::asio::steady_timer lease_timer_;
+  boost::asio::steady_timer waiting_timer_;
   const std::chrono::milliseconds grace_;
+  const std::chrono::milliseconds heartbeat_interval_;
+  const std::chrono::milliseconds join_timeout_;
   std::chrono::steady_clock::time_point last_contact_;
+  // When the lease runs out: last_contact_ + grace_, or later after a stall.
+  std::chrono::steady_clock::time_point lease_until_;
   bool disconnected_ = false;
+  bool heartbeat_failing_ = false;
+  // The daemon has pushed something on the current Join stream.
+  bool heard_on_stream_ = false;
+  // Since when this node waits for a round to form (reported periodically).
+  std::optional<std::chrono::steady_clock::time_point> waiting_since_;
+  // The agent's calls to the daemon, off io_ (declared after what they use).
+  std::unique_ptr<CallQueue> calls_;
   struct UnreportedFailure {
     uint64_t round;
-    std::string detail;
+    v1::FailureReport report;
   };
   std::optional<UnreportedFailure> unreported_failure_;
   bool closed_ = false;
   bool left_ = false;
-  int master_port_ = 0;
   std::map<int, std::string> error_files_;
   std::map<int, std::string> last_failure_detail_;
   std::map<int, v1::FailureCause> failure_causes_;  // by local rank

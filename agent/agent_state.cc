@@ -82,15 +82,16 @@ std::vector<Action> AgentState::Step(const Event& event) {
           [&](const event::Signal& e) -> std::vector<Action> {
             if (!StopsTheAgent(e.number)) return {action::ForwardSignal{e.number}};
             std::string summary = "stopped by signal " + std::to_string(e.number);
-            std::vector<Action> actions{action::LeaveRun{}};
             if (phase_ == Phase::kRunning || phase_ == Phase::kStopping) {
               exit_after_stop_ = action::Exit{128 + e.number, summary};
-              // The workers get the same signal, then SIGKILL after the grace
-              // (again if a stop was under way: the user's signal wins).
+              // The workers get the same signal first, then SIGKILL after the
+              // grace (again if a stop was under way: the user's signal
+              // wins); telling the daemon comes second, since it may be slow
+              // or away and the grace is the workers'.
               phase_ = Phase::kStopping;
-              actions.push_back(action::StopWorkers{e.number});
-              return actions;
+              return {action::StopWorkers{e.number}, action::LeaveRun{}};
             }
+            std::vector<Action> actions{action::LeaveRun{}};
             auto exit = ExitNow(128 + e.number, summary);
             actions.insert(actions.end(), exit.begin(), exit.end());
             return actions;

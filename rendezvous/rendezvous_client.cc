@@ -88,10 +88,28 @@ void RendezvousClient::JoinSession::Cancel() { reactor_->Cancel(); }
 RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel)
     : stub_(v1::Rendezvous::NewStub(std::move(channel))) {}
 
-std::unique_ptr<grpc::ClientContext> RendezvousClient::MakeContext() const {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() + call_timeout_);
+RendezvousClient::CallContext RendezvousClient::MakeContext() {
+  CallContext context(new grpc::ClientContext(), ContextDone{this});
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  // After CancelCalls a call must not start a wait of its own.
+  context->set_deadline(std::chrono::system_clock::now() +
+                        (cancelled_ ? std::chrono::milliseconds(0) : call_timeout_));
+  calls_.insert(context.get());
   return context;
+}
+
+void RendezvousClient::ContextDone::operator()(grpc::ClientContext* context) const {
+  {
+    std::lock_guard<std::mutex> lock(client->calls_mu_);
+    client->calls_.erase(context);
+  }
+  delete context;
+}
+
+void RendezvousClient::CancelCalls() {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* context : calls_) context->TryCancel();
 }
 
 std::unique_ptr<RendezvousClient::JoinSession> RendezvousClient::Join(

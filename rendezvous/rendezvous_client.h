@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
@@ -64,10 +65,25 @@ class RendezvousClient {
   // Deadline of every unary call.
   void set_call_timeout(std::chrono::milliseconds timeout) { call_timeout_ = timeout; }
 
+  // Ends every unary call under way now (CANCELLED), and every later one at
+  // once (DEADLINE_EXCEEDED): for an owner that must stop without waiting
+  // out call deadlines on a daemon that does not answer.
+  void CancelCalls();
+
  private:
-  std::unique_ptr<grpc::ClientContext> MakeContext() const;
+  // Unregisters a call's context when the call is over.
+  struct ContextDone {
+    RendezvousClient* client;
+    void operator()(grpc::ClientContext* context) const;
+  };
+  using CallContext = std::unique_ptr<grpc::ClientContext, ContextDone>;
+  CallContext MakeContext();
+
   std::unique_ptr<meshrun::v1::Rendezvous::Stub> stub_;
   std::chrono::milliseconds call_timeout_{10000};
+  std::mutex calls_mu_;
+  std::set<grpc::ClientContext*> calls_;  // guarded by calls_mu_
+  bool cancelled_ = false;                // guarded by calls_mu_
 };
 
 // Converts a gRPC status to an absl one (same codes).

@@ -35,6 +35,7 @@ using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
 using testing::ExitCode;
+using testing::ProcessAlive;
 using Clock = std::chrono::steady_clock;
 
 const std::string kWorker =
@@ -90,16 +91,6 @@ std::unique_ptr<ChildProcess> LaunchAgent(const std::string& endpoint, int node_
   argv.push_back(go);
   argv.push_back(std::to_string(limit_s));
   return std::make_unique<ChildProcess>(argv, /*merge_stderr=*/true);
-}
-
-bool ProcessAlive(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return false;
-  std::string line;
-  std::getline(stat, line);
-  auto close_paren = line.rfind(')');
-  return close_paren != std::string::npos && line.size() > close_paren + 2 &&
-         line[close_paren + 2] != 'Z';
 }
 
 struct WorkerStart {

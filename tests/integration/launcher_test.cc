@@ -33,6 +33,8 @@ using testing::Count;
 using testing::DaemonProcess;
 using testing::ExitCode;
 using testing::FreePort;
+using testing::GoneWithin;
+using testing::ProcessAlive;
 using testing::TempDir;
 namespace fs = std::filesystem;
 
@@ -47,27 +49,6 @@ std::unique_ptr<ChildProcess> Launch(std::vector<std::string> args,
   argv.push_back(BinDir() + "/meshrun");
   argv.insert(argv.end(), args.begin(), args.end());
   return std::make_unique<ChildProcess>(argv, /*merge_stderr=*/true);
-}
-
-// Exit code of a finished launcher (128 + signal if it was killed).
-// Alive = exists and is not a zombie.
-bool ProcessAlive(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return false;
-  std::string line;
-  std::getline(stat, line);
-  auto close_paren = line.rfind(')');
-  return close_paren != std::string::npos && line.size() > close_paren + 2 &&
-         line[close_paren + 2] != 'Z';
-}
-
-bool GoneWithin(pid_t pid, milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (ProcessAlive(pid)) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
 }
 
 std::vector<pid_t> Pids(const std::string& output) {

@@ -70,4 +70,9 @@ int FreePort();
 // Directory holding the built binaries (build/bin).
 std::string BinDir();
 
+// Whether `pid` exists and is not a zombie.
+bool ProcessAlive(pid_t pid);
+// Whether `pid` is gone (or a zombie) within `timeout`.
+bool GoneWithin(pid_t pid, std::chrono::milliseconds timeout);
+
 }  // namespace meshrun::testing

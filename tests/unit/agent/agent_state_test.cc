@@ -115,6 +115,17 @@ TEST(AgentStateTest, TerminationSignalStopsWorkersWithItLeavesAndExits128PlusSig
   EXPECT_EQ(Find<action::Exit>(actions)->code, 128 + SIGTERM);
 }
 
+// Issue 19 (6): the workers get the signal before the daemon hears of the
+// departure, which may take as long as the daemon takes to answer.
+TEST(AgentStateTest, SignalStopsTheWorkersBeforeLeaving) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(1)});
+  auto actions = state.Step(event::Signal{SIGTERM});
+  ASSERT_EQ(actions.size(), 2u);
+  EXPECT_TRUE(std::holds_alternative<action::StopWorkers>(actions[0]));
+  EXPECT_TRUE(std::holds_alternative<action::LeaveRun>(actions[1]));
+}
+
 TEST(AgentStateTest, SignalWhileJoiningExitsAtOnce) {
   AgentState state(1);
   auto actions = state.Step(event::Signal{SIGINT});
