@@ -263,6 +263,9 @@ struct RendezvousState::Run {
   // come back late.
   std::optional<RunEnd> previous;
   std::map<std::string, bool> previous_members;
+  // Participants expired mid-round (a stall, a partition) that have not come
+  // back: when one rejoins, its workers restart, which counts as a restart.
+  std::set<std::string> expelled;
 };
 
 bool RendezvousState::Deadline::operator<(const Deadline& other) const {
@@ -359,6 +362,22 @@ absl::Status RendezvousState::JoinChecked(const std::string& run_id, const NodeI
 
   if (existing != run.nodes.end()) {
     return Rejoin(run, existing->second, node, now, events);
+  }
+  if (run.expelled.erase(node.node_id) > 0) {
+    ++run.restart_count;
+    run.last_failure = absl::StrCat("node ", node.node_id, " on host ", node.host,
+                                    " was expelled (it missed its heartbeats for ",
+                                    run.options.lease().count(), "ms) and rejoined");
+    if (run.restart_count > run.options.max_restarts) {
+      // Out of restarts, as if a worker had failed: the run fails, and the
+      // rejoining node learns it with the others.
+      CloseRun(run, Outcome::kFailed, run.last_failure, now, events);
+      NodeEvent& event =
+          Emit(events, run.id, node.node_id, NodeEvent::Kind::kClosed, run.round);
+      event.outcome = Outcome::kFailed;
+      event.detail = run.last_failure;
+      return absl::OkStatus();
+    }
   }
   Enrol(run, node, now, events);
   return absl::OkStatus();
@@ -662,6 +681,7 @@ void RendezvousState::RemoveNode(Run& run, const std::string& node_id,
                              " missed its heartbeats for ", run.options.lease().count(),
                              "ms")
               : absl::StrCat("node ", node_id, " on host ", node.info.host, " left");
+      if (reason == ReformReason::kNodeExpired) run.expelled.insert(node_id);
       Forget(run, node_id);
       Reform(run, reason, detail, now, events);
       return;
@@ -777,6 +797,7 @@ void RendezvousState::StartIncarnation(Run& run, const RunOptions& options,
   run.previous = RunEnd{*run.outcome, run.close_reason, run.round};
   run.previous_members = std::move(run.members);
   run.members.clear();
+  run.expelled.clear();
   for (auto& [id, node] : run.nodes) DropLease(run, node);
   run.nodes.clear();
   run.gathering.clear();
@@ -1303,6 +1324,8 @@ std::optional<std::string> RendezvousState::EncodeRun(const std::string& run_id,
     w.U64(run.previous->round);
     members(run.previous_members);
   }
+  w.U32(static_cast<uint32_t>(run.expelled.size()));
+  for (const std::string& id : run.expelled) w.Str(id);
   return w.Take();
 }
 
@@ -1410,6 +1433,8 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
       end.round = r.U64();
       members(&run->previous_members);
     }
+    const uint32_t expelled = r.U32();
+    for (uint32_t i = 0; i < expelled && r.ok(); ++i) run->expelled.insert(r.Str());
   } else {
     // Format 1 kept no members apart from the nodes.
     for (const auto& [id, node] : run->nodes)

@@ -133,14 +133,15 @@ TEST_F(AgentDaemonTest, AnAgentThatLeftNeverJoinsAgain) {
 }
 
 // Issue 19 (13, 9): an agent frozen past its lease is expelled by the daemon;
-// on waking it finds the daemon there, stops its workers and joins again,
-// and the job goes on. Its fresh join offers a fresh MASTER_PORT.
+// on waking it finds the daemon there, stops its workers and joins again
+// (counted as a restart), and the job goes on. Its fresh join offers a fresh MASTER_PORT.
 TEST_F(AgentDaemonTest, AnAgentExpelledWhileStalledRejoinsAndTheJobGoesOn) {
   DaemonProcess daemon;
   // Round 1's workers wait; later rounds' finish. The round is the number
   // that ends the store prefix.
   const std::string worker =
-      "round=${MESHRUN_STORE_PREFIX##*r}; echo pid=$$ port=$MASTER_PORT round=$round; "
+      "round=${MESHRUN_STORE_PREFIX##*r}; "
+      "echo pid=$$ port=$MASTER_PORT round=$round restarts=$TORCHELASTIC_RESTART_COUNT; "
       "if [ $round = 1 ]; then exec sleep 60; fi; echo finished";
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node)
@@ -168,6 +169,8 @@ TEST_F(AgentDaemonTest, AnAgentExpelledWhileStalledRejoinsAndTheJobGoesOn) {
   EXPECT_EQ(woken.find("for up to -"), std::string::npos) << woken;
   EXPECT_EQ(woken.find("lost the rendezvous daemon"), std::string::npos) << woken;
   EXPECT_EQ(Count(woken, "finished"), 1u) << woken;
+  // Its return restarted its workers: one restart of the budget.
+  EXPECT_TRUE(std::regex_search(woken, std::regex("round=[2-9] restarts=1\n"))) << woken;
   // Group rank 0 both times (its --node-rank), offering a port per join.
   std::smatch before, after;
   ASSERT_TRUE(std::regex_search(*first, before, std::regex("port=(\\d+)")));

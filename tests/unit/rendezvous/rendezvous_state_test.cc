@@ -580,6 +580,61 @@ TEST_F(RendezvousStateTest, ExpiredParticipantReformsTheOthers) {
             absl::StatusCode::kNotFound);
 }
 
+// A participant expired for a stall (SIGSTOP, a VM pause) whose agent comes
+// back rejoins: its workers restart, so the run counts a restart.
+TEST_F(RendezvousStateTest, ExpelledParticipantRejoiningCountsARestart) {
+  options_ = Opts(2, 2);  // lease 3000ms
+  options_.max_restarts = 1;
+  JoinAll({Node("a"), Node("b")});
+  Take();
+  ASSERT_TRUE(state_.Heartbeat(kRun, "a", At(2000)).ok());
+  state_.Tick(At(3000), &events_);  // b expelled, a gathers alone
+  Take();
+  EXPECT_EQ(Summary().restart_count, 0u);
+  JoinAll({Node("b")}, At(3100));
+  auto events = Take();
+  EXPECT_EQ(Ranks(events), (std::map<std::string, uint32_t>{{"a", 0}, {"b", 1}}));
+  EXPECT_EQ(Of(events, Kind::kAssigned)[0].assignment.restart_count, 1u);
+  EXPECT_NE(Summary().last_failure.find("node b on host host-b was expelled"),
+            std::string::npos)
+      << Summary().last_failure;
+  // Counted once: a second, ordinary re-join of b is not a restart.
+  ASSERT_TRUE(state_.Heartbeat(kRun, "a", At(3200)).ok());
+  EXPECT_EQ(Summary().restart_count, 1u);
+}
+
+TEST_F(RendezvousStateTest, ExpelledParticipantRejoiningPastTheBudgetFailsTheRun) {
+  options_ = Opts(2, 2);
+  options_.max_restarts = 0;
+  JoinAll({Node("a"), Node("b")});
+  Take();
+  ASSERT_TRUE(state_.Heartbeat(kRun, "a", At(2000)).ok());
+  state_.Tick(At(3000), &events_);
+  Take();
+  JoinAll({Node("b")}, At(3100));
+  auto events = Take();
+  ASSERT_EQ(Ids(Of(events, Kind::kClosed)), (std::vector<std::string>{"a", "b"}));
+  for (const NodeEvent& e : Of(events, Kind::kClosed)) {
+    EXPECT_EQ(e.outcome, Outcome::kFailed) << e.node_id;
+    EXPECT_NE(e.detail.find("was expelled"), std::string::npos) << e.detail;
+  }
+  EXPECT_EQ(Summary().outcome, Outcome::kFailed);
+}
+
+TEST_F(RendezvousStateTest, ExpelledNodesSurviveEncodeAndRestore) {
+  options_ = Opts(2, 2);
+  options_.max_restarts = 1;
+  JoinAll({Node("a"), Node("b")});
+  ASSERT_TRUE(state_.Heartbeat(kRun, "a", At(2000)).ok());
+  state_.Tick(At(3000), &events_);
+  Take();
+  RendezvousState restored;
+  ASSERT_TRUE(restored.RestoreRun(*state_.EncodeRun(kRun, At(3000)), At(3000)).ok());
+  ASSERT_TRUE(restored.Join(kRun, Node("a"), options_, At(3050), &events_).ok());
+  ASSERT_TRUE(restored.Join(kRun, Node("b"), options_, At(3100), &events_).ok());
+  EXPECT_EQ(restored.Summary(kRun)->restart_count, 1u);
+}
+
 TEST_F(RendezvousStateTest, ExpiredGatheringNodeIsJustRemoved) {
   options_ = Opts(3, 3);
   JoinAll({Node("a")}, At(0));
@@ -677,6 +732,7 @@ TEST_F(RendezvousStateTest, RunWithNoLiveNodeEndsOneLeaseLater) {
 
 TEST_F(RendezvousStateTest, ExpiredNodesEndTheRunAndAJoinInTimeKeepsItGoing) {
   options_ = Opts(2, 2);  // lease 3000 ms
+  options_.max_restarts = 1;  // an expelled participant's return is a restart
   JoinAll({Node("a"), Node("b")});
   Take();
   state_.Tick(At(3000), &events_);  // both expire
