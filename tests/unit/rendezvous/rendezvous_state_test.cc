@@ -731,7 +731,7 @@ TEST_F(RendezvousStateTest, RunWithNoLiveNodeEndsOneLeaseLater) {
 }
 
 TEST_F(RendezvousStateTest, ExpiredNodesEndTheRunAndAJoinInTimeKeepsItGoing) {
-  options_ = Opts(2, 2);  // lease 3000 ms
+  options_ = Opts(2, 2);      // lease 3000 ms
   options_.max_restarts = 1;  // an expelled participant's return is a restart
   JoinAll({Node("a"), Node("b")});
   Take();
