@@ -36,9 +36,17 @@ struct StoreServiceOptions {
   StoreLimits limits;
   // Used when a blocking request says timeout_ms = 0 (c10d's default).
   std::chrono::milliseconds default_timeout{300000};
-  // A session stops reading once this many replies wait to be written, so a
-  // client that never reads cannot make the daemon buffer without bound.
+  // A session stops reading its requests (and executing the rest of a
+  // batch) once this many replies, or this many reply bytes, wait to be
+  // written, until its client reads; so a client that never reads cannot
+  // make the daemon buffer without bound (each Get's reply is a copy of the
+  // value). A single reply may exceed the byte bound: one request is always
+  // executed.
   size_t max_queued_replies_per_session = 4096;
+  size_t max_queued_reply_bytes_per_session = 64 << 20;
+  // Reply bytes queued by all sessions together: past this, every session
+  // with replies of its own queued stops reading until they are written.
+  size_t max_queued_reply_bytes = 512 << 20;
   // A BatchSession message with more requests than this ends its stream with
   // INVALID_ARGUMENT (rdzv::StoreClient sends at most kMaxClientBatch).
   size_t max_requests_per_batch = 1024;
@@ -51,6 +59,7 @@ struct StoreServiceStats {
   uint64_t sessions_open = 0;
   uint64_t ops = 0;
   uint64_t waiters = 0;
+  uint64_t queued_reply_bytes = 0;
 };
 
 class StoreService final : public meshrun::v1::Store::CallbackService {
@@ -107,7 +116,10 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
 
   // Executes requests in order; replies now or parks them. Called by sessions.
   void Handle(ReplySink* session, const meshrun::v1::StoreRequest& request);
-  void HandleBatch(ReplySink* session, const Requests& requests);
+  // Executes requests[start..] until the bytes of the replies it produced
+  // reach `budget` (at least one request runs); returns where it stopped.
+  size_t HandleBatch(ReplySink* session, const Requests& requests, size_t start,
+                     size_t budget);
   // REQUIRES: mu_ held. Executes one request; false when it was parked (no
   // reply yet), otherwise `reply` holds the answer.
   bool ExecuteLocked(ReplySink* session, const meshrun::v1::StoreRequest& request,
@@ -132,6 +144,8 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   WaiterId next_waiter_ = 1;                                             // guarded by mu_
   uint64_t sessions_open_ = 0;                                           // guarded by mu_
   std::atomic<uint64_t> ops_{0};
+  // Bytes of replies queued (or held for the log) by every session.
+  std::atomic<size_t> queued_reply_bytes_{0};
   std::array<OpMetrics, kNumOps> op_metrics_;
   std::unique_ptr<DeadlineTimer> timer_;
   StateLog* log_ = nullptr;

@@ -10,14 +10,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "meshrun/v1/store.grpc.pb.h"
 #include "rendezvous/store_client.h"
 #include "tests/support/child_process.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshrun {
 namespace {
@@ -332,6 +336,109 @@ TEST(StoreDaemonTest, OversizedBatchEndsOnlyItsStreamWithAClearError) {
   ASSERT_TRUE(setter->Set("after", "1").ok());
   parked.join();
   EXPECT_TRUE(daemon.process().Running());
+}
+
+// The daemon's resident memory in bytes (VmRSS), or 0 if unreadable.
+size_t ResidentBytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// Clients that pipeline Gets of a large value and never read their replies
+// (one per protocol): the daemon stops reading their requests once their
+// queued replies reach its byte bound, instead of buffering a copy of the
+// value per Get (400 Gets of 4 MiB took it to 1.6 GB). Other clients are
+// served meanwhile, and once the slow clients read they get every reply.
+void CheckClientsThatNeverReadAreBounded(DaemonProcess& daemon) {
+  const std::string big(4 << 20, 'v');
+  auto writer = Connect(daemon.endpoint());
+  ASSERT_TRUE(writer->Set("big", big).ok());
+  const size_t before = ResidentBytes(daemon.process().pid());
+  ASSERT_GT(before, 0u);
+
+  constexpr int kBatches = 3, kPerBatch = 100, kSingles = 100;
+  auto stub =
+      meshrun::v1::Store::NewStub(rdzv::MakeStoreChannel(daemon.endpoint(), true));
+  auto get = [](uint64_t id, meshrun::v1::StoreRequest* r) {
+    r->set_id(id);
+    r->set_ns("run");
+    r->mutable_get()->set_key("big");
+  };
+  grpc::ClientContext batch_context;
+  batch_context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  auto batched = stub->BatchSession(&batch_context);
+  for (int b = 0; b < kBatches; ++b) {
+    meshrun::v1::StoreRequestBatch batch;
+    for (int i = 0; i < kPerBatch; ++i)
+      get(static_cast<uint64_t>(b * kPerBatch + i), batch.add_requests());
+    ASSERT_TRUE(batched->Write(batch));
+  }
+  grpc::ClientContext single_context;
+  single_context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  auto single = stub->Session(&single_context);
+  for (int i = 0; i < kSingles; ++i) {
+    meshrun::v1::StoreRequest request;
+    get(static_cast<uint64_t>(i), &request);
+    ASSERT_TRUE(single->Write(request));
+  }
+
+  // Others are served while the slow clients' replies wait.
+  auto other = Connect(daemon.endpoint(), "run", /*own_connection=*/true);
+  ASSERT_TRUE(other->Set("small", "1").ok());
+  auto value = other->Get("big");
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(value->size(), big.size());
+  // The requests above are all on the daemon's side by now; watch its memory
+  // for a while (the unbounded daemon copies the value 400 times within it).
+  size_t peak = 0;
+  const auto watch_until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < watch_until) {
+    peak = std::max(peak, ResidentBytes(daemon.process().pid()));
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  // Two sessions at the default 64 MiB each, plus gRPC's own buffers.
+  EXPECT_LT(peak, before + (256u << 20))
+      << "daemon grew from " << (before >> 20) << " MiB to " << (peak >> 20) << " MiB";
+  ASSERT_TRUE(other->Set("still", "served").ok());
+
+  std::set<uint64_t> batch_ids;
+  meshrun::v1::StoreResponseBatch in;
+  while (batch_ids.size() < kBatches * kPerBatch && batched->Read(&in)) {
+    for (const auto& r : in.responses()) {
+      EXPECT_EQ(r.code(), meshrun::v1::STORE_OK) << r.error();
+      EXPECT_TRUE(r.values_size() == 1 && r.values(0).size() == big.size());
+      EXPECT_TRUE(batch_ids.insert(r.id()).second) << r.id();
+    }
+  }
+  EXPECT_EQ(batch_ids.size(), size_t{kBatches * kPerBatch});
+  std::set<uint64_t> single_ids;
+  meshrun::v1::StoreResponse reply;
+  while (single_ids.size() < kSingles && single->Read(&reply)) {
+    EXPECT_EQ(reply.code(), meshrun::v1::STORE_OK) << reply.error();
+    EXPECT_EQ(reply.values(0).size(), big.size());
+    EXPECT_TRUE(single_ids.insert(reply.id()).second) << reply.id();
+  }
+  EXPECT_EQ(single_ids.size(), size_t{kSingles});
+  batched->WritesDone();
+  single->WritesDone();
+  EXPECT_TRUE(batched->Finish().ok());
+  EXPECT_TRUE(single->Finish().ok());
+}
+
+TEST(StoreDaemonTest, ClientsThatNeverReadCannotMakeTheDaemonBufferWithoutBound) {
+  DaemonProcess daemon;
+  CheckClientsThatNeverReadAreBounded(daemon);
+}
+
+// With --state-dir, replies waiting for the log count as queued too.
+TEST(StoreDaemonTest, ClientsThatNeverReadAreBoundedWithAStateDir) {
+  testing::TempDir state_dir;
+  DaemonProcess daemon({"--state-dir", state_dir.path()});
+  CheckClientsThatNeverReadAreBounded(daemon);
 }
 
 TEST(StoreDaemonTest, SigtermShutsDownPromptlyWithParkedWaits) {
