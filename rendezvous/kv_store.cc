@@ -1,5 +1,6 @@
 #include "rendezvous/kv_store.h"
 
+#include <algorithm>
 #include <limits>
 #include <string_view>
 #include <unordered_set>
@@ -431,10 +432,17 @@ std::optional<TimePoint> KvStore::NextDeadline() const {
   return deadlines_.begin()->first;
 }
 
-std::vector<std::string> KvStore::NamespacesWithPrefix(const std::string& prefix) const {
+std::vector<std::string> KvStore::NamespacesOfRun(const std::string& run_id) const {
+  const std::string prefix = run_id + "/r";
   std::vector<std::string> names;
-  for (const auto& [name, space] : namespaces_)
-    if (name.compare(0, prefix.size(), prefix) == 0) names.push_back(name);
+  for (const auto& [name, space] : namespaces_) {
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
+      continue;
+    const bool round_only =
+        std::all_of(name.begin() + static_cast<ptrdiff_t>(prefix.size()), name.end(),
+                    [](char c) { return c >= '0' && c <= '9'; });
+    if (round_only) names.push_back(name);
+  }
   return names;
 }
 

@@ -106,8 +106,10 @@ class KvStore {
   size_t num_namespaces() const { return namespaces_.size(); }
   // Drops a whole namespace (run finished); its waiters fail with ABORTED.
   void DropNamespace(const std::string& ns, std::vector<Wakeup>* woken);
-  // Names of the namespaces that start with `prefix`.
-  std::vector<std::string> NamespacesWithPrefix(const std::string& prefix) const;
+  // Names of run `run_id`'s namespaces: "<run_id>/r<round>", the store
+  // prefix the rendezvous gives each round. Exactly those: run ids may
+  // contain '/', and run "a/b"'s "a/b/r1" is not run "a"'s.
+  std::vector<std::string> NamespacesOfRun(const std::string& run_id) const;
 
   // For persistence (state_codec): a non-blocking read, a walk over every
   // entry, and writes that skip the limit checks (restored entries passed

@@ -372,7 +372,7 @@ void StoreService::DropRunNamespaces(const std::vector<std::string>& run_ids) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Wakeup> woken;
   for (const std::string& run_id : run_ids)
-    for (const std::string& ns : store_.NamespacesWithPrefix(run_id + "/")) {
+    for (const std::string& ns : store_.NamespacesOfRun(run_id)) {
       store_.DropNamespace(ns, &woken);
       if (log_) log_->Append(codec::DropNamespaceRecord(ns));
     }

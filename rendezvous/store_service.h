@@ -74,7 +74,7 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   BatchSession(grpc::CallbackServerContext* context) override;
 
   StoreServiceStats Stats();
-  // Drops every namespace of these runs ("<run id>/..."); their parked waits
+  // Drops every namespace of these runs ("<run id>/r<round>"); their parked waits
   // fail with ABORTED.
   void DropRunNamespaces(const std::vector<std::string>& run_ids);
   // Ops, errors and latency by op type; sessions open and waiters parked.
