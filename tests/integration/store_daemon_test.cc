@@ -516,6 +516,98 @@ TEST(StoreDaemonTest, ReconnectGivesUpAfterTheConnectTimeout) {
   EXPECT_LT(took, std::chrono::seconds(10));
 }
 
+// A stand-in daemon that applies each write to a key named "break-..." and
+// then, before replying, lets another client overwrite it and breaks the
+// stream: the window (a daemon killed after its log held the write, a reset
+// connection) in which a repeated write would undo the newer value.
+class BreakAfterApplying final : public meshrun::v1::Store::Service {
+ public:
+  grpc::Status BatchSession(
+      grpc::ServerContext* /*context*/,
+      grpc::ServerReaderWriter<meshrun::v1::StoreResponseBatch,
+                               meshrun::v1::StoreRequestBatch>* stream) override {
+    meshrun::v1::StoreRequestBatch batch;
+    while (stream->Read(&batch)) {
+      meshrun::v1::StoreResponseBatch out;
+      for (const auto& request : batch.requests()) {
+        std::vector<std::pair<std::string, std::string>> writes;
+        if (request.has_set())
+          writes.emplace_back(request.set().key(), request.set().value());
+        for (const auto& kv : request.multi_set().entries())
+          writes.emplace_back(kv.key(), kv.value());
+        auto* reply = out.add_responses();
+        reply->set_id(request.id());
+        std::lock_guard<std::mutex> lock(mu_);
+        bool break_now = false;
+        for (const auto& [key, value] : writes) {
+          ++writes_[key];
+          values_[key] = value;
+          if (key.rfind("break-", 0) == 0 && broken_.insert(key).second) {
+            values_[key] = "newer, from another client";
+            break_now = true;
+          }
+        }
+        if (break_now) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "reset");
+      }
+      stream->Write(out);
+    }
+    return grpc::Status::OK;
+  }
+
+  std::string Value(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return values_[key];
+  }
+  int Writes(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return writes_[key];
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, int> writes_;
+  std::set<std::string> broken_;
+};
+
+// A Set or MultiSet that may have been applied is not sent again after the
+// stream breaks: the daemon cannot tell a repeat from a new write (nor
+// remember one across its own restart), and a repeat would overwrite a
+// newer value or bring back a deleted key. The caller is told instead.
+TEST(StoreDaemonTest, AWriteTheDaemonMayHaveAppliedIsNotRepeated) {
+  BreakAfterApplying service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  rdzv::StoreClientOptions options;
+  options.target = "127.0.0.1:" + std::to_string(port);
+  options.ns = "run";
+  options.connect_timeout = std::chrono::seconds(10);
+  options.share_stream = false;
+  auto client = rdzv::StoreClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+
+  absl::Status set = (*client)->Set("break-set", "mine");
+  EXPECT_EQ(set.code(), absl::StatusCode::kUnavailable) << set;
+  EXPECT_NE(set.message().find("not repeated"), std::string::npos) << set;
+  EXPECT_EQ(service.Writes("break-set"), 1);
+  EXPECT_EQ(service.Value("break-set"), "newer, from another client");
+
+  absl::Status multi_set = (*client)->MultiSet({{"plain", "1"}, {"break-multi", "mine"}});
+  EXPECT_EQ(multi_set.code(), absl::StatusCode::kUnavailable) << multi_set;
+  EXPECT_EQ(service.Writes("break-multi"), 1);
+  EXPECT_EQ(service.Value("break-multi"), "newer, from another client");
+
+  // The client goes on working on a new stream.
+  EXPECT_TRUE((*client)->Set("after", "1").ok());
+  EXPECT_EQ(service.Value("after"), "1");
+  client->reset();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+}
+
 TEST(StoreDaemonTest, BadFlagsExitWithCodeTwo) {
   ChildProcess bad({testing::BinDir() + "/meshrun-rdzvd", "--port", "70000"});
   auto status = bad.Wait(std::chrono::seconds(10));
