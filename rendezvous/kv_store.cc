@@ -134,7 +134,17 @@ void KvStore::Deliver(const std::vector<WaiterId>& ready, std::vector<Wakeup>* w
     waiter.missing = Park(space, id, waiter.keys);
     if (waiter.missing > 0) continue;
     Wakeup wake{id, absl::OkStatus(), {}};
-    if (waiter.wants_values) wake.values = ValuesOf(space, waiter.keys);
+    if (waiter.wants_values) {
+      size_t bytes = 0;
+      for (const std::string& key : waiter.keys)
+        bytes += space.data.find(key)->second.size();
+      if (bytes <= woken_value_budget_) {
+        woken_value_budget_ -= bytes;
+        wake.values = ValuesOf(space, waiter.keys);
+      } else {
+        wake.reread = true;
+      }
+    }
     deadlines_.erase(waiter.deadline);
     waiters_.erase(it);
     woken->push_back(std::move(wake));

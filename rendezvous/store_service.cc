@@ -63,6 +63,13 @@ class StoreService::ReplySink {
   // lets it finish again.
   virtual void Hold(const std::vector<StoreResponse>& replies) = 0;
   virtual void SendHeld(std::vector<StoreResponse>* replies) = 0;
+  // True when the session is over its bounds; it then calls
+  // RedeliverDeferred() once it is back within them (MarkDeferred: in any
+  // case, after its next write).
+  virtual bool DeferIfOverBounds() = 0;
+  virtual void MarkDeferred() = 0;
+  // Reply bytes the session may still queue within both byte bounds.
+  virtual size_t RoomBytes() = 0;
 };
 
 // One client stream of either protocol: In/Out are StoreRequest/StoreResponse
@@ -135,6 +142,31 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
     if (finish) this->Finish(finish_status_);
   }
 
+  bool DeferIfOverBounds() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || write_failed_ || !OverBoundsLocked()) return false;
+    has_deferred_ = true;
+    return true;
+  }
+
+  void MarkDeferred() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    has_deferred_ = true;
+  }
+
+  size_t RoomBytes() override {
+    const StoreServiceOptions& options = service_->options_;
+    const size_t total = service_->queued_reply_bytes_.load();
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t own = options.max_queued_reply_bytes_per_session > queued_bytes_
+                           ? options.max_queued_reply_bytes_per_session - queued_bytes_
+                           : 0;
+    const size_t all = options.max_queued_reply_bytes > total
+                           ? options.max_queued_reply_bytes - total
+                           : 0;
+    return std::min(own, all);
+  }
+
   void OnReadDone(bool ok) override {
     if (!ok) {
       // Half-close or cancellation: nothing more will arrive, and nothing
@@ -161,6 +193,7 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
   void OnWriteDone(bool ok) override {
     Out* next = nullptr;
     bool resume = false;
+    bool redeliver = false;
     bool stop_reading = false;
     bool finish = false;
     {
@@ -182,15 +215,19 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
         read_paused_ = false;
       } else {
         next = StartWritingLocked();
-        if (read_paused_ && !OverBoundsLocked()) {
+        if (!OverBoundsLocked()) {
+          redeliver = has_deferred_;
+          has_deferred_ = false;
+          resume = read_paused_;
           read_paused_ = false;
-          resume = true;
         }
       }
       finish = ShouldFinishLocked();
     }
     if (stop_reading) return ReadingDone(grpc::Status::OK);
     if (next) this->StartWrite(next);
+    // Woken waits first: they were asked for before what is still unread.
+    if (redeliver) service_->RedeliverDeferred(this);
     if (resume) ExecuteThenRead();
     if (finish) this->Finish(finish_status_);
   }
@@ -249,20 +286,6 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
     // nothing to the total.
     return queued_bytes_ > 0 &&
            service_->queued_reply_bytes_.load() >= options.max_queued_reply_bytes;
-  }
-
-  // Reply bytes the session may still queue within both byte bounds.
-  size_t RoomBytes() {
-    const StoreServiceOptions& options = service_->options_;
-    const size_t total = service_->queued_reply_bytes_.load();
-    std::lock_guard<std::mutex> lock(mu_);
-    const size_t own = options.max_queued_reply_bytes_per_session > queued_bytes_
-                           ? options.max_queued_reply_bytes_per_session - queued_bytes_
-                           : 0;
-    const size_t all = options.max_queued_reply_bytes > total
-                           ? options.max_queued_reply_bytes - total
-                           : 0;
-    return std::min(own, all);
   }
 
   // REQUIRES: mu_ held.
@@ -335,6 +358,7 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
   bool writing_ = false;          // guarded by mu_
   bool write_failed_ = false;     // guarded by mu_
   bool read_paused_ = false;      // guarded by mu_
+  bool has_deferred_ = false;     // guarded by mu_; see DeferIfOverBounds
   bool reading_done_ = false;     // guarded by mu_
   bool finished_ = false;         // guarded by mu_
   int holds_ = 0;                 // guarded by mu_; replies waiting for the log
@@ -445,6 +469,7 @@ void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
   StateLog::Mark mark;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    store_.set_woken_value_budget(options_.max_queued_reply_bytes_per_session);
     answered = ExecuteLocked(session, request, &replies[0], &woken);
     if (answered) Observe(OpIndex(request), arrived, replies[0]);
     if (log_) {
@@ -469,6 +494,7 @@ size_t StoreService::HandleBatch(ReplySink* session, const Requests& requests,
   size_t next = start;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    store_.set_woken_value_budget(options_.max_queued_reply_bytes_per_session);
     // Each Get's reply is a copy of its value, so a batch of Gets of a large
     // value stops here and goes on once the client read the replies.
     size_t produced = 0;
@@ -537,9 +563,17 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     return Clock::now() + timeout;
   };
   // Blocking ops return a BlockingResult; parked ones reply later.
-  auto block = [&](BlockingResult result, WaiterId waiter, TimePoint when) {
+  // `keys`: of a get or multi_get, to read again if its reply is deferred.
+  auto block = [&](BlockingResult result, WaiterId waiter, TimePoint when,
+                   std::vector<std::string> keys) {
     if (!result.ready) {
-      pending_[waiter] = {session, request.id(), OpIndex(request), Clock::now()};
+      pending_[waiter] = {session,
+                          request.id(),
+                          OpIndex(request),
+                          Clock::now(),
+                          keys.empty() ? std::string() : ns,
+                          std::move(keys),
+                          when};
       parked_[session].insert(waiter);
       timer_->Poke(when);
       return false;
@@ -561,7 +595,8 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     case StoreRequest::kGet: {
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
-      return block(store_.Get(ns, request.get().key(), id, when), id, when);
+      return block(store_.Get(ns, request.get().key(), id, when), id, when,
+                   {request.get().key()});
     }
     case StoreRequest::kAdd: {
       auto sum = store_.Add(ns, request.add().key(), request.add().delta(), woken);
@@ -587,7 +622,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     case StoreRequest::kWait: {
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
-      return block(store_.Wait(ns, Keys(request.wait().keys()), id, when), id, when);
+      return block(store_.Wait(ns, Keys(request.wait().keys()), id, when), id, when, {});
     }
     case StoreRequest::kDelete: {
       const bool existed = store_.Delete(ns, request.delete_().key());
@@ -608,7 +643,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
       return block(store_.MultiGet(ns, Keys(request.multi_get().keys()), id, when), id,
-                   when);
+                   when, Keys(request.multi_get().keys()));
     }
     case StoreRequest::kMultiSet: {
       std::vector<std::pair<std::string, std::string>> entries;
@@ -643,6 +678,16 @@ void StoreService::DeliverLocked(std::vector<Wakeup>& woken) {
   for (Wakeup& wake : woken) {
     auto it = pending_.find(wake.waiter);
     if (it == pending_.end()) continue;
+    // Each woken get's reply is a copy of its values: for a session whose
+    // client is not reading, it is made once the client has room (from the
+    // values then current) rather than queued now; so is one the store did
+    // not copy (past this call's budget), by the timer thread (Expire).
+    ReplySink* session = it->second.session;
+    if (wake.reread || (!wake.values.empty() && session->DeferIfOverBounds())) {
+      deferred_[session].push_back(wake.waiter);
+      if (wake.reread && kicked_.insert(session).second) timer_->Poke(Clock::now());
+      continue;
+    }
     StoreResponse reply;
     reply.set_id(it->second.request_id);
     SetStatus(wake.status, &reply);
@@ -660,9 +705,62 @@ void StoreService::DeliverLocked(std::vector<Wakeup>& woken) {
   }
 }
 
+void StoreService::RedeliverDeferred(ReplySink* session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RedeliverLocked(session);
+}
+
+void StoreService::RedeliverLocked(ReplySink* session) {
+  auto deferred = deferred_.find(session);
+  if (deferred == deferred_.end()) return;
+  std::deque<WaiterId>& waiters = deferred->second;
+  std::vector<StoreResponse> replies;
+  const size_t budget = session->RoomBytes();
+  size_t produced = 0;
+  while (!waiters.empty() && (replies.empty() || produced < budget)) {
+    const WaiterId id = waiters.front();
+    waiters.pop_front();
+    auto it = pending_.find(id);
+    if (it == pending_.end()) continue;
+    PendingWait& wait = it->second;
+    // Read again: the reply is not out yet, so the values now are as good an
+    // answer; a key deleted meanwhile parks the wait again.
+    BlockingResult result = store_.MultiGet(wait.ns, wait.keys, id, wait.deadline);
+    if (!result.ready) {
+      timer_->Poke(wait.deadline);
+      continue;
+    }
+    StoreResponse& reply = replies.emplace_back();
+    reply.set_id(wait.request_id);
+    SetStatus(result.status, &reply);
+    for (auto& v : result.values) reply.add_values(std::move(v));
+    Observe(wait.op, wait.arrived, reply);
+    produced += reply.ByteSizeLong();
+    auto parked = parked_.find(session);
+    if (parked != parked_.end()) {
+      parked->second.erase(id);
+      if (parked->second.empty()) parked_.erase(parked);
+    }
+    pending_.erase(it);
+  }
+  // What is left goes out once the replies above are written (the loop only
+  // stops early after making some).
+  if (waiters.empty()) {
+    deferred_.erase(deferred);
+  } else {
+    session->MarkDeferred();
+  }
+  // Under mu_, since the timer thread has no other hold on the session; the
+  // lock order (mu_, then the session's, then the log's) allows it.
+  if (log_) return AfterDurable(session, log_->Now(), std::move(replies), {});
+  session->SendAll(&replies);
+}
+
 void StoreService::EndSession(ReplySink* session) {
   std::lock_guard<std::mutex> lock(mu_);
   --sessions_open_;
+  deferred_.erase(session);
+  kicked_.erase(session);
   auto parked = parked_.find(session);
   if (parked == parked_.end()) return;
   for (WaiterId waiter : parked->second) {
@@ -677,6 +775,9 @@ std::optional<TimePoint> StoreService::Expire(TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
   store_.ExpireWaiters(now, &woken);
   DeliverLocked(woken);
+  std::unordered_set<ReplySink*> kicked;
+  kicked.swap(kicked_);
+  for (ReplySink* session : kicked) RedeliverLocked(session);
   return store_.NextDeadline();
 }
 

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -101,6 +102,10 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
     // For the latency metric, which for a blocking op includes the wait.
     int op;
     TimePoint arrived;
+    // Get and multi_get: what to read again when the reply was deferred.
+    std::string ns;
+    std::vector<std::string> keys;
+    TimePoint deadline;
   };
   // Per op type (index: StoreRequest::OpCase - kFirstOp; 0 for OP_NOT_SET).
   static constexpr int kFirstOp = meshrun::v1::StoreRequest::kSet;
@@ -124,11 +129,16 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // reply yet), otherwise `reply` holds the answer.
   bool ExecuteLocked(ReplySink* session, const meshrun::v1::StoreRequest& request,
                      meshrun::v1::StoreResponse* reply, std::vector<Wakeup>* woken);
+  // Answers the session's woken waits that were deferred while it was over
+  // its bounds, reading their values now, as far as its room allows.
+  void RedeliverDeferred(ReplySink* session);
+  // REQUIRES: mu_ held.
+  void RedeliverLocked(ReplySink* session);
   // The session's stream ended: forget its parked waits.
   void EndSession(ReplySink* session);
   // REQUIRES: mu_ held.
   void DeliverLocked(std::vector<Wakeup>& woken);
-  // REQUIRES: log_ set, mu_ not held.
+  // REQUIRES: log_ set; mu_ not held unless `woken` is empty.
   void AfterDurable(ReplySink* session, StateLog::Mark mark,
                     std::vector<meshrun::v1::StoreResponse> replies,
                     std::vector<Wakeup> woken);
@@ -141,8 +151,14 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   std::unordered_map<WaiterId, PendingWait> pending_;  // guarded by mu_
   // The same waits by session, so a closing stream finds its own quickly.
   std::unordered_map<ReplySink*, std::unordered_set<WaiterId>> parked_;  // guarded by mu_
-  WaiterId next_waiter_ = 1;                                             // guarded by mu_
-  uint64_t sessions_open_ = 0;                                           // guarded by mu_
+  // Woken gets of sessions over their bounds, not yet answered: their
+  // replies (a copy of each value) are made when the client has read. Still
+  // in pending_ and parked_, no longer in the store.
+  std::unordered_map<ReplySink*, std::deque<WaiterId>> deferred_;  // guarded by mu_
+  // Sessions whose deferred gets the timer thread is to answer.
+  std::unordered_set<ReplySink*> kicked_;  // guarded by mu_
+  WaiterId next_waiter_ = 1;               // guarded by mu_
+  uint64_t sessions_open_ = 0;             // guarded by mu_
   std::atomic<uint64_t> ops_{0};
   // Bytes of replies queued (or held for the log) by every session.
   std::atomic<size_t> queued_reply_bytes_{0};

@@ -441,6 +441,83 @@ TEST(StoreDaemonTest, ClientsThatNeverReadAreBoundedWithAStateDir) {
   CheckClientsThatNeverReadAreBounded(daemon);
 }
 
+// Peak VmRSS of `pid` over the next three seconds.
+size_t PeakResidentBytesFor3s(pid_t pid) {
+  size_t peak = 0;
+  const auto watch_until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < watch_until) {
+    peak = std::max(peak, ResidentBytes(pid));
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return peak;
+}
+
+// The same through waits: 300 Gets parked on a missing key, then one Set of
+// 4 MiB wakes them all, each reply a copy of the value (1.2 GB before). The
+// woken waits of a client over its bounds are answered as it reads.
+void CheckWokenWaitsAreBounded(DaemonProcess& daemon) {
+  const size_t before = ResidentBytes(daemon.process().pid());
+  const std::string big(4 << 20, 'w');
+  constexpr int kGets = 300;
+  auto stub =
+      meshrun::v1::Store::NewStub(rdzv::MakeStoreChannel(daemon.endpoint(), true));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  auto stream = stub->BatchSession(&context);
+  meshrun::v1::StoreRequestBatch batch;
+  for (int i = 0; i < kGets; ++i) {
+    auto* r = batch.add_requests();
+    r->set_id(static_cast<uint64_t>(i));
+    r->set_ns("run");
+    r->mutable_get()->set_key("late");
+  }
+  ASSERT_TRUE(stream->Write(batch));
+  // Sent on the same stream, so the Gets are parked before it arrives.
+  batch.Clear();
+  auto* set = batch.add_requests();
+  set->set_id(kGets);
+  set->set_ns("run");
+  set->mutable_set()->set_key("late");
+  set->mutable_set()->set_value(big);
+  ASSERT_TRUE(stream->Write(batch));
+
+  auto other = Connect(daemon.endpoint(), "run", /*own_connection=*/true);
+  auto value = other->Get("late");
+  ASSERT_TRUE(value.ok()) << value.status();
+  const size_t peak = PeakResidentBytesFor3s(daemon.process().pid());
+  EXPECT_LT(peak, before + (192u << 20))
+      << "daemon grew from " << (before >> 20) << " MiB to " << (peak >> 20) << " MiB";
+  // Deleting the key meanwhile: waits not yet answered wait again.
+  ASSERT_TRUE(other->Delete("late").ok());
+  ASSERT_TRUE(other->Set("late", big).ok());
+
+  std::set<uint64_t> ids;
+  meshrun::v1::StoreResponseBatch in;
+  while (ids.size() < kGets + 1 && stream->Read(&in)) {
+    for (const auto& r : in.responses()) {
+      EXPECT_EQ(r.code(), meshrun::v1::STORE_OK) << r.error();
+      if (r.id() < kGets) {
+        EXPECT_TRUE(r.values_size() == 1 && r.values(0) == big);
+      }
+      EXPECT_TRUE(ids.insert(r.id()).second) << r.id();
+    }
+  }
+  EXPECT_EQ(ids.size(), size_t{kGets + 1});
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(StoreDaemonTest, WokenWaitsOfAClientThatNeverReadsAreBounded) {
+  DaemonProcess daemon;
+  CheckWokenWaitsAreBounded(daemon);
+}
+
+TEST(StoreDaemonTest, WokenWaitsOfAClientThatNeverReadsAreBoundedWithAStateDir) {
+  testing::TempDir state_dir;
+  DaemonProcess daemon({"--state-dir", state_dir.path()});
+  CheckWokenWaitsAreBounded(daemon);
+}
+
 TEST(StoreDaemonTest, SigtermShutsDownPromptlyWithParkedWaits) {
   DaemonProcess daemon({"--shutdown-grace-ms", "200"});
   auto client = Connect(daemon.endpoint());

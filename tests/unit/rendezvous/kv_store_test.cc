@@ -598,6 +598,29 @@ TEST(KvStoreTest, NamespacesOfRunAreItsRoundsOnly) {
   EXPECT_EQ(of_run("b"), (std::vector<std::string>{}));
 }
 
+// One write can wake any number of gets, each copying the value; past the
+// budget the caller is left to read them when it delivers.
+TEST(KvStoreTest, WokenValuesStopAtTheBudget) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  for (WaiterId id : {1, 2, 3}) ASSERT_FALSE(store.Get("ns", "k", id, At(10)).ready);
+  ASSERT_FALSE(store.Wait("ns", {"k"}, 4, At(10)).ready);
+  store.set_woken_value_budget(10);
+  ASSERT_TRUE(store.Set("ns", "k", "12345", &woken).ok());
+  ASSERT_EQ(IdsOf(woken), (Ids{1u, 2u, 3u, 4u}));
+  EXPECT_EQ(woken[0].values, (Values{"12345"}));
+  EXPECT_EQ(woken[1].values, (Values{"12345"}));
+  EXPECT_TRUE(woken[2].reread);
+  EXPECT_TRUE(woken[2].values.empty());
+  EXPECT_TRUE(woken[2].status.ok());
+  EXPECT_FALSE(woken[3].reread);  // a wait carries no values
+  EXPECT_EQ(store.num_waiters(), 0u);
+  // Reading again under the same id answers at once.
+  BlockingResult again = store.MultiGet("ns", {"k"}, 3, At(10));
+  ASSERT_TRUE(again.ready);
+  EXPECT_EQ(again.values, (Values{"12345"}));
+}
+
 TEST(KvStoreTest, EmptyNamespacesAreForgotten) {
   KvStore store;
   std::vector<Wakeup> woken;
