@@ -442,16 +442,33 @@ std::optional<TimePoint> KvStore::NextDeadline() const {
   return deadlines_.begin()->first;
 }
 
+namespace {
+
+// "<digits><then>" at the front of `text`: consumes both.
+bool ConsumeNumber(std::string_view& text, std::string_view then) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || text.substr(digits, then.size()) != then) return false;
+  text.remove_prefix(digits + then.size());
+  return true;
+}
+
+}  // namespace
+
 std::vector<std::string> KvStore::NamespacesOfRun(const std::string& run_id) const {
-  const std::string prefix = run_id + "/r";
+  const std::string prefix = run_id + "/";
   std::vector<std::string> names;
   for (const auto& [name, space] : namespaces_) {
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
-      continue;
-    const bool round_only =
-        std::all_of(name.begin() + static_cast<ptrdiff_t>(prefix.size()), name.end(),
-                    [](char c) { return c >= '0' && c <= '9'; });
-    if (round_only) names.push_back(name);
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string_view rest = std::string_view(name).substr(prefix.size());
+    // "e<epoch>.r<round>", or "r<round>" as before epochs.
+    if (!rest.empty() && rest[0] == 'e') {
+      rest.remove_prefix(1);
+      if (!ConsumeNumber(rest, ".")) continue;
+    }
+    if (rest.empty() || rest[0] != 'r') continue;
+    rest.remove_prefix(1);
+    if (ConsumeNumber(rest, "") && rest.empty()) names.push_back(name);
   }
   return names;
 }

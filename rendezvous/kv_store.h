@@ -116,9 +116,10 @@ class KvStore {
   size_t num_namespaces() const { return namespaces_.size(); }
   // Drops a whole namespace (run finished); its waiters fail with ABORTED.
   void DropNamespace(const std::string& ns, std::vector<Wakeup>* woken);
-  // Names of run `run_id`'s namespaces: "<run_id>/r<round>", the store
-  // prefix the rendezvous gives each round. Exactly those: run ids may
-  // contain '/', and run "a/b"'s "a/b/r1" is not run "a"'s.
+  // Names of run `run_id`'s namespaces: "<run_id>/e<epoch>.r<round>", the
+  // store prefix the rendezvous gives each round (or "<run_id>/r<round>",
+  // its form before epochs). Exactly those: run ids may contain '/', and run
+  // "a/b"'s "a/b/e1.r1" is not run "a"'s.
   std::vector<std::string> NamespacesOfRun(const std::string& run_id) const;
 
   // For persistence (state_codec): a non-blocking read, a walk over every

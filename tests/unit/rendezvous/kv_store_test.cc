@@ -578,23 +578,24 @@ TEST(KvStoreTest, DropNamespaceRemovesDataAndAbortsItsWaiters) {
   EXPECT_EQ(store.NumKeys("done"), 1);
 }
 
-// Run ids may contain '/', so run "a"'s namespaces are "a/r<round>" exactly:
-// a prefix match on "a/" also took run "a/b"'s ("a/b/r1") and run "a/r1"'s
-// ("a/r1/r2").
+// Run ids may contain '/', so run "a"'s namespaces are "a/e<epoch>.r<round>"
+// (or "a/r<round>") exactly: a prefix match on "a/" also took run "a/b"'s
+// ("a/b/e1.r1") and run "a/e1.r1"'s ("a/e1.r1/e2.r3").
 TEST(KvStoreTest, NamespacesOfRunAreItsRoundsOnly) {
   KvStore store;
   std::vector<Wakeup> woken;
-  for (const char* ns : {"a/r1", "a/r22", "a/b/r1", "a/r1/r2", "a/r", "a/rx", "a/r1x",
-                         "ab/r1", "a", "b/a/r1"})
+  for (const char* ns :
+       {"a/e1.r1", "a/e12.r22", "a/r3", "a/b/e1.r1", "a/e1.r1/e2.r3", "a/r", "a/e1.r",
+        "a/e.r1", "a/e1r1", "a/e1.r1x", "a/rx", "ab/e1.r1", "a", "b/a/e1.r1"})
     ASSERT_TRUE(store.Set(ns, "k", "v", &woken).ok()) << ns;
   auto of_run = [&](const std::string& run_id) {
     auto names = store.NamespacesOfRun(run_id);
     std::sort(names.begin(), names.end());
     return names;
   };
-  EXPECT_EQ(of_run("a"), (std::vector<std::string>{"a/r1", "a/r22"}));
-  EXPECT_EQ(of_run("a/b"), (std::vector<std::string>{"a/b/r1"}));
-  EXPECT_EQ(of_run("a/r1"), (std::vector<std::string>{"a/r1/r2"}));
+  EXPECT_EQ(of_run("a"), (std::vector<std::string>{"a/e1.r1", "a/e12.r22", "a/r3"}));
+  EXPECT_EQ(of_run("a/b"), (std::vector<std::string>{"a/b/e1.r1"}));
+  EXPECT_EQ(of_run("a/e1.r1"), (std::vector<std::string>{"a/e1.r1/e2.r3"}));
   EXPECT_EQ(of_run("b"), (std::vector<std::string>{}));
 }
 
