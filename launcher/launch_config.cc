@@ -29,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "launcher/slurm_env.h"
+#include "rendezvous/request_validation.h"
 
 namespace meshrun::launcher {
 namespace {
@@ -777,6 +778,15 @@ absl::Status ParseRendezvousFlags(const FlagValues& flags, const HostProbe& host
 
     Given id = flags.GetOr(kRdzvId);
     if (id.text.empty()) return FlagError(kRdzvId, id, "must not be empty");
+    // The daemon's own rule, so a run id it would refuse at join time (exit
+    // 1, or no message at all) is refused here, with the flag's exit code.
+    if (absl::Status invalid =
+            rdzv::ValidateId(kFlags[kRdzvId].name, id.text, rdzv::RequestLimits{});
+        !invalid.ok()) {
+      absl::string_view what = invalid.message();
+      absl::ConsumePrefix(&what, absl::StrCat(kFlags[kRdzvId].name, ": "));
+      return FlagError(kRdzvId, id, what);
+    }
     config->rdzv_id = id.text;
 
     if (std::optional<Given> rank = flags.Get(kNodeRank)) {
@@ -822,6 +832,14 @@ absl::Status ParseRendezvousFlags(const FlagValues& flags, const HostProbe& host
         return FlagError(
             kRdzvEndpoint, *endpoint,
             Got("HOST:PORT (the static backend needs a port)", endpoint->text));
+      }
+      // Port 0 only makes sense for a daemon nobody else has to find.
+      if (parsed->second == 0) {
+        return FlagError(
+            kRdzvEndpoint, *endpoint,
+            absl::StrCat("port 0 cannot be reached by the agents "
+                         "(--standalone runs a daemon on a free port), got '",
+                         endpoint->text, "'"));
       }
       config->rdzv_endpoint =
           HostPort{parsed->first, parsed->second.value_or(kDefaultRdzvPort)};
@@ -958,6 +976,32 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
         Got("a comma-separated list of local ranks like 0,1,2", filter.text));
   }
   config->local_ranks_filter = *ranks;
+  if (!ranks->empty()) {
+    const int nproc = config->nproc_per_node;
+    const std::string range = absl::StrCat(
+        "0..", nproc - 1, " with --nproc-per-node=", config->nproc_per_node_spec);
+    std::vector<int> missing;
+    for (int rank : *ranks)
+      if (rank >= nproc) missing.push_back(rank);
+    // Every line of output would be hidden. A count given as a number is
+    // the same on every node: refuse. One that depends on the machine
+    // (cpu, gpu, auto) may be larger elsewhere: warn.
+    if (missing.size() == ranks->size()) {
+      if (ParseInt(config->nproc_per_node_spec)) {
+        return FlagError(kLocalRanksFilter, filter,
+                         absl::StrCat("names no local rank of this node (", range,
+                                      "), got '", filter.text, "'"));
+      }
+      config->notices.push_back(
+          absl::StrCat("--local-ranks-filter: names no local rank of this node (", range,
+                       " here); no worker output will reach the console"));
+    } else if (!missing.empty()) {
+      config->notices.push_back(
+          absl::StrCat("--local-ranks-filter: local rank",
+                       missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ","),
+                       missing.size() > 1 ? " do" : " does", " not exist (", range, ")"));
+    }
+  }
 
   Given signals = flags.GetOr(kSignalsToHandle);
   absl::StatusOr<std::vector<int>> signal_numbers = ParseSignals(signals.text);

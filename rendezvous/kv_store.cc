@@ -1,5 +1,6 @@
 #include "rendezvous/kv_store.h"
 
+#include <algorithm>
 #include <limits>
 #include <string_view>
 #include <unordered_set>
@@ -133,7 +134,17 @@ void KvStore::Deliver(const std::vector<WaiterId>& ready, std::vector<Wakeup>* w
     waiter.missing = Park(space, id, waiter.keys);
     if (waiter.missing > 0) continue;
     Wakeup wake{id, absl::OkStatus(), {}};
-    if (waiter.wants_values) wake.values = ValuesOf(space, waiter.keys);
+    if (waiter.wants_values) {
+      size_t bytes = 0;
+      for (const std::string& key : waiter.keys)
+        bytes += space.data.find(key)->second.size();
+      if (bytes <= woken_value_budget_) {
+        woken_value_budget_ -= bytes;
+        wake.values = ValuesOf(space, waiter.keys);
+      } else {
+        wake.reread = true;
+      }
+    }
     deadlines_.erase(waiter.deadline);
     waiters_.erase(it);
     woken->push_back(std::move(wake));
@@ -431,10 +442,34 @@ std::optional<TimePoint> KvStore::NextDeadline() const {
   return deadlines_.begin()->first;
 }
 
-std::vector<std::string> KvStore::NamespacesWithPrefix(const std::string& prefix) const {
+namespace {
+
+// "<digits><then>" at the front of `text`: consumes both.
+bool ConsumeNumber(std::string_view& text, std::string_view then) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || text.substr(digits, then.size()) != then) return false;
+  text.remove_prefix(digits + then.size());
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string> KvStore::NamespacesOfRun(const std::string& run_id) const {
+  const std::string prefix = run_id + "/";
   std::vector<std::string> names;
-  for (const auto& [name, space] : namespaces_)
-    if (name.compare(0, prefix.size(), prefix) == 0) names.push_back(name);
+  for (const auto& [name, space] : namespaces_) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string_view rest = std::string_view(name).substr(prefix.size());
+    // "e<epoch>.r<round>", or "r<round>" as before epochs.
+    if (!rest.empty() && rest[0] == 'e') {
+      rest.remove_prefix(1);
+      if (!ConsumeNumber(rest, ".")) continue;
+    }
+    if (rest.empty() || rest[0] != 'r') continue;
+    rest.remove_prefix(1);
+    if (ConsumeNumber(rest, "") && rest.empty()) names.push_back(name);
+  }
   return names;
 }
 

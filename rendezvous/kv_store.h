@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -45,6 +46,10 @@ struct Wakeup {
   WaiterId waiter = 0;
   absl::Status status;
   std::vector<std::string> values;
+  // A get or multi_get woken after the woken-value budget ran out: OK with no
+  // values; the caller reads them when it can deliver them (MultiGet with the
+  // same waiter id answers at once, or parks it again if a key went away).
+  bool reread = false;
 };
 
 // The result of a blocking operation: either done now (`ready`), or parked
@@ -102,12 +107,20 @@ class KvStore {
   // Earliest deadline among live waiters, if any.
   std::optional<TimePoint> NextDeadline() const;
 
+  // Bytes of values that Wakeups may carry from now until the next call:
+  // each woken get copies its values, and a write can wake any number of
+  // them. Beyond it, Wakeups have `reread` set. Unlimited until first set.
+  void set_woken_value_budget(size_t bytes) { woken_value_budget_ = bytes; }
+
   size_t num_waiters() const { return waiters_.size(); }
   size_t num_namespaces() const { return namespaces_.size(); }
   // Drops a whole namespace (run finished); its waiters fail with ABORTED.
   void DropNamespace(const std::string& ns, std::vector<Wakeup>* woken);
-  // Names of the namespaces that start with `prefix`.
-  std::vector<std::string> NamespacesWithPrefix(const std::string& prefix) const;
+  // Names of run `run_id`'s namespaces: "<run_id>/e<epoch>.r<round>", the
+  // store prefix the rendezvous gives each round (or "<run_id>/r<round>",
+  // its form before epochs). Exactly those: run ids may contain '/', and run
+  // "a/b"'s "a/b/e1.r1" is not run "a"'s.
+  std::vector<std::string> NamespacesOfRun(const std::string& run_id) const;
 
   // For persistence (state_codec): a non-blocking read, a walk over every
   // entry, and writes that skip the limit checks (restored entries passed
@@ -183,6 +196,7 @@ class KvStore {
   std::unordered_map<std::string, Namespace> namespaces_;
   std::unordered_map<WaiterId, Waiter> waiters_;
   std::multimap<TimePoint, WaiterId> deadlines_;
+  size_t woken_value_budget_ = std::numeric_limits<size_t>::max();
 };
 
 }  // namespace meshrun::rdzv

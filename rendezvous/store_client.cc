@@ -64,6 +64,31 @@ std::shared_ptr<grpc::Channel> MakeStoreChannel(const std::string& target,
   return MakeChannel(target, security, args);
 }
 
+namespace {
+// Requests that are safe to send again when the stream broke after sending
+// them: the reads. No write is: the daemon may have applied it before the
+// stream broke, and by the time it is repeated another client may have
+// written the key again or deleted it, so a repeated set or multi_set would
+// overwrite the newer value or bring the key back (waking its waiters), and
+// an add or append would count twice. Deduplicating repeats by request id
+// would need the daemon to remember ids across its own restart (the common
+// reason a stream breaks, and with --state-dir the write survives it), i.e.
+// to log them; a caller told UNAVAILABLE ("may or may not have applied") can
+// decide instead, as with c10d's TCPStore, which repeats nothing.
+bool SafeToRepeat(const StoreRequest& request) {
+  switch (request.op_case()) {
+    case StoreRequest::kGet:
+    case StoreRequest::kWait:
+    case StoreRequest::kCheck:
+    case StoreRequest::kMultiGet:
+    case StoreRequest::kNumKeys:
+      return true;
+    default:  // set, multi_set, add, append, compare_set, delete
+      return false;
+  }
+}
+}  // namespace
+
 // The client's end of one Store.BatchSession stream, shared by every
 // StoreClient on the same channel (or target). There is no I/O thread: the
 // stream's operations complete on a completion queue of its own, and the
@@ -118,6 +143,17 @@ class StoreClient::Stream {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (broken_) return absl::UnavailableError(broken_reason_);
+      // A write is not repeated once sent, so first learn what the stream
+      // already knows: after the daemon went away while the stream was idle
+      // (nobody polling), the failed read is due but not yet seen, and the
+      // write would be sent into a dead stream and then not repeated.
+      if (!polling_ && pending_.empty() && !SafeToRepeat(request)) {
+        polling_ = true;
+        while (!broken_ && !PollOnce(lock, nullptr, std::chrono::milliseconds(1))) {
+        }
+        polling_ = false;
+        if (broken_) return absl::UnavailableError(broken_reason_);
+      }
       const uint64_t id = next_id_++;
       request.set_id(id);
       slot->quick = AnsweredAtOnce(request);
@@ -237,7 +273,11 @@ class StoreClient::Stream {
 
   // REQUIRES: lock holds mu_; the caller is the only poller. Handles one
   // completion; true once `mine` (if given) is answered.
-  bool PollOnce(std::unique_lock<std::mutex>& lock, Slot* mine = nullptr) {
+  //
+  // With `wait`: polls at most that long, and with no `mine`, is true only
+  // once a poll found nothing due.
+  bool PollOnce(std::unique_lock<std::mutex>& lock, Slot* mine = nullptr,
+                std::optional<std::chrono::milliseconds> wait = std::nullopt) {
     void* tag = nullptr;
     bool ok = false;
     lock.unlock();
@@ -246,8 +286,8 @@ class StoreClient::Stream {
     // polled again; a timeout re-polls. Not much shorter: 2,500 threads
     // re-polling every 50 ms kept gRPC's pollers so busy that a
     // 10,000-client barrier never finished (with 1 s: 17.6 s, loaded).
-    const auto next =
-        cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + kRepoll);
+    const auto next = cq_.AsyncNext(
+        &tag, &ok, std::chrono::system_clock::now() + wait.value_or(kRepoll));
     lock.lock();
     if (next == grpc::CompletionQueue::TIMEOUT) return mine == nullptr;
     if (next == grpc::CompletionQueue::SHUTDOWN) return true;  // not while calls pend
@@ -325,7 +365,7 @@ class StoreClient::Stream {
         quick_written_ = 0;
         break;
     }
-    return mine_done || (mine == nullptr);
+    return mine_done || (mine == nullptr && !wait);
   }
 
   // REQUIRES: mu_ held. The stream is over: no new writes; learn its status
@@ -456,26 +496,6 @@ absl::StatusOr<std::shared_ptr<StoreClient::Stream>> StoreClient::OpenStream(
   }
   return stream;
 }
-
-namespace {
-// Requests whose repetition leaves the store as one execution would and
-// gets the same answer: safe to send again when the stream broke after
-// sending them.
-bool SafeToRepeat(const StoreRequest& request) {
-  switch (request.op_case()) {
-    case StoreRequest::kSet:
-    case StoreRequest::kGet:
-    case StoreRequest::kWait:
-    case StoreRequest::kCheck:
-    case StoreRequest::kMultiGet:
-    case StoreRequest::kMultiSet:
-    case StoreRequest::kNumKeys:
-      return true;
-    default:  // add, append, compare_set, delete: a second run differs
-      return false;
-  }
-}
-}  // namespace
 
 absl::StatusOr<StoreResponse> StoreClient::Call(StoreRequest request) {
   const auto started = std::chrono::steady_clock::now();

@@ -92,8 +92,8 @@ class StoreClient {
   absl::StatusOr<std::shared_ptr<Stream>> OpenStream(
       const std::shared_ptr<Stream>& broken,
       std::chrono::system_clock::time_point deadline);
-  // Sends one request; after the stream breaks, reconnects and repeats it when
-  // that is safe (see store_client.cc).
+  // Sends one request; after the stream breaks, reconnects and repeats it if
+  // it is a read or was not sent yet (see SafeToRepeat in store_client.cc).
   absl::StatusOr<meshrun::v1::StoreResponse> Call(meshrun::v1::StoreRequest request);
 
   const StoreClientOptions options_;

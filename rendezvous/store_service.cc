@@ -1,5 +1,6 @@
 #include "rendezvous/store_service.h"
 
+#include <algorithm>
 #include <deque>
 #include <string>
 #include <type_traits>
@@ -41,6 +42,12 @@ std::vector<std::string> Keys(
   return {keys.begin(), keys.end()};
 }
 
+size_t BytesOf(const std::vector<StoreResponse>& replies) {
+  size_t bytes = 0;
+  for (const StoreResponse& reply : replies) bytes += reply.ByteSizeLong();
+  return bytes;
+}
+
 }  // namespace
 
 // What the service needs of a session: a way to queue replies.
@@ -51,10 +58,18 @@ class StoreService::ReplySink {
   virtual void Send(StoreResponse reply) = 0;
   virtual void SendAll(std::vector<StoreResponse>* replies) = 0;
   // --state-dir: replies wait for the log. Hold() keeps the stream from
-  // finishing (so the session outlives the wait); SendHeld() queues the
-  // replies and lets it finish again.
-  virtual void Hold() = 0;
+  // finishing (so the session outlives the wait) and counts `replies`
+  // against the session's bounds as if queued; SendHeld() queues them and
+  // lets it finish again.
+  virtual void Hold(const std::vector<StoreResponse>& replies) = 0;
   virtual void SendHeld(std::vector<StoreResponse>* replies) = 0;
+  // True when the session is over its bounds; it then calls
+  // RedeliverDeferred() once it is back within them (MarkDeferred: in any
+  // case, after its next write).
+  virtual bool DeferIfOverBounds() = 0;
+  virtual void MarkDeferred() = 0;
+  // Reply bytes the session may still queue within both byte bounds.
+  virtual size_t RoomBytes() = 0;
 };
 
 // One client stream of either protocol: In/Out are StoreRequest/StoreResponse
@@ -64,6 +79,11 @@ class StoreService::ReplySink {
 // write is in flight is packed into the next message. gRPC calls
 // (StartWrite, StartRead, Finish) are made outside mu_, since a reaction may
 // run inline.
+//
+// Flow control: while the queued replies exceed the session's bounds (count,
+// bytes, or the service's total), the session neither reads nor executes
+// the rest of the current batch; OnWriteDone resumes it once the client has
+// read enough. Replies of waits parked earlier still queue meanwhile.
 template <typename In, typename Out>
 class StoreService::SessionReactor final : public StoreService::ReplySink,
                                            public grpc::ServerBidiReactor<In, Out> {
@@ -97,9 +117,11 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
     if (to_write) this->StartWrite(to_write);
   }
 
-  void Hold() override {
+  void Hold(const std::vector<StoreResponse>& replies) override {
     std::lock_guard<std::mutex> lock(mu_);
     ++holds_;
+    queued_ += replies.size();
+    AddBytesLocked(BytesOf(replies));
   }
 
   void SendHeld(std::vector<StoreResponse>* replies) override {
@@ -108,6 +130,8 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
     {
       std::lock_guard<std::mutex> lock(mu_);
       --holds_;
+      queued_ -= replies->size();
+      SubtractBytesLocked(BytesOf(*replies));
       if (!finished_ && !write_failed_) {
         for (auto& reply : *replies) QueueLocked(std::move(reply));
         to_write = StartWritingLocked();
@@ -116,6 +140,31 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
     }
     if (to_write) this->StartWrite(to_write);
     if (finish) this->Finish(finish_status_);
+  }
+
+  bool DeferIfOverBounds() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || write_failed_ || !OverBoundsLocked()) return false;
+    has_deferred_ = true;
+    return true;
+  }
+
+  void MarkDeferred() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    has_deferred_ = true;
+  }
+
+  size_t RoomBytes() override {
+    const StoreServiceOptions& options = service_->options_;
+    const size_t total = service_->queued_reply_bytes_.load();
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t own = options.max_queued_reply_bytes_per_session > queued_bytes_
+                           ? options.max_queued_reply_bytes_per_session - queued_bytes_
+                           : 0;
+    const size_t all = options.max_queued_reply_bytes > total
+                           ? options.max_queued_reply_bytes - total
+                           : 0;
+    return std::min(own, all);
   }
 
   void OnReadDone(bool ok) override {
@@ -134,53 +183,62 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
                 std::to_string(service_->options_.max_requests_per_batch)));
         return;
       }
-      service_->HandleBatch(this, request_.requests());
+      next_request_ = 0;
     } else {
       service_->Handle(this, request_);
     }
-    bool pause;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pause = queued_ >= service_->options_.max_queued_replies_per_session;
-      read_paused_ = pause;  // resumed by OnWriteDone
-    }
-    if (!pause) this->StartRead(&request_);
+    ExecuteThenRead();
   }
 
   void OnWriteDone(bool ok) override {
     Out* next = nullptr;
-    bool resume_read = false;
+    bool resume = false;
+    bool redeliver = false;
     bool stop_reading = false;
     bool finish = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       queued_ -= Count(out_.front());
+      SubtractBytesLocked(out_bytes_.front());
       out_.pop_front();
+      out_bytes_.pop_front();
       writing_ = false;
       if (!ok) {
         // The client is gone. An outstanding read fails and ends the session;
         // a paused one never will, so end it here.
+        for (const Out& out : out_) queued_ -= Count(out);
+        for (size_t bytes : out_bytes_) SubtractBytesLocked(bytes);
         out_.clear();
-        queued_ = 0;
+        out_bytes_.clear();
         write_failed_ = true;
         stop_reading = read_paused_;
         read_paused_ = false;
       } else {
         next = StartWritingLocked();
-        if (read_paused_ && queued_ < service_->options_.max_queued_replies_per_session) {
+        if (!OverBoundsLocked()) {
+          redeliver = has_deferred_;
+          has_deferred_ = false;
+          resume = read_paused_;
           read_paused_ = false;
-          resume_read = true;
         }
       }
       finish = ShouldFinishLocked();
     }
     if (stop_reading) return ReadingDone(grpc::Status::OK);
-    if (resume_read) this->StartRead(&request_);
     if (next) this->StartWrite(next);
+    // Woken waits first: they were asked for before what is still unread.
+    if (redeliver) service_->RedeliverDeferred(this);
+    if (resume) ExecuteThenRead();
     if (finish) this->Finish(finish_status_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      SubtractBytesLocked(queued_bytes_);
+    }
+    delete this;
+  }
 
  private:
   static size_t Count(const Out& out) {
@@ -191,23 +249,74 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
     }
   }
 
+  // Executes what is left of the current batch, as far as the queue's
+  // bounds allow, then reads the next message; or, once over the bounds,
+  // pauses until OnWriteDone makes room. REQUIRES: read_paused_ clear, no
+  // read outstanding, mu_ not held. (The bounds are checked and the pause
+  // set under mu_, so a write completing meanwhile cannot be missed.)
+  void ExecuteThenRead() {
+    while (true) {
+      bool more = false;
+      if constexpr (kBatched) {
+        const size_t n = static_cast<size_t>(request_.requests_size());
+        if (next_request_ < n) {
+          next_request_ = service_->HandleBatch(this, request_.requests(), next_request_,
+                                                RoomBytes());
+        }
+        more = next_request_ < n;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (OverBoundsLocked()) {
+          read_paused_ = true;
+          return;
+        }
+      }
+      if (!more) break;
+    }
+    this->StartRead(&request_);
+  }
+
+  // REQUIRES: mu_ held.
+  bool OverBoundsLocked() const {
+    const StoreServiceOptions& options = service_->options_;
+    if (queued_ >= options.max_queued_replies_per_session) return true;
+    if (queued_bytes_ >= options.max_queued_reply_bytes_per_session) return true;
+    // A session with nothing queued has no write to resume it, and adds
+    // nothing to the total.
+    return queued_bytes_ > 0 &&
+           service_->queued_reply_bytes_.load() >= options.max_queued_reply_bytes;
+  }
+
+  // REQUIRES: mu_ held.
+  void AddBytesLocked(size_t bytes) {
+    queued_bytes_ += bytes;
+    service_->queued_reply_bytes_.fetch_add(bytes);
+  }
+  void SubtractBytesLocked(size_t bytes) {
+    queued_bytes_ -= bytes;
+    service_->queued_reply_bytes_.fetch_sub(bytes);
+  }
+
   // REQUIRES: mu_ held.
   void QueueLocked(StoreResponse reply) {
     ++queued_;
+    const size_t bytes = reply.ByteSizeLong();
+    AddBytesLocked(bytes);
     if constexpr (kBatched) {
-      const size_t bytes = reply.ByteSizeLong();
       // The front message is on the wire while writing_; later ones fill up.
       const bool can_pack =
           out_.size() > (writing_ ? 1u : 0u) &&
-          back_bytes_ + bytes <= service_->options_.max_reply_batch_bytes;
+          out_bytes_.back() + bytes <= service_->options_.max_reply_batch_bytes;
       if (!can_pack) {
         out_.emplace_back();
-        back_bytes_ = 0;
+        out_bytes_.push_back(0);
       }
-      back_bytes_ += bytes;
+      out_bytes_.back() += bytes;
       *out_.back().add_responses() = std::move(reply);
     } else {
       out_.push_back(std::move(reply));
+      out_bytes_.push_back(bytes);
     }
   }
 
@@ -241,16 +350,19 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
   StoreService* const service_;
   In request_;
   std::mutex mu_;
-  std::deque<Out> out_;         // guarded by mu_; front is being written
-  size_t queued_ = 0;           // guarded by mu_; replies in out_
-  size_t back_bytes_ = 0;       // guarded by mu_; bytes packed into out_.back()
-  bool writing_ = false;        // guarded by mu_
-  bool write_failed_ = false;   // guarded by mu_
-  bool read_paused_ = false;    // guarded by mu_
-  bool reading_done_ = false;   // guarded by mu_
-  bool finished_ = false;       // guarded by mu_
-  int holds_ = 0;               // guarded by mu_; replies waiting for the log
-  grpc::Status finish_status_;  // guarded by mu_ until finished_
+  size_t next_request_ = 0;       // batch mode: the next of request_ to execute
+  std::deque<Out> out_;           // guarded by mu_; front is being written
+  std::deque<size_t> out_bytes_;  // guarded by mu_; reply bytes of each of out_
+  size_t queued_ = 0;             // guarded by mu_; replies in out_ or held
+  size_t queued_bytes_ = 0;       // guarded by mu_; their bytes
+  bool writing_ = false;          // guarded by mu_
+  bool write_failed_ = false;     // guarded by mu_
+  bool read_paused_ = false;      // guarded by mu_
+  bool has_deferred_ = false;     // guarded by mu_; see DeferIfOverBounds
+  bool reading_done_ = false;     // guarded by mu_
+  bool finished_ = false;         // guarded by mu_
+  int holds_ = 0;                 // guarded by mu_; replies waiting for the log
+  grpc::Status finish_status_;    // guarded by mu_ until finished_
 };
 
 StoreService::StoreService(StoreServiceOptions options)
@@ -284,7 +396,7 @@ void StoreService::DropRunNamespaces(const std::vector<std::string>& run_ids) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Wakeup> woken;
   for (const std::string& run_id : run_ids)
-    for (const std::string& ns : store_.NamespacesWithPrefix(run_id + "/")) {
+    for (const std::string& ns : store_.NamespacesOfRun(run_id)) {
       store_.DropNamespace(ns, &woken);
       if (log_) log_->Append(codec::DropNamespaceRecord(ns));
     }
@@ -293,7 +405,8 @@ void StoreService::DropRunNamespaces(const std::vector<std::string>& run_ids) {
 
 StoreServiceStats StoreService::Stats() {
   std::lock_guard<std::mutex> lock(mu_);
-  return {sessions_open_, ops_.load(std::memory_order_relaxed), store_.num_waiters()};
+  return {sessions_open_, ops_.load(std::memory_order_relaxed), store_.num_waiters(),
+          queued_reply_bytes_.load()};
 }
 
 int StoreService::OpIndex(const StoreRequest& request) {
@@ -337,7 +450,13 @@ void StoreService::CollectMetrics(std::vector<MetricFamily>* out) {
                        "Blocking store calls (get, wait, multi_get) parked now.",
                        "gauge"};
   waiters.Add({}, static_cast<double>(stats.waiters));
-  for (MetricFamily* family : {&ops, &errors, &latency, &sessions, &waiters})
+  MetricFamily reply_bytes{"meshrun_store_reply_bytes_queued",
+                           "Bytes of store replies queued for clients that have not "
+                           "read them yet.",
+                           "gauge"};
+  reply_bytes.Add({}, static_cast<double>(stats.queued_reply_bytes));
+  for (MetricFamily* family :
+       {&ops, &errors, &latency, &sessions, &waiters, &reply_bytes})
     out->push_back(std::move(*family));
 }
 
@@ -350,6 +469,7 @@ void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
   StateLog::Mark mark;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    store_.set_woken_value_budget(options_.max_queued_reply_bytes_per_session);
     answered = ExecuteLocked(session, request, &replies[0], &woken);
     if (answered) Observe(OpIndex(request), arrived, replies[0]);
     if (log_) {
@@ -363,20 +483,27 @@ void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
   if (answered) session->Send(std::move(replies[0]));
 }
 
-void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
-  if (requests.empty()) return;
-  ops_.fetch_add(static_cast<uint64_t>(requests.size()), std::memory_order_relaxed);
+size_t StoreService::HandleBatch(ReplySink* session, const Requests& requests,
+                                 size_t start, size_t budget) {
+  const size_t n = static_cast<size_t>(requests.size());
+  if (start >= n) return n;
   const TimePoint arrived = Clock::now();
   std::vector<StoreResponse> replies;
-  replies.reserve(static_cast<size_t>(requests.size()));
   std::vector<Wakeup> woken;
   StateLog::Mark mark;
+  size_t next = start;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const StoreRequest& request : requests) {
+    store_.set_woken_value_budget(options_.max_queued_reply_bytes_per_session);
+    // Each Get's reply is a copy of its value, so a batch of Gets of a large
+    // value stops here and goes on once the client read the replies.
+    size_t produced = 0;
+    while (next < n && (next == start || produced < budget)) {
+      const StoreRequest& request = requests[static_cast<int>(next++)];
       StoreResponse reply;
       if (ExecuteLocked(session, request, &reply, &woken)) {
         Observe(OpIndex(request), arrived, reply);
+        produced += reply.ByteSizeLong();
         replies.push_back(std::move(reply));
       }
     }
@@ -386,8 +513,13 @@ void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
       DeliverLocked(woken);
     }
   }
-  if (log_) return AfterDurable(session, mark, std::move(replies), std::move(woken));
-  session->SendAll(&replies);
+  ops_.fetch_add(static_cast<uint64_t>(next - start), std::memory_order_relaxed);
+  if (log_) {
+    AfterDurable(session, mark, std::move(replies), std::move(woken));
+  } else {
+    session->SendAll(&replies);
+  }
+  return next;
 }
 
 // Once the log holds everything this call did or read (a read may have seen
@@ -397,7 +529,7 @@ void StoreService::HandleBatch(ReplySink* session, const Requests& requests) {
 void StoreService::AfterDurable(ReplySink* session, StateLog::Mark mark,
                                 std::vector<StoreResponse> replies,
                                 std::vector<Wakeup> woken) {
-  session->Hold();
+  session->Hold(replies);
   log_->WhenDurable(mark, [this, session, replies = std::move(replies),
                            woken = std::move(woken)]() mutable {
     if (!woken.empty()) {
@@ -431,9 +563,17 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     return Clock::now() + timeout;
   };
   // Blocking ops return a BlockingResult; parked ones reply later.
-  auto block = [&](BlockingResult result, WaiterId waiter, TimePoint when) {
+  // `keys`: of a get or multi_get, to read again if its reply is deferred.
+  auto block = [&](BlockingResult result, WaiterId waiter, TimePoint when,
+                   std::vector<std::string> keys) {
     if (!result.ready) {
-      pending_[waiter] = {session, request.id(), OpIndex(request), Clock::now()};
+      pending_[waiter] = {session,
+                          request.id(),
+                          OpIndex(request),
+                          Clock::now(),
+                          keys.empty() ? std::string() : ns,
+                          std::move(keys),
+                          when};
       parked_[session].insert(waiter);
       timer_->Poke(when);
       return false;
@@ -455,7 +595,8 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     case StoreRequest::kGet: {
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
-      return block(store_.Get(ns, request.get().key(), id, when), id, when);
+      return block(store_.Get(ns, request.get().key(), id, when), id, when,
+                   {request.get().key()});
     }
     case StoreRequest::kAdd: {
       auto sum = store_.Add(ns, request.add().key(), request.add().delta(), woken);
@@ -481,7 +622,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     case StoreRequest::kWait: {
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
-      return block(store_.Wait(ns, Keys(request.wait().keys()), id, when), id, when);
+      return block(store_.Wait(ns, Keys(request.wait().keys()), id, when), id, when, {});
     }
     case StoreRequest::kDelete: {
       const bool existed = store_.Delete(ns, request.delete_().key());
@@ -502,7 +643,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
       return block(store_.MultiGet(ns, Keys(request.multi_get().keys()), id, when), id,
-                   when);
+                   when, Keys(request.multi_get().keys()));
     }
     case StoreRequest::kMultiSet: {
       std::vector<std::pair<std::string, std::string>> entries;
@@ -537,6 +678,16 @@ void StoreService::DeliverLocked(std::vector<Wakeup>& woken) {
   for (Wakeup& wake : woken) {
     auto it = pending_.find(wake.waiter);
     if (it == pending_.end()) continue;
+    // Each woken get's reply is a copy of its values: for a session whose
+    // client is not reading, it is made once the client has room (from the
+    // values then current) rather than queued now; so is one the store did
+    // not copy (past this call's budget), by the timer thread (Expire).
+    ReplySink* session = it->second.session;
+    if (wake.reread || (!wake.values.empty() && session->DeferIfOverBounds())) {
+      deferred_[session].push_back(wake.waiter);
+      if (wake.reread && kicked_.insert(session).second) timer_->Poke(Clock::now());
+      continue;
+    }
     StoreResponse reply;
     reply.set_id(it->second.request_id);
     SetStatus(wake.status, &reply);
@@ -554,9 +705,62 @@ void StoreService::DeliverLocked(std::vector<Wakeup>& woken) {
   }
 }
 
+void StoreService::RedeliverDeferred(ReplySink* session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RedeliverLocked(session);
+}
+
+void StoreService::RedeliverLocked(ReplySink* session) {
+  auto deferred = deferred_.find(session);
+  if (deferred == deferred_.end()) return;
+  std::deque<WaiterId>& waiters = deferred->second;
+  std::vector<StoreResponse> replies;
+  const size_t budget = session->RoomBytes();
+  size_t produced = 0;
+  while (!waiters.empty() && (replies.empty() || produced < budget)) {
+    const WaiterId id = waiters.front();
+    waiters.pop_front();
+    auto it = pending_.find(id);
+    if (it == pending_.end()) continue;
+    PendingWait& wait = it->second;
+    // Read again: the reply is not out yet, so the values now are as good an
+    // answer; a key deleted meanwhile parks the wait again.
+    BlockingResult result = store_.MultiGet(wait.ns, wait.keys, id, wait.deadline);
+    if (!result.ready) {
+      timer_->Poke(wait.deadline);
+      continue;
+    }
+    StoreResponse& reply = replies.emplace_back();
+    reply.set_id(wait.request_id);
+    SetStatus(result.status, &reply);
+    for (auto& v : result.values) reply.add_values(std::move(v));
+    Observe(wait.op, wait.arrived, reply);
+    produced += reply.ByteSizeLong();
+    auto parked = parked_.find(session);
+    if (parked != parked_.end()) {
+      parked->second.erase(id);
+      if (parked->second.empty()) parked_.erase(parked);
+    }
+    pending_.erase(it);
+  }
+  // What is left goes out once the replies above are written (the loop only
+  // stops early after making some).
+  if (waiters.empty()) {
+    deferred_.erase(deferred);
+  } else {
+    session->MarkDeferred();
+  }
+  // Under mu_, since the timer thread has no other hold on the session; the
+  // lock order (mu_, then the session's, then the log's) allows it.
+  if (log_) return AfterDurable(session, log_->Now(), std::move(replies), {});
+  session->SendAll(&replies);
+}
+
 void StoreService::EndSession(ReplySink* session) {
   std::lock_guard<std::mutex> lock(mu_);
   --sessions_open_;
+  deferred_.erase(session);
+  kicked_.erase(session);
   auto parked = parked_.find(session);
   if (parked == parked_.end()) return;
   for (WaiterId waiter : parked->second) {
@@ -571,6 +775,9 @@ std::optional<TimePoint> StoreService::Expire(TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
   store_.ExpireWaiters(now, &woken);
   DeliverLocked(woken);
+  std::unordered_set<ReplySink*> kicked;
+  kicked.swap(kicked_);
+  for (ReplySink* session : kicked) RedeliverLocked(session);
   return store_.NextDeadline();
 }
 

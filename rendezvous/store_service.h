@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -36,9 +37,17 @@ struct StoreServiceOptions {
   StoreLimits limits;
   // Used when a blocking request says timeout_ms = 0 (c10d's default).
   std::chrono::milliseconds default_timeout{300000};
-  // A session stops reading once this many replies wait to be written, so a
-  // client that never reads cannot make the daemon buffer without bound.
+  // A session stops reading its requests (and executing the rest of a
+  // batch) once this many replies, or this many reply bytes, wait to be
+  // written, until its client reads; so a client that never reads cannot
+  // make the daemon buffer without bound (each Get's reply is a copy of the
+  // value). A single reply may exceed the byte bound: one request is always
+  // executed.
   size_t max_queued_replies_per_session = 4096;
+  size_t max_queued_reply_bytes_per_session = 64 << 20;
+  // Reply bytes queued by all sessions together: past this, every session
+  // with replies of its own queued stops reading until they are written.
+  size_t max_queued_reply_bytes = 512 << 20;
   // A BatchSession message with more requests than this ends its stream with
   // INVALID_ARGUMENT (rdzv::StoreClient sends at most kMaxClientBatch).
   size_t max_requests_per_batch = 1024;
@@ -51,6 +60,7 @@ struct StoreServiceStats {
   uint64_t sessions_open = 0;
   uint64_t ops = 0;
   uint64_t waiters = 0;
+  uint64_t queued_reply_bytes = 0;
 };
 
 class StoreService final : public meshrun::v1::Store::CallbackService {
@@ -65,7 +75,7 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   BatchSession(grpc::CallbackServerContext* context) override;
 
   StoreServiceStats Stats();
-  // Drops every namespace of these runs ("<run id>/..."); their parked waits
+  // Drops every namespace of these runs ("<run id>/r<round>"); their parked waits
   // fail with ABORTED.
   void DropRunNamespaces(const std::vector<std::string>& run_ids);
   // Ops, errors and latency by op type; sessions open and waiters parked.
@@ -92,6 +102,10 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
     // For the latency metric, which for a blocking op includes the wait.
     int op;
     TimePoint arrived;
+    // Get and multi_get: what to read again when the reply was deferred.
+    std::string ns;
+    std::vector<std::string> keys;
+    TimePoint deadline;
   };
   // Per op type (index: StoreRequest::OpCase - kFirstOp; 0 for OP_NOT_SET).
   static constexpr int kFirstOp = meshrun::v1::StoreRequest::kSet;
@@ -107,16 +121,24 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
 
   // Executes requests in order; replies now or parks them. Called by sessions.
   void Handle(ReplySink* session, const meshrun::v1::StoreRequest& request);
-  void HandleBatch(ReplySink* session, const Requests& requests);
+  // Executes requests[start..] until the bytes of the replies it produced
+  // reach `budget` (at least one request runs); returns where it stopped.
+  size_t HandleBatch(ReplySink* session, const Requests& requests, size_t start,
+                     size_t budget);
   // REQUIRES: mu_ held. Executes one request; false when it was parked (no
   // reply yet), otherwise `reply` holds the answer.
   bool ExecuteLocked(ReplySink* session, const meshrun::v1::StoreRequest& request,
                      meshrun::v1::StoreResponse* reply, std::vector<Wakeup>* woken);
+  // Answers the session's woken waits that were deferred while it was over
+  // its bounds, reading their values now, as far as its room allows.
+  void RedeliverDeferred(ReplySink* session);
+  // REQUIRES: mu_ held.
+  void RedeliverLocked(ReplySink* session);
   // The session's stream ended: forget its parked waits.
   void EndSession(ReplySink* session);
   // REQUIRES: mu_ held.
   void DeliverLocked(std::vector<Wakeup>& woken);
-  // REQUIRES: log_ set, mu_ not held.
+  // REQUIRES: log_ set; mu_ not held unless `woken` is empty.
   void AfterDurable(ReplySink* session, StateLog::Mark mark,
                     std::vector<meshrun::v1::StoreResponse> replies,
                     std::vector<Wakeup> woken);
@@ -129,9 +151,17 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   std::unordered_map<WaiterId, PendingWait> pending_;  // guarded by mu_
   // The same waits by session, so a closing stream finds its own quickly.
   std::unordered_map<ReplySink*, std::unordered_set<WaiterId>> parked_;  // guarded by mu_
-  WaiterId next_waiter_ = 1;                                             // guarded by mu_
-  uint64_t sessions_open_ = 0;                                           // guarded by mu_
+  // Woken gets of sessions over their bounds, not yet answered: their
+  // replies (a copy of each value) are made when the client has read. Still
+  // in pending_ and parked_, no longer in the store.
+  std::unordered_map<ReplySink*, std::deque<WaiterId>> deferred_;  // guarded by mu_
+  // Sessions whose deferred gets the timer thread is to answer.
+  std::unordered_set<ReplySink*> kicked_;  // guarded by mu_
+  WaiterId next_waiter_ = 1;               // guarded by mu_
+  uint64_t sessions_open_ = 0;             // guarded by mu_
   std::atomic<uint64_t> ops_{0};
+  // Bytes of replies queued (or held for the log) by every session.
+  std::atomic<size_t> queued_reply_bytes_{0};
   std::array<OpMetrics, kNumOps> op_metrics_;
   std::unique_ptr<DeadlineTimer> timer_;
   StateLog* log_ = nullptr;

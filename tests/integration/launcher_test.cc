@@ -487,13 +487,27 @@ TEST_F(LauncherTest, LogDirHoldsEachWorkersStreams) {
 }
 
 TEST_F(LauncherTest, BadFlagsGiveOneLineAndExitTwo) {
+  // Run ids the daemon would refuse, an endpoint nobody can reach and a
+  // filter hiding every worker's output are refused here too, not when the
+  // agent joins (exit 1, or no message at all for a long run id).
   for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
-           {"--nnodes=3:1", "x.py"}, {"--no-such-flag", "x.py"}, {"--standalone"}}) {
+           {"--nnodes=3:1", "x.py"},
+           {"--no-such-flag", "x.py"},
+           {"--standalone"},
+           {"--rdzv-id=my job", "x.py"},
+           {"--rdzv-id=" + std::string(300, 'j'), "x.py"},
+           {"--rdzv-endpoint=127.0.0.1:0", "x.py"},
+           {"--nproc-per-node=2", "--local-ranks-filter=2", "x.py"}}) {
     auto run = Launch(args);
-    EXPECT_EQ(ExitCode(*run), 2);
+    EXPECT_EQ(ExitCode(*run), 2) << run->output();
     EXPECT_EQ(Count(run->output(), "\n"), 1u) << run->output();
     EXPECT_EQ(run->output().rfind("meshrun: ", 0), 0u) << run->output();
   }
+  auto run = Launch({"--rdzv-id=caf\xc3\xa9", "x.py"});
+  EXPECT_EQ(ExitCode(*run), 2);
+  EXPECT_EQ(run->output(),
+            "meshrun: --rdzv-id: byte 0xc3 at offset 3 is not allowed (printable ASCII "
+            "without spaces only)\n");
 }
 
 }  // namespace

@@ -10,14 +10,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "meshrun/v1/store.grpc.pb.h"
 #include "rendezvous/store_client.h"
 #include "tests/support/child_process.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshrun {
 namespace {
@@ -334,6 +338,186 @@ TEST(StoreDaemonTest, OversizedBatchEndsOnlyItsStreamWithAClearError) {
   EXPECT_TRUE(daemon.process().Running());
 }
 
+// The daemon's resident memory in bytes (VmRSS), or 0 if unreadable.
+size_t ResidentBytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// Clients that pipeline Gets of a large value and never read their replies
+// (one per protocol): the daemon stops reading their requests once their
+// queued replies reach its byte bound, instead of buffering a copy of the
+// value per Get (400 Gets of 4 MiB took it to 1.6 GB). Other clients are
+// served meanwhile, and once the slow clients read they get every reply.
+void CheckClientsThatNeverReadAreBounded(DaemonProcess& daemon) {
+  const std::string big(4 << 20, 'v');
+  auto writer = Connect(daemon.endpoint());
+  ASSERT_TRUE(writer->Set("big", big).ok());
+  const size_t before = ResidentBytes(daemon.process().pid());
+  ASSERT_GT(before, 0u);
+
+  constexpr int kBatches = 3, kPerBatch = 100, kSingles = 100;
+  auto stub =
+      meshrun::v1::Store::NewStub(rdzv::MakeStoreChannel(daemon.endpoint(), true));
+  auto get = [](uint64_t id, meshrun::v1::StoreRequest* r) {
+    r->set_id(id);
+    r->set_ns("run");
+    r->mutable_get()->set_key("big");
+  };
+  grpc::ClientContext batch_context;
+  batch_context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  auto batched = stub->BatchSession(&batch_context);
+  for (int b = 0; b < kBatches; ++b) {
+    meshrun::v1::StoreRequestBatch batch;
+    for (int i = 0; i < kPerBatch; ++i)
+      get(static_cast<uint64_t>(b * kPerBatch + i), batch.add_requests());
+    ASSERT_TRUE(batched->Write(batch));
+  }
+  grpc::ClientContext single_context;
+  single_context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  auto single = stub->Session(&single_context);
+  for (int i = 0; i < kSingles; ++i) {
+    meshrun::v1::StoreRequest request;
+    get(static_cast<uint64_t>(i), &request);
+    ASSERT_TRUE(single->Write(request));
+  }
+
+  // Others are served while the slow clients' replies wait.
+  auto other = Connect(daemon.endpoint(), "run", /*own_connection=*/true);
+  ASSERT_TRUE(other->Set("small", "1").ok());
+  auto value = other->Get("big");
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(value->size(), big.size());
+  // The requests above are all on the daemon's side by now; watch its memory
+  // for a while (the unbounded daemon copies the value 400 times within it).
+  size_t peak = 0;
+  const auto watch_until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < watch_until) {
+    peak = std::max(peak, ResidentBytes(daemon.process().pid()));
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  // Two sessions at the default 64 MiB each, plus gRPC's own buffers.
+  EXPECT_LT(peak, before + (256u << 20))
+      << "daemon grew from " << (before >> 20) << " MiB to " << (peak >> 20) << " MiB";
+  ASSERT_TRUE(other->Set("still", "served").ok());
+
+  std::set<uint64_t> batch_ids;
+  meshrun::v1::StoreResponseBatch in;
+  while (batch_ids.size() < kBatches * kPerBatch && batched->Read(&in)) {
+    for (const auto& r : in.responses()) {
+      EXPECT_EQ(r.code(), meshrun::v1::STORE_OK) << r.error();
+      EXPECT_TRUE(r.values_size() == 1 && r.values(0).size() == big.size());
+      EXPECT_TRUE(batch_ids.insert(r.id()).second) << r.id();
+    }
+  }
+  EXPECT_EQ(batch_ids.size(), size_t{kBatches * kPerBatch});
+  std::set<uint64_t> single_ids;
+  meshrun::v1::StoreResponse reply;
+  while (single_ids.size() < kSingles && single->Read(&reply)) {
+    EXPECT_EQ(reply.code(), meshrun::v1::STORE_OK) << reply.error();
+    EXPECT_EQ(reply.values(0).size(), big.size());
+    EXPECT_TRUE(single_ids.insert(reply.id()).second) << reply.id();
+  }
+  EXPECT_EQ(single_ids.size(), size_t{kSingles});
+  batched->WritesDone();
+  single->WritesDone();
+  EXPECT_TRUE(batched->Finish().ok());
+  EXPECT_TRUE(single->Finish().ok());
+}
+
+TEST(StoreDaemonTest, ClientsThatNeverReadCannotMakeTheDaemonBufferWithoutBound) {
+  DaemonProcess daemon;
+  CheckClientsThatNeverReadAreBounded(daemon);
+}
+
+// With --state-dir, replies waiting for the log count as queued too.
+TEST(StoreDaemonTest, ClientsThatNeverReadAreBoundedWithAStateDir) {
+  testing::TempDir state_dir;
+  DaemonProcess daemon({"--state-dir", state_dir.path()});
+  CheckClientsThatNeverReadAreBounded(daemon);
+}
+
+// Peak VmRSS of `pid` over the next three seconds.
+size_t PeakResidentBytesFor3s(pid_t pid) {
+  size_t peak = 0;
+  const auto watch_until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < watch_until) {
+    peak = std::max(peak, ResidentBytes(pid));
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return peak;
+}
+
+// The same through waits: 300 Gets parked on a missing key, then one Set of
+// 4 MiB wakes them all, each reply a copy of the value (1.2 GB before). The
+// woken waits of a client over its bounds are answered as it reads.
+void CheckWokenWaitsAreBounded(DaemonProcess& daemon) {
+  const size_t before = ResidentBytes(daemon.process().pid());
+  const std::string big(4 << 20, 'w');
+  constexpr int kGets = 300;
+  auto stub =
+      meshrun::v1::Store::NewStub(rdzv::MakeStoreChannel(daemon.endpoint(), true));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  auto stream = stub->BatchSession(&context);
+  meshrun::v1::StoreRequestBatch batch;
+  for (int i = 0; i < kGets; ++i) {
+    auto* r = batch.add_requests();
+    r->set_id(static_cast<uint64_t>(i));
+    r->set_ns("run");
+    r->mutable_get()->set_key("late");
+  }
+  ASSERT_TRUE(stream->Write(batch));
+  // Sent on the same stream, so the Gets are parked before it arrives.
+  batch.Clear();
+  auto* set = batch.add_requests();
+  set->set_id(kGets);
+  set->set_ns("run");
+  set->mutable_set()->set_key("late");
+  set->mutable_set()->set_value(big);
+  ASSERT_TRUE(stream->Write(batch));
+
+  auto other = Connect(daemon.endpoint(), "run", /*own_connection=*/true);
+  auto value = other->Get("late");
+  ASSERT_TRUE(value.ok()) << value.status();
+  const size_t peak = PeakResidentBytesFor3s(daemon.process().pid());
+  EXPECT_LT(peak, before + (192u << 20))
+      << "daemon grew from " << (before >> 20) << " MiB to " << (peak >> 20) << " MiB";
+  // Deleting the key meanwhile: waits not yet answered wait again.
+  ASSERT_TRUE(other->Delete("late").ok());
+  ASSERT_TRUE(other->Set("late", big).ok());
+
+  std::set<uint64_t> ids;
+  meshrun::v1::StoreResponseBatch in;
+  while (ids.size() < kGets + 1 && stream->Read(&in)) {
+    for (const auto& r : in.responses()) {
+      EXPECT_EQ(r.code(), meshrun::v1::STORE_OK) << r.error();
+      if (r.id() < kGets) {
+        EXPECT_TRUE(r.values_size() == 1 && r.values(0) == big);
+      }
+      EXPECT_TRUE(ids.insert(r.id()).second) << r.id();
+    }
+  }
+  EXPECT_EQ(ids.size(), size_t{kGets + 1});
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(StoreDaemonTest, WokenWaitsOfAClientThatNeverReadsAreBounded) {
+  DaemonProcess daemon;
+  CheckWokenWaitsAreBounded(daemon);
+}
+
+TEST(StoreDaemonTest, WokenWaitsOfAClientThatNeverReadsAreBoundedWithAStateDir) {
+  testing::TempDir state_dir;
+  DaemonProcess daemon({"--state-dir", state_dir.path()});
+  CheckWokenWaitsAreBounded(daemon);
+}
+
 TEST(StoreDaemonTest, SigtermShutsDownPromptlyWithParkedWaits) {
   DaemonProcess daemon({"--shutdown-grace-ms", "200"});
   auto client = Connect(daemon.endpoint());
@@ -407,6 +591,98 @@ TEST(StoreDaemonTest, ReconnectGivesUpAfterTheConnectTimeout) {
             std::string::npos)
       << status;
   EXPECT_LT(took, std::chrono::seconds(10));
+}
+
+// A stand-in daemon that applies each write to a key named "break-..." and
+// then, before replying, lets another client overwrite it and breaks the
+// stream: the window (a daemon killed after its log held the write, a reset
+// connection) in which a repeated write would undo the newer value.
+class BreakAfterApplying final : public meshrun::v1::Store::Service {
+ public:
+  grpc::Status BatchSession(
+      grpc::ServerContext* /*context*/,
+      grpc::ServerReaderWriter<meshrun::v1::StoreResponseBatch,
+                               meshrun::v1::StoreRequestBatch>* stream) override {
+    meshrun::v1::StoreRequestBatch batch;
+    while (stream->Read(&batch)) {
+      meshrun::v1::StoreResponseBatch out;
+      for (const auto& request : batch.requests()) {
+        std::vector<std::pair<std::string, std::string>> writes;
+        if (request.has_set())
+          writes.emplace_back(request.set().key(), request.set().value());
+        for (const auto& kv : request.multi_set().entries())
+          writes.emplace_back(kv.key(), kv.value());
+        auto* reply = out.add_responses();
+        reply->set_id(request.id());
+        std::lock_guard<std::mutex> lock(mu_);
+        bool break_now = false;
+        for (const auto& [key, value] : writes) {
+          ++writes_[key];
+          values_[key] = value;
+          if (key.rfind("break-", 0) == 0 && broken_.insert(key).second) {
+            values_[key] = "newer, from another client";
+            break_now = true;
+          }
+        }
+        if (break_now) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "reset");
+      }
+      stream->Write(out);
+    }
+    return grpc::Status::OK;
+  }
+
+  std::string Value(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return values_[key];
+  }
+  int Writes(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return writes_[key];
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, int> writes_;
+  std::set<std::string> broken_;
+};
+
+// A Set or MultiSet that may have been applied is not sent again after the
+// stream breaks: the daemon cannot tell a repeat from a new write (nor
+// remember one across its own restart), and a repeat would overwrite a
+// newer value or bring back a deleted key. The caller is told instead.
+TEST(StoreDaemonTest, AWriteTheDaemonMayHaveAppliedIsNotRepeated) {
+  BreakAfterApplying service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  rdzv::StoreClientOptions options;
+  options.target = "127.0.0.1:" + std::to_string(port);
+  options.ns = "run";
+  options.connect_timeout = std::chrono::seconds(10);
+  options.share_stream = false;
+  auto client = rdzv::StoreClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+
+  absl::Status set = (*client)->Set("break-set", "mine");
+  EXPECT_EQ(set.code(), absl::StatusCode::kUnavailable) << set;
+  EXPECT_NE(set.message().find("not repeated"), std::string::npos) << set;
+  EXPECT_EQ(service.Writes("break-set"), 1);
+  EXPECT_EQ(service.Value("break-set"), "newer, from another client");
+
+  absl::Status multi_set = (*client)->MultiSet({{"plain", "1"}, {"break-multi", "mine"}});
+  EXPECT_EQ(multi_set.code(), absl::StatusCode::kUnavailable) << multi_set;
+  EXPECT_EQ(service.Writes("break-multi"), 1);
+  EXPECT_EQ(service.Value("break-multi"), "newer, from another client");
+
+  // The client goes on working on a new stream.
+  EXPECT_TRUE((*client)->Set("after", "1").ok());
+  EXPECT_EQ(service.Value("after"), "1");
+  client->reset();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
 }
 
 TEST(StoreDaemonTest, BadFlagsExitWithCodeTwo) {

@@ -432,7 +432,6 @@ TEST(LaunchConfigTest, RdzvEndpointForms) {
   for (const Case& c :
        std::vector<Case>{{"node0", {"node0", 29400}},
                          {"node0:1234", {"node0", 1234}},
-                         {"10.1.2.3:0", {"10.1.2.3", 0}},
                          {"host.example.com:65535", {"host.example.com", 65535}},
                          {"[::1]:29400", {"::1", 29400}},
                          {"[fe80::1%eth0]:7", {"fe80::1%eth0", 7}},
@@ -459,6 +458,19 @@ TEST(LaunchConfigTest, RdzvEndpointErrors) {
   EXPECT_EQ(ErrorOf({"--rdzv-endpoint", "::1:29400", "train.py"}),
             absl::StrCat("--rdzv-endpoint: expected ", kExpected,
                          ", got '::1:29400' (put IPv6 addresses in brackets)"));
+}
+
+// Port 0 names no port another agent (or this one) could reach.
+TEST(LaunchConfigTest, RdzvEndpointPortZeroIsRefused) {
+  for (const char* backend : {"--rdzv-backend=c10d", "--rdzv-backend=static"}) {
+    SCOPED_TRACE(backend);
+    EXPECT_EQ(ErrorOf({backend, "--rdzv-endpoint=node0:0", "train.py"}),
+              "--rdzv-endpoint: port 0 cannot be reached by the agents (--standalone "
+              "runs a daemon on a free port), got 'node0:0'");
+  }
+  EXPECT_EQ(ErrorOf({"train.py"}, {{"PET_RDZV_ENDPOINT", "[::1]:0"}}),
+            "--rdzv-endpoint: port 0 cannot be reached by the agents (--standalone "
+            "runs a daemon on a free port), got '[::1]:0' (from PET_RDZV_ENDPOINT)");
 }
 
 TEST(LaunchConfigTest, StaticBackend) {
@@ -674,6 +686,53 @@ TEST(LaunchConfigTest, StdStreamsErrors) {
     EXPECT_EQ(ErrorOf({"--redirects=" + value, "train.py"}), "--redirects" + tail);
     EXPECT_EQ(ErrorOf({"--tee=" + value, "train.py"}), "--tee" + tail);
   }
+}
+
+// The daemon's rule for run ids (rendezvous/request_validation), applied
+// when the flag is parsed instead of when the agent joins.
+TEST(LaunchConfigTest, RdzvIdFollowsTheDaemonsRules) {
+  EXPECT_EQ(MustParse({"--rdzv-id=job/7.a_b-c", "train.py"}).rdzv_id, "job/7.a_b-c");
+  EXPECT_EQ(MustParse({"--rdzv-id=" + std::string(256, 'j'), "train.py"}).rdzv_id.size(),
+            256u);
+  EXPECT_EQ(ErrorOf({"--rdzv-id=my job", "train.py"}),
+            "--rdzv-id: byte 0x20 at offset 2 is not allowed (printable ASCII without "
+            "spaces only)");
+  EXPECT_EQ(ErrorOf({"--rdzv-id=caf\xc3\xa9", "train.py"}),
+            "--rdzv-id: byte 0xc3 at offset 3 is not allowed (printable ASCII without "
+            "spaces only)");
+  EXPECT_EQ(ErrorOf({"--rdzv-id=" + std::string(257, 'j'), "train.py"}),
+            "--rdzv-id: 257 bytes exceeds the limit of 256");
+  EXPECT_EQ(ErrorOf({"train.py"}, {{"PET_RDZV_ID", "a\tb"}}),
+            "--rdzv-id: byte 0x09 at offset 1 is not allowed (printable ASCII without "
+            "spaces only) (from PET_RDZV_ID)");
+}
+
+// A filter naming no local rank would hide every line of output.
+TEST(LaunchConfigTest, LocalRanksFilterMustNameARankOfThisNode) {
+  EXPECT_EQ(ErrorOf({"--nproc-per-node=2", "--local-ranks-filter=2,3", "train.py"}),
+            "--local-ranks-filter: names no local rank of this node (0..1 with "
+            "--nproc-per-node=2), got '2,3'");
+  EXPECT_EQ(ErrorOf({"--local-ranks-filter=1", "train.py"}),
+            "--local-ranks-filter: names no local rank of this node (0..0 with "
+            "--nproc-per-node=1), got '1'");
+  // Some exist: the others are mentioned.
+  LaunchConfig partial =
+      MustParse({"--nproc-per-node=2", "--local-ranks-filter=1,5", "train.py"});
+  EXPECT_EQ(partial.local_ranks_filter, (std::set<int>{1, 5}));
+  ASSERT_EQ(partial.notices.size(), 1u);
+  EXPECT_EQ(partial.notices[0],
+            "--local-ranks-filter: local rank 5 does not exist (0..1 with "
+            "--nproc-per-node=2)");
+  // A count that depends on the machine: another node may have more, so a
+  // warning rather than a refusal.
+  LaunchConfig by_cpu = MustParse(
+      {"--nproc-per-node=cpu", "--local-ranks-filter=4", "train.py"}, {}, FakeHost(2));
+  ASSERT_EQ(by_cpu.notices.size(), 1u);
+  EXPECT_EQ(by_cpu.notices[0],
+            "--local-ranks-filter: names no local rank of this node (0..1 with "
+            "--nproc-per-node=cpu here); no worker output will reach the console");
+  EXPECT_TRUE(MustParse({"--nproc-per-node=4", "--local-ranks-filter=0,3", "train.py"})
+                  .notices.empty());
 }
 
 TEST(LaunchConfigTest, LocalRanksFilter) {

@@ -1,5 +1,6 @@
 #include "rendezvous/kv_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <limits>
@@ -575,6 +576,50 @@ TEST(KvStoreTest, DropNamespaceRemovesDataAndAbortsItsWaiters) {
   ASSERT_TRUE(store.Set("done", "x", "v", &woken).ok());
   EXPECT_EQ(IdsOf(woken), Ids{});
   EXPECT_EQ(store.NumKeys("done"), 1);
+}
+
+// Run ids may contain '/', so run "a"'s namespaces are "a/e<epoch>.r<round>"
+// (or "a/r<round>") exactly: a prefix match on "a/" also took run "a/b"'s
+// ("a/b/e1.r1") and run "a/e1.r1"'s ("a/e1.r1/e2.r3").
+TEST(KvStoreTest, NamespacesOfRunAreItsRoundsOnly) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  for (const char* ns :
+       {"a/e1.r1", "a/e12.r22", "a/r3", "a/b/e1.r1", "a/e1.r1/e2.r3", "a/r", "a/e1.r",
+        "a/e.r1", "a/e1r1", "a/e1.r1x", "a/rx", "ab/e1.r1", "a", "b/a/e1.r1"})
+    ASSERT_TRUE(store.Set(ns, "k", "v", &woken).ok()) << ns;
+  auto of_run = [&](const std::string& run_id) {
+    auto names = store.NamespacesOfRun(run_id);
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  EXPECT_EQ(of_run("a"), (std::vector<std::string>{"a/e1.r1", "a/e12.r22", "a/r3"}));
+  EXPECT_EQ(of_run("a/b"), (std::vector<std::string>{"a/b/e1.r1"}));
+  EXPECT_EQ(of_run("a/e1.r1"), (std::vector<std::string>{"a/e1.r1/e2.r3"}));
+  EXPECT_EQ(of_run("b"), (std::vector<std::string>{}));
+}
+
+// One write can wake any number of gets, each copying the value; past the
+// budget the caller is left to read them when it delivers.
+TEST(KvStoreTest, WokenValuesStopAtTheBudget) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  for (WaiterId id : {1, 2, 3}) ASSERT_FALSE(store.Get("ns", "k", id, At(10)).ready);
+  ASSERT_FALSE(store.Wait("ns", {"k"}, 4, At(10)).ready);
+  store.set_woken_value_budget(10);
+  ASSERT_TRUE(store.Set("ns", "k", "12345", &woken).ok());
+  ASSERT_EQ(IdsOf(woken), (Ids{1u, 2u, 3u, 4u}));
+  EXPECT_EQ(woken[0].values, (Values{"12345"}));
+  EXPECT_EQ(woken[1].values, (Values{"12345"}));
+  EXPECT_TRUE(woken[2].reread);
+  EXPECT_TRUE(woken[2].values.empty());
+  EXPECT_TRUE(woken[2].status.ok());
+  EXPECT_FALSE(woken[3].reread);  // a wait carries no values
+  EXPECT_EQ(store.num_waiters(), 0u);
+  // Reading again under the same id answers at once.
+  BlockingResult again = store.MultiGet("ns", {"k"}, 3, At(10));
+  ASSERT_TRUE(again.ready);
+  EXPECT_EQ(again.values, (Values{"12345"}));
 }
 
 TEST(KvStoreTest, EmptyNamespacesAreForgotten) {
