@@ -274,6 +274,23 @@ struct Job {
 // incarnation of the run that nobody else joins.
 constexpr auto kLateReplacementGrace = std::chrono::seconds(10);
 
+// Where a process that should have ended is stuck: each thread's name and
+// kernel wait channel, and its stacks when gdb is installed.
+void PrintThreads(pid_t pid) {
+  const std::string command =
+      "cd /proc/" + std::to_string(pid) +
+      "/task 2>/dev/null && for t in *; do echo \"    thread $t $(cat $t/comm) "
+      "wchan=$(cat $t/wchan)\"; done; command -v gdb >/dev/null && timeout 60 gdb -p " +
+      std::to_string(pid) +
+      " -batch -ex 'thread apply all bt' 2>&1 | grep -E '^(Thread|#)'";
+  std::fflush(stderr);
+  if (FILE* out = ::popen(command.c_str(), "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, out)) std::fputs(line, stderr);
+    ::pclose(out);
+  }
+}
+
 std::string Describe(int status) {
   if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
@@ -392,9 +409,11 @@ class Soak {
         ++unfinished;
         Fail("job " + job.run_id + " did not finish within the drain");
         for (auto& agent : job.agents) {
-          if (!agent.process->Poll())
+          if (!agent.process->Poll()) {
             std::fprintf(stderr, "  still running: pid %d, log tail:\n%s\n",
                          agent.process->pid(), Tail(agent.log, 1500).c_str());
+            PrintThreads(agent.process->pid());
+          }
         }
       }
     }
