@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Installs every Debian package meshrun builds, tests and benchmarks with.
-# Idempotent; needs root (or sudo). Used by the README and by .ci/run.
+# Installs what meshrun builds, tests and benchmarks with: Debian's packages,
+# then the project's Python virtualenv (.venv, or $MESHRUN_VENV) with the
+# pinned torch of scripts/python-requirements.txt, the project's one torch
+# (its libtorch builds the worker library; its torchrun is the peer).
+# Idempotent and quick when everything is present; needs root (or sudo).
+# Used by the README and by .ci/run.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libtorch-dev libgloo-dev python3-torch
+  # Gloo's headers: the torch wheel ships ProcessGroupGloo.hpp without the
+  # gloo/*.h it includes (it holds Gloo's objects only through pointers).
+  libgloo-dev
+  python3 python3-venv
   clang-format iproute2 procps
   openssl clang libclang-rt-14-dev
   slurmctld slurmd slurm-client munge
@@ -20,12 +28,23 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+  echo "install-deps: all ${#packages[@]} Debian packages present"
+else
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO=sudo
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The virtualenv, on Debian's python3 (not whichever python3 is first on PATH).
+venv=${MESHRUN_VENV:-.venv}
+requirements=scripts/python-requirements.txt
+[ -x "$venv/bin/python3" ] || /usr/bin/python3 -m venv "$venv"
+if bash scripts/check-venv.sh "$venv" > /dev/null 2>&1; then
+  echo "install-deps: $venv has $(grep -c '==' "$requirements") pinned Python packages"
+else
+  echo "install-deps: installing $(grep '==' "$requirements" | tr '\n' ' ')into $venv (about 5.3 GB)"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"
+  bash scripts/check-venv.sh "$venv"
+fi

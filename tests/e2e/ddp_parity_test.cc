@@ -40,7 +40,7 @@ std::vector<std::string> Losses(const std::string& output) {
 
 TEST(DdpParityTest, TwoAgentsOfTwoWorkersMatchTorchrunWithFour) {
   std::vector<std::string> torchrun{
-      "/usr/bin/python3",       kSource + "/tests/e2e/torchrun_peer.py",
+      MESHRUN_TORCHRUN,
       "--standalone",           "--nproc_per_node=4",
       "--monitor_interval=0.1", kScript};
   torchrun.insert(torchrun.end(), kScriptArgs.begin(), kScriptArgs.end());
@@ -53,7 +53,7 @@ TEST(DdpParityTest, TwoAgentsOfTwoWorkersMatchTorchrunWithFour) {
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node) {
     std::vector<std::string> argv{"/usr/bin/env",
-                                  "PYTHON_EXEC=/usr/bin/python3",
+                                  "PYTHON_EXEC=" MESHRUN_PYTHON,
                                   BinDir() + "/meshrun",
                                   "--nnodes=2",
                                   "--nproc-per-node=2",

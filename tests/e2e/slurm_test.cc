@@ -143,7 +143,7 @@ class SlurmTest : public ::testing::Test {
     cluster_ = SlurmCluster::Start(error_).release();
     // srun exports this process's environment to the tasks.
     setenv("MESHRUN", (BinDir() + "/meshrun").c_str(), 1);
-    setenv("PYTHON_EXEC", "/usr/bin/python3", 1);
+    setenv("PYTHON_EXEC", MESHRUN_PYTHON, 1);
     if (cluster_ != nullptr) {
       std::printf("SLURM cluster n[1-3] up in %lld ms (%s)\n",
                   static_cast<long long>(cluster_->start_time().count()),
@@ -363,11 +363,6 @@ TEST_F(SlurmTest, TwoTasksPerNodeAreRefusedWithTheReason) {
 }
 
 TEST_F(SlurmTest, PytorchDdpScriptTrainsAsUnderStandalone) {
-  std::string probe;
-  if (ExitCode(RunCommand({"/usr/bin/python3", "-c", "import torch"}, seconds(60),
-                          &probe)) != 0) {
-    GTEST_SKIP() << "needs Debian's python3-torch for /usr/bin/python3: " << probe;
-  }
   const std::vector<std::string> script{kSource + "/examples/ddp_train.py", "--epochs",
                                         "3", "--batch-size", "16"};
   std::string output;

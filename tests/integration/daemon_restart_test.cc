@@ -77,7 +77,7 @@ std::unique_ptr<ChildProcess> LaunchAgent(const std::string& endpoint, int node_
                                           std::vector<std::string> extra = {}) {
   std::vector<std::string> argv{
       "/usr/bin/env",
-      "PYTHON_EXEC=/usr/bin/python3",
+      "PYTHON_EXEC=" MESHRUN_PYTHON,
       BinDir() + "/meshrun",
       "--nnodes=2",
       "--nproc-per-node=2",

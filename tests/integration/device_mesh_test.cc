@@ -28,7 +28,7 @@ using Groups = std::vector<std::vector<int>>;
 int RunUnderMeshrun(int n, const std::string& program,
                     const std::vector<std::string>& args, std::string* output) {
   std::vector<std::string> argv{"/usr/bin/env",
-                                "PYTHON_EXEC=/usr/bin/python3",
+                                "PYTHON_EXEC=" MESHRUN_PYTHON,
                                 BinDir() + "/meshrun",
                                 "--standalone",
                                 "--nproc-per-node=" + std::to_string(n),

@@ -44,7 +44,7 @@ const std::string kWorker =
 // `env`: more "KEY=VALUE"s for meshrun's environment.
 std::unique_ptr<ChildProcess> Launch(std::vector<std::string> args,
                                      const std::vector<std::string>& env = {}) {
-  std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=/usr/bin/python3"};
+  std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON};
   argv.insert(argv.end(), env.begin(), env.end());
   argv.push_back(BinDir() + "/meshrun");
   argv.insert(argv.end(), args.begin(), args.end());

@@ -57,7 +57,7 @@ int PortOf(const std::string& endpoint) {
 std::unique_ptr<ChildProcess> Agent(const std::string& endpoint, const std::string& dir) {
   return std::make_unique<ChildProcess>(
       std::vector<std::string>{
-          "/usr/bin/env", "FAIL_PY=" + kRaiseError, "PYTHON_EXEC=/usr/bin/python3",
+          "/usr/bin/env", "FAIL_PY=" + kRaiseError, "PYTHON_EXEC=" MESHRUN_PYTHON,
           BinDir() + "/meshrun", "--nnodes=2", "--nproc-per-node=2",
           "--rdzv-endpoint=" + endpoint, "--rdzv-id=obs", "--max-restarts=1",
           "--no-python", kWorker, BinDir() + "/store_tool", dir},

@@ -11,7 +11,7 @@ MeshrunRun RunUnderMeshrun(int nproc, const std::string& program,
                            std::chrono::milliseconds timeout) {
   std::vector<std::string> argv{
       "/usr/bin/env",
-      "PYTHON_EXEC=/usr/bin/python3",
+      "PYTHON_EXEC=" MESHRUN_PYTHON,
       BinDir() + "/meshrun",
       "--standalone",
       "--nproc-per-node=" + std::to_string(nproc),

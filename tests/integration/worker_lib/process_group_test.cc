@@ -29,7 +29,7 @@ constexpr milliseconds kRunTimeout{180000};
 
 std::unique_ptr<ChildProcess> Launch(std::vector<std::string> launcher_args,
                                      std::vector<std::string> worker_args) {
-  std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=/usr/bin/python3",
+  std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON,
                                 BinDir() + "/meshrun"};
   argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
   argv.push_back("--no-python");
@@ -144,13 +144,11 @@ TEST(ProcessGroupTest, OutsideALauncherTheErrorNamesWhatIsMissing) {
       "start this program with meshrun (or torchrun)\n");
 }
 
-// Debian's torchrun 1.13 (patched for Python 3.11, tests/e2e/torchrun_peer.py)
-// sets no MESHRUN_STORE_*: the library falls back to a TCPStore served by
+// torchrun 2 sets no MESHRUN_STORE_*: the library falls back to a TCPStore served by
 // rank 0 at MASTER_ADDR:MASTER_PORT, as env:// does.
 TEST(ProcessGroupTest, UnderTorchrunTheTcpStoreFallbackWorks) {
   ChildProcess run(
-      {"/usr/bin/python3",
-       std::string(MESHRUN_SOURCE_DIR) + "/tests/e2e/torchrun_peer.py", "--standalone",
+      {MESHRUN_TORCHRUN, "--standalone",
        "--nproc_per_node=2", "--no_python", kWorker, "collectives"},
       /*merge_stderr=*/true);
   run.ReadAll(kRunTimeout);
