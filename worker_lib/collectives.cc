@@ -5,7 +5,6 @@
 #include <exception>
 #include <string>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
 namespace meshrun::worker {
@@ -19,41 +18,25 @@ std::string FirstLine(const std::exception& e) {
   return what.substr(0, what.find('\n'));
 }
 
-// Reduces `stacked` ([n, ...]) over dim 0.
-absl::StatusOr<at::Tensor> Reduce(const at::Tensor& stacked, c10d::ReduceOp op) {
-  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
-    case c10d::ReduceOp::SUM:
-      return stacked.sum(0, /*keepdim=*/false, stacked.scalar_type());
-    case c10d::ReduceOp::AVG:
-      if (at::isIntegralType(stacked.scalar_type(), /*includeBool=*/true))
-        return stacked.sum(0, false, stacked.scalar_type())
-            .div_(stacked.size(0), "floor");
-      return stacked.sum(0, false, stacked.scalar_type()).div_(stacked.size(0));
-    case c10d::ReduceOp::PRODUCT:
-      return stacked.prod(0, false, stacked.scalar_type());
-    case c10d::ReduceOp::MIN:
-      return stacked.amin(0);
-    case c10d::ReduceOp::MAX:
-      return stacked.amax(0);
-    default:
-      return absl::InvalidArgumentError(
-          "reduce_scatter: only SUM, AVG, PRODUCT, MIN and MAX are supported on gloo");
-  }
+// The op to send over the wire: Gloo has no AVG, so it sums and `output` is
+// divided afterwards (FinishAverage).
+c10d::ReduceScatterOptions WireOptions(const c10d::ProcessGroup& group,
+                                       c10d::ReduceOp op) {
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = op;
+  if (op == c10d::ReduceOp::AVG && group.getBackendName() == "gloo")
+    options.reduceOp = c10d::ReduceOp::SUM;
+  return options;
 }
 
-// The Gloo path: all-to-all of n equal chunks, then a local reduction.
-// `flat_input` is contiguous with n * output.numel() elements.
-absl::Status AllToAllReduce(c10d::ProcessGroup& group, at::Tensor& output,
-                            at::Tensor flat_input, c10d::ReduceOp op) {
-  const int64_t n = group.getSize();
-  at::Tensor received = at::empty_like(flat_input);
-  std::vector<int64_t> equal_split;  // empty: n equal chunks
-  auto work = group.alltoall_base(received, flat_input, equal_split, equal_split);
-  work->wait();
-  auto reduced = Reduce(received.view({n, output.numel()}), op);
-  if (!reduced.ok()) return reduced.status();
-  output.copy_(reduced->view(output.sizes()));
-  return absl::OkStatus();
+void FinishAverage(const c10d::ProcessGroup& group, at::Tensor& output,
+                   c10d::ReduceOp op) {
+  if (op != c10d::ReduceOp::AVG || group.getBackendName() != "gloo") return;
+  if (at::isIntegralType(output.scalar_type(), /*includeBool=*/true)) {
+    output.div_(group.getSize(), "floor");
+  } else {
+    output.div_(group.getSize());
+  }
 }
 
 }  // namespace
@@ -72,18 +55,11 @@ absl::Status ReduceScatter(c10d::ProcessGroup& group, at::Tensor& output,
           "reduce_scatter: every input must have the output's shape and dtype");
   }
   try {
-    if (group.getBackendName() != "gloo") {
-      std::vector<at::Tensor> outputs{output};
-      std::vector<std::vector<at::Tensor>> input_lists{inputs};
-      c10d::ReduceScatterOptions options;
-      options.reduceOp = op;
-      group.reduce_scatter(outputs, input_lists, options)->wait();
-      return absl::OkStatus();
-    }
-    std::vector<at::Tensor> flat;
-    flat.reserve(inputs.size());
-    for (const at::Tensor& input : inputs) flat.push_back(input.reshape({-1}));
-    return AllToAllReduce(group, output, at::cat(flat), op);
+    std::vector<at::Tensor> outputs{output};
+    std::vector<std::vector<at::Tensor>> input_lists{inputs};
+    group.reduce_scatter(outputs, input_lists, WireOptions(group, op))->wait();
+    FinishAverage(group, output, op);
+    return absl::OkStatus();
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("reduce_scatter failed: ", FirstLine(e)));
   }
@@ -99,14 +75,15 @@ absl::Status ReduceScatterTensor(c10d::ProcessGroup& group, at::Tensor& output,
         " x ", output.numel(), " of the output's dtype"));
   }
   try {
-    if (group.getBackendName() != "gloo") {
-      at::Tensor in = input.contiguous();
-      c10d::ReduceScatterOptions options;
-      options.reduceOp = op;
-      group._reduce_scatter_base(output, in, options)->wait();
-      return absl::OkStatus();
-    }
-    return AllToAllReduce(group, output, input.contiguous().reshape({-1}), op);
+    // reduce_scatter_single wants input = n outputs laid end to end.
+    at::Tensor flat_input = input.contiguous().reshape({n * output.numel()});
+    at::Tensor flat_output = output.is_contiguous()
+                                 ? output.view({-1})
+                                 : at::empty({output.numel()}, output.options());
+    group.reduce_scatter_single(flat_output, flat_input, WireOptions(group, op))->wait();
+    if (!output.is_contiguous()) output.copy_(flat_output.view(output.sizes()));
+    FinishAverage(group, output, op);
+    return absl::OkStatus();
   } catch (const std::exception& e) {
     return absl::InternalError(
         absl::StrCat("reduce_scatter_tensor failed: ", FirstLine(e)));

@@ -1,14 +1,11 @@
 #pragma once
 
-// Collectives c10d's Gloo backend lacks in libtorch 1.13, built from ones it
-// has. Synchronous: each returns when this rank's part is done.
+// reduce_scatter as torch.distributed offers it, returning a Status.
+// Synchronous: each returns when this rank's part is done.
 //
-// ReduceScatter: ProcessGroupGloo 1.13 throws "does not support
-// reduce_scatter". On Gloo it runs as one all-to-all (chunk j of every rank
-// goes to rank j) followed by a local reduction: each rank sends and receives
-// (n-1)/n of the input, the same volume as a ring reduce-scatter and half an
-// all-reduce's, at the cost of n chunks of scratch memory. Other backends use
-// their native reduce_scatter.
+// libtorch 2's Gloo backend has reduce_scatter natively (1.13's had none, and
+// an all-to-all stood in for it), but no AVG: on Gloo, AVG runs as SUM
+// followed by a local division, as FSDP2 does it there.
 //
 // Collective: every member of `group` calls it, in the same order as the
 // group's other collectives.

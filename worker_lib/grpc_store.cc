@@ -139,9 +139,8 @@ void GrpcStore::wait(const std::vector<std::string>& keys,
     Throw(*this, "wait", s, timeout);
 }
 
-void GrpcStore::watchKey(const std::string& /*key*/,
-                         c10d::WatchKeyCallback /*callback*/) {
-  throw StoreError("watchKey is not supported by meshrun's GrpcStore");
+c10::intrusive_ptr<c10d::Store> GrpcStore::clone() {
+  return c10::make_intrusive<GrpcStore>(client_, endpoint_, timeout_);
 }
 
 std::vector<std::vector<uint8_t>> GrpcStore::multiGet(

@@ -40,11 +40,12 @@ class StoreClient;
 
 namespace meshrun::worker {
 
-// What GrpcStore throws: a c10::Error (as c10d's stores throw) whose what()
-// is the one-line message, without c10's trailing backtrace section.
-class StoreError : public c10::Error {
+// What GrpcStore throws: a c10::DistStoreError (as c10d's stores throw) whose
+// what() is the one-line message, without c10's trailing backtrace section.
+class StoreError : public c10::DistStoreError {
  public:
-  explicit StoreError(std::string message) : c10::Error(std::move(message), "") {}
+  explicit StoreError(std::string message)
+      : c10::DistStoreError(std::move(message), /*backtrace=*/nullptr) {}
   const char* what() const noexcept override { return what_without_backtrace(); }
 };
 
@@ -93,14 +94,18 @@ class GrpcStore : public c10d::Store {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
-  void watchKey(const std::string& key, c10d::WatchKeyCallback callback) override;
+  // A store over the same connection and namespace (c10d clones a store for
+  // a backend's own threads).
+  c10::intrusive_ptr<c10d::Store> clone() override;
 
-  // meshrun's batch operations (not in libtorch 1.13's Store): one round trip.
-  // multiGet blocks like get() until every key exists.
-  std::vector<std::vector<uint8_t>> multiGet(const std::vector<std::string>& keys);
+  // The extended API, each one round trip. multiGet blocks like get() until
+  // every key exists.
+  std::vector<std::vector<uint8_t>> multiGet(
+      const std::vector<std::string>& keys) override;
   void multiSet(const std::vector<std::string>& keys,
-                const std::vector<std::vector<uint8_t>>& values);
-  void append(const std::string& key, const std::vector<uint8_t>& value);
+                const std::vector<std::vector<uint8_t>>& values) override;
+  void append(const std::string& key, const std::vector<uint8_t>& value) override;
+  bool hasExtendedApi() const override { return true; }
 
   const std::string& endpoint() const { return endpoint_; }
   const std::string& ns() const;

@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
-#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,12 +17,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "worker_lib/grpc_store.h"
-
-// libtorch 2.x made ProcessGroupGloo/NCCL Backends of a ProcessGroup; this
-// file uses 1.13's API, where they are ProcessGroups (CMake skips 2.x too).
-#if defined(TORCH_VERSION_MAJOR) && TORCH_VERSION_MAJOR >= 2
-#error "meshrun_worker needs libtorch 1.13's c10d API"
-#endif
 
 #ifdef MESHRUN_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -144,11 +137,27 @@ class GroupTimeoutStore final : public c10d::Store {
             const std::chrono::milliseconds& timeout) override {
     store_->wait(keys, timeout);
   }
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<GroupTimeoutStore>(store_->clone(), timeout_);
+  }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
   GrpcStore* grpc_;  // store_ when it is a GrpcStore (owned by store_)
 };
+
+// libtorch 2 splits a group into a ProcessGroup (what users call collectives
+// on; it dispatches by the tensors' device) and a Backend per device type
+// (Gloo for CPU, NCCL for CUDA), as torch's init_process_group builds it.
+c10::intrusive_ptr<c10d::ProcessGroup> GroupOf(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    c10::DeviceType device, c10d::ProcessGroup::BackendType type,
+    c10::intrusive_ptr<c10d::Backend> backend) {
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  group->setBackend(device, type, backend);
+  group->setDefaultBackend(type);
+  return group;
+}
 
 // The rendezvous key prefix of the n-th group of a world. c10d::PrefixStore
 // adds the "/" itself: keys land under "pg/<n>/".
@@ -231,14 +240,16 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::MakeGroup
         options->devices = world.gloo_devices_;
       }
       options->threads = std::max(1, world.options_.gloo_threads);
-      return c10::intrusive_ptr<c10d::ProcessGroup>(
+      return GroupOf(
+          store, rank, size, c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO,
           c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options));
     }
     if (backend == "nccl") {
 #ifdef MESHRUN_WITH_NCCL
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = timeout;
-      return c10::intrusive_ptr<c10d::ProcessGroup>(
+      return GroupOf(
+          store, rank, size, c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL,
           c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options));
 #else
       return absl::UnimplementedError(

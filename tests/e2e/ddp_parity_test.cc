@@ -39,10 +39,9 @@ std::vector<std::string> Losses(const std::string& output) {
 }
 
 TEST(DdpParityTest, TwoAgentsOfTwoWorkersMatchTorchrunWithFour) {
-  std::vector<std::string> torchrun{
-      MESHRUN_TORCHRUN,
-      "--standalone",           "--nproc_per_node=4",
-      "--monitor_interval=0.1", kScript};
+  std::vector<std::string> torchrun{MESHRUN_TORCHRUN, "--standalone",
+                                    "--nproc_per_node=4", "--monitor_interval=0.1",
+                                    kScript};
   torchrun.insert(torchrun.end(), kScriptArgs.begin(), kScriptArgs.end());
   ChildProcess peer(torchrun, /*merge_stderr=*/true);
   ASSERT_EQ(Finish(peer), 0) << peer.output();

@@ -5,7 +5,8 @@
 // ("GROUP <rank> <dim> <ranks>") for the test to compare with PyTorch's
 // layout, then runs Gloo all-reduce, all-gather, broadcast, send/recv and
 // reduce-scatter on every dimension, on the slices and on a flattened
-// dimension, checking every value. Prints "FAIL <rank> <what>" for each
+// dimension, checking every value. With --backend nccl the same runs over
+// NCCL on the GPU of the worker's LOCAL_RANK. Prints "FAIL <rank> <what>" for each
 // mismatch and "DONE <rank>" at the end; exits 1 on any failure.
 //
 // With --errors it checks instead that DeviceMesh's runtime errors carry
@@ -43,12 +44,15 @@ void Fail(const std::string& what) {
 std::string Join(const std::vector<int>& values) { return absl::StrJoin(values, ","); }
 
 std::vector<int> ToInts(const at::Tensor& tensor) {
-  at::Tensor flat = tensor.to(at::kInt).contiguous();
+  at::Tensor flat = tensor.cpu().to(at::kInt).contiguous();
   return std::vector<int>(flat.data_ptr<int>(), flat.data_ptr<int>() + flat.numel());
 }
 
+// Where the collectives' tensors live: CPU (gloo), or this rank's GPU (nccl).
+torch::TensorOptions options_ = torch::TensorOptions().dtype(torch::kFloat);
+
 at::Tensor Floats(std::vector<float> values) {
-  return torch::tensor(values, torch::kFloat);
+  return torch::tensor(values, torch::kFloat).to(options_.device());
 }
 
 // Every collective on `group`, whose members are `members` (sorted global
@@ -77,7 +81,7 @@ void CheckCollectives(World& world, c10d::ProcessGroup& group, const std::string
   {
     std::vector<at::Tensor> input{Floats({static_cast<float>(rank_)})};
     std::vector<std::vector<at::Tensor>> output(1);
-    for (int i = 0; i < n; ++i) output[0].push_back(torch::zeros({1}, torch::kFloat));
+    for (int i = 0; i < n; ++i) output[0].push_back(torch::zeros({1}, options_));
     group.allgather(output, input)->wait();
     std::vector<int> got;
     for (const auto& tensor : output[0]) got.push_back(ToInts(tensor)[0]);
@@ -97,7 +101,7 @@ void CheckCollectives(World& world, c10d::ProcessGroup& group, const std::string
   // send/recv around the ring of group ranks.
   if (n > 1) {
     std::vector<at::Tensor> out{Floats({static_cast<float>(rank_), 3.0f})};
-    std::vector<at::Tensor> in{torch::zeros({2}, torch::kFloat)};
+    std::vector<at::Tensor> in{torch::zeros({2}, options_)};
     auto send = group.send(out, (me + 1) % n, /*tag=*/0);
     auto recv = group.recv(in, (me + n - 1) % n, /*tag=*/0);
     send->wait();
@@ -113,7 +117,8 @@ void CheckCollectives(World& world, c10d::ProcessGroup& group, const std::string
       input[2 * j] = (rank_ + 1.0f) * (j + 1);
       input[2 * j + 1] = -(rank_ + 1.0f) * (j + 1);
     }
-    at::Tensor output = torch::zeros({2}, torch::kFloat);
+    input = input.to(options_.device());
+    at::Tensor output = torch::zeros({2}, options_);
     auto status = meshrun::worker::ReduceScatterTensor(group, output, input);
     float sum = 0;
     for (int r : members) sum += (r + 1.0f) * (me + 1);
@@ -247,6 +252,7 @@ int main(int argc, char** argv) {
   std::vector<int> shape;
   std::vector<std::string> names;
   bool errors = false;
+  std::string backend = "gloo";
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--shape" && i + 1 < argc) {
@@ -256,21 +262,28 @@ int main(int argc, char** argv) {
       names = absl::StrSplit(argv[++i], ',');
     } else if (arg == "--errors") {
       errors = true;
+    } else if (arg == "--backend" && i + 1 < argc) {
+      backend = argv[++i];
     } else {
-      std::cerr << "usage: mesh_worker --shape 2,3 --names dp,tp [--errors]\n";
+      std::cerr << "usage: mesh_worker --shape 2,3 --names dp,tp [--errors] "
+                   "[--backend gloo|nccl]\n";
       return 2;
     }
   }
   meshrun::worker::InitOptions options;
   options.timeout = std::chrono::seconds(60);
-  auto world = meshrun::worker::InitProcessGroup("gloo", options);
+  auto world = meshrun::worker::InitProcessGroup(backend, options);
   if (!world.ok()) {
     std::cerr << world.status() << "\n";
     return 1;
   }
   rank_ = (*world)->rank();
+  const std::string device_type = backend == "nccl" ? "cuda" : "cpu";
+  if (backend == "nccl")
+    options_ = options_.device(torch::Device(
+        torch::kCUDA, static_cast<c10::DeviceIndex>((*world)->env().local_rank)));
   DeviceMesh mesh =
-      Must(meshrun::worker::InitDeviceMesh(*world, "cpu", shape, names), "init");
+      Must(meshrun::worker::InitDeviceMesh(*world, device_type, shape, names), "init");
   int code = errors ? RunErrors(mesh) : RunChecks(**world, mesh);
   if (!errors && code == 0) Say("DONE " + std::to_string(rank_));
   return code;

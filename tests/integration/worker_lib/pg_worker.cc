@@ -3,11 +3,12 @@
 // and prints one "PASS rank=<r> checks=<n>" line, or "FAIL rank=<r> ..." lines
 // and exits 1.
 //
-//   pg_worker collectives [--store auto|meshrun|tcpstore]
-//       InitProcessGroup("gloo"), then all-reduce, all-gather, broadcast,
+//   pg_worker collectives [--store auto|meshrun|tcpstore] [--backend gloo|nccl]
+//       InitProcessGroup(backend), then all-reduce, all-gather, broadcast,
 //       send/recv, reduce-scatter and barrier on the default group and on
 //       NewGroup subsets (pairs, evens, odds, a singleton, an unsorted list,
-//       the same ranks created again and again).
+//       the same ranks created again and again). With nccl, every tensor is
+//       on the GPU of the worker's LOCAL_RANK.
 //   pg_worker errors
 //       The documented error cases of InitProcessGroup and NewGroup.
 //   pg_worker exit-after-newgroup [--store ...]
@@ -16,6 +17,8 @@
 //       "NEWGROUP rank=<r> member|not a member" (or "NEWGROUP rank=<r> FAILED
 //       <status>", exit 1) and exits at once with _Exit, as a program that
 //       is done may. Rank 0 may serve the TCPStore.
+
+#include <ATen/Context.h>
 
 #include <algorithm>
 #include <chrono>
@@ -57,14 +60,20 @@ std::string Show(const at::Tensor& t) {
 }
 
 // Exact, except for rounding (AVG divides).
-void ExpectTensor(const at::Tensor& got, const at::Tensor& want,
+void ExpectTensor(const at::Tensor& got_anywhere, const at::Tensor& want_anywhere,
                   const std::string& what) {
+  const at::Tensor got = got_anywhere.cpu(), want = want_anywhere.cpu();
   Expect(got.sizes().equals(want.sizes()) &&
              at::allclose(got, want.to(got.scalar_type()), /*rtol=*/1e-6, /*atol=*/1e-6),
          absl::StrCat(what, ": got ", Show(got), ", want ", Show(want)));
 }
 
-at::Tensor Floats(std::vector<float> values) { return at::tensor(values, at::kFloat); }
+// Where the collectives' tensors live: CPU for Gloo, this rank's GPU for NCCL.
+at::TensorOptions opts = at::TensorOptions().dtype(at::kFloat);
+
+at::Tensor Floats(std::vector<float> values) {
+  return at::tensor(values, at::kFloat).to(opts.device());
+}
 
 // Runs every collective on `group` (whose global ranks, sorted, are `ranks`)
 // and checks the results.
@@ -88,7 +97,7 @@ void CheckCollectives(World& world, const c10::intrusive_ptr<c10d::ProcessGroup>
 
   // all-reduce: SUM and MAX.
   {
-    std::vector<at::Tensor> t{at::full({3}, g + 1)};
+    std::vector<at::Tensor> t{at::full({3}, g + 1, opts)};
     group->allreduce(t)->wait();
     ExpectTensor(t[0], at::full({3}, static_cast<float>(sum_ranks + n)),
                  name + ": allreduce sum");
@@ -104,7 +113,7 @@ void CheckCollectives(World& world, const c10::intrusive_ptr<c10d::ProcessGroup>
   {
     std::vector<at::Tensor> input{Floats({g, 10 * g})};
     std::vector<std::vector<at::Tensor>> output(1);
-    for (int i = 0; i < n; ++i) output[0].push_back(at::zeros({2}));
+    for (int i = 0; i < n; ++i) output[0].push_back(at::zeros({2}, opts));
     group->allgather(output, input)->wait();
     for (int i = 0; i < n; ++i) {
       const float r = static_cast<float>(ranks[i]);
@@ -115,7 +124,8 @@ void CheckCollectives(World& world, const c10::intrusive_ptr<c10d::ProcessGroup>
   // broadcast from the last group rank.
   {
     const int root = n - 1;
-    std::vector<at::Tensor> t{me == root ? at::full({5}, 42 + g) : at::zeros({5})};
+    std::vector<at::Tensor> t{me == root ? at::full({5}, 42 + g, opts)
+                                         : at::zeros({5}, opts)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     group->broadcast(t, options)->wait();
@@ -125,43 +135,42 @@ void CheckCollectives(World& world, const c10::intrusive_ptr<c10d::ProcessGroup>
   // send/recv around the ring of group ranks (both posted before waiting).
   if (n > 1) {
     const int next = (me + 1) % n, prev = (me + n - 1) % n;
-    std::vector<at::Tensor> out{at::arange(4, at::kFloat) + 1000 * g};
-    std::vector<at::Tensor> in{at::zeros({4})};
+    std::vector<at::Tensor> out{at::arange(4, opts) + 1000 * g};
+    std::vector<at::Tensor> in{at::zeros({4}, opts)};
     auto sent = group->send(out, next, /*tag=*/7);
     auto received = group->recv(in, prev, /*tag=*/7);
     sent->wait();
     received->wait();
-    ExpectTensor(in[0],
-                 at::arange(4, at::kFloat) + 1000.0f * static_cast<float>(ranks[prev]),
+    ExpectTensor(in[0], at::arange(4, opts) + 1000.0f * static_cast<float>(ranks[prev]),
                  name + ": recv from previous");
   }
-  // reduce-scatter (the helper; Gloo 1.13 has none): inputs[j] = 100 g + j.
+  // reduce-scatter (native on Gloo in libtorch 2; AVG by the helper): inputs[j] = 100 g +
+  // j.
   {
     std::vector<at::Tensor> inputs;
-    for (int j = 0; j < n; ++j) inputs.push_back(at::full({2, 2}, 100 * g + j));
-    at::Tensor out = at::zeros({2, 2});
+    for (int j = 0; j < n; ++j) inputs.push_back(at::full({2, 2}, 100 * g + j, opts));
+    at::Tensor out = at::zeros({2, 2}, opts);
     absl::Status s = ReduceScatter(*group, out, inputs);
     Expect(s.ok(), name + ": ReduceScatter: " + s.ToString());
     ExpectTensor(out, at::full({2, 2}, static_cast<float>(100 * sum_ranks + n * me)),
                  name + ": reduce_scatter sum");
-    at::Tensor max_out = at::zeros({2, 2});
+    at::Tensor max_out = at::zeros({2, 2}, opts);
     s = ReduceScatter(*group, max_out, inputs, c10d::ReduceOp::MAX);
     Expect(s.ok(), name + ": ReduceScatter max: " + s.ToString());
     ExpectTensor(max_out, at::full({2, 2}, static_cast<float>(100 * max_rank + me)),
                  name + ": reduce_scatter max");
     // The flat form: chunk k of `input` (k*3 .. k*3+2, plus g) goes to rank k.
-    at::Tensor input = at::arange(3 * n, at::kFloat) + g;
-    at::Tensor chunk = at::zeros({3});
+    at::Tensor input = at::arange(3 * n, opts) + g;
+    at::Tensor chunk = at::zeros({3}, opts);
     s = ReduceScatterTensor(*group, chunk, input);
     Expect(s.ok(), name + ": ReduceScatterTensor: " + s.ToString());
     ExpectTensor(chunk,
-                 (at::arange(3, at::kFloat) + 3 * me) * n + static_cast<float>(sum_ranks),
+                 (at::arange(3, opts) + 3 * me) * n + static_cast<float>(sum_ranks),
                  name + ": reduce_scatter_tensor");
-    at::Tensor avg = at::zeros({3});
+    at::Tensor avg = at::zeros({3}, opts);
     s = ReduceScatterTensor(*group, avg, input, c10d::ReduceOp::AVG);
     Expect(s.ok(), name + ": ReduceScatterTensor avg: " + s.ToString());
-    ExpectTensor(avg,
-                 at::arange(3, at::kFloat) + 3 * me + static_cast<float>(sum_ranks) / n,
+    ExpectTensor(avg, at::arange(3, opts) + 3 * me + static_cast<float>(sum_ranks) / n,
                  name + ": reduce_scatter_tensor avg");
   }
   group->barrier()->wait();
@@ -186,21 +195,21 @@ void Subgroup(World& world, std::vector<int> ranks, const std::string& name) {
   CheckCollectives(world, *group, ranks, name);
 }
 
-// InitProcessGroup("gloo") over `store` with a 60 s timeout; null, after
+// InitProcessGroup(backend) over `store` with a 60 s timeout; null, after
 // saying why on stderr, when it fails.
-std::shared_ptr<World> InitGloo(StoreKind store) {
+std::shared_ptr<World> Init(StoreKind store, const std::string& backend = "gloo") {
   InitOptions options;
   options.store = store;
   options.timeout = std::chrono::seconds(60);
-  auto world = InitProcessGroup("gloo", options);
+  auto world = InitProcessGroup(backend, options);
   if (world.ok()) return *world;
   std::fprintf(stderr, "pg_worker: %s\n", std::string(world.status().message()).c_str());
   return nullptr;
 }
 
-int Collectives(StoreKind store) {
+int Collectives(StoreKind store, const std::string& backend) {
   const auto start = std::chrono::steady_clock::now();
-  std::shared_ptr<World> world_ptr = InitGloo(store);
+  std::shared_ptr<World> world_ptr = Init(store, backend);
   const auto init_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                            std::chrono::steady_clock::now() - start)
                            .count();
@@ -208,8 +217,12 @@ int Collectives(StoreKind store) {
   World& world = *world_ptr;
   rank = world.rank();
   const int n = world.size();
-  std::printf("INFO rank=%d size=%d store=%s init_ms=%lld\n", rank, n,
-              world.store_kind().c_str(), static_cast<long long>(init_ms));
+  if (backend == "nccl")
+    opts = opts.device(c10::Device(
+        c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(world.env().local_rank)));
+  std::printf("INFO rank=%d size=%d store=%s backend=%s device=%s init_ms=%lld\n", rank,
+              n, world.store_kind().c_str(), backend.c_str(), opts.device().str().c_str(),
+              static_cast<long long>(init_ms));
   std::fflush(stdout);
   Expect(world.group()->getRank() == rank && world.group()->getSize() == n,
          "default group");
@@ -221,19 +234,6 @@ int Collectives(StoreKind store) {
   std::vector<int> all(n);
   for (int r = 0; r < n; ++r) all[r] = r;
   CheckCollectives(world, world.group(), all, "default");
-
-  // Gloo 1.13 really lacks reduce_scatter (why ReduceScatter exists).
-  {
-    std::vector<at::Tensor> out{at::zeros({1})};
-    std::vector<std::vector<at::Tensor>> in{std::vector<at::Tensor>(n, at::ones({1}))};
-    bool threw = false;
-    try {
-      world.group()->reduce_scatter(out, in)->wait();
-    } catch (const std::exception& e) {
-      threw = std::strstr(e.what(), "does not support reduce_scatter") != nullptr;
-    }
-    Expect(threw, "ProcessGroupGloo::reduce_scatter is unsupported in libtorch 1.13");
-  }
 
   std::vector<int> evens, odds, reversed(all.rbegin(), all.rend());
   for (int r = 0; r < n; ++r) (r % 2 == 0 ? evens : odds).push_back(r);
@@ -266,7 +266,11 @@ int Errors() {
   {
     auto nccl = InitProcessGroup("nccl", options);
 #ifdef MESHRUN_WITH_NCCL
-    (void)nccl;
+    // Compiled in; without a GPU it must fail with torch's reason, not crash.
+    if (!at::hasCUDA()) {
+      Expect(!nccl.ok() && nccl.status().message().find("GPU") != std::string::npos,
+             "nccl without a GPU: " + nccl.status().ToString());
+    }
 #else
     Expect(!nccl.ok() && nccl.status().code() == absl::StatusCode::kUnimplemented &&
                nccl.status().message().find("meshrun_worker was built without NCCL") == 0,
@@ -277,7 +281,7 @@ int Errors() {
                               "unknown backend 'bogus': expected gloo or nccl",
            "bogus: " + bogus.status().ToString());
   }
-  std::shared_ptr<World> world_ptr = InitGloo(StoreKind::kAuto);
+  std::shared_ptr<World> world_ptr = Init(StoreKind::kAuto);
   if (!world_ptr) return 1;
   World& world = *world_ptr;
   rank = world.rank();
@@ -343,7 +347,7 @@ int Errors() {
 }
 
 int ExitAfterNewGroup(StoreKind store) {
-  std::shared_ptr<World> world_ptr = InitGloo(store);
+  std::shared_ptr<World> world_ptr = Init(store);
   if (!world_ptr) return 1;
   World& world = *world_ptr;
   rank = world.rank();
@@ -368,7 +372,9 @@ int main(int argc, char** argv) {
   using meshrun::worker::StoreKind;
   std::string mode = argc > 1 ? argv[1] : "collectives";
   StoreKind store = StoreKind::kAuto;
+  std::string backend = "gloo";
   for (int i = 2; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--backend") == 0) backend = argv[i + 1];
     if (std::strcmp(argv[i], "--store") != 0) continue;
     std::string kind = argv[i + 1];
     store = kind == "meshrun"    ? StoreKind::kMeshrun
@@ -376,7 +382,7 @@ int main(int argc, char** argv) {
                                  : StoreKind::kAuto;
   }
   try {
-    if (mode == "collectives") return meshrun::worker::Collectives(store);
+    if (mode == "collectives") return meshrun::worker::Collectives(store, backend);
     if (mode == "errors") return meshrun::worker::Errors();
     if (mode == "exit-after-newgroup") return meshrun::worker::ExitAfterNewGroup(store);
   } catch (const std::exception& e) {

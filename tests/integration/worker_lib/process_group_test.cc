@@ -147,10 +147,9 @@ TEST(ProcessGroupTest, OutsideALauncherTheErrorNamesWhatIsMissing) {
 // torchrun 2 sets no MESHRUN_STORE_*: the library falls back to a TCPStore served by
 // rank 0 at MASTER_ADDR:MASTER_PORT, as env:// does.
 TEST(ProcessGroupTest, UnderTorchrunTheTcpStoreFallbackWorks) {
-  ChildProcess run(
-      {MESHRUN_TORCHRUN, "--standalone",
-       "--nproc_per_node=2", "--no_python", kWorker, "collectives"},
-      /*merge_stderr=*/true);
+  ChildProcess run({MESHRUN_TORCHRUN, "--standalone", "--nproc_per_node=2", "--no_python",
+                    kWorker, "collectives"},
+                   /*merge_stderr=*/true);
   run.ReadAll(kRunTimeout);
   auto status = run.Wait(kRunTimeout);
   ASSERT_TRUE(status.has_value());
