@@ -49,7 +49,7 @@ TEST(StatusPageTest, BrowserSeesNodesRestartAndFailure) {
   auto agent = [&] {
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{
-            "/usr/bin/env",
+            "/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON,
             "FAIL_PY=" + kSource + "/tests/integration/workers/raise_error.py",
             BinDir() + "/meshrun", "--nnodes=2", "--nproc-per-node=2",
             "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=train-lm",

@@ -23,7 +23,7 @@ echo "rank=$RANK attempt=$TORCHELASTIC_RESTART_COUNT ready"
 if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
   if [ "$RANK" = "${FAIL_RANK:-3}" ]; then
     wait_for "$dir/fail"
-    [ -n "$FAIL_PY" ] && exec /usr/bin/python3 "$FAIL_PY"
+    [ -n "$FAIL_PY" ] && exec "${PYTHON_EXEC:-python3}" "$FAIL_PY"
     exit 3
   fi
   exec sleep 120
