@@ -4,18 +4,19 @@
 // (the round's MESHRUN_STORE_PREFIX), so Gloo and NCCL rendezvous through
 // meshrun with no second TCPStore. c10d::PrefixStore composes with it.
 //
-// Semantics are TCPStore's (libtorch 1.13): get() blocks until the key exists,
-// up to the store timeout (getTimeout(); kNoTimeout waits forever); wait(keys)
-// likewise; compareSet with an absent key and empty `expected` creates it;
-// add() counts in decimal text. Errors are thrown as StoreError (a
-// c10::Error) whose what() is one line; a timeout is a StoreTimeoutError
+// Semantics are TCPStore's: get() blocks until the key exists, up to the
+// store timeout (getTimeout(); kNoTimeout waits forever, where TCPStore 2
+// times out at once); wait(keys) likewise; compareSet with an absent key and empty
+// `expected` creates it; add() counts in decimal text; multiGet, multiSet and append (the
+// extended API) take one round trip each. Errors are thrown as StoreError (a
+// c10::DistStoreError) whose what() is one line; a timeout is a StoreTimeoutError
 // reading "Wait timeout after 300 ms in get: timed out waiting for keys: 'a',
 // 'b' (meshrun store 127.0.0.1:29400, namespace 'job/r1')".
 // Differences from TCPStore: getNumKeys() counts this namespace only (a
 // TCPStore counts its whole server); add() on a non-integer value is an error
-// here (TCPStore 1.13's server drops the connection); watchKey() is not
-// supported; a timed-out call leaves the store usable (TCPStore 1.13's client
-// socket is out of step after a timeout).
+// here (TCPStore 1.13's server dropped the connection); watchKey() is not
+// supported (deprecated in c10d 2.x); a timed-out call leaves the store usable
+// (TCPStore 1.13's client socket is out of step after a timeout).
 //
 // Thread-safety: every call may come from any thread at once; calls are
 // multiplexed on one gRPC stream, and a blocked get/wait does not hold up other

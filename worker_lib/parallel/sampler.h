@@ -15,8 +15,8 @@
 // The indices equal PyTorch's bit for bit (same seed, epoch and options):
 // the shuffle is torch.randperm(N) on a CPU torch.Generator seeded with
 // seed + epoch, i.e. a forward Fisher-Yates over MT19937 (swap i with
-// i + mt() % (N - i)), which is what libtorch 1.13's CPU randperm does (and
-// the unit tests compare against indices printed by Python's sampler).
+// i + mt() % (N - i)), which is what libtorch's CPU randperm does (1.13 and 2.15 alike;
+// and the unit tests compare against indices printed by Python's sampler).
 //
 // Without drop_last the index list is padded to a multiple of num_replicas
 // by repeating indices from its start; with drop_last the tail is dropped.

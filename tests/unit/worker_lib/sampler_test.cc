@@ -18,7 +18,7 @@ struct TorchCase {
   std::vector<int64_t> expected;
 };
 
-// Printed by Python (torch 1.13):
+// Printed by Python (torch 1.13; torch 2.15 prints the same):
 //   s = DistributedSampler(range(n), num_replicas, rank, shuffle, seed, drop_last)
 //   s.set_epoch(epoch); list(s)
 const TorchCase kTorchCases[] = {
