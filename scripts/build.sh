@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
-cmake -S . -B "$build_dir" -G Ninja "$@" > "$build_dir.configure.log" 2>&1 ||
-  { cat "$build_dir.configure.log"; exit 1; }
+if ! cmake -S . -B "$build_dir" -G Ninja "$@" > "$build_dir.configure.log" 2>&1; then
+  # Our own configure errors ("meshrun: ...", e.g. no venv) as the one line
+  # they are (CMake wraps them); anything else in full.
+  ours=$(awk '/^  meshrun/ {on = 1} on && (/^$/ || /^Call Stack/) {exit} on {sub(/^  /, ""); printf "%s ", $0}' \
+           "$build_dir.configure.log")
+  if [ -n "$ours" ]; then echo "${ours% }" >&2; else cat "$build_dir.configure.log"; fi
+  exit 1
+fi
 ninja -C "$build_dir" -j "${JOBS:-$(nproc)}"
