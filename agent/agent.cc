@@ -909,6 +909,8 @@ class Agent {
       const int to_file = options_.log_dir ? (redirect | tee) : kNone;
       spec.stdout_to_console = shown && (!(redirect & kStdout) || (tee & kStdout));
       spec.stderr_to_console = shown && (!(redirect & kStderr) || (tee & kStderr));
+      spec.prefix_stdout = (tee & kStdout) != 0;
+      spec.prefix_stderr = (tee & kStderr) != 0;
       if (to_file & kStdout) spec.stdout_file = rank_dir + "/stdout.log";
       if (to_file & kStderr) spec.stderr_file = rank_dir + "/stderr.log";
       specs.push_back(std::move(spec));

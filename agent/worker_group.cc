@@ -49,7 +49,7 @@ spdlog::logger& Log() {
 }
 
 // What a child that could not exec tells the parent through the status pipe.
-enum class ChildStage : int { kPdeathsig, kSetpgid, kDup2, kExec };
+enum class ChildStage : int { kPdeathsig, kSetsid, kDup2, kExec };
 struct ChildError {
   ChildStage stage;
   int error;
@@ -59,8 +59,8 @@ const char* StageName(ChildStage stage) {
   switch (stage) {
     case ChildStage::kPdeathsig:
       return "prctl(PR_SET_PDEATHSIG)";
-    case ChildStage::kSetpgid:
-      return "setpgid";
+    case ChildStage::kSetsid:
+      return "setsid";
     case ChildStage::kDup2:
       return "dup2";
     case ChildStage::kExec:
@@ -143,7 +143,12 @@ void MarkFdsCloexec() {
     ReportAndExit(args.status_fd, ChildStage::kPdeathsig, errno);
   // The agent may have died between fork and prctl; then no signal will come.
   if (::getppid() != args.parent) ::_exit(1);
-  if (::setpgid(0, 0) != 0) ReportAndExit(args.status_fd, ChildStage::kSetpgid, errno);
+  // A session of its own, hence a process group of its own (the agent
+  // signals the group), as torchrun 2's workers (start_new_session). It also
+  // gives the worker its own scheduler autogroup where the kernel has them,
+  // so it is not sharing the CPU with whatever else runs in the launching
+  // shell's session.
+  if (::setsid() < 0) ReportAndExit(args.status_fd, ChildStage::kSetsid, errno);
   // Sources are >= 3 (MakeFd), so dup2 never hits its own source and clears
   // O_CLOEXEC on the target.
   if (::dup2(args.stdout_fd, STDOUT_FILENO) < 0 ||
@@ -512,17 +517,17 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
           absl::StrCat("worker ", spec.local_rank, ": empty argv"));
     }
     Prepared p;
-    for (auto [to_console, file, stream, sink] :
-         {std::tuple(spec.stdout_to_console, &spec.stdout_file, OutputStream::kStdout,
-                     &p.out),
-          std::tuple(spec.stderr_to_console, &spec.stderr_file, OutputStream::kStderr,
-                     &p.err)}) {
+    for (auto [to_console, prefixed, file, stream, sink] :
+         {std::tuple(spec.stdout_to_console, spec.prefix_stdout, &spec.stdout_file,
+                     OutputStream::kStdout, &p.out),
+          std::tuple(spec.stderr_to_console, spec.prefix_stderr, &spec.stderr_file,
+                     OutputStream::kStderr, &p.err)}) {
       if (!to_console && !file->has_value()) {
         needs_devnull = true;
         continue;
       }
       auto created = OutputSink::Create(to_console ? console_ : nullptr, stream,
-                                        spec.console_prefix, *file);
+                                        prefixed ? spec.console_prefix : "", *file);
       if (!created.ok()) return created.status();
       *sink = std::move(*created);
     }
@@ -716,7 +721,7 @@ void WorkerGroup::KillGroup(const Worker& worker, int signal) {
   // number may name an unrelated group.
   if (worker.reaped) return;
   if (::kill(-worker.pid, signal) == 0 || errno != ESRCH) return;
-  // Not a group leader (it failed before setpgid, or left its group itself).
+  // Not a group leader (it failed before setsid, or left its group itself).
   ::kill(worker.pid, signal);
 }
 

@@ -44,9 +44,14 @@ struct WorkerSpec {
   std::vector<std::string> argv;
   // Set on top of the agent's own environment.
   std::map<std::string, std::string> env;
-  // Put before every console line, e.g. "[default0]:"; rendered by the caller.
+  // Put before every console line of the streams below that have it set,
+  // e.g. "[default0]:"; rendered by the caller. torchrun 2 prefixes only
+  // tee'd streams (-t): a stream that only reaches the console reads as the
+  // worker wrote it.
   std::string console_prefix;
-  // Console: prefixed, line by line, through the group's ConsoleWriter.
+  bool prefix_stdout = true;
+  bool prefix_stderr = true;
+  // Console: line by line, through the group's ConsoleWriter.
   bool stdout_to_console = true;
   bool stderr_to_console = true;
   // Raw bytes; created with parent directories and appended to. A stream on

@@ -147,7 +147,8 @@ constexpr FlagDef kFlags[] = {
     {"--signals-to-handle", "", true, "LIST", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "Signals forwarded to the workers."},
     {"--log-line-prefix-template", "", true, "TEMPLATE", "[${role_name}${local_rank}]:",
-     "Console prefix of worker lines; ${role_name}, ${rank}, ${local_rank}, "
+     "Console prefix of the lines of tee'd worker streams (-t); ${role_name}, ${rank}, "
+     "${local_rank}, "
      "${host}."},
     {"--slurm", "", false, "", "",
      "Inside a SLURM step (srun --ntasks-per-node=1): take --nnodes, --node-rank, "

@@ -30,7 +30,7 @@ std::vector<std::string> Args(const std::string& text) {
 // Rank 0's "step N loss X" lines.
 std::map<int, double> Losses(const std::string& output) {
   std::map<int, double> losses;
-  std::regex re(R"(\[default0\]:step (\d+) loss (\S+))");
+  std::regex re(R"((?:^|\n)step (\d+) loss (\S+))");
   for (std::sregex_iterator it(output.begin(), output.end(), re), end; it != end; ++it)
     losses[std::stoi((*it)[1])] = std::stod((*it)[2]);
   return losses;
