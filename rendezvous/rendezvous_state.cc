@@ -234,7 +234,6 @@ struct RendezvousState::Run {
   std::unordered_map<std::string, Node> nodes;
   std::map<uint64_t, std::string> gathering;  // join seq -> node id
   std::map<uint64_t, std::string> waiting;    // join seq -> node id
-  std::map<int32_t, std::string> hint_owner;  // live nodes only
 
   // The active round (or, once closed, the last one), by group rank.
   std::vector<std::string> participants;
@@ -340,15 +339,6 @@ absl::Status RendezvousState::JoinChecked(const std::string& run_id, const NodeI
         absl::StrCat("run ", run_id, " requires uniform nproc: run has nproc ", run.nproc,
                      ", node ", node.node_id, " asked for ", node.nproc));
   }
-  if (node.node_rank_hint >= 0) {
-    auto owner = run.hint_owner.find(node.node_rank_hint);
-    if (owner != run.hint_owner.end() && owner->second != node.node_id) {
-      const Node& other = run.nodes.at(owner->second);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "node_rank_hint ", node.node_rank_hint, " is already taken by node ",
-          other.info.node_id, " on host ", other.info.host));
-    }
-  }
   auto existing = run.nodes.find(node.node_id);
   uint64_t live_nproc = run.live_nproc + node.nproc;
   if (existing != run.nodes.end() && !existing->second.departed) {
@@ -426,9 +416,6 @@ absl::Status RendezvousState::Rejoin(Run& run, Node& node, const NodeInfo& info,
       if (node.departed) {
         node.departed = false;
         run.live_nproc += node.info.nproc;
-        if (node.info.node_rank_hint >= 0) {
-          run.hint_owner.emplace(node.info.node_rank_hint, node.info.node_id);
-        }
       }
       SetLease(run, node, now + run.options.lease());
       NodeEvent& event =
@@ -443,14 +430,6 @@ absl::Status RendezvousState::Rejoin(Run& run, Node& node, const NodeInfo& info,
     return absl::OkStatus();
   }
 
-  if (node.info.node_rank_hint != info.node_rank_hint) {
-    if (node.info.node_rank_hint >= 0) {
-      run.hint_owner.erase(node.info.node_rank_hint);
-    }
-    if (info.node_rank_hint >= 0) {
-      run.hint_owner.emplace(info.node_rank_hint, info.node_id);
-    }
-  }
   run.live_nproc = run.live_nproc - node.info.nproc + info.nproc;
   node.info = info;
   SetLease(run, node, now + run.options.lease());
@@ -467,9 +446,6 @@ void RendezvousState::Enrol(Run& run, const NodeInfo& info, RdzvTime now,
   run.members.emplace(info.node_id, false);
   SetRunTimer(run, DeadlineKind::kAbandoned, std::nullopt);
   run.live_nproc += info.nproc;
-  if (info.node_rank_hint >= 0) {
-    run.hint_owner.emplace(info.node_rank_hint, info.node_id);
-  }
   SetLease(run, node, now + run.options.lease());
 
   if (run.phase == Phase::kGathering) {
@@ -523,8 +499,10 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
   std::vector<Node*> slots(n, nullptr);
   std::vector<Node*> unhinted;
   unhinted.reserve(n);
-  // 1. Hints win: the user (or SLURM) asked for that rank. Hints are unique
-  // among live nodes, so two never compete for one slot.
+  // 1. Hints win: the user (or SLURM) asked for that rank. Two nodes may
+  // give one hint (torchrun's users pass --node-rank=0 everywhere, and
+  // torchrun ignores it outside the static backend): the first to join gets
+  // the slot, the other is placed as if it had given none.
   for (const auto& [seq, id] : run.gathering) {
     Node& node = run.nodes.at(id);
     const int32_t hint = node.info.node_rank_hint;
@@ -714,10 +692,6 @@ void RendezvousState::Depart(Run& run, Node& node) {
   node.departed = true;
   DropLease(run, node);
   run.live_nproc -= node.info.nproc;
-  auto owner = run.hint_owner.find(node.info.node_rank_hint);
-  if (owner != run.hint_owner.end() && owner->second == node.info.node_id) {
-    run.hint_owner.erase(owner);
-  }
 }
 
 void RendezvousState::Forget(Run& run, const std::string& node_id) {
@@ -802,7 +776,6 @@ void RendezvousState::StartIncarnation(Run& run, const RunOptions& options,
   run.nodes.clear();
   run.gathering.clear();
   run.waiting.clear();
-  run.hint_owner.clear();
   run.participants.clear();
   run.roster.reset();
   run.store_prefix.clear();
@@ -1470,9 +1443,6 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
     if (node.role == Role::kWaiting) restored.waiting.emplace(node.seq, id);
     if (node.departed) continue;
     restored.live_nproc += node.info.nproc;
-    if (node.info.node_rank_hint >= 0) {
-      restored.hint_owner.emplace(node.info.node_rank_hint, id);
-    }
     if (restored.phase != Phase::kClosed) {
       SetLease(restored, node, now + restored.options.lease());
     }
