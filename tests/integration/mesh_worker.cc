@@ -12,7 +12,7 @@
 // With --errors it checks instead that DeviceMesh's runtime errors carry
 // PyTorch's messages (mesh shape 2,2 with names dp,tp expected).
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <iostream>
 #include <sstream>
@@ -49,10 +49,10 @@ std::vector<int> ToInts(const at::Tensor& tensor) {
 }
 
 // Where the collectives' tensors live: CPU (gloo), or this rank's GPU (nccl).
-torch::TensorOptions options_ = torch::TensorOptions().dtype(torch::kFloat);
+at::TensorOptions options_ = at::TensorOptions().dtype(at::kFloat);
 
 at::Tensor Floats(std::vector<float> values) {
-  return torch::tensor(values, torch::kFloat).to(options_.device());
+  return at::tensor(values, at::kFloat).to(options_.device());
 }
 
 // Every collective on `group`, whose members are `members` (sorted global
@@ -81,7 +81,7 @@ void CheckCollectives(World& world, c10d::ProcessGroup& group, const std::string
   {
     std::vector<at::Tensor> input{Floats({static_cast<float>(rank_)})};
     std::vector<std::vector<at::Tensor>> output(1);
-    for (int i = 0; i < n; ++i) output[0].push_back(torch::zeros({1}, options_));
+    for (int i = 0; i < n; ++i) output[0].push_back(at::zeros({1}, options_));
     group.allgather(output, input)->wait();
     std::vector<int> got;
     for (const auto& tensor : output[0]) got.push_back(ToInts(tensor)[0]);
@@ -101,7 +101,7 @@ void CheckCollectives(World& world, c10d::ProcessGroup& group, const std::string
   // send/recv around the ring of group ranks.
   if (n > 1) {
     std::vector<at::Tensor> out{Floats({static_cast<float>(rank_), 3.0f})};
-    std::vector<at::Tensor> in{torch::zeros({2}, options_)};
+    std::vector<at::Tensor> in{at::zeros({2}, options_)};
     auto send = group.send(out, (me + 1) % n, /*tag=*/0);
     auto recv = group.recv(in, (me + n - 1) % n, /*tag=*/0);
     send->wait();
@@ -112,13 +112,13 @@ void CheckCollectives(World& world, c10d::ProcessGroup& group, const std::string
   }
   // reduce-scatter: chunk j of rank r holds (r + 1) * (j + 1), twice.
   {
-    at::Tensor input = torch::empty({n * 2}, torch::kFloat);
+    at::Tensor input = at::empty({n * 2}, at::kFloat);
     for (int j = 0; j < n; ++j) {
       input[2 * j] = (rank_ + 1.0f) * (j + 1);
       input[2 * j + 1] = -(rank_ + 1.0f) * (j + 1);
     }
     input = input.to(options_.device());
-    at::Tensor output = torch::zeros({2}, options_);
+    at::Tensor output = at::zeros({2}, options_);
     auto status = meshrun::worker::ReduceScatterTensor(group, output, input);
     float sum = 0;
     for (int r : members) sum += (r + 1.0f) * (me + 1);
@@ -280,8 +280,8 @@ int main(int argc, char** argv) {
   rank_ = (*world)->rank();
   const std::string device_type = backend == "nccl" ? "cuda" : "cpu";
   if (backend == "nccl")
-    options_ = options_.device(torch::Device(
-        torch::kCUDA, static_cast<c10::DeviceIndex>((*world)->env().local_rank)));
+    options_ = options_.device(at::Device(
+        at::kCUDA, static_cast<c10::DeviceIndex>((*world)->env().local_rank)));
   DeviceMesh mesh =
       Must(meshrun::worker::InitDeviceMesh(*world, device_type, shape, names), "init");
   int code = errors ? RunErrors(mesh) : RunChecks(**world, mesh);

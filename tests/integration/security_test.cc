@@ -602,7 +602,7 @@ TEST_F(TlsTest, StandaloneWithTlsAndToken) {
        Path("ca.pem"), "--tls-cert", Path("server.pem"), "--tls-key", Path("server.key"),
        "--tls-client-ca", Path("ca.pem"), "--no-python", "/bin/sh", "-c", script});
   EXPECT_EQ(ExitCode(*launcher), 0) << launcher->output();
-  EXPECT_EQ(Count(launcher->output(), "]:ok"), 2u) << launcher->output();
+  EXPECT_EQ(Count(launcher->output(), "\nok\n"), 2u) << launcher->output();
   EXPECT_NE(
       launcher->output().find("TLSENV " + Path("ca.pem") + " " + Path("server.pem")),
       std::string::npos)
