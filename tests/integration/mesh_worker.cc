@@ -280,8 +280,8 @@ int main(int argc, char** argv) {
   rank_ = (*world)->rank();
   const std::string device_type = backend == "nccl" ? "cuda" : "cpu";
   if (backend == "nccl")
-    options_ = options_.device(at::Device(
-        at::kCUDA, static_cast<c10::DeviceIndex>((*world)->env().local_rank)));
+    options_ = options_.device(
+        at::Device(at::kCUDA, static_cast<c10::DeviceIndex>((*world)->env().local_rank)));
   DeviceMesh mesh =
       Must(meshrun::worker::InitDeviceMesh(*world, device_type, shape, names), "init");
   int code = errors ? RunErrors(mesh) : RunChecks(**world, mesh);
