@@ -45,6 +45,13 @@ std::string ReplaceAll(std::string text, const std::string& from, const std::str
   return text;
 }
 
+// socket.gethostname(), what torchrun 2's ${hostname} shows.
+std::string ShortHostName() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) != 0) return "localhost";
+  return name;
+}
+
 std::string Now() {
   std::time_t t = std::time(nullptr);
   char buf[64];
@@ -885,8 +892,17 @@ class Agent {
       in.master_port = round.master_port;
       in.store_endpoint = options_.rdzv_endpoint;
       in.error_file = error_file;
+      in.signals_to_handle = options_.signals_to_handle_text;
+      in.virtual_local_rank = options_.virtual_local_rank;
       in.has_omp_num_threads = getenv("OMP_NUM_THREADS") != nullptr;
-      in.has_nccl_async_error_handling = getenv("NCCL_ASYNC_ERROR_HANDLING") != nullptr;
+      auto inherited = [](const char* name) -> std::optional<std::string> {
+        const char* value = getenv(name);
+        if (value == nullptr) return std::nullopt;
+        return std::string(value);
+      };
+      in.torch_nccl_async_error_handling = inherited("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+      in.cuda_visible_devices = inherited("CUDA_VISIBLE_DEVICES");
+      in.hip_visible_devices = inherited("HIP_VISIBLE_DEVICES");
 
       WorkerSpec spec;
       spec.local_rank = local_rank;
@@ -899,6 +915,7 @@ class Agent {
           ReplaceAll(options_.prefix_template, "${role_name}", options_.role);
       prefix = ReplaceAll(prefix, "${rank}", std::to_string(rank));
       prefix = ReplaceAll(prefix, "${local_rank}", std::to_string(local_rank));
+      prefix = ReplaceAll(prefix, "${hostname}", ShortHostName());
       spec.console_prefix = ReplaceAll(prefix, "${host}", options_.host);
       const int redirect =
           StreamsFor(options_.redirects, options_.redirects_all, local_rank);
