@@ -29,7 +29,7 @@ WorkerEnvInputs Inputs(int local_rank, int local_world_size) {
 
 // What torchrun 2.15's LocalElasticAgent._start_workers sets (plus the
 // variables its launcher puts into its own environment), for the same round.
-TEST(WorkerEnvTest, TorchrunTwosVariables) {
+TEST(AgentWorkerEnvTest, TorchrunTwosVariables) {
   std::map<std::string, std::string> env = BuildWorkerEnv(Inputs(1, 4));
   const std::map<std::string, std::string> expected = {
       {"LOCAL_RANK", "1"},
@@ -59,7 +59,7 @@ TEST(WorkerEnvTest, TorchrunTwosVariables) {
   EXPECT_EQ(env.count("NCCL_ASYNC_ERROR_HANDLING"), 0u);
 }
 
-TEST(WorkerEnvTest, TheUsersValuesWin) {
+TEST(AgentWorkerEnvTest, TheUsersValuesWin) {
   WorkerEnvInputs in = Inputs(0, 2);
   in.has_omp_num_threads = true;
   in.torch_nccl_async_error_handling = "3";
@@ -72,7 +72,7 @@ TEST(WorkerEnvTest, TheUsersValuesWin) {
   EXPECT_EQ(BuildWorkerEnv(Inputs(0, 1)).count("OMP_NUM_THREADS"), 0u);
 }
 
-TEST(WorkerEnvTest, VirtualLocalRank) {
+TEST(AgentWorkerEnvTest, VirtualLocalRank) {
   WorkerEnvInputs in = Inputs(1, 2);
   in.virtual_local_rank = true;
   std::map<std::string, std::string> env = BuildWorkerEnv(in);
