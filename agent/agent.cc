@@ -872,6 +872,21 @@ class Agent {
     specs.reserve(options_.nproc);
     const std::string attempt_dir =
         log_root_ + "/attempt_" + std::to_string(round.restart_count);
+    // One copy file per stream and attempt, shared by the local workers.
+    std::shared_ptr<LineCopy> copies[2];
+    for (auto [filters, name, copy] : {std::tuple(&options_.duplicate_stdout_filters,
+                                                  "filtered_stdout.log", &copies[0]),
+                                       std::tuple(&options_.duplicate_stderr_filters,
+                                                  "filtered_stderr.log", &copies[1])}) {
+      if (!filters->has_value()) continue;
+      auto created = LineCopy::Create(attempt_dir + "/" + name, **filters);
+      if (created.ok()) {
+        *copy = std::move(*created);
+      } else {
+        spdlog::warn("--duplicate-*-filters: {}",
+                     std::string(created.status().message()));
+      }
+    }
     for (int local_rank = 0; local_rank < options_.nproc; ++local_rank) {
       const int rank = static_cast<int>(round.rank_base) + local_rank;
       const std::string rank_dir = attempt_dir + "/" + std::to_string(local_rank);
@@ -928,6 +943,9 @@ class Agent {
       spec.stderr_to_console = shown && (!(redirect & kStderr) || (tee & kStderr));
       if (to_file & kStdout) spec.stdout_file = rank_dir + "/stdout.log";
       if (to_file & kStderr) spec.stderr_file = rank_dir + "/stderr.log";
+      // torchrun copies what it tails: tee'd streams of ranks on the console.
+      if (shown && (tee & kStdout)) spec.stdout_copy = copies[0];
+      if (shown && (tee & kStderr)) spec.stderr_copy = copies[1];
       specs.push_back(std::move(spec));
     }
     absl::Status status = workers_.Start(std::move(specs));

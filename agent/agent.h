@@ -50,6 +50,11 @@ struct AgentOptions {
   // host name) ${host} (`host` above) are replaced.
   std::string prefix_template = "[${role_name}${local_rank}]:";
   std::set<int> local_ranks_filter;  // empty: every local rank on the console
+  // torchrun's --duplicate-std{out,err}-filters: tee'd console lines holding
+  // any of these also go to <log root>/attempt_<n>/filtered_std{out,err}.log.
+  // Unset: no such file.
+  std::optional<std::vector<std::string>> duplicate_stdout_filters;
+  std::optional<std::vector<std::string>> duplicate_stderr_filters;
   std::chrono::milliseconds shutdown_timeout{30000};
   // How long the workers keep running without a successful heartbeat (the
   // daemon restarting, or this node cut off) while the agent reconnects;

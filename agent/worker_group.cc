@@ -512,11 +512,11 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
           absl::StrCat("worker ", spec.local_rank, ": empty argv"));
     }
     Prepared p;
-    for (auto [to_console, file, stream, sink] :
+    for (auto [to_console, file, stream, sink, copy] :
          {std::tuple(spec.stdout_to_console, &spec.stdout_file, OutputStream::kStdout,
-                     &p.out),
+                     &p.out, spec.stdout_copy),
           std::tuple(spec.stderr_to_console, &spec.stderr_file, OutputStream::kStderr,
-                     &p.err)}) {
+                     &p.err, spec.stderr_copy)}) {
       if (!to_console && !file->has_value()) {
         needs_devnull = true;
         continue;
@@ -525,6 +525,7 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
                                         spec.console_prefix, *file);
       if (!created.ok()) return created.status();
       *sink = std::move(*created);
+      if (copy && to_console) (*sink)->CopyMatchingLines(copy);
     }
     p.env_strings = WorkerEnvironment(spec.env);
     for (std::string& entry : p.env_strings) p.envp.push_back(entry.data());

@@ -25,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
@@ -150,10 +151,11 @@ constexpr FlagDef kFlags[] = {
     {"--local-ranks-filter", "", true, "LIST", "",
      "Only show these local ranks' output on the console, e.g. 0,1."},
     {"--duplicate-stdout-filters", "", true, "LIST", "",
-     "Refused: meshrun copies no matching lines to filtered_stdout.log; use -t "
-     "with --log-dir and grep the per-rank logs."},
+     "Tee'd (-t) console lines of stdout that contain any of these comma-separated "
+     "strings (,, for a comma) are also copied to "
+     "<log-dir>/<run-id>/attempt_<n>/filtered_stdout.log."},
     {"--duplicate-stderr-filters", "", true, "LIST", "",
-     "Refused, as --duplicate-stdout-filters, for stderr."},
+     "As --duplicate-stdout-filters, for stderr (filtered_stderr.log)."},
     {"--node-rank", "", true, "INT", "",
      "This node's rank (required by the static backend; a hint otherwise)."},
     {"--master-addr", "", true, "ADDR", "127.0.0.1",
@@ -1109,6 +1111,20 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
     }
   }
 
+  // torchrun's comma_separated_list: ",," is a literal comma.
+  for (auto [id, field] :
+       {std::pair{kDuplicateStdoutFilters, &config->duplicate_stdout_filters},
+        std::pair{kDuplicateStderrFilters, &config->duplicate_stderr_filters}}) {
+    std::optional<Given> given = flags.Get(id);
+    if (!given) continue;
+    std::vector<std::string> needles;
+    for (absl::string_view item :
+         absl::StrSplit(absl::StrReplaceAll(given->text, {{",,", "\x01"}}), ',')) {
+      needles.push_back(absl::StrReplaceAll(item, {{"\x01", ","}}));
+    }
+    *field = std::move(needles);
+  }
+
   Given signals = flags.GetOr(kSignalsToHandle);
   absl::StatusOr<std::vector<int>> signal_numbers = ParseSignals(signals.text);
   if (!signal_numbers.ok()) {
@@ -1182,20 +1198,6 @@ absl::Status RefuseUnsupportedFlags(const FlagValues& flags) {
                                   "'null' is accepted; the daemon's status page and "
                                   "metrics (--metrics-port) report the run, got '",
                                   handler.text, "'"));
-  }
-  // torchrun duplicates matching tee'd lines to filtered_std*.log; an empty
-  // value there is a filter that matches every line, so only an absent flag
-  // means "nothing to do".
-  for (auto [id, stream] : {std::pair{kDuplicateStdoutFilters, "stdout"},
-                            std::pair{kDuplicateStderrFilters, "stderr"}}) {
-    if (std::optional<Given> given = flags.Get(id)) {
-      return FlagError(
-          id, *given,
-          absl::StrCat("meshrun copies no matching lines to filtered_", stream,
-                       ".log; use -t with --log-dir and grep the "
-                       "per-rank ",
-                       stream, ".log files"));
-    }
   }
   return absl::OkStatus();
 }

@@ -145,6 +145,12 @@ struct LaunchConfig {
   // --local-ranks-filter: local ranks whose output reaches the console; empty
   // means all of them.
   std::set<int> local_ranks_filter;
+  // --duplicate-stdout-filters / --duplicate-stderr-filters: substrings
+  // (",," for a literal comma) whose tee'd console lines are also copied to
+  // attempt_<n>/filtered_std{out,err}.log; unset when the flag was not given
+  // (given empty, it is one empty filter: every line, as torchrun).
+  std::optional<std::vector<std::string>> duplicate_stdout_filters;
+  std::optional<std::vector<std::string>> duplicate_stderr_filters;
 
   // --node-rank: this node's rank hint (sticky group rank) or -1 for none.
   // The static backend's single node without --node-rank gets 0.

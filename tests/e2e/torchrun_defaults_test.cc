@@ -1,12 +1,15 @@
 // meshrun against the pinned torchrun 2, run the same way: the workers'
-// environment (a script that dumps it), and what each does with no
-// rendezvous flags at all. The default tests use port 29500, which nothing
-// else can hold inside a fresh network namespace of their own.
+// environment (a script that dumps it), the lines --duplicate-stdout-filters
+// copies, and what each does with no rendezvous flags at all. The default
+// tests use port 29500, which nothing else can hold inside a fresh network
+// namespace of their own.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -181,6 +184,62 @@ TEST(TorchrunEnv, WorkerEnvironmentMatchesTorchrun2) {
     EXPECT_EQ(t.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"), 1u);
     EXPECT_EQ(t.count("OMP_NUM_THREADS"), 1u);
   }
+}
+
+// --- --duplicate-stdout-filters ------------------------------------------------------
+
+// Every line of `path`, sorted (workers' lines interleave in any order).
+std::vector<std::string> SortedLines(const std::string& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+// The one file called `name` below `dir`, or "".
+std::string FindFile(const std::string& dir, const std::string& name) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir, error))
+    if (entry.path().filename() == name) return entry.path().string();
+  return "";
+}
+
+// Tee'd lines holding a filter (",," a literal comma) are copied, prefixed,
+// to attempt_0/filtered_stdout.log; stderr has no filter, so no file.
+TEST(TorchrunLogs, DuplicateStdoutFiltersMatchTorchrun2) {
+  TempDir dir("torchrun-filters");
+  const std::string script =
+      dir.Write("fruit.py",
+                "import os, sys\n"
+                "r = os.environ['LOCAL_RANK']\n"
+                "print(f'apple from {r}'); print(f'banana from {r}'); print(f'a,b {r}')\n"
+                "print(f'apple on stderr {r}', file=sys.stderr)\n");
+  std::map<std::string, std::vector<std::string>> copied;
+  for (const std::string launcher : {"torchrun", "meshrun"}) {
+    SCOPED_TRACE(launcher);
+    const std::string log_dir = dir / launcher;
+    std::vector<std::string> args = {"--standalone",
+                                     "--nproc-per-node=2",
+                                     "--log-dir",
+                                     log_dir,
+                                     "-t",
+                                     "3",
+                                     "--duplicate-stdout-filters=apple,a,,b",
+                                     script};
+    ChildProcess run(launcher == "torchrun" ? Torchrun(args) : Meshrun(args),
+                     /*merge_stderr=*/true);
+    ASSERT_EQ(ExitCode(run, seconds(120)), 0) << run.output();
+    const std::string file = FindFile(log_dir, "filtered_stdout.log");
+    ASSERT_NE(file, "") << run.output();
+    EXPECT_NE(file.find("/attempt_0/"), std::string::npos) << file;
+    EXPECT_EQ(FindFile(log_dir, "filtered_stderr.log"), "");
+    copied[launcher] = SortedLines(file);
+  }
+  EXPECT_EQ(copied["meshrun"], copied["torchrun"]);
+  EXPECT_EQ(copied["meshrun"],
+            (std::vector<std::string>{"[default0]:a,b 0", "[default0]:apple from 0",
+                                      "[default1]:a,b 1", "[default1]:apple from 1"}));
 }
 
 // --- No rendezvous flags -------------------------------------------------------------

@@ -1163,15 +1163,6 @@ TEST(LaunchConfigTest, RefusedFlagsSayWhatMeshrunDoesInstead) {
             "--event-log-handler: meshrun records no torchelastic events, so only 'null' "
             "is accepted; the daemon's status page and metrics (--metrics-port) report "
             "the run, got 'console'"},
-           {{"--duplicate-stdout-filters=apple,orange"},
-            "--duplicate-stdout-filters: meshrun copies no matching lines to "
-            "filtered_stdout.log; use -t with --log-dir and grep the per-rank stdout.log "
-            "files"},
-           // torchrun duplicates every line for an empty filter list.
-           {{"--duplicate_stderr_filters="},
-            "--duplicate-stderr-filters: meshrun copies no matching lines to "
-            "filtered_stderr.log; use -t with --log-dir and grep the per-rank stderr.log "
-            "files"},
        }) {
     SCOPED_TRACE(absl::StrJoin(c.flags, " "));
     EXPECT_EQ(ErrorOf(With(c.flags)), c.message);
@@ -1193,6 +1184,22 @@ TEST(LaunchConfigTest, RefusedFlagsSayWhatMeshrunDoesInstead) {
   EXPECT_TRUE(absl::StrContains(help, "--numa-binding,--numa_binding"));
   EXPECT_FALSE(absl::StrContains(help, "PET_NUMA_BINDING"));
   EXPECT_TRUE(absl::StrContains(help, "PET_EVENT_LOG_HANDLER"));
+}
+
+// torchrun's comma_separated_list: ",," is a literal comma; given empty, it
+// is one empty filter (which matches every line).
+TEST(LaunchConfigTest, DuplicateFilters) {
+  LaunchConfig none = MustParse({"train.py"});
+  EXPECT_FALSE(none.duplicate_stdout_filters.has_value());
+  EXPECT_FALSE(none.duplicate_stderr_filters.has_value());
+  LaunchConfig config = MustParse({"--duplicate-stdout-filters=apple,,pie,orange",
+                                   "--duplicate_stderr_filters", "", "train.py"});
+  EXPECT_EQ(config.duplicate_stdout_filters,
+            (std::vector<std::string>{"apple,pie", "orange"}));
+  EXPECT_EQ(config.duplicate_stderr_filters, (std::vector<std::string>{""}));
+  EXPECT_EQ(MustParse({"train.py"}, {{"PET_DUPLICATE_STDERR_FILTERS", "Error"}})
+                .duplicate_stderr_filters,
+            (std::vector<std::string>{"Error"}));
 }
 
 TEST(LaunchConfigTest, VirtualLocalRankNeedsAGpuPerWorker) {
