@@ -45,6 +45,13 @@ std::string ReplaceAll(std::string text, const std::string& from, const std::str
   return text;
 }
 
+// socket.gethostname(), what torchrun 2's ${hostname} shows.
+std::string ShortHostName() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) != 0) return "localhost";
+  return name;
+}
+
 std::string Now() {
   std::time_t t = std::time(nullptr);
   char buf[64];
@@ -865,6 +872,21 @@ class Agent {
     specs.reserve(options_.nproc);
     const std::string attempt_dir =
         log_root_ + "/attempt_" + std::to_string(round.restart_count);
+    // One copy file per stream and attempt, shared by the local workers.
+    std::shared_ptr<LineCopy> copies[2];
+    for (auto [filters, name, copy] : {std::tuple(&options_.duplicate_stdout_filters,
+                                                  "filtered_stdout.log", &copies[0]),
+                                       std::tuple(&options_.duplicate_stderr_filters,
+                                                  "filtered_stderr.log", &copies[1])}) {
+      if (!filters->has_value()) continue;
+      auto created = LineCopy::Create(attempt_dir + "/" + name, **filters);
+      if (created.ok()) {
+        *copy = std::move(*created);
+      } else {
+        spdlog::warn("--duplicate-*-filters: {}",
+                     std::string(created.status().message()));
+      }
+    }
     for (int local_rank = 0; local_rank < options_.nproc; ++local_rank) {
       const int rank = static_cast<int>(round.rank_base) + local_rank;
       const std::string rank_dir = attempt_dir + "/" + std::to_string(local_rank);
@@ -885,8 +907,17 @@ class Agent {
       in.master_port = round.master_port;
       in.store_endpoint = options_.rdzv_endpoint;
       in.error_file = error_file;
+      in.signals_to_handle = options_.signals_to_handle_text;
+      in.virtual_local_rank = options_.virtual_local_rank;
       in.has_omp_num_threads = getenv("OMP_NUM_THREADS") != nullptr;
-      in.has_nccl_async_error_handling = getenv("NCCL_ASYNC_ERROR_HANDLING") != nullptr;
+      auto inherited = [](const char* name) -> std::optional<std::string> {
+        const char* value = getenv(name);
+        if (value == nullptr) return std::nullopt;
+        return std::string(value);
+      };
+      in.torch_nccl_async_error_handling = inherited("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+      in.cuda_visible_devices = inherited("CUDA_VISIBLE_DEVICES");
+      in.hip_visible_devices = inherited("HIP_VISIBLE_DEVICES");
 
       WorkerSpec spec;
       spec.local_rank = local_rank;
@@ -899,6 +930,7 @@ class Agent {
           ReplaceAll(options_.prefix_template, "${role_name}", options_.role);
       prefix = ReplaceAll(prefix, "${rank}", std::to_string(rank));
       prefix = ReplaceAll(prefix, "${local_rank}", std::to_string(local_rank));
+      prefix = ReplaceAll(prefix, "${hostname}", ShortHostName());
       spec.console_prefix = ReplaceAll(prefix, "${host}", options_.host);
       const int redirect =
           StreamsFor(options_.redirects, options_.redirects_all, local_rank);
@@ -913,6 +945,9 @@ class Agent {
       spec.prefix_stderr = (tee & kStderr) != 0;
       if (to_file & kStdout) spec.stdout_file = rank_dir + "/stdout.log";
       if (to_file & kStderr) spec.stderr_file = rank_dir + "/stderr.log";
+      // torchrun copies what it tails: tee'd streams of ranks on the console.
+      if (shown && (tee & kStdout)) spec.stdout_copy = copies[0];
+      if (shown && (tee & kStderr)) spec.stderr_copy = copies[1];
       specs.push_back(std::move(spec));
     }
     absl::Status status = workers_.Start(std::move(specs));

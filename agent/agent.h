@@ -46,9 +46,15 @@ struct AgentOptions {
   std::vector<int> redirects;  // per local rank; overrides redirects_all
   int tee_all = kNone;
   std::vector<int> tee;
-  // Console prefix; ${role_name} ${rank} ${local_rank} ${host} are replaced.
+  // Console prefix; ${role_name} ${rank} ${local_rank} ${hostname} (short
+  // host name) ${host} (`host` above) are replaced.
   std::string prefix_template = "[${role_name}${local_rank}]:";
   std::set<int> local_ranks_filter;  // empty: every local rank on the console
+  // torchrun's --duplicate-std{out,err}-filters: tee'd console lines holding
+  // any of these also go to <log root>/attempt_<n>/filtered_std{out,err}.log.
+  // Unset: no such file.
+  std::optional<std::vector<std::string>> duplicate_stdout_filters;
+  std::optional<std::vector<std::string>> duplicate_stderr_filters;
   std::chrono::milliseconds shutdown_timeout{30000};
   // How long the workers keep running without a successful heartbeat (the
   // daemon restarting, or this node cut off) while the agent reconnects;
@@ -56,6 +62,10 @@ struct AgentOptions {
   // Unset: keep_alive_interval x keep_alive_max_attempt, the daemon's lease.
   std::optional<std::chrono::milliseconds> reconnect_grace;
   std::vector<int> signals_to_handle;
+  // As given on the command line: the workers' TORCHELASTIC_SIGNALS_TO_HANDLE.
+  std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // --virtual-local-rank: LOCAL_RANK=0 and one visible GPU per worker.
+  bool virtual_local_rank = false;
 };
 
 // Runs the agent until the run ends for this node; returns the launcher's

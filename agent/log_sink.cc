@@ -53,6 +53,43 @@ void ConsoleWriter::Write(OutputStream stream, std::string_view lines) {
   (void)WriteAll(fds_[stream == OutputStream::kStdout ? 0 : 1], lines);
 }
 
+absl::StatusOr<std::shared_ptr<LineCopy>> LineCopy::Create(
+    const std::string& file, std::vector<std::string> needles) {
+  std::filesystem::path path(file);
+  std::error_code error;
+  if (path.has_parent_path())
+    std::filesystem::create_directories(path.parent_path(), error);
+  int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot open ", file, ": ", std::strerror(errno)));
+  }
+  return std::shared_ptr<LineCopy>(new LineCopy(fd, std::move(needles)));
+}
+
+LineCopy::~LineCopy() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void LineCopy::Offer(std::string_view prefix, std::string_view line) {
+  if (fd_ < 0) return;
+  bool match = false;
+  for (const std::string& needle : needles_) {
+    if (line.find(needle) != std::string_view::npos) {
+      match = true;
+      break;
+    }
+  }
+  if (!match) return;
+  std::string out;
+  out.reserve(prefix.size() + line.size() + 1);
+  out.append(prefix).append(line).push_back('\n');
+  if (WriteAll(fd_, out) != 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
 absl::StatusOr<std::unique_ptr<OutputSink>> OutputSink::Create(
     ConsoleWriter* console, OutputStream stream, std::string prefix,
     const std::optional<std::string>& file) {
@@ -91,6 +128,7 @@ OutputSink::~OutputSink() {
 }
 
 void OutputSink::AppendLine(std::string_view line, std::string* out) const {
+  if (copy_) copy_->Offer(prefix_, line);
   out->append(prefix_);
   out->append(line);
   out->push_back('\n');

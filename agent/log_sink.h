@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,6 +47,34 @@ class ConsoleWriter {
   const int fds_[2];
 };
 
+// torchrun's --duplicate-std{out,err}-filters: console lines that contain
+// any of the needles are copied, prefix and all, into one file shared by the
+// workers of an attempt (attempt_<n>/filtered_std{out,err}.log). An empty
+// needle matches every line, as in torchrun.
+//
+// Thread-compatible; shared by the sinks of one worker group, which all run
+// on its io_context thread.
+class LineCopy {
+ public:
+  // `file` is created (truncated, as torchrun opens it "w") with its parent
+  // directories.
+  static absl::StatusOr<std::shared_ptr<LineCopy>> Create(
+      const std::string& file, std::vector<std::string> needles);
+  ~LineCopy();
+  LineCopy(const LineCopy&) = delete;
+  LineCopy& operator=(const LineCopy&) = delete;
+
+  // Appends `prefix` + `line` + '\n' when `line` matches. A failed write
+  // abandons the file (the console is what matters).
+  void Offer(std::string_view prefix, std::string_view line);
+
+ private:
+  LineCopy(int fd, std::vector<std::string> needles)
+      : fd_(fd), needles_(std::move(needles)) {}
+  int fd_;
+  const std::vector<std::string> needles_;
+};
+
 // One worker stream's destination.
 //
 // Thread-compatible; the worker group calls it from its io_context thread.
@@ -75,6 +104,10 @@ class OutputSink {
   // added. Later Writes are ignored.
   void Close();
 
+  // Console lines from now on are also offered to `copy` (torchrun copies
+  // only tee'd lines that reach the console). No effect without a console.
+  void CopyMatchingLines(std::shared_ptr<LineCopy> copy) { copy_ = std::move(copy); }
+
  private:
   OutputSink(ConsoleWriter* console, OutputStream stream, std::string prefix, int file_fd,
              std::string file_path);
@@ -85,7 +118,8 @@ class OutputSink {
   const std::string prefix_;
   int file_fd_;  // -1: no file, or abandoned after an error
   const std::string file_path_;
-  std::string partial_;  // console bytes after the last '\n'
+  std::string partial_;             // console bytes after the last '\n'
+  std::shared_ptr<LineCopy> copy_;  // may be null
   bool closed_ = false;
 };
 

@@ -1,5 +1,10 @@
 #include "agent/worker_env.h"
 
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
+
 namespace meshrun::agent {
 
 std::map<std::string, std::string> BuildWorkerEnv(const WorkerEnvInputs& in) {
@@ -20,15 +25,36 @@ std::map<std::string, std::string> BuildWorkerEnv(const WorkerEnvInputs& in) {
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(in.round.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(in.max_restarts)},
       {"TORCHELASTIC_RUN_ID", in.run_id},
+      // Issue 15 makes this "True" (MASTER_* at the daemon's TCPStore).
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TORCHELASTIC_ERROR_FILE", in.error_file},
+      // torchrun 2 sets it in its own environment, which workers inherit.
+      {"TORCHELASTIC_SIGNALS_TO_HANDLE", in.signals_to_handle},
+      // torchrun 2: the user's value, else 1 (1.x set NCCL_ASYNC_ERROR_HANDLING).
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING",
+       in.torch_nccl_async_error_handling.value_or("1")},
       {"MESHRUN_STORE_ENDPOINT", in.store_endpoint},
       {"MESHRUN_STORE_PREFIX", in.round.store_prefix},
   };
-  // torchrun 1.13 sets this for NCCL unless the user did.
-  if (!in.has_nccl_async_error_handling) env["NCCL_ASYNC_ERROR_HANDLING"] = "1";
   // Several workers each using every core oversubscribe the node.
   if (!in.has_omp_num_threads && in.local_world_size > 1) env["OMP_NUM_THREADS"] = "1";
+  if (in.virtual_local_rank) {
+    // Every worker sees its own GPU as device 0.
+    env["LOCAL_RANK"] = "0";
+    const bool hip =
+        in.hip_visible_devices.has_value() && !in.hip_visible_devices->empty();
+    const std::optional<std::string>& parent =
+        hip ? in.hip_visible_devices : in.cuda_visible_devices;
+    std::string device = std::to_string(in.local_rank);
+    if (parent.has_value()) {
+      std::vector<std::string> devices = absl::StrSplit(*parent, ',');
+      if (in.local_rank < static_cast<int>(devices.size())) {
+        device = std::string(absl::StripAsciiWhitespace(devices[in.local_rank]));
+      }
+    }
+    env["CUDA_VISIBLE_DEVICES"] = device;
+    if (hip) env["HIP_VISIBLE_DEVICES"] = device;
+  }
   return env;
 }
 

@@ -1,11 +1,13 @@
 #pragma once
 
-// The environment of one worker, exactly as torchrun sets it (so scripts
+// The environment of one worker, exactly as torchrun 2 sets it (so scripts
 // written for torchrun run unchanged), plus meshrun's own store endpoint and
-// round prefix for the worker library. Pure: no getenv, no I/O.
+// round prefix for the worker library. Pure: no getenv, no I/O; what the
+// agent's own environment holds comes in through WorkerEnvInputs.
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "agent/agent_state.h"
@@ -23,11 +25,20 @@ struct WorkerEnvInputs {
   int master_port = 0;
   std::string store_endpoint;  // the daemon's host:port
   std::string error_file;      // TORCHELASTIC_ERROR_FILE
-  // Whether the agent's own environment already has these.
+  // --signals-to-handle as given (TORCHELASTIC_SIGNALS_TO_HANDLE).
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // --virtual-local-rank.
+  bool virtual_local_rank = false;
+  // The agent's own environment, where it matters.
   bool has_omp_num_threads = false;
-  bool has_nccl_async_error_handling = false;
+  std::optional<std::string> torch_nccl_async_error_handling;
+  std::optional<std::string> cuda_visible_devices;
+  std::optional<std::string> hip_visible_devices;
 };
 
+// REQUIRES: with virtual_local_rank, the device list in use (HIP's when set
+// and non-empty, else CUDA's) has more than local_rank entries (the launcher
+// refuses the flag otherwise).
 std::map<std::string, std::string> BuildWorkerEnv(const WorkerEnvInputs& in);
 
 }  // namespace meshrun::agent

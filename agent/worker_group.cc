@@ -517,11 +517,11 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
           absl::StrCat("worker ", spec.local_rank, ": empty argv"));
     }
     Prepared p;
-    for (auto [to_console, prefixed, file, stream, sink] :
+    for (auto [to_console, prefixed, file, stream, sink, copy] :
          {std::tuple(spec.stdout_to_console, spec.prefix_stdout, &spec.stdout_file,
-                     OutputStream::kStdout, &p.out),
+                     OutputStream::kStdout, &p.out, spec.stdout_copy),
           std::tuple(spec.stderr_to_console, spec.prefix_stderr, &spec.stderr_file,
-                     OutputStream::kStderr, &p.err)}) {
+                     OutputStream::kStderr, &p.err, spec.stderr_copy)}) {
       if (!to_console && !file->has_value()) {
         needs_devnull = true;
         continue;
@@ -530,6 +530,7 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
                                         prefixed ? spec.console_prefix : "", *file);
       if (!created.ok()) return created.status();
       *sink = std::move(*created);
+      if (copy && to_console) (*sink)->CopyMatchingLines(copy);
     }
     p.env_strings = WorkerEnvironment(spec.env);
     for (std::string& entry : p.env_strings) p.envp.push_back(entry.data());

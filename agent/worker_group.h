@@ -58,6 +58,10 @@ struct WorkerSpec {
   // neither the console nor a file goes to /dev/null.
   std::optional<std::string> stdout_file;
   std::optional<std::string> stderr_file;
+  // Console lines matching a filter are copied here too (null: none); see
+  // LineCopy. Shared by the workers of an attempt.
+  std::shared_ptr<LineCopy> stdout_copy;
+  std::shared_ptr<LineCopy> stderr_copy;
 };
 
 struct WorkerExit {

@@ -25,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
@@ -54,6 +55,7 @@ enum FlagId {
   kMaxRestarts,
   kMonitorInterval,
   kStartMethod,
+  kEventLogHandler,
   kRole,
   kModule,
   kNoPython,
@@ -62,14 +64,20 @@ enum FlagId {
   kRedirects,
   kTee,
   kLocalRanksFilter,
+  kDuplicateStdoutFilters,
+  kDuplicateStderrFilters,
   kNodeRank,
   kMasterAddr,
   kMasterPort,
   kLocalAddr,
+  kLogsSpecs,
+  kNumaBinding,
   kShutdownTimeout,
   kRdzvReconnectGrace,
   kSignalsToHandle,
   kLogLinePrefixTemplate,
+  kVirtualLocalRank,
+  kPrintCompletion,
   kSlurm,
   kTokenFile,
   kTlsCa,
@@ -87,6 +95,10 @@ struct FlagDef {
   absl::string_view type_name;   // for --help
   absl::string_view default_text;
   absl::string_view help;
+  // Whether PET_<DEST> supplies a default (torchrun's `env`/`check_env`
+  // actions); torchrun's --logs-specs, --numa-binding and --print-completion
+  // have none.
+  bool pet = true;
 };
 
 constexpr FlagDef kFlags[] = {
@@ -95,26 +107,33 @@ constexpr FlagDef kFlags[] = {
     {"--nproc-per-node", "", true, "INT|cpu|gpu|auto", "1",
      "Workers per node: a number, the CPU count, the GPU count, or GPUs if any "
      "else CPUs."},
-    {"--rdzv-backend", "", true, "BACKEND", "c10d",
-     "c10d, meshrun or dynamic: meshrun's rendezvous daemon; static: fixed nodes "
-     "with --node-rank each."},
-    {"--rdzv-endpoint", "", true, "HOST[:PORT]", "localhost:29400",
-     "Rendezvous daemon address; IPv6 as [ADDR]:PORT."},
+    {"--rdzv-backend", "", true, "BACKEND", "static",
+     "static (torchrun's default): fixed nodes, each with its --node-rank, "
+     "rendezvous at --rdzv-endpoint or else --master-addr:--master-port; c10d, "
+     "meshrun or dynamic: meshrun's elastic rendezvous daemon. As with torchrun, "
+     "static on one node with neither endpoint nor --master-port is --standalone."},
+    {"--rdzv-endpoint", "", true, "HOST[:PORT]", "",
+     "Rendezvous daemon address (c10d: default localhost:29400; static: PORT "
+     "required); IPv6 as [ADDR]:PORT."},
     {"--rdzv-id", "", true, "ID", "none", "Run id shared by every node of the job."},
     {"--rdzv-conf", "", true, "K=V,...", "",
      "Rendezvous settings in seconds: join_timeout (alias timeout), "
      "last_call_timeout, close_timeout, keep_alive_interval, read_timeout; "
-     "keep_alive_max_attempt; is_host."},
+     "keep_alive_max_attempt; is_host; torch's store_type=tcp and "
+     "cas_backoff_max_seconds are accepted with no effect."},
     {"--standalone", "", false, "", "",
      "Single node with its own rendezvous daemon on a free port; overrides the "
      "rendezvous flags and --nnodes."},
     {"--max-restarts", "", true, "INT", "0",
      "Restarts of the worker group before the job fails."},
     {"--monitor-interval", "", true, "SECONDS", "0.1",
-     "Accepted for torchrun compatibility; meshrun reacts to worker exits at once."},
+     "No effect: meshrun reacts to worker exits at once instead of polling."},
     {"--start-method", "", true, "METHOD", "spawn",
-     "Accepted for torchrun compatibility (spawn, fork, forkserver); workers are "
-     "always fresh processes."},
+     "spawn, fork or forkserver. No effect, as with torchrun for a script: workers "
+     "are always fresh processes."},
+    {"--event-log-handler", "", true, "NAME", "null",
+     "null only (no effect): meshrun records no torchelastic events; the daemon's "
+     "status page and metrics (--metrics-port) report the run."},
     {"--role", "", true, "NAME", "default", "Role name of the workers (ROLE_NAME)."},
     {"--module", "-m", false, "", "", "Run the script as a module: python -m SCRIPT."},
     {"--no-python", "", false, "", "",
@@ -131,6 +150,12 @@ constexpr FlagDef kFlags[] = {
      "--redirects)."},
     {"--local-ranks-filter", "", true, "LIST", "",
      "Only show these local ranks' output on the console, e.g. 0,1."},
+    {"--duplicate-stdout-filters", "", true, "LIST", "",
+     "Tee'd (-t) console lines of stdout that contain any of these comma-separated "
+     "strings (,, for a comma) are also copied to "
+     "<log-dir>/<run-id>/attempt_<n>/filtered_stdout.log."},
+    {"--duplicate-stderr-filters", "", true, "LIST", "",
+     "As --duplicate-stdout-filters, for stderr (filtered_stderr.log)."},
     {"--node-rank", "", true, "INT", "",
      "This node's rank (required by the static backend; a hint otherwise)."},
     {"--master-addr", "", true, "ADDR", "127.0.0.1",
@@ -138,8 +163,17 @@ constexpr FlagDef kFlags[] = {
     {"--master-port", "", true, "PORT", "29500", "Static backend: port on node 0."},
     {"--local-addr", "", true, "ADDR", "",
      "Address other nodes reach this node by (default: this host's FQDN)."},
+    {"--logs-specs", "", true, "NAME", "",
+     "Refused: meshrun loads no Python LogsSpecs plugins; it lays out logs as "
+     "torchrun's default (--log-dir, -r, -t).",
+     false},
+    {"--numa-binding", "", true, "MODE", "",
+     "Refused: meshrun binds no worker to CPUs; run the workers under numactl or "
+     "taskset (--no-python).",
+     false},
     {"--shutdown-timeout", "", true, "SECONDS", "30",
-     "Grace period between SIGTERM and SIGKILL when stopping workers."},
+     "Grace period between SIGTERM and SIGKILL when stopping workers (default: "
+     "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)."},
     {"--rdzv-reconnect-grace", "", true, "SECONDS", "",
      "How long the workers keep running while the daemon is unreachable (the "
      "agent reconnects meanwhile); then they are stopped and meshrun exits 75. "
@@ -147,9 +181,17 @@ constexpr FlagDef kFlags[] = {
     {"--signals-to-handle", "", true, "LIST", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "Signals forwarded to the workers."},
     {"--log-line-prefix-template", "", true, "TEMPLATE", "[${role_name}${local_rank}]:",
-     "Console prefix of the lines of tee'd worker streams (-t); ${role_name}, ${rank}, "
-     "${local_rank}, "
-     "${host}."},
+     "Console prefix of the lines of tee'd worker streams (-t), as torchrun 2; "
+     "${role_name}, ${rank}, ${local_rank}, "
+     "${hostname} (this host's short name), ${host} (its address); default "
+     "$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else [${role_name}${local_rank}]:."},
+    {"--virtual-local-rank", "", false, "", "",
+     "LOCAL_RANK=0 for every worker, and CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES "
+     "where set) narrowed to the worker's own GPU."},
+    {"--print-completion", "", true, "SHELL", "",
+     "Refused: meshrun prints no shell completion script; meshrun --help lists "
+     "every flag.",
+     false},
     {"--slurm", "", false, "", "",
      "Inside a SLURM step (srun --ntasks-per-node=1): take --nnodes, --node-rank, "
      "--rdzv-id, --rdzv-endpoint (first node, which hosts it) and --nproc-per-node "
@@ -352,6 +394,7 @@ class FlagValues {
   // The command line or PET_* only.
   std::optional<Given> GetExplicit(FlagId id) const {
     if (on_cli_[id]) return Given{cli_values_[id], ""};
+    if (!kFlags[id].pet) return std::nullopt;
     std::string pet = PetName(kFlags[id]);
     auto it = env_.find(pet);
     if (it == env_.end() || it->second.empty()) return std::nullopt;
@@ -371,6 +414,7 @@ class FlagValues {
   // "", "0" and "false" turns the switch on.
   bool Switch(FlagId id) const {
     if (on_cli_[id]) return true;
+    if (!kFlags[id].pet) return false;
     auto it = env_.find(PetName(kFlags[id]));
     if (it == env_.end()) return false;
     std::string value = absl::AsciiStrToLower(absl::StripAsciiWhitespace(it->second));
@@ -475,8 +519,16 @@ absl::StatusOr<std::pair<std::string, std::optional<int>>> ParseEndpoint(
 }
 
 constexpr absl::string_view kRdzvConfKeys[] = {
-    "close_timeout",          "is_host",           "join_timeout", "keep_alive_interval",
-    "keep_alive_max_attempt", "last_call_timeout", "read_timeout", "timeout",
+    "cas_backoff_max_seconds",
+    "close_timeout",
+    "is_host",
+    "join_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "last_call_timeout",
+    "read_timeout",
+    "store_type",
+    "timeout",
 };
 
 absl::StatusOr<bool> ParseBool(absl::string_view key, absl::string_view text) {
@@ -536,6 +588,21 @@ absl::StatusOr<RdzvConf> ParseRdzvConf(absl::string_view text) {
             absl::StrCat(key, ": ", Got("an integer >= 1", value)));
       } else {
         conf.keep_alive_max_attempt = *attempts;
+      }
+    } else if (key == "cas_backoff_max_seconds") {
+      // torch's c10d backend waits this long after a lost compare-and-set;
+      // the daemon joins nodes server-side, so no agent ever loses one.
+      if (!ParseSeconds(value)) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat(key, ": ", Got("a non-negative number of seconds", value)));
+      }
+    } else if (key == "store_type") {
+      if (absl::AsciiStrToLower(value) != "tcp") {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            key,
+            ": meshrun's rendezvous is its daemon over TCP, so only 'tcp' is "
+            "accepted, got '",
+            value, "'"));
       }
     } else if (key == "is_host") {
       absl::StatusOr<bool> is_host = ParseBool(key, value);
@@ -628,7 +695,7 @@ absl::StatusOr<std::vector<int>> ParseSignals(absl::string_view text) {
 }
 
 constexpr absl::string_view kPrefixPlaceholders[] = {"role_name", "rank", "local_rank",
-                                                     "host"};
+                                                     "hostname", "host"};
 
 // Python string.Template syntax as torch uses it ($$, $name, ${name}), but an
 // unknown name is an error here: safe_substitute would print it literally on
@@ -666,7 +733,8 @@ absl::Status ValidatePrefixTemplate(absl::string_view text) {
     if (!known(name)) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown placeholder '", name, "' in '", text,
-                       "'; valid: ${role_name}, ${rank}, ${local_rank}, ${host}"));
+                       "'; valid: ${role_name}, ${rank}, ${local_rank}, ${hostname}, "
+                       "${host}"));
     }
   }
   return absl::OkStatus();
@@ -695,7 +763,7 @@ struct CliApp {
       std::string underscore = UnderscoreSpelling(def.name);
       if (underscore != def.name) absl::StrAppend(&names, ",", underscore);
       std::string help(def.help);
-      absl::StrAppend(&help, " [env ", PetName(def), "]");
+      if (def.pet) absl::StrAppend(&help, " [env ", PetName(def), "]");
       if (def.takes_value) {
         options[id] = app.add_option(names, values[id], help)
                           ->type_name(std::string(def.type_name));
@@ -734,7 +802,17 @@ std::string PythonExecutable(const std::map<std::string, std::string>& env) {
 absl::Status ParseRendezvousFlags(const FlagValues& flags, const HostProbe& host,
                                   LaunchConfig* config) {
   config->standalone = flags.Switch(kStandalone);
-  if (config->standalone) {
+  // torchrun 2's rule: the static backend (its default) on one node with
+  // neither --rdzv-endpoint nor --master-port turns into c10d on localhost:0
+  // with a fresh run id, that is --standalone in all but name.
+  bool implied_standalone = false;
+  if (!config->standalone && flags.GetOr(kRdzvBackend).text == "static" &&
+      absl::StripAsciiWhitespace(flags.GetOr(kRdzvEndpoint).text).empty() &&
+      !flags.Get(kMasterPort)) {
+    std::optional<std::pair<int, int>> range = ParseNnodes(flags.GetOr(kNnodes).text);
+    implied_standalone = range.has_value() && range->second == 1;
+  }
+  if (config->standalone || implied_standalone) {
     std::vector<std::string> ignored;
     // Values standalone would pick anyway are not worth a notice: torch's own
     // docs write `--standalone --nnodes=1`.
@@ -746,19 +824,25 @@ absl::Status ParseRendezvousFlags(const FlagValues& flags, const HostProbe& host
     for (FlagId id : {kNnodes, kRdzvBackend, kRdzvEndpoint, kRdzvId, kNodeRank}) {
       std::optional<Given> given = flags.Get(id);
       auto harmless = kHarmless.find(id);
-      if (!given ||
+      if (!given || given->text.empty() ||
           (harmless != kHarmless.end() && harmless->second.count(given->text))) {
         continue;
       }
+      // Implied, the backend is static and --nnodes says one node.
+      if (implied_standalone && (id == kRdzvBackend || id == kNnodes)) continue;
       absl::StrAppend(&ignored.emplace_back(), kFlags[id].name, "=", given->text);
     }
+    config->standalone = true;
     config->rdzv_backend = RdzvBackend::kDynamic;
     config->rdzv_endpoint = HostPort{"localhost", 0};
     config->rdzv_id = host.new_run_id();
     if (!ignored.empty()) {
       config->notices.push_back(absl::StrCat(
-          "--standalone: ignoring ", absl::StrJoin(ignored, " "),
-          " (one node, rendezvous on localhost:0, run id ", config->rdzv_id, ")"));
+          implied_standalone ? "one node with neither --rdzv-endpoint nor --master-port "
+                               "(torchrun's rule): ignoring "
+                             : "--standalone: ignoring ",
+          absl::StrJoin(ignored, " "), " (one node, rendezvous on localhost:0, run id ",
+          config->rdzv_id, ")"));
     }
   } else {
     Given nnodes = flags.GetOr(kNnodes);
@@ -772,9 +856,16 @@ absl::Status ParseRendezvousFlags(const FlagValues& flags, const HostProbe& host
       config->rdzv_backend = RdzvBackend::kDynamic;
     } else if (backend.text == "static") {
       config->rdzv_backend = RdzvBackend::kStatic;
+    } else if (backend.text == "etcd" || backend.text == "etcd-v2") {
+      return FlagError(kRdzvBackend, backend,
+                       absl::StrCat(backend.text,
+                                    " is not supported: meshrun's rendezvous daemon "
+                                    "replaces etcd (--rdzv-backend=c10d "
+                                    "--rdzv-endpoint=HOST:PORT of a meshrun-rdzvd or "
+                                    "of node 0)"));
     } else {
       return FlagError(kRdzvBackend, backend,
-                       Got("one of c10d, meshrun, dynamic, static", backend.text));
+                       Got("one of static, c10d, meshrun, dynamic", backend.text));
     }
 
     Given id = flags.GetOr(kRdzvId);
@@ -861,10 +952,16 @@ absl::Status ParseRendezvousFlags(const FlagValues& flags, const HostProbe& host
     if (!config->node_rank_given) {
       if (config->max_nodes > 1) {
         return FlagError(kNodeRank,
-                         "required with --rdzv-backend=static when --nnodes is above 1");
+                         "required with the static backend (torchrun's default) when "
+                         "--nnodes is above 1; --rdzv-backend=c10d assigns node ranks "
+                         "at the rendezvous");
       }
       config->node_rank = 0;
     }
+  } else if (implied_standalone && flags.Get(kMasterAddr)) {
+    config->notices.emplace_back(
+        "--master-addr: unused on one node without --master-port (torchrun's rule: "
+        "the rendezvous runs on localhost:0)");
   } else if (flags.Get(kMasterAddr) || flags.Get(kMasterPort)) {
     config->notices.emplace_back(
         "--master-addr/--master-port: only used by --rdzv-backend=static; the dynamic "
@@ -892,6 +989,10 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
     if (config->nproc_per_node <= 0) {
       return FlagError(kNprocPerNode, nproc, "'gpu' but no GPU found");
     }
+  } else if (nproc.text == "xpu") {
+    return FlagError(kNprocPerNode, nproc,
+                     "'xpu': meshrun counts NVIDIA GPUs only (gpu, auto); give the "
+                     "number of workers");
   } else if (nproc.text == "auto") {
     int gpus = host.gpu_count();
     config->nproc_per_node = gpus > 0 ? gpus : host.cpu_count();
@@ -916,6 +1017,13 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
   for (auto [id, field] : {std::pair{kMonitorInterval, &config->monitor_interval},
                            std::pair{kShutdownTimeout, &config->shutdown_timeout}}) {
     Given given = flags.GetOr(id);
+    // torchrun 2 takes an unset --shutdown-timeout from this variable.
+    if (id == kShutdownTimeout && !flags.Get(id)) {
+      auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+      if (it != env.end() && !it->second.empty()) {
+        given = Given{it->second, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"};
+      }
+    }
     std::optional<std::chrono::milliseconds> seconds = ParseSeconds(given.text);
     if (!seconds) {
       return FlagError(id, given, Got("a non-negative number of seconds", given.text));
@@ -1004,12 +1112,49 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
     }
   }
 
+  // torchrun's comma_separated_list: ",," is a literal comma.
+  for (auto [id, field] :
+       {std::pair{kDuplicateStdoutFilters, &config->duplicate_stdout_filters},
+        std::pair{kDuplicateStderrFilters, &config->duplicate_stderr_filters}}) {
+    std::optional<Given> given = flags.Get(id);
+    if (!given) continue;
+    std::vector<std::string> needles;
+    for (absl::string_view item :
+         absl::StrSplit(absl::StrReplaceAll(given->text, {{",,", "\x01"}}), ',')) {
+      needles.push_back(absl::StrReplaceAll(item, {{"\x01", ","}}));
+    }
+    *field = std::move(needles);
+  }
+
   Given signals = flags.GetOr(kSignalsToHandle);
   absl::StatusOr<std::vector<int>> signal_numbers = ParseSignals(signals.text);
   if (!signal_numbers.ok()) {
     return FlagError(kSignalsToHandle, signals, signal_numbers.status().message());
   }
   config->signals_to_handle = *signal_numbers;
+  config->signals_to_handle_text = signals.text;
+
+  config->virtual_local_rank = flags.Switch(kVirtualLocalRank);
+  if (config->virtual_local_rank) {
+    // Each worker gets one entry of the parent's device list (HIP's where
+    // set, as torchrun); torchrun fails the worker at start when there are
+    // too few, the count is known here already.
+    auto visible = env.find("HIP_VISIBLE_DEVICES");
+    if (visible == env.end() || visible->second.empty()) {
+      visible = env.find("CUDA_VISIBLE_DEVICES");
+    }
+    if (visible != env.end()) {
+      const int devices = static_cast<int>(
+          std::vector<absl::string_view>(absl::StrSplit(visible->second, ',')).size());
+      if (config->nproc_per_node > devices) {
+        return FlagError(
+            kVirtualLocalRank,
+            absl::StrCat("local rank ", devices, " has no GPU in ", visible->first, "=",
+                         visible->second,
+                         " (--nproc-per-node=", config->nproc_per_node_spec, ")"));
+      }
+    }
+  }
 
   // torch 2.x reads the template from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE;
   // honour it below the flag and PET_*, so torch-era job scripts keep working.
@@ -1025,6 +1170,36 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
   }
   config->log_line_prefix_template = prefix.text;
 
+  return absl::OkStatus();
+}
+
+// torchrun flags meshrun does not carry out: one line each saying what
+// meshrun does instead. Checked before anything else, as torchrun acts on
+// --print-completion before it looks for a script.
+absl::Status RefuseUnsupportedFlags(const FlagValues& flags) {
+  if (std::optional<Given> given = flags.Get(kPrintCompletion)) {
+    return FlagError(kPrintCompletion, *given,
+                     "meshrun prints no shell completion script; meshrun --help lists "
+                     "every flag");
+  }
+  if (std::optional<Given> given = flags.Get(kLogsSpecs)) {
+    return FlagError(kLogsSpecs, *given,
+                     "meshrun loads no Python LogsSpecs plugins; it lays out logs as "
+                     "torchrun's default does (--log-dir, -r, -t)");
+  }
+  if (std::optional<Given> given = flags.Get(kNumaBinding)) {
+    return FlagError(kNumaBinding, *given,
+                     "meshrun binds no worker to CPUs or NUMA nodes; run the workers "
+                     "under numactl or taskset (--no-python numactl ... python3 -u "
+                     "SCRIPT)");
+  }
+  if (Given handler = flags.GetOr(kEventLogHandler); handler.text != "null") {
+    return FlagError(kEventLogHandler, handler,
+                     absl::StrCat("meshrun records no torchelastic events, so only "
+                                  "'null' is accepted; the daemon's status page and "
+                                  "metrics (--metrics-port) report the run, got '",
+                                  handler.text, "'"));
+  }
   return absl::OkStatus();
 }
 
@@ -1080,6 +1255,11 @@ absl::Status ApplySlurmEnvironment(const std::map<std::string, std::string>& env
   fallback(kNodeRank, slurm->node_rank);
   fallback(kRdzvId, slurm->rdzv_id);
   fallback(kRdzvEndpoint, slurm->rdzv_endpoint);
+  // The derived endpoint is meant for meshrun's elastic daemon (an allocation
+  // may grow and shrink), not torchrun's default static backend.
+  if (!flags->GetExplicit(kRdzvBackend)) {
+    flags->SetFallback(kRdzvBackend, Given{"c10d", ""});
+  }
   if (slurm->nproc_per_node) fallback(kNprocPerNode, *slurm->nproc_per_node);
   // SLURM's early-warning signal (--signal=USR1@N) must reach the workers
   // rather than kill the launcher.
@@ -1170,6 +1350,9 @@ absl::StatusOr<LaunchConfig> ParseLaunchArgs(
   std::array<bool, kNumFlags> on_cli{};
   for (int id = 0; id < kNumFlags; ++id) on_cli[id] = cli.options[id]->count() > 0;
   FlagValues flags(cli.values, on_cli, env);
+  if (absl::Status refused = RefuseUnsupportedFlags(flags); !refused.ok()) {
+    return refused;
+  }
 
   if (!split->script.has_value()) {
     return absl::InvalidArgumentError("missing training script (see meshrun --help)");

@@ -101,9 +101,12 @@ struct LaunchConfig {
   // Workers on this node, resolved from the spec; >= 1.
   int nproc_per_node = 1;
 
+  // torchrun 2's default is static; on one node with neither --rdzv-endpoint
+  // nor --master-port that becomes --standalone (below), as with torchrun.
   RdzvBackend rdzv_backend = RdzvBackend::kDynamic;
   // Where the rendezvous is served. Static backend without --rdzv-endpoint:
-  // --master-addr:--master-port. --standalone: localhost:0.
+  // --master-addr:--master-port. --standalone: localhost:0. Dynamic backend
+  // without --rdzv-endpoint: localhost:29400.
   HostPort rdzv_endpoint{"localhost", 29400};
   // False when rdzv_endpoint is a default (a flag/PET_ value was not given).
   bool rdzv_endpoint_given = false;
@@ -111,7 +114,9 @@ struct LaunchConfig {
   // --standalone.
   std::string rdzv_id = "none";
   RdzvConf rdzv_conf;
-  // --standalone: single node, embedded daemon on a kernel-chosen port.
+  // --standalone, or torchrun's rule that implies it (static backend, one
+  // node, no --rdzv-endpoint, no --master-port): single node, embedded daemon
+  // on a kernel-chosen port, a fresh run id.
   bool standalone = false;
 
   // --max-restarts: restarts of the worker group before the run fails; >= 0.
@@ -140,6 +145,12 @@ struct LaunchConfig {
   // --local-ranks-filter: local ranks whose output reaches the console; empty
   // means all of them.
   std::set<int> local_ranks_filter;
+  // --duplicate-stdout-filters / --duplicate-stderr-filters: substrings
+  // (",," for a literal comma) whose tee'd console lines are also copied to
+  // attempt_<n>/filtered_std{out,err}.log; unset when the flag was not given
+  // (given empty, it is one empty filter: every line, as torchrun).
+  std::optional<std::vector<std::string>> duplicate_stdout_filters;
+  std::optional<std::vector<std::string>> duplicate_stderr_filters;
 
   // --node-rank: this node's rank hint (sticky group rank) or -1 for none.
   // The static backend's single node without --node-rank gets 0.
@@ -170,8 +181,14 @@ struct LaunchConfig {
   std::optional<std::chrono::milliseconds> reconnect_grace;
   // --signals-to-handle as signal numbers, in the order given, no repeats.
   std::vector<int> signals_to_handle;
+  // ... and as given: the workers' TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun
+  // sets it.
+  std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // --virtual-local-rank: LOCAL_RANK=0 and one visible GPU per worker.
+  bool virtual_local_rank = false;
   // --log-line-prefix-template: console prefix of worker output lines, with
-  // ${role_name}, ${rank}, ${local_rank} and ${host} placeholders.
+  // ${role_name}, ${rank}, ${local_rank}, ${hostname} (short host name, as
+  // torchrun 2) and ${host} (the agent's address) placeholders.
   std::string log_line_prefix_template = "[${role_name}${local_rank}]:";
 
   // The training script (or module, or program with --no-python) and its

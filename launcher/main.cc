@@ -262,6 +262,10 @@ int Main(int argc, char** argv) {
   options.shutdown_timeout = config.shutdown_timeout;
   options.reconnect_grace = config.reconnect_grace;
   options.signals_to_handle = config.signals_to_handle;
+  options.signals_to_handle_text = config.signals_to_handle_text;
+  options.virtual_local_rank = config.virtual_local_rank;
+  options.duplicate_stdout_filters = config.duplicate_stdout_filters;
+  options.duplicate_stderr_filters = config.duplicate_stderr_filters;
 
   int code = agent::RunAgent(options);
   if (daemon) daemon->Shutdown(std::chrono::seconds(2));

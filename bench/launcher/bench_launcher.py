@@ -225,7 +225,7 @@ def node_loss_trial(kind, launchers, env, wait_s, trial):
                 raise RuntimeError(f"meshrun-rdzvd printed {line!r}")
             endpoint = m[1]
             argv = [launchers.meshrun, "--nnodes=2:3", "--nproc-per-node=1",
-                    f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", "--max-restarts=3",
+                    "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", "--max-restarts=3",
                     "--no-python", NODE_WORKER, "600"]
             result["command"] = shell_join(argv)
             agents = [Agent(i, argv, env, events, cond) for i in range(3)]

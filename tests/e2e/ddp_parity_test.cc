@@ -56,6 +56,7 @@ TEST(DdpParityTest, TwoAgentsOfTwoWorkersMatchTorchrunWithFour) {
                                   BinDir() + "/meshrun",
                                   "--nnodes=2",
                                   "--nproc-per-node=2",
+                                  "--rdzv-backend=c10d",
                                   "--rdzv-endpoint=" + daemon.endpoint(),
                                   "--rdzv-id=ddp",
                                   "--node-rank=" + std::to_string(node),

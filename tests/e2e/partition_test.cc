@@ -91,8 +91,8 @@ class PartitionTest : public ::testing::Test {
             {"/usr/bin/env", "PARTITION_NODE=" + std::to_string(node),
              "PARTITION_DIR=" + dir_, "WORK_SECONDS=" + std::to_string(work_seconds),
              BinDir() + "/meshrun", "--nnodes=2:" + std::to_string(kNodes),
-             "--nproc-per-node=" + std::to_string(kNproc), "--rdzv-endpoint=" + endpoint_,
-             "--rdzv-id=partition", "--max-restarts=3",
+             "--nproc-per-node=" + std::to_string(kNproc), "--rdzv-backend=c10d",
+             "--rdzv-endpoint=" + endpoint_, "--rdzv-id=partition", "--max-restarts=3",
              "--rdzv-conf=join_timeout=60,last_call_timeout=2,keep_alive_interval=" +
                  std::to_string(kKeepAliveSeconds) +
                  ",keep_alive_max_attempt=" + std::to_string(kKeepAliveAttempts),

@@ -52,8 +52,8 @@ TEST(StatusPageTest, BrowserSeesNodesRestartAndFailure) {
             "/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON,
             "FAIL_PY=" + kSource + "/tests/integration/workers/raise_error.py",
             BinDir() + "/meshrun", "--nnodes=2", "--nproc-per-node=2",
-            "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=train-lm",
-            "--max-restarts=1", "--no-python",
+            "--rdzv-backend=c10d", "--rdzv-endpoint=" + daemon.endpoint(),
+            "--rdzv-id=train-lm", "--max-restarts=1", "--no-python",
             kSource + "/tests/integration/workers/obs_worker.sh",
             BinDir() + "/store_tool", dir},
         /*merge_stderr=*/true);

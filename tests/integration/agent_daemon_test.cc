@@ -75,10 +75,10 @@ class AgentDaemonTest : public ::testing::Test {
 // delay the workers' SIGTERM, nor keep meshrun past its shutdown timeout.
 TEST_F(AgentDaemonTest, SigtermReachesTheWorkersAtOnceWhileTheDaemonHangs) {
   DaemonProcess daemon;
-  auto agent =
-      Launch({"--nnodes=1", "--nproc-per-node=2", "--rdzv-endpoint=" + daemon.endpoint(),
-              "--rdzv-id=hung", "--shutdown-timeout=5", "--no-python", "/bin/sh", "-c",
-              "echo pid=$$; exec sleep 60"});
+  auto agent = Launch({"--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                       "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=hung",
+                       "--shutdown-timeout=5", "--no-python", "/bin/sh", "-c",
+                       "echo pid=$$; exec sleep 60"});
   std::vector<pid_t> workers;
   for (int i = 0; i < 2; ++i) {
     auto line = agent->ReadUntil("pid=", seconds(30));
@@ -109,10 +109,11 @@ TEST_F(AgentDaemonTest, AnAgentThatLeftNeverJoinsAgain) {
   const std::string worker = "trap '' TERM; echo pid=$$ $MESHRUN_STORE_PREFIX; sleep 60";
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node)
-    agents.push_back(Launch(
-        {"--nnodes=2", "--nproc-per-node=1", "--rdzv-endpoint=" + daemon.endpoint(),
-         "--rdzv-id=leaver", "--node-rank=" + std::to_string(node),
-         "--shutdown-timeout=3", "--no-python", "/bin/sh", "-c", worker}));
+    agents.push_back(
+        Launch({"--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=leaver",
+                "--node-rank=" + std::to_string(node), "--shutdown-timeout=3",
+                "--no-python", "/bin/sh", "-c", worker}));
   for (auto& agent : agents) ASSERT_TRUE(agent->ReadUntil("pid=", seconds(30)));
   agents[0]->Signal(SIGTERM);
   EXPECT_EQ(ExitCode(*agents[0], seconds(20)), 128 + SIGTERM) << agents[0]->output();
@@ -145,7 +146,7 @@ TEST_F(AgentDaemonTest, AnAgentExpelledWhileStalledRejoinsAndTheJobGoesOn) {
       "if [ $round = 1 ]; then exec sleep 60; fi; echo finished";
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node)
-    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=1",
+    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                              "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=stalled",
                              "--node-rank=" + std::to_string(node), "--max-restarts=3",
                              "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=2",
@@ -187,9 +188,9 @@ TEST_F(AgentDaemonTest, EachDaemonRestartWithoutStateRestartsTheWorkers) {
   auto daemon = std::make_unique<DaemonProcess>();
   const std::string endpoint = daemon->endpoint();
   const std::string port = endpoint.substr(endpoint.rfind(':') + 1);
-  auto agent =
-      Launch({"--nnodes=1", "--rdzv-endpoint=" + endpoint, "--rdzv-id=again",
-              "--no-python", "/bin/sh", "-c", "echo pid=$$ started; exec sleep 60"});
+  auto agent = Launch({"--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint,
+                       "--rdzv-id=again", "--no-python", "/bin/sh", "-c",
+                       "echo pid=$$ started; exec sleep 60"});
   ASSERT_TRUE(agent->ReadUntil("started", seconds(30))) << agent->output();
   for (int restart = 1; restart <= 2; ++restart) {
     daemon->process().Signal(SIGKILL);
@@ -255,8 +256,9 @@ class ReplyingServer {
 TEST_F(AgentDaemonTest, AnHttpServerOnTheEndpointFailsFast) {
   ReplyingServer http("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
   const auto started = Clock::now();
-  auto agent = Launch({"--nnodes=1", "--rdzv-endpoint=" + http.endpoint(),
-                       "--rdzv-conf=is_host=false", "--no-python", "/bin/true"});
+  auto agent =
+      Launch({"--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=" + http.endpoint(),
+              "--rdzv-conf=is_host=false", "--no-python", "/bin/true"});
   EXPECT_EQ(ExitCode(*agent, seconds(30)), 1) << agent->output();
   EXPECT_LT(Clock::now() - started, seconds(15)) << agent->output();
   EXPECT_NE(agent->output().find("meshrun: cannot use the rendezvous endpoint " +
@@ -273,8 +275,9 @@ TEST_F(AgentDaemonTest, ARefusedPortOrUnknownHostIsNamedAtOnce) {
   for (const auto& [endpoint, cause] : std::vector<std::pair<std::string, std::string>>{
            {refused, "connection refused: nothing listens on " + refused},
            {"no-such-host.invalid:29400", "cannot resolve host no-such-host.invalid"}}) {
-    auto agent = Launch({"--nnodes=1", "--rdzv-endpoint=" + endpoint,
-                         "--rdzv-conf=is_host=false", "--no-python", "/bin/true"});
+    auto agent =
+        Launch({"--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint,
+                "--rdzv-conf=is_host=false", "--no-python", "/bin/true"});
     EXPECT_TRUE(agent->ReadUntil(cause, seconds(15))) << agent->output();
     agent->Signal(SIGTERM);
     EXPECT_EQ(ExitCode(*agent, seconds(10)), 128 + SIGTERM) << agent->output();
@@ -285,9 +288,9 @@ TEST_F(AgentDaemonTest, ARefusedPortOrUnknownHostIsNamedAtOnce) {
 // and for how long it may still wait.
 TEST_F(AgentDaemonTest, AnAgentWaitingForOtherNodesSaysSo) {
   DaemonProcess daemon;
-  auto agent =
-      Launch({"--nnodes=2", "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=alone",
-              "--rdzv-conf=join_timeout=300", "--no-python", "/bin/true"});
+  auto agent = Launch({"--nnodes=2", "--rdzv-backend=c10d",
+                       "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=alone",
+                       "--rdzv-conf=join_timeout=300", "--no-python", "/bin/true"});
   auto line = agent->ReadUntil("nodes joined round", seconds(15));
   ASSERT_TRUE(line) << agent->output();
   EXPECT_TRUE(std::regex_search(

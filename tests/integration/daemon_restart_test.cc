@@ -81,6 +81,7 @@ std::unique_ptr<ChildProcess> LaunchAgent(const std::string& endpoint, int node_
       BinDir() + "/meshrun",
       "--nnodes=2",
       "--nproc-per-node=2",
+      "--rdzv-backend=c10d",
       "--rdzv-endpoint=" + endpoint,
       "--rdzv-id=resume-job",
       "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=5",
@@ -298,7 +299,7 @@ TEST_F(DaemonRestartTest, RelaunchOfAnEndedRunIdRunsItsOwnWorkers) {
   auto launch = [&](int number, const std::string& max_restarts) {
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{BinDir() + "/meshrun", "--nnodes=2",
-                                 "--nproc-per-node=1",
+                                 "--nproc-per-node=1", "--rdzv-backend=c10d",
                                  "--rdzv-endpoint=" + daemon.endpoint, "--rdzv-id=reused",
                                  "--max-restarts=" + max_restarts, "--no-python", worker,
                                  std::to_string(number)},
@@ -335,7 +336,7 @@ TEST_F(DaemonRestartTest, LaunchJoiningARunningJobIsNeverToldItsSuccess) {
   auto launch = [&](int number) {
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{BinDir() + "/meshrun", "--nnodes=2",
-                                 "--nproc-per-node=1",
+                                 "--nproc-per-node=1", "--rdzv-backend=c10d",
                                  "--rdzv-endpoint=" + daemon.endpoint, "--rdzv-id=shared",
                                  "--no-python", worker, std::to_string(number), go_},
         /*merge_stderr=*/true);

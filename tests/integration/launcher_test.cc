@@ -126,7 +126,7 @@ TEST_F(LauncherTest, ExactEnvironmentOfATwoNodeLayout) {
   DaemonProcess daemon;
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node)
-    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=2",
+    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
                              "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=envjob",
                              "--node-rank=" + std::to_string(node), "--max-restarts=3",
                              "--no-python", kWorker, "env"}));
@@ -174,9 +174,9 @@ TEST_F(LauncherTest, ThreeAgentsWithAnAgentHostedDaemon) {
   const std::string endpoint = "127.0.0.1:" + std::to_string(FreePort());
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 3; ++node)
-    agents.push_back(
-        Launch({"--nnodes=3", "--nproc-per-node=1", "--rdzv-endpoint=" + endpoint,
-                "--rdzv-id=hosted", "--no-python", kWorker, "env"}));
+    agents.push_back(Launch({"--nnodes=3", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                             "--rdzv-endpoint=" + endpoint, "--rdzv-id=hosted",
+                             "--no-python", kWorker, "env"}));
   std::string output;
   for (auto& agent : agents) {
     ASSERT_EQ(ExitCode(*agent), 0) << agent->output();
@@ -191,12 +191,12 @@ TEST_F(LauncherTest, ThreeAgentsWithAnAgentHostedDaemon) {
 
 TEST_F(LauncherTest, HeterogeneousNprocGivesPrefixSumRanks) {
   DaemonProcess daemon;
-  auto a =
-      Launch({"--nnodes=2", "--nproc-per-node=1", "--rdzv-endpoint=" + daemon.endpoint(),
-              "--rdzv-id=hetero", "--node-rank=0", "--no-python", kWorker, "env"});
-  auto b =
-      Launch({"--nnodes=2", "--nproc-per-node=3", "--rdzv-endpoint=" + daemon.endpoint(),
-              "--rdzv-id=hetero", "--node-rank=1", "--no-python", kWorker, "env"});
+  auto a = Launch({"--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                   "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=hetero",
+                   "--node-rank=0", "--no-python", kWorker, "env"});
+  auto b = Launch({"--nnodes=2", "--nproc-per-node=3", "--rdzv-backend=c10d",
+                   "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=hetero",
+                   "--node-rank=1", "--no-python", kWorker, "env"});
   ASSERT_EQ(ExitCode(*a), 0) << a->output();
   ASSERT_EQ(ExitCode(*b), 0) << b->output();
   auto envs_b = Envs(b->output());
@@ -212,7 +212,7 @@ TEST_F(LauncherTest, WorkerFailingOnceIsRestartedEverywhere) {
   DaemonProcess daemon;
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node)
-    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=2",
+    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
                              "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=failonce",
                              "--node-rank=" + std::to_string(node), "--max-restarts=1",
                              "--no-python", kWorker, "fail-once", "3", "4"}));
@@ -249,7 +249,7 @@ TEST_F(LauncherTest, RecordTracebackAppearsInTheSummary) {
 TEST_F(LauncherTest, ElasticRunGrowsWhenAThirdAgentJoins) {
   DaemonProcess daemon;
   auto start = [&](const std::string& name) {
-    return Launch({"--nnodes=1:3", "--nproc-per-node=1",
+    return Launch({"--nnodes=1:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
                    "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=grow",
                    "--rdzv-conf=last_call_timeout=0.2", "--no-python", kWorker,
                    "wait-world", "3"});
@@ -270,7 +270,7 @@ TEST_F(LauncherTest, KilledAgentTakesItsWorkersAndTheOthersCarryOn) {
   DaemonProcess daemon;
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 3; ++node)
-    agents.push_back(Launch({"--nnodes=2:3", "--nproc-per-node=1",
+    agents.push_back(Launch({"--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
                              "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=killed",
                              "--node-rank=" + std::to_string(node), "--no-python",
                              kWorker, "until-world-below", "3"}));
@@ -300,9 +300,9 @@ TEST_F(LauncherTest, SigtermLeavesNoProcessBehind) {
 }
 
 TEST_F(LauncherTest, SigtermWhileWaitingForTheDaemonExitsAtOnce) {
-  auto run =
-      Launch({"--nnodes=2", "--rdzv-endpoint=127.0.0.1:" + std::to_string(FreePort()),
-              "--rdzv-conf=is_host=false", "--no-python", "/bin/true"});
+  auto run = Launch({"--nnodes=2", "--rdzv-backend=c10d",
+                     "--rdzv-endpoint=127.0.0.1:" + std::to_string(FreePort()),
+                     "--rdzv-conf=is_host=false", "--no-python", "/bin/true"});
   ASSERT_TRUE(run->ReadUntil("waiting for the rendezvous daemon", seconds(30)))
       << run->output();
   run->Signal(SIGTERM);
@@ -493,16 +493,16 @@ TEST_F(LauncherTest, BadFlagsGiveOneLineAndExitTwo) {
            {"--nnodes=3:1", "x.py"},
            {"--no-such-flag", "x.py"},
            {"--standalone"},
-           {"--rdzv-id=my job", "x.py"},
-           {"--rdzv-id=" + std::string(300, 'j'), "x.py"},
-           {"--rdzv-endpoint=127.0.0.1:0", "x.py"},
+           {"--rdzv-backend=c10d", "--rdzv-id=my job", "x.py"},
+           {"--rdzv-backend=c10d", "--rdzv-id=" + std::string(300, 'j'), "x.py"},
+           {"--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "x.py"},
            {"--nproc-per-node=2", "--local-ranks-filter=2", "x.py"}}) {
     auto run = Launch(args);
     EXPECT_EQ(ExitCode(*run), 2) << run->output();
     EXPECT_EQ(Count(run->output(), "\n"), 1u) << run->output();
     EXPECT_EQ(run->output().rfind("meshrun: ", 0), 0u) << run->output();
   }
-  auto run = Launch({"--rdzv-id=caf\xc3\xa9", "x.py"});
+  auto run = Launch({"--rdzv-backend=c10d", "--rdzv-id=caf\xc3\xa9", "x.py"});
   EXPECT_EQ(ExitCode(*run), 2);
   EXPECT_EQ(run->output(),
             "meshrun: --rdzv-id: byte 0xc3 at offset 3 is not allowed (printable ASCII "

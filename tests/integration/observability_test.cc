@@ -59,8 +59,8 @@ std::unique_ptr<ChildProcess> Agent(const std::string& endpoint, const std::stri
       std::vector<std::string>{
           "/usr/bin/env", "FAIL_PY=" + kRaiseError, "PYTHON_EXEC=" MESHRUN_PYTHON,
           BinDir() + "/meshrun", "--nnodes=2", "--nproc-per-node=2",
-          "--rdzv-endpoint=" + endpoint, "--rdzv-id=obs", "--max-restarts=1",
-          "--no-python", kWorker, BinDir() + "/store_tool", dir},
+          "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "--rdzv-id=obs",
+          "--max-restarts=1", "--no-python", kWorker, BinDir() + "/store_tool", dir},
       /*merge_stderr=*/true);
 }
 

@@ -334,9 +334,10 @@ TEST_F(TokenTest, TwoAgentsWithTheTokenCompleteARun) {
   ASSERT_FALSE(daemon_.endpoint().empty());
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int i = 0; i < 2; ++i) {
-    agents.push_back(Meshrun(
-        {"--nnodes=2", "--nproc-per-node=1", "--rdzv-endpoint=" + daemon_.endpoint(),
-         "--rdzv-id=job", "--token-file", token_file_, "--no-python", kWorker, "env"}));
+    agents.push_back(
+        Meshrun({"--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                 "--rdzv-endpoint=" + daemon_.endpoint(), "--rdzv-id=job", "--token-file",
+                 token_file_, "--no-python", kWorker, "env"}));
   }
   for (auto& agent : agents) {
     EXPECT_EQ(ExitCode(*agent), 0) << agent->output();
@@ -352,7 +353,8 @@ TEST_F(TokenTest, AgentsWithoutTheTokenAreRefusedAndTheDaemonKeepsServing) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--token-file", wrong}, "wrong token"}, {{}, "no token"}};
   for (const auto& [token_args, why] : cases) {
-    std::vector<std::string> args{"--nnodes=1", "--rdzv-endpoint=" + daemon_.endpoint(),
+    std::vector<std::string> args{"--nnodes=1", "--rdzv-backend=c10d",
+                                  "--rdzv-endpoint=" + daemon_.endpoint(),
                                   "--rdzv-id=refused"};
     args.insert(args.end(), token_args.begin(), token_args.end());
     args.insert(args.end(), {"--no-python", kWorker, "env"});
@@ -364,9 +366,9 @@ TEST_F(TokenTest, AgentsWithoutTheTokenAreRefusedAndTheDaemonKeepsServing) {
     EXPECT_EQ(agent->output().find("ENV "), std::string::npos) << "a worker ran";
   }
   // The refused run id was never created: a good agent forms it from round 1.
-  auto good =
-      Meshrun({"--nnodes=1", "--rdzv-endpoint=" + daemon_.endpoint(), "--rdzv-id=refused",
-               "--token-file", token_file_, "--no-python", kWorker, "env"});
+  auto good = Meshrun({"--nnodes=1", "--rdzv-backend=c10d",
+                       "--rdzv-endpoint=" + daemon_.endpoint(), "--rdzv-id=refused",
+                       "--token-file", token_file_, "--no-python", kWorker, "env"});
   EXPECT_EQ(ExitCode(*good), 0) << good->output();
   EXPECT_NE(good->output().find("round 1:"), std::string::npos) << good->output();
 }
@@ -380,13 +382,15 @@ TEST(HostedDaemonTokenTest, TheAgentHostingTheDaemonRequiresTheToken) {
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(
-        Meshrun({"--nnodes=2", "--rdzv-endpoint=" + endpoint, "--rdzv-id=hosted",
-                 "--token-file", token_file, "--no-python", kWorker, "wait-world", "3"}));
+        Meshrun({"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint,
+                 "--rdzv-id=hosted", "--token-file", token_file, "--no-python", kWorker,
+                 "wait-world", "3"}));
   }
   for (auto& agent : agents)
     ASSERT_TRUE(agent->ReadUntil("world=2", seconds(30))) << agent->output();
-  auto intruder = Meshrun({"--nnodes=2", "--rdzv-endpoint=" + endpoint,
-                           "--rdzv-id=hosted", "--no-python", kWorker, "env"});
+  auto intruder =
+      Meshrun({"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint,
+               "--rdzv-id=hosted", "--no-python", kWorker, "env"});
   EXPECT_EQ(ExitCode(*intruder), 1) << intruder->output();
   EXPECT_NE(intruder->output().find("no token"), std::string::npos) << intruder->output();
   // The refused agent never entered the run: no re-forming into round 2.
@@ -570,10 +574,10 @@ TEST_F(TlsTest, TokenAndClientCertificatesTogetherUnderMeshrun) {
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(Meshrun(
-        {"--nnodes=2", "--nproc-per-node=1", "--rdzv-endpoint=" + daemon.endpoint(),
-         "--rdzv-id=tls-job", "--token-file", token_file, "--tls-ca", Path("ca.pem"),
-         "--tls-cert", Path("client.pem"), "--tls-key", Path("client.key"), "--no-python",
-         "/bin/sh", "-c", script}));
+        {"--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+         "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=tls-job", "--token-file",
+         token_file, "--tls-ca", Path("ca.pem"), "--tls-cert", Path("client.pem"),
+         "--tls-key", Path("client.key"), "--no-python", "/bin/sh", "-c", script}));
   }
   for (auto& agent : agents) {
     EXPECT_EQ(ExitCode(*agent), 0) << agent->output();
@@ -581,10 +585,10 @@ TEST_F(TlsTest, TokenAndClientCertificatesTogetherUnderMeshrun) {
         << agent->output();
   }
   // Without the client certificate the agent never gets through.
-  auto refused =
-      Meshrun({"--nnodes=1", "--rdzv-endpoint=" + daemon.endpoint(),
-               "--rdzv-id=tls-refused", "--rdzv-conf=join_timeout=3", "--token-file",
-               token_file, "--tls-ca", Path("ca.pem"), "--no-python", "/bin/true"});
+  auto refused = Meshrun({"--nnodes=1", "--rdzv-backend=c10d",
+                          "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=tls-refused",
+                          "--rdzv-conf=join_timeout=3", "--token-file", token_file,
+                          "--tls-ca", Path("ca.pem"), "--no-python", "/bin/true"});
   EXPECT_EQ(ExitCode(*refused), 1) << refused->output();
 }
 

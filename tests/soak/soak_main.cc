@@ -486,7 +486,7 @@ class Soak {
     std::vector<std::string> argv = {
         meshrun::testing::BinDir() + "/meshrun",
         "--nnodes=2:" + std::to_string(options_.nodes),
-        "--nproc-per-node=" + std::to_string(options_.nproc),
+        "--nproc-per-node=" + std::to_string(options_.nproc), "--rdzv-backend=c10d",
         "--rdzv-endpoint=" + endpoint_, "--rdzv-id=" + job.run_id, "--max-restarts=1000",
         // Short timers, so re-forms are quick and leases of killed agents
         // run out within the soak.

@@ -81,10 +81,10 @@ TEST(ProcessGroupTest, TwoAgentsOnOneDaemonFormOneWorld) {
   DaemonProcess daemon;
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node) {
-    agents.push_back(Launch(
-        {"--nnodes=2", "--nproc-per-node=2", "--rdzv-endpoint=" + daemon.endpoint(),
-         "--rdzv-id=pgjob", "--node-rank=" + std::to_string(node)},
-        {"collectives", "--store", "meshrun"}));
+    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                             "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=pgjob",
+                             "--node-rank=" + std::to_string(node)},
+                            {"collectives", "--store", "meshrun"}));
   }
   std::string output;
   for (auto& agent : agents) {

@@ -121,6 +121,34 @@ TEST_F(LogSinkTest, FileGetsRawBytesAppendedAndParentsAreCreated) {
   EXPECT_EQ(Contents(err_fd_), "[w2]:both\n");
 }
 
+// torchrun's --duplicate-std*-filters: the matching console lines of every
+// sink sharing the copy, prefixed, in one file; partial lines when complete.
+TEST_F(LogSinkTest, MatchingLinesAreCopiedWithTheirPrefix) {
+  const std::string path = dir_ + "/attempt_0/filtered_stdout.log";
+  auto copy = LineCopy::Create(path, {"apple", "a,b"});
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  auto w0 =
+      OutputSink::Create(console_.get(), OutputStream::kStdout, "[w0]:", std::nullopt);
+  auto w1 =
+      OutputSink::Create(console_.get(), OutputStream::kStdout, "[w1]:", std::nullopt);
+  ASSERT_TRUE(w0.ok() && w1.ok());
+  (*w0)->CopyMatchingLines(*copy);
+  (*w1)->CopyMatchingLines(*copy);
+  ASSERT_TRUE((*w0)->Write("an apple\nbanana\npine").ok());
+  ASSERT_TRUE((*w1)->Write("a,b\n").ok());
+  ASSERT_TRUE((*w0)->Write("apple\n").ok());
+  EXPECT_EQ(ReadFile(path), "[w0]:an apple\n[w1]:a,b\n[w0]:pineapple\n");
+  EXPECT_EQ(Contents(out_fd_), "[w0]:an apple\n[w0]:banana\n[w1]:a,b\n[w0]:pineapple\n");
+
+  // An empty filter matches every line; the file starts afresh.
+  auto all = LineCopy::Create(path, {""});
+  ASSERT_TRUE(all.ok());
+  (*w0)->CopyMatchingLines(*all);
+  ASSERT_TRUE((*w0)->Write("x\n").ok());
+  (*w0)->Close();
+  EXPECT_EQ(ReadFile(path), "[w0]:x\n");
+}
+
 TEST_F(LogSinkTest, UncreatableFileIsAnError) {
   const std::string blocker = dir_ + "/file";
   std::ofstream(blocker) << "x";

@@ -72,7 +72,9 @@ std::string PetName(const std::string& flag) {
 
 // --- Defaults ------------------------------------------------------------------
 
-TEST(LaunchConfigTest, DefaultsMatchTorchrunExceptTheBackend) {
+// torchrun 2 with no rendezvous flag on one node: static, no endpoint, no
+// --master-port, so c10d on localhost:0 with a fresh run id (run.py's rule).
+TEST(LaunchConfigTest, DefaultsMatchTorchrun) {
   LaunchConfig config = MustParse({"train.py"});
   EXPECT_TRUE(config.help_text.empty());
   EXPECT_EQ(config.min_nodes, 1);
@@ -80,9 +82,9 @@ TEST(LaunchConfigTest, DefaultsMatchTorchrunExceptTheBackend) {
   EXPECT_EQ(config.nproc_per_node_spec, "1");
   EXPECT_EQ(config.nproc_per_node, 1);
   EXPECT_EQ(config.rdzv_backend, RdzvBackend::kDynamic);
-  EXPECT_EQ(config.rdzv_endpoint, (HostPort{"localhost", 29400}));
+  EXPECT_EQ(config.rdzv_endpoint, (HostPort{"localhost", 0}));
   EXPECT_FALSE(config.rdzv_endpoint_given);
-  EXPECT_EQ(config.rdzv_id, "none");
+  EXPECT_EQ(config.rdzv_id, kRunId);
   EXPECT_EQ(config.rdzv_conf.join_timeout, milliseconds(600000));
   EXPECT_EQ(config.rdzv_conf.last_call_timeout, milliseconds(30000));
   EXPECT_EQ(config.rdzv_conf.close_timeout, milliseconds(30000));
@@ -90,7 +92,7 @@ TEST(LaunchConfigTest, DefaultsMatchTorchrunExceptTheBackend) {
   EXPECT_EQ(config.rdzv_conf.keep_alive_max_attempt, 3);
   EXPECT_EQ(config.rdzv_conf.read_timeout, milliseconds(60000));
   EXPECT_FALSE(config.rdzv_conf.is_host.has_value());
-  EXPECT_FALSE(config.standalone);
+  EXPECT_TRUE(config.standalone);
   EXPECT_EQ(config.max_restarts, 0);
   EXPECT_EQ(config.monitor_interval, milliseconds(100));
   EXPECT_EQ(config.role, "default");
@@ -109,6 +111,8 @@ TEST(LaunchConfigTest, DefaultsMatchTorchrunExceptTheBackend) {
   EXPECT_EQ(config.shutdown_timeout, milliseconds(30000));
   EXPECT_EQ(config.signals_to_handle,
             (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  EXPECT_EQ(config.signals_to_handle_text, "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+  EXPECT_FALSE(config.virtual_local_rank);
   EXPECT_EQ(config.log_line_prefix_template, "[${role_name}${local_rank}]:");
   EXPECT_EQ(config.script, "train.py");
   EXPECT_TRUE(config.script_args.empty());
@@ -131,7 +135,7 @@ std::vector<FlagCase> FlagCases() {
       {"--nnodes",
        "2:4",
        "1:3",
-       {},
+       {"--rdzv-backend=c10d"},
        [](const LaunchConfig& c) {
          EXPECT_EQ(c.min_nodes, 2);
          EXPECT_EQ(c.max_nodes, 4);
@@ -142,10 +146,13 @@ std::vector<FlagCase> FlagCases() {
        {},
        [](const LaunchConfig& c) { EXPECT_EQ(c.nproc_per_node, 3); }},
       {"--rdzv-backend",
-       "static",
        "c10d",
+       "static",
        {},
-       [](const LaunchConfig& c) { EXPECT_EQ(c.rdzv_backend, RdzvBackend::kStatic); }},
+       [](const LaunchConfig& c) {
+         EXPECT_EQ(c.rdzv_backend, RdzvBackend::kDynamic);
+         EXPECT_FALSE(c.standalone);
+       }},
       {"--rdzv-endpoint",
        "node0:1234",
        "other:1",
@@ -157,7 +164,7 @@ std::vector<FlagCase> FlagCases() {
       {"--rdzv-id",
        "job7",
        "job8",
-       {},
+       {"--rdzv-backend=c10d"},
        [](const LaunchConfig& c) { EXPECT_EQ(c.rdzv_id, "job7"); }},
       {"--rdzv-conf",
        "join_timeout=5",
@@ -181,6 +188,11 @@ std::vector<FlagCase> FlagCases() {
        "2",
        {},
        [](const LaunchConfig& c) { EXPECT_EQ(c.monitor_interval, milliseconds(500)); }},
+      {"--event-log-handler",
+       "null",
+       "console",
+       {},
+       [](const LaunchConfig& c) { EXPECT_TRUE(c.notices.empty()); }},
       {"--start-method",
        "fork",
        "spawn",
@@ -257,12 +269,18 @@ std::vector<FlagCase> FlagCases() {
        {},
        [](const LaunchConfig& c) {
          EXPECT_EQ(c.signals_to_handle, (std::vector<int>{SIGUSR1}));
+         EXPECT_EQ(c.signals_to_handle_text, "SIGUSR1");
        }},
       {"--log-line-prefix-template",
        "${rank}>",
        "${host}",
        {},
        [](const LaunchConfig& c) { EXPECT_EQ(c.log_line_prefix_template, "${rank}>"); }},
+      {"--virtual-local-rank",
+       "",
+       "",
+       {},
+       [](const LaunchConfig& c) { EXPECT_TRUE(c.virtual_local_rank); }},
   };
 }
 
@@ -310,7 +328,8 @@ TEST(LaunchConfigTest, AnExplicitFlagWinsOverItsPetVariable) {
 
 TEST(LaunchConfigTest, PetNamesAreTorchruns) {
   EXPECT_EQ(MustParse({"train.py"}, {{"PET_NPROC_PER_NODE", "4"}}).nproc_per_node, 4);
-  EXPECT_EQ(MustParse({"train.py"}, {{"PET_NNODES", "3"}}).max_nodes, 3);
+  EXPECT_EQ(
+      MustParse({"--rdzv-backend=c10d", "train.py"}, {{"PET_NNODES", "3"}}).max_nodes, 3);
   EXPECT_EQ(MustParse({"train.py"}, {{"PET_RDZV_ENDPOINT", "h:5"}}).rdzv_endpoint,
             (HostPort{"h", 5}));
   EXPECT_EQ(MustParse({"train.py"}, {{"PET_MAX_RESTARTS", "2"}}).max_restarts, 2);
@@ -337,7 +356,10 @@ TEST(LaunchConfigTest, PetSwitchValues) {
                                          {"FALSE", false},
                                          {"", false}}) {
     SCOPED_TRACE(c.value);
-    EXPECT_EQ(MustParse({"train.py"}, {{"PET_STANDALONE", c.value}}).standalone, c.on);
+    EXPECT_EQ(
+        MustParse({"--rdzv-backend=c10d", "train.py"}, {{"PET_STANDALONE", c.value}})
+            .standalone,
+        c.on);
   }
 }
 
@@ -349,7 +371,9 @@ TEST(LaunchConfigTest, ErrorsFromPetVariablesNameTheVariable) {
 }
 
 TEST(LaunchConfigTest, RepeatedFlagsKeepTheLast) {
-  EXPECT_EQ(MustParse({"--nnodes", "2", "--nnodes=3", "train.py"}).max_nodes, 3);
+  EXPECT_EQ(MustParse({"--rdzv-backend=c10d", "--nnodes", "2", "--nnodes=3", "train.py"})
+                .max_nodes,
+            3);
   EXPECT_EQ(MustParse({"--role", "a", "--role", "b", "train.py"}).role, "b");
 }
 
@@ -363,7 +387,8 @@ TEST(LaunchConfigTest, NnodesForms) {
   for (const Case& c : std::vector<Case>{
            {"1", 1, 1}, {"3", 3, 3}, {"1:4", 1, 4}, {"2:2", 2, 2}, {"1:1", 1, 1}}) {
     SCOPED_TRACE(c.value);
-    LaunchConfig config = MustParse({"--nnodes", c.value, "train.py"});
+    LaunchConfig config =
+        MustParse({"--rdzv-backend=c10d", "--nnodes", c.value, "train.py"});
     EXPECT_EQ(config.min_nodes, c.min);
     EXPECT_EQ(config.max_nodes, c.max);
   }
@@ -418,10 +443,18 @@ TEST(LaunchConfigTest, RdzvBackendNames) {
     EXPECT_EQ(MustParse({"--rdzv-backend", name, "train.py"}).rdzv_backend,
               RdzvBackend::kDynamic);
   }
-  EXPECT_EQ(MustParse({"--rdzv-backend", "static", "train.py"}).rdzv_backend,
-            RdzvBackend::kStatic);
-  EXPECT_EQ(ErrorOf({"--rdzv-backend", "etcd", "train.py"}),
-            "--rdzv-backend: expected one of c10d, meshrun, dynamic, static, got 'etcd'");
+  EXPECT_EQ(
+      MustParse({"--rdzv-backend", "static", "--master-port=1", "train.py"}).rdzv_backend,
+      RdzvBackend::kStatic);
+  for (std::string etcd : {"etcd", "etcd-v2"}) {
+    EXPECT_EQ(ErrorOf({"--rdzv-backend", etcd, "train.py"}),
+              "--rdzv-backend: " + etcd +
+                  " is not supported: meshrun's rendezvous daemon replaces etcd "
+                  "(--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT of a meshrun-rdzvd or "
+                  "of node 0)");
+  }
+  EXPECT_EQ(ErrorOf({"--rdzv-backend", "zeus", "train.py"}),
+            "--rdzv-backend: expected one of static, c10d, meshrun, dynamic, got 'zeus'");
 }
 
 TEST(LaunchConfigTest, RdzvEndpointForms) {
@@ -438,12 +471,16 @@ TEST(LaunchConfigTest, RdzvEndpointForms) {
                          {"[::1]", {"::1", 29400}},
                          {" node0:5 ", {"node0", 5}}}) {
     SCOPED_TRACE(c.value);
-    LaunchConfig config = MustParse({"--rdzv-endpoint", c.value, "train.py"});
+    LaunchConfig config =
+        MustParse({"--rdzv-backend=c10d", "--rdzv-endpoint", c.value, "train.py"});
     EXPECT_EQ(config.rdzv_endpoint, c.expected);
     EXPECT_TRUE(config.rdzv_endpoint_given);
   }
   // Empty means "not given", as in torch.
-  EXPECT_FALSE(MustParse({"--rdzv-endpoint=", "train.py"}).rdzv_endpoint_given);
+  EXPECT_FALSE(MustParse({"--rdzv-backend=c10d", "--rdzv-endpoint=", "train.py"})
+                   .rdzv_endpoint_given);
+  EXPECT_EQ(MustParse({"--rdzv-backend=c10d", "train.py"}).rdzv_endpoint,
+            (HostPort{"localhost", 29400}));
 }
 
 TEST(LaunchConfigTest, RdzvEndpointErrors) {
@@ -475,7 +512,10 @@ TEST(LaunchConfigTest, RdzvEndpointPortZeroIsRefused) {
 
 TEST(LaunchConfigTest, StaticBackend) {
   // Single node: rank 0 is implied; the endpoint is master addr:port.
-  LaunchConfig single = MustParse({"--rdzv-backend=static", "train.py"});
+  LaunchConfig single =
+      MustParse({"--rdzv-backend=static", "--master-port=29500", "train.py"});
+  EXPECT_EQ(single.rdzv_backend, RdzvBackend::kStatic);
+  EXPECT_FALSE(single.standalone);
   EXPECT_EQ(single.node_rank, 0);
   EXPECT_FALSE(single.node_rank_given);
   EXPECT_EQ(single.rdzv_endpoint, (HostPort{"127.0.0.1", 29500}));
@@ -496,7 +536,9 @@ TEST(LaunchConfigTest, StaticBackend) {
   EXPECT_EQ(ErrorOf({"--rdzv-backend=static", "--nnodes=1:2", "train.py"}),
             "--nnodes: the static backend needs a fixed node count, got '1:2'");
   EXPECT_EQ(ErrorOf({"--rdzv-backend=static", "--nnodes=2", "train.py"}),
-            "--node-rank: required with --rdzv-backend=static when --nnodes is above 1");
+            "--node-rank: required with the static backend (torchrun's default) when "
+            "--nnodes is above 1; --rdzv-backend=c10d assigns node ranks at the "
+            "rendezvous");
   EXPECT_EQ(ErrorOf({"--rdzv-backend=static", "--rdzv-endpoint=n0", "train.py"}),
             "--rdzv-endpoint: expected HOST:PORT (the static backend needs a port), got "
             "'n0'");
@@ -506,11 +548,12 @@ TEST(LaunchConfigTest, NodeRank) {
   EXPECT_EQ(ErrorOf({"--nnodes=2", "--node-rank=2", "train.py"}),
             "--node-rank: must be below the maximum node count 2, got 2");
   // "-1" after a flag is its value (argparse's rule), and not a valid rank.
-  EXPECT_EQ(ErrorOf({"--node-rank", "-1", "train.py"}),
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=c10d", "--node-rank", "-1", "train.py"}),
             "--node-rank: expected a non-negative integer, got '-1'");
-  EXPECT_EQ(ErrorOf({"--node-rank", "x", "train.py"}),
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=c10d", "--node-rank", "x", "train.py"}),
             "--node-rank: expected a non-negative integer, got 'x'");
-  LaunchConfig elastic = MustParse({"--nnodes=1:4", "--node-rank", "3", "train.py"});
+  LaunchConfig elastic =
+      MustParse({"--rdzv-backend=c10d", "--nnodes=1:4", "--node-rank", "3", "train.py"});
   EXPECT_EQ(elastic.node_rank, 3);
   EXPECT_TRUE(elastic.node_rank_given);
 }
@@ -523,10 +566,19 @@ TEST(LaunchConfigTest, MasterAddrAndPort) {
   EXPECT_EQ(ErrorOf({"--master-addr=::1", "train.py"}),
             "--master-addr: expected a host name or address, IPv6 as [ADDR], got '::1'");
   // Under the dynamic backend they do nothing; say so when they were given.
-  LaunchConfig dynamic = MustParse({"--master-addr=10.0.0.1", "train.py"});
+  LaunchConfig dynamic =
+      MustParse({"--rdzv-backend=c10d", "--master-addr=10.0.0.1", "train.py"});
   ASSERT_EQ(dynamic.notices.size(), 1u);
   EXPECT_TRUE(
       absl::StartsWith(dynamic.notices[0], "--master-addr/--master-port: only used"));
+  // Nor on one node without --master-port, where torchrun's rule makes it
+  // standalone.
+  LaunchConfig implied = MustParse({"--master-addr=10.0.0.1", "train.py"});
+  EXPECT_TRUE(implied.standalone);
+  EXPECT_EQ(implied.notices,
+            (std::vector<std::string>{
+                "--master-addr: unused on one node without --master-port (torchrun's "
+                "rule: the rendezvous runs on localhost:0)"}));
 }
 
 // --- --rdzv-conf ----------------------------------------------------------------
@@ -548,6 +600,10 @@ TEST(LaunchConfigTest, RdzvConfAllKeys) {
   EXPECT_EQ(MustParse({"--rdzv-conf=timeout=42", "train.py"}).rdzv_conf.join_timeout,
             milliseconds(42000));
   EXPECT_EQ(MustParse({"--rdzv-conf=is_host=1", "train.py"}).rdzv_conf.is_host, true);
+  // torch's c10d keys without an effect here (server-side joins, a TCP daemon).
+  EXPECT_TRUE(
+      MustParse({"--rdzv-conf=store_type=TCP,cas_backoff_max_seconds=0.5", "train.py"})
+          .notices.empty());
   EXPECT_EQ(MustParse({"--rdzv-conf=", "train.py"}).rdzv_conf.join_timeout,
             milliseconds(600000));
 }
@@ -559,10 +615,15 @@ TEST(LaunchConfigTest, RdzvConfErrors) {
   };
   for (const Case& c : std::vector<Case>{
            {"foo=1",
-            "unknown key 'foo'; valid keys: close_timeout, is_host, join_timeout, "
-            "keep_alive_interval, keep_alive_max_attempt, last_call_timeout, "
-            "read_timeout, "
-            "timeout"},
+            "unknown key 'foo'; valid keys: cas_backoff_max_seconds, close_timeout, "
+            "is_host, join_timeout, keep_alive_interval, keep_alive_max_attempt, "
+            "last_call_timeout, read_timeout, store_type, timeout"},
+           {"store_type=file",
+            "store_type: meshrun's rendezvous is its daemon over TCP, so only 'tcp' is "
+            "accepted, got 'file'"},
+           {"cas_backoff_max_seconds=x",
+            "cas_backoff_max_seconds: expected a non-negative number of seconds, got "
+            "'x'"},
            {"join_timeout=", "'join_timeout' needs a value"},
            {"join_timeout", "'join_timeout' needs a value"},
            {"=5", "expected KEY=VALUE,KEY=VALUE,..., got '=5'"},
@@ -691,18 +752,23 @@ TEST(LaunchConfigTest, StdStreamsErrors) {
 // The daemon's rule for run ids (rendezvous/request_validation), applied
 // when the flag is parsed instead of when the agent joins.
 TEST(LaunchConfigTest, RdzvIdFollowsTheDaemonsRules) {
-  EXPECT_EQ(MustParse({"--rdzv-id=job/7.a_b-c", "train.py"}).rdzv_id, "job/7.a_b-c");
-  EXPECT_EQ(MustParse({"--rdzv-id=" + std::string(256, 'j'), "train.py"}).rdzv_id.size(),
-            256u);
-  EXPECT_EQ(ErrorOf({"--rdzv-id=my job", "train.py"}),
+  EXPECT_EQ(
+      MustParse({"--rdzv-backend=c10d", "--rdzv-id=job/7.a_b-c", "train.py"}).rdzv_id,
+      "job/7.a_b-c");
+  EXPECT_EQ(
+      MustParse({"--rdzv-backend=c10d", "--rdzv-id=" + std::string(256, 'j'), "train.py"})
+          .rdzv_id.size(),
+      256u);
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=c10d", "--rdzv-id=my job", "train.py"}),
             "--rdzv-id: byte 0x20 at offset 2 is not allowed (printable ASCII without "
             "spaces only)");
-  EXPECT_EQ(ErrorOf({"--rdzv-id=caf\xc3\xa9", "train.py"}),
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=c10d", "--rdzv-id=caf\xc3\xa9", "train.py"}),
             "--rdzv-id: byte 0xc3 at offset 3 is not allowed (printable ASCII without "
             "spaces only)");
-  EXPECT_EQ(ErrorOf({"--rdzv-id=" + std::string(257, 'j'), "train.py"}),
-            "--rdzv-id: 257 bytes exceeds the limit of 256");
-  EXPECT_EQ(ErrorOf({"train.py"}, {{"PET_RDZV_ID", "a\tb"}}),
+  EXPECT_EQ(
+      ErrorOf({"--rdzv-backend=c10d", "--rdzv-id=" + std::string(257, 'j'), "train.py"}),
+      "--rdzv-id: 257 bytes exceeds the limit of 256");
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=c10d", "train.py"}, {{"PET_RDZV_ID", "a\tb"}}),
             "--rdzv-id: byte 0x09 at offset 1 is not allowed (printable ASCII without "
             "spaces only) (from PET_RDZV_ID)");
 }
@@ -808,8 +874,9 @@ TEST(LaunchConfigTest, DurationsInSeconds) {
 }
 
 TEST(LaunchConfigTest, LogLinePrefixTemplate) {
-  for (std::string value : {"${host}:${rank}>", "$rank|$local_rank", "$$ ${role_name}",
-                            "plain", "cost $5", ""}) {
+  for (std::string value :
+       {"${host}:${rank}>", "${hostname}:${rank}: ", "$rank|$local_rank",
+        "$$ ${role_name}", "plain", "cost $5", ""}) {
     SCOPED_TRACE(value);
     EXPECT_EQ(MustParse({"--log-line-prefix-template=" + value, "train.py"})
                   .log_line_prefix_template,
@@ -817,10 +884,10 @@ TEST(LaunchConfigTest, LogLinePrefixTemplate) {
   }
   EXPECT_EQ(ErrorOf({"--log-line-prefix-template=${rnak}", "train.py"}),
             "--log-line-prefix-template: unknown placeholder 'rnak' in '${rnak}'; valid: "
-            "${role_name}, ${rank}, ${local_rank}, ${host}");
+            "${role_name}, ${rank}, ${local_rank}, ${hostname}, ${host}");
   EXPECT_EQ(ErrorOf({"--log-line-prefix-template=$world", "train.py"}),
             "--log-line-prefix-template: unknown placeholder 'world' in '$world'; valid: "
-            "${role_name}, ${rank}, ${local_rank}, ${host}");
+            "${role_name}, ${rank}, ${local_rank}, ${hostname}, ${host}");
   EXPECT_EQ(ErrorOf({"--log-line-prefix-template=[${rank", "train.py"}),
             "--log-line-prefix-template: unclosed '${' in '[${rank'");
   // torch 2.x's variable is honoured below the flag and PET_*.
@@ -831,7 +898,7 @@ TEST(LaunchConfigTest, LogLinePrefixTemplate) {
   EXPECT_EQ(MustParse({"train.py"}, both).log_line_prefix_template, "${host}:");
   EXPECT_EQ(ErrorOf({"train.py"}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${x}"}}),
             "--log-line-prefix-template: unknown placeholder 'x' in '${x}'; valid: "
-            "${role_name}, ${rank}, ${local_rank}, ${host} (from "
+            "${role_name}, ${rank}, ${local_rank}, ${hostname}, ${host} (from "
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
 }
 
@@ -909,7 +976,7 @@ TEST(LaunchConfigTest, ScriptArgumentsPassThroughUntouched) {
            {{"train.py", "--help"}, "train.py", {"--help"}},
            {{"train.py", "--bogus", "--", "x"}, "train.py", {"--bogus", "--", "x"}},
            {{"--", "train.py", "--standalone"}, "train.py", {"--standalone"}},
-           {{"--nnodes=2", "--", "-weird.py", "a"}, "-weird.py", {"a"}},
+           {{"--nnodes=2", "--node-rank=0", "--", "-weird.py", "a"}, "-weird.py", {"a"}},
            {{"--", "--"}, "--", {}},
            {{"-"}, "-", {}},
            // argparse's rule: a negative number is never a flag.
@@ -957,7 +1024,8 @@ TEST(LaunchConfigTest, FlagSyntaxErrors) {
            {{"-r"}, "-r: missing value"},
            {{"--standalone=1", "train.py"}, "--standalone: takes no value"},
            {{"--no_python=true", "train.py"}, "--no_python: takes no value"},
-           {{"--rdzv-id=", "train.py"}, "--rdzv-id: must not be empty"},
+           {{"--rdzv-id=", "--rdzv-backend=c10d", "train.py"},
+            "--rdzv-id: must not be empty"},
            {{"--role=", "train.py"}, "--role: must not be empty"},
            // The first mistake is reported.
            {{"--bogus", "--worse", "train.py"},
@@ -981,7 +1049,7 @@ TEST(LaunchConfigTest, EveryErrorIsOneLineStartingWithTheFlag) {
       {"-r", "9", "t.py"},
       {"-t", "9", "t.py"},
       {"--local-ranks-filter=x", "t.py"},
-      {"--node-rank=x", "t.py"},
+      {"--node-rank=x", "--rdzv-backend=c10d", "t.py"},
       {"--master-addr=a b", "t.py"},
       {"--master-port=x", "t.py"},
       {"--shutdown-timeout=x", "t.py"},
@@ -1020,6 +1088,153 @@ TEST(LaunchConfigTest, HelpBeforeTheScript) {
     EXPECT_TRUE(absl::StrContains(config->help_text, "-r,--redirects"));
   }
   EXPECT_TRUE(MustParse({"train.py", "--help"}).help_text.empty());
+}
+
+// --- torchrun 2's rendezvous defaults ----------------------------------------------
+
+// run.py: static (the default backend, or named) on one node with neither an
+// endpoint nor --master-port becomes c10d on localhost:0 with a fresh run id;
+// anything else stays static on the endpoint or --master-addr:--master-port.
+TEST(LaunchConfigTest, TorchrunsStandaloneRule) {
+  for (const Args& args : std::vector<Args>{{"train.py"},
+                                            {"--rdzv-backend=static", "train.py"},
+                                            {"--nnodes=1", "--node-rank=0", "train.py"},
+                                            {"--rdzv-endpoint=", "train.py"}}) {
+    SCOPED_TRACE(absl::StrJoin(args, " "));
+    LaunchConfig config = MustParse(args);
+    EXPECT_TRUE(config.standalone);
+    EXPECT_EQ(config.rdzv_backend, RdzvBackend::kDynamic);
+    EXPECT_EQ(config.rdzv_endpoint, (HostPort{"localhost", 0}));
+    EXPECT_EQ(config.rdzv_id, kRunId);
+    EXPECT_TRUE(config.notices.empty());
+  }
+  // torchrun replaces a given run id without a word; meshrun says so.
+  EXPECT_EQ(MustParse({"--rdzv-id=job", "train.py"}).notices,
+            (std::vector<std::string>{
+                "one node with neither --rdzv-endpoint nor --master-port (torchrun's "
+                "rule): ignoring --rdzv-id=job (one node, rendezvous on localhost:0, run "
+                "id standalone-run-id)"}));
+
+  struct Static {
+    Args args;
+    Env env;
+    HostPort endpoint;
+  };
+  for (const Static& c : std::vector<Static>{
+           {{"--master-port=29500", "train.py"}, {}, {"127.0.0.1", 29500}},
+           {{"train.py"}, {{"PET_MASTER_PORT", "1234"}}, {"127.0.0.1", 1234}},
+           {{"--master-addr=node0", "--master-port=7", "train.py"}, {}, {"node0", 7}},
+           {{"--rdzv-endpoint=node0:5", "train.py"}, {}, {"node0", 5}},
+           {{"--nnodes=2", "--node-rank=1", "train.py"}, {}, {"127.0.0.1", 29500}},
+       }) {
+    SCOPED_TRACE(absl::StrJoin(c.args, " "));
+    LaunchConfig config = MustParse(c.args, c.env);
+    EXPECT_FALSE(config.standalone);
+    EXPECT_EQ(config.rdzv_backend, RdzvBackend::kStatic);
+    EXPECT_EQ(config.rdzv_endpoint, c.endpoint);
+    EXPECT_EQ(config.rdzv_id, "none");
+  }
+  // An elastic range needs the daemon, named.
+  EXPECT_EQ(ErrorOf({"--nnodes=1:2", "train.py"}),
+            "--nnodes: the static backend needs a fixed node count, got '1:2'");
+  EXPECT_EQ(MustParse({"--rdzv-backend=c10d", "--nnodes=1:2", "train.py"}).rdzv_backend,
+            RdzvBackend::kDynamic);
+}
+
+// --- torchrun flags meshrun does not carry out -------------------------------------
+
+TEST(LaunchConfigTest, RefusedFlagsSayWhatMeshrunDoesInstead) {
+  struct Case {
+    Args flags;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--logs-specs=mine"},
+            "--logs-specs: meshrun loads no Python LogsSpecs plugins; it lays out logs "
+            "as torchrun's default does (--log-dir, -r, -t)"},
+           {{"--numa_binding", "node"},
+            "--numa-binding: meshrun binds no worker to CPUs or NUMA nodes; run the "
+            "workers under numactl or taskset (--no-python numactl ... python3 -u "
+            "SCRIPT)"},
+           {{"--print-completion=bash"},
+            "--print-completion: meshrun prints no shell completion script; meshrun "
+            "--help lists every flag"},
+           {{"--event-log-handler=console"},
+            "--event-log-handler: meshrun records no torchelastic events, so only 'null' "
+            "is accepted; the daemon's status page and metrics (--metrics-port) report "
+            "the run, got 'console'"},
+       }) {
+    SCOPED_TRACE(absl::StrJoin(c.flags, " "));
+    EXPECT_EQ(ErrorOf(With(c.flags)), c.message);
+    // As torchrun acts on --print-completion before it looks for a script.
+    EXPECT_EQ(ErrorOf(c.flags), c.message);
+  }
+  EXPECT_EQ(ErrorOf({"train.py"}, {{"PET_EVENT_LOG_HANDLER", "console"}}),
+            "--event-log-handler: meshrun records no torchelastic events, so only 'null' "
+            "is accepted; the daemon's status page and metrics (--metrics-port) report "
+            "the run, got 'console' (from PET_EVENT_LOG_HANDLER)");
+  // torchrun reads no PET_* for these three.
+  EXPECT_EQ(MustParse({"train.py"}, {{"PET_LOGS_SPECS", "x"},
+                                     {"PET_NUMA_BINDING", "node"},
+                                     {"PET_PRINT_COMPLETION", "bash"}})
+                .notices,
+            std::vector<std::string>{});
+  // Help lists them, without a PET_* name.
+  std::string help = MustParse({"--help"}).help_text;
+  EXPECT_TRUE(absl::StrContains(help, "--numa-binding,--numa_binding"));
+  EXPECT_FALSE(absl::StrContains(help, "PET_NUMA_BINDING"));
+  EXPECT_TRUE(absl::StrContains(help, "PET_EVENT_LOG_HANDLER"));
+}
+
+// torchrun's comma_separated_list: ",," is a literal comma; given empty, it
+// is one empty filter (which matches every line).
+TEST(LaunchConfigTest, DuplicateFilters) {
+  LaunchConfig none = MustParse({"train.py"});
+  EXPECT_FALSE(none.duplicate_stdout_filters.has_value());
+  EXPECT_FALSE(none.duplicate_stderr_filters.has_value());
+  LaunchConfig config = MustParse({"--duplicate-stdout-filters=apple,,pie,orange",
+                                   "--duplicate_stderr_filters", "", "train.py"});
+  EXPECT_EQ(config.duplicate_stdout_filters,
+            (std::vector<std::string>{"apple,pie", "orange"}));
+  EXPECT_EQ(config.duplicate_stderr_filters, (std::vector<std::string>{""}));
+  EXPECT_EQ(MustParse({"train.py"}, {{"PET_DUPLICATE_STDERR_FILTERS", "Error"}})
+                .duplicate_stderr_filters,
+            (std::vector<std::string>{"Error"}));
+}
+
+TEST(LaunchConfigTest, VirtualLocalRankNeedsAGpuPerWorker) {
+  EXPECT_TRUE(MustParse({"--virtual-local-rank", "--nproc-per-node=2", "train.py"},
+                        {{"CUDA_VISIBLE_DEVICES", "3,5"}})
+                  .virtual_local_rank);
+  EXPECT_EQ(ErrorOf({"--virtual-local-rank", "--nproc-per-node=3", "train.py"},
+                    {{"CUDA_VISIBLE_DEVICES", "3,5"}}),
+            "--virtual-local-rank: local rank 2 has no GPU in CUDA_VISIBLE_DEVICES=3,5 "
+            "(--nproc-per-node=3)");
+  // HIP's list wins where set, as in torchrun.
+  EXPECT_EQ(ErrorOf({"--virtual-local-rank", "--nproc-per-node=2", "train.py"},
+                    {{"CUDA_VISIBLE_DEVICES", "0,1"}, {"HIP_VISIBLE_DEVICES", "4"}}),
+            "--virtual-local-rank: local rank 1 has no GPU in HIP_VISIBLE_DEVICES=4 "
+            "(--nproc-per-node=2)");
+  // No list: local rank N gets GPU N.
+  EXPECT_TRUE(MustParse({"--virtual-local-rank", "--nproc-per-node=8", "train.py"})
+                  .virtual_local_rank);
+}
+
+TEST(LaunchConfigTest, ShutdownTimeoutFromTorchsVariable) {
+  const Env env = {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"}};
+  EXPECT_EQ(MustParse({"train.py"}, env).shutdown_timeout, milliseconds(7000));
+  EXPECT_EQ(MustParse({"--shutdown-timeout=2", "train.py"}, env).shutdown_timeout,
+            milliseconds(2000));
+  EXPECT_EQ(
+      ErrorOf({"train.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "x"}}),
+      "--shutdown-timeout: expected a non-negative number of seconds, got 'x' (from "
+      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT)");
+}
+
+TEST(LaunchConfigTest, NprocPerNodeXpuIsRefusedInOneLine) {
+  EXPECT_EQ(ErrorOf({"--nproc-per-node=xpu", "train.py"}),
+            "--nproc-per-node: 'xpu': meshrun counts NVIDIA GPUs only (gpu, auto); give "
+            "the number of workers");
 }
 
 }  // namespace

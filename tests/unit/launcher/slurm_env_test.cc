@@ -275,6 +275,13 @@ TEST(SlurmLaunchConfigTest, ExplicitFlagsAndPetVariablesWin) {
   EXPECT_EQ(config->rdzv_id, "pet");
   EXPECT_EQ(config->min_nodes, 2);
 
+  // The backend falls back to c10d (elastic), not torchrun's static; a given
+  // one wins.
+  config = Parse({"--slurm", "--rdzv-backend=static", "train.py"}, SrunStep(1));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rdzv_backend, RdzvBackend::kStatic);
+  EXPECT_EQ(config->node_rank, 1);
+
   // is_host in --rdzv-conf is the user's to set.
   config = Parse({"--slurm", "--rdzv-conf=is_host=false", "train.py"}, SrunStep(0));
   ASSERT_TRUE(config.ok()) << config.status();
