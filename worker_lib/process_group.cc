@@ -183,7 +183,14 @@ absl::Status StoreBarrier(c10d::Store& store, int rank, int group_number, int wo
     store.wait({key + "released"}, timeout);
     if (world_size > 1) {
       if (rank != 0) {
-        if (store.add(key + "left", 1) == world_size - 1) store.add(key + "all_left", 1);
+        if (store.add(key + "left", 1) == world_size - 1) {
+          try {
+            store.add(key + "all_left", 1);
+          } catch (const c10::DistNetworkError&) {
+            // Rank 0 saw the release and exited, taking its TCPStore with it
+            // before the reply reached us: the release was taken.
+          }
+        }
       } else {
         store.wait({key + "all_left"}, timeout);
       }
