@@ -154,12 +154,20 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   options.isServer = true;
   options.waitWorkers = false;
   options.timeout = timeout;
+  // The peer is torch 2's TCPStore as torch serves it: the libuv server, its
+  // default (said here so that a libtorch without libuv cannot slip in the
+  // classic server unnoticed: it would only warn and fall back).
+  options.useLibUV = true;
+  std::unique_ptr<c10d::TCPStore> store;
   try {
-    return std::unique_ptr<TcpStoreServer>(
-        new TorchServer(std::make_unique<c10d::TCPStore>("127.0.0.1", options)));
+    store = std::make_unique<c10d::TCPStore>("127.0.0.1", options);
   } catch (const std::exception& e) {
     return FromException("server start", e);
   }
+  if (!store->isLibUvBackend())
+    return absl::FailedPreconditionError(
+        "TCPStore server start: libtorch fell back to the classic server, not libuv");
+  return std::unique_ptr<TcpStoreServer>(new TorchServer(std::move(store)));
 }
 
 }  // namespace meshrun::bench

@@ -47,8 +47,9 @@ absl::StatusOr<std::unique_ptr<BenchStore>> ConnectMeshrun(
 absl::StatusOr<std::unique_ptr<BenchStore>> ConnectTcpStore(
     const std::string& host, int port, std::chrono::milliseconds timeout);
 
-// Runs a TCPStore server (isServer=true, port 0) in this process until the
-// returned object goes away; reports the port the kernel gave it.
+// Runs a TCPStore server (isServer=true, port 0, the libuv backend: an error
+// if libtorch serves with the classic one) in this process until the returned
+// object goes away; reports the port the kernel gave it.
 class TcpStoreServer {
  public:
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(

@@ -5,7 +5,8 @@
 // process of its own and only coordinates them over pipes, so neither peer
 // shares a process, a gRPC runtime or an allocator with the other:
 //   - meshrun: the real `meshrun-rdzvd --port 0` from this binary's directory;
-//   - TCPStore: this binary in `--mode tcpstore-server` (isServer=true, port 0);
+//   - TCPStore: this binary in `--mode tcpstore-server` (isServer=true, port 0,
+//     libtorch 2's libuv server, its default);
 //   - clients: this binary in `--mode ops-client|barrier-client|rdzv-client`.
 // Each cell runs with a fresh server, the peers interleaved within each
 // repetition, and the median of the repetitions is reported.
@@ -518,9 +519,9 @@ int RunAll(const Config& config) {
                "connection) of its own, with a BatchSession stream of its own, or on "
                "one channel shared by the process, where StoreClients share one "
                "stream by default (requests of concurrent callers travel as one "
-               "batch); TCPStore = its own TCPStore object (isServer=false). Servers "
-               "run "
-               "in their own processes. ",
+               "batch); TCPStore = its own TCPStore object (isServer=false) of a "
+               "libuv TCPStore server (torch 2's default). Servers run in their own "
+               "processes. ",
                config.duration.count() / 1000.0, " s measured per cell after ",
                config.warmup.count(), " ms warm-up; median of ", config.reps,
                " runs. Ratio columns are 'x better' for meshrun: ops/s meshrun/TCPStore, "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the launcher benchmark: meshrun against Debian's torchrun (torch 1.13,
-# through ../shared/peers/torchrun_py311.py) side by side, and records the
+# Runs the launcher benchmark: meshrun against torchrun 2 (the project's venv,
+# torch 2.15, see scripts/check-venv.sh) side by side, and records the
 # results in bench/launcher/results.md (+ results.json). See
 # bench/launcher/bench_launcher.py for what is measured and how.
 #
@@ -12,14 +12,14 @@
 # --loss-wait). Environment:
 #   BUILD_DIR    build directory (default build/; configured if missing)
 #   RESULTS_DIR  where results.md and results.json go (default bench/launcher)
-#   TORCHRUN     the peer script (default ../shared/peers/torchrun_py311.py)
+#   MESHRUN_VENV the virtualenv with the pinned torch (default .venv)
+#   TORCHRUN     the peer (default $MESHRUN_VENV/bin/torchrun)
 #   WAIT_QUIET   seconds to wait for the 1-minute load average to drop below
 #                half the cores before starting (default 0: just warn)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 results_dir=${RESULTS_DIR:-bench/launcher}
-torchrun=${TORCHRUN:-$(cd .. && pwd)/shared/peers/torchrun_py311.py}
 wait_quiet=${WAIT_QUIET:-0}
 
 if [ ! -f "$build_dir/build.ninja" ]; then
@@ -28,22 +28,22 @@ if [ ! -f "$build_dir/build.ninja" ]; then
     { cat "$build_dir.configure.log"; exit 1; }
 fi
 ninja -C "$build_dir" meshrun meshrun-rdzvd >&2
-[ -f "$torchrun" ] || { echo "bench-launcher: peer $torchrun not found (set TORCHRUN)" >&2; exit 1; }
-/usr/bin/python3 -c 'import torch' 2>/dev/null ||
-  { echo "bench-launcher: /usr/bin/python3 cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
 
 source scripts/lib/bench-common.sh
+find_torch bench-launcher
+torchrun=${TORCHRUN:-$venv_torchrun}
+[ -x "$torchrun" ] || { echo "bench-launcher: peer $torchrun not found (set TORCHRUN)" >&2; exit 1; }
 wait_for_quiet bench-launcher "$wait_quiet"
 
 mkdir -p "$results_dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cmd=(/usr/bin/python3 bench/launcher/bench_launcher.py
+cmd=("$venv_python" bench/launcher/bench_launcher.py
      --meshrun "$build_dir/bin/meshrun" --rdzvd "$build_dir/bin/meshrun-rdzvd"
-     --torchrun "$torchrun" --json "$results_dir/results.json" "$@")
+     --torchrun "$torchrun" --python "$venv_python" --json "$results_dir/results.json" "$@")
 # The invocation as typed, with the settings that came from the environment.
 invocation="scripts/bench-launcher.sh${*:+ $*}"
-for var in WAIT_QUIET TORCHRUN RESULTS_DIR BUILD_DIR; do
+for var in WAIT_QUIET TORCHRUN MESHRUN_VENV RESULTS_DIR BUILD_DIR; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
@@ -69,8 +69,8 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo "- Date: $started (took ${elapsed} s)"
   echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
   echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)'), built in $build_dir"
-  echo "- Peer: torchrun from python3-torch $(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null || echo '?')," \
-       "run as /usr/bin/python3 $torchrun ($(/usr/bin/python3 --version 2>&1))"
+  echo "- Peer: torchrun of torch $torch_version ($torchrun, $python_version); its c10d" \
+       "rendezvous store is torch's TCPStore with its default libuv server"
   echo "- Load average (1/5/15 min) before: $load_before; after: $load_after"
   echo "- Exit status: $status"
   echo

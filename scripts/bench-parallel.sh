@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training-step time at world 4 (issue 5): meshrun's DataParallel, FSDP and DP x TP
 # (C++, bench/worker_lib/dp_step_bench.cc) side by side with PyTorch DDP
-# (Debian's python3-torch, gloo, bench/worker_lib/ddp_step_bench.py) on the
+# (torch 2.15 from the project's venv, gloo, bench/worker_lib/ddp_step_bench.py) on the
 # same MLPs and batch, all launched by `meshrun --standalone`, in one run;
 # records bench/worker_lib/parallel_results.md. See
 # bench/worker_lib/bench_parallel.py for what is measured and how.
@@ -15,6 +15,8 @@
 #   RESULTS_DIR  where parallel_results.md goes (default bench/worker_lib)
 #   JOBS         ninja -j (default 2)
 #   WAIT_QUIET   seconds to wait for a quiet machine first (default 60)
+#   MESHRUN_VENV the virtualenv with the pinned torch (default .venv)
+#   PYTHON_EXEC  the Python that runs ddp_step_bench.py (default the venv's python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
@@ -32,21 +34,23 @@ if ! grep -q '^build dp_step_bench:\|bin/dp_step_bench:' "$build_dir/build.ninja
     { cat "$build_dir.configure.log"; exit 1; }
 fi
 ninja -C "$build_dir" -j"$jobs" dp_step_bench meshrun meshrun-rdzvd >&2 ||
-  { echo "bench-parallel: cannot build dp_step_bench (is libtorch-dev installed?)" >&2; exit 1; }
-/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null ||
-  { echo "bench-parallel: /usr/bin/python3 has no torch (apt install python3-torch)" >&2; exit 1; }
+  { echo "bench-parallel: cannot build dp_step_bench (configured with MESHRUN_BUILD_BENCH=ON?)" >&2; exit 1; }
 
 source scripts/lib/bench-common.sh
+find_torch bench-parallel
+python_exec=${PYTHON_EXEC:-$venv_python}
+ddp_torch=$("$python_exec" -c 'import torch.distributed; print(torch.__version__)' 2>/dev/null) ||
+  { echo "bench-parallel: $python_exec cannot import torch.distributed (PYTHON_EXEC)" >&2; exit 1; }
 wait_for_quiet bench-parallel "$wait_quiet"
 
 mkdir -p "$results_dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cmd=(/usr/bin/python3 bench/worker_lib/bench_parallel.py
+cmd=("$venv_python" bench/worker_lib/bench_parallel.py
      --meshrun "$build_dir/bin/meshrun" --dp-step-bench "$build_dir/bin/dp_step_bench"
-     --ddp-script bench/worker_lib/ddp_step_bench.py --raw "$tmp/raw" "$@")
+     --ddp-script bench/worker_lib/ddp_step_bench.py --python "$python_exec" --raw "$tmp/raw" "$@")
 invocation="scripts/bench-parallel.sh${*:+ $*}"
-for var in JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET; do
+for var in PYTHON_EXEC MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
@@ -71,7 +75,8 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo "- Date: $started (took ${elapsed} s)"
   echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
   echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)'), built in $build_dir"
-  echo "- libtorch: libtorch-dev $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null || echo '?'); PyTorch: python3-torch $(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null || echo '?') (Gloo, CPU)"
+  echo "- libtorch: torch $torch_version's (the venv's wheel); PyTorch DDP: torch $ddp_torch" \
+       "($python_exec, $("$python_exec" --version 2>&1)); Gloo on CPU"
   echo "- Load average (1/5/15 min) before: $load_before; after: $load_after. The machine is"
   echo "  shared with other engineers' builds and tests: absolute times are inflated and noisy;"
   echo "  compare medians and ratios within this run only."
@@ -81,7 +86,7 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo
   echo "- Every launch: \`meshrun --standalone --nproc-per-node=4 --no-python\` of"
   echo "  \`dp_step_bench --mode {dp,fsdp,fsdp_noreshard,dptp}\` (C++: MakeMlp, DataParallel with 25 MiB"
-  echo "  buckets or FullyShard per layer, torch::optim::SGD) or \`/usr/bin/python3 ddp_step_bench.py\`"
+  echo "  buckets or FullyShard per layer, torch::optim::SGD) or \`\$PYTHON_EXEC ddp_step_bench.py\`"
   echo "  (nn.Sequential of the same Linear/ReLU sizes in DistributedDataParallel, default 25 MiB"
   echo "  buckets, torch.optim.SGD). OMP_NUM_THREADS=1 (meshrun's default for several workers) for both."
   echo "- A step = zero_grad + forward + MSE loss + backward + gradient sync + SGD step, on this"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds what it needs and runs the store benchmark: meshrun's store and
-# rendezvous daemon against c10d's TCPStore (bench/store_bench.cc), then records
+# rendezvous daemon against c10d's TCPStore (libtorch 2.15 from the venv's torch
+# wheel, its default libuv server; bench/store_bench.cc), then records
 # the results in bench/results/store.md (+ store.json).
 #
 #   scripts/bench-store.sh                     # everything, ~5-8 minutes
@@ -9,6 +10,7 @@
 # Extra arguments go to store_bench (see `store_bench --help`). Environment:
 #   BUILD_DIR    build directory (default build/; configured if missing)
 #   RESULTS_DIR  where store.md and store.json go (default bench/results)
+#   MESHRUN_VENV the virtualenv with the pinned torch (default .venv)
 #   WAIT_QUIET   seconds to wait for the 1-minute load average to drop below
 #                half the cores before starting (default 0: just warn)
 set -euo pipefail
@@ -24,16 +26,22 @@ if [ ! -f "$build_dir/build.ninja" ]; then
 fi
 ninja -C "$build_dir" store_bench meshrun-rdzvd
 bench="$build_dir/bin/store_bench"
-[ -x "$bench" ] || { echo "bench-store: $bench was not built (is libtorch-dev installed?)" >&2; exit 1; }
+[ -x "$bench" ] || { echo "bench-store: $bench was not built (MESHRUN_BUILD_BENCH=ON?)" >&2; exit 1; }
 
 source scripts/lib/bench-common.sh
+find_torch bench-store
 wait_for_quiet bench-store "$wait_quiet"
 
 mkdir -p "$results_dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cmd=("$bench" --json "$results_dir/store.json" "$@")
+invocation="scripts/bench-store.sh${*:+ $*}"
+for var in WAIT_QUIET MESHRUN_VENV RESULTS_DIR BUILD_DIR; do
+  [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
+done
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+t0=$(date +%s)
 status=0
 # Progress (stderr) goes to the terminal and the log; tables (stdout) likewise.
 "${cmd[@]}" > >(tee "$tmp/stdout") 2> >(tee "$tmp/stderr" >&2) || status=$?
@@ -47,11 +55,14 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo
   echo "Produced by \`scripts/bench-store.sh\` (bench/store_bench.cc); do not edit by hand."
   echo
-  echo "- Command: \`${cmd[*]}\`"
-  echo "- Date: $started"
+  echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
+  echo "- Date: $started (took $(( $(date +%s) - t0 )) s)"
   echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
-  echo "- Peers: gRPC $(dpkg-query -W -f='${Version}' libgrpc++-dev 2>/dev/null || echo '?')," \
-       "libtorch $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null || echo '?')"
+  echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)'), built in $build_dir;" \
+       "gRPC $(dpkg-query -W -f='${Version}' libgrpc++-dev 2>/dev/null || echo '?')"
+  echo "- Peer: c10d::TCPStore of torch $torch_version's libtorch (the venv's wheel," \
+       "$python_version), served by its libuv backend (torch 2's default; the server refuses" \
+       "to start otherwise)"
   echo "- Load average (1/5/15 min) before: $load_before; after: $load_after"
   echo "- Exit status: $status"
   if awk -v l="${load_before%% *}" -v n="$ncores" 'BEGIN { exit !(l > n / 2) }'; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the worker-library benchmark (issue 4): Gloo all-reduce bus bandwidth at
 # 2 and 4 ranks and DeviceMesh (2,2,2) creation time, through meshrun's store
-# vs through c10d's TCPStore, both under `meshrun --standalone`, and records
+# vs through c10d's TCPStore (libtorch 2.15 from the venv's torch wheel, its
+# default libuv server), both under `meshrun --standalone`, and records
 # the results in bench/worker_lib/results.md (+ results.json). See
 # bench/worker_lib/bench_worker_lib.py and bench/worker_lib/pg_bench.cc for
 # what is measured and how.
@@ -14,11 +15,14 @@
 #   BUILD_DIR    build directory (default build/; configured if missing)
 #   RESULTS_DIR  where results.md and results.json go (default bench/worker_lib)
 #   JOBS         ninja -j (default 2)
+#   MESHRUN_VENV the virtualenv with the pinned torch (default .venv)
+#   WAIT_QUIET   seconds to wait for a quiet machine first (default 0: just warn)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 results_dir=${RESULTS_DIR:-bench/worker_lib}
 jobs=${JOBS:-2}
+wait_quiet=${WAIT_QUIET:-0}
 
 if [ ! -f "$build_dir/build.ninja" ]; then
   mkdir -p "$build_dir"
@@ -26,19 +30,20 @@ if [ ! -f "$build_dir/build.ninja" ]; then
     { cat "$build_dir.configure.log"; exit 1; }
 fi
 ninja -C "$build_dir" -j"$jobs" pg_bench meshrun meshrun-rdzvd >&2 ||
-  { echo "bench-worker-lib: cannot build pg_bench (is libtorch-dev installed?)" >&2; exit 1; }
+  { echo "bench-worker-lib: cannot build pg_bench (configured with MESHRUN_BUILD_BENCH=ON?)" >&2; exit 1; }
 
 source scripts/lib/bench-common.sh
+find_torch bench-worker-lib
 wait_for_quiet bench-worker-lib "$wait_quiet"
 
 mkdir -p "$results_dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cmd=(/usr/bin/python3 bench/worker_lib/bench_worker_lib.py
+cmd=("$venv_python" bench/worker_lib/bench_worker_lib.py
      --meshrun "$build_dir/bin/meshrun" --pg-bench "$build_dir/bin/pg_bench"
      --raw "$tmp/raw" "$@")
 invocation="scripts/bench-worker-lib.sh${*:+ $*}"
-for var in JOBS RESULTS_DIR BUILD_DIR; do
+for var in WAIT_QUIET MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
@@ -64,7 +69,8 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo "- Date: $started (took ${elapsed} s)"
   echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
   echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)'), built in $build_dir"
-  echo "- libtorch: libtorch-dev $(dpkg-query -W -f='${Version}' libtorch-dev 2>/dev/null || echo '?') (Gloo, CPU)"
+  echo "- libtorch: torch $torch_version's (the venv's wheel, $python_version), Gloo on CPU;"
+  echo "  TCPStore is its c10d::TCPStore with the default libuv server (RESULT lines: server=)"
   echo "- Load average (1/5/15 min) before: $load_before; after: $load_after"
   echo "- Exit status: $status"
   echo

@@ -1,5 +1,5 @@
-#!/usr/bin/python3
-"""meshrun vs torchrun (torch 1.13): launch cost, restart cost, node-loss recovery.
+#!/usr/bin/env python3
+"""meshrun vs torchrun 2 (torch 2.15): launch cost, restart cost, node-loss recovery.
 
 Run by scripts/bench-launcher.sh; stdlib only. Progress goes to stderr; the
 result tables (Markdown) and one `SUMMARY_JSON {...}` line go to stdout.
@@ -54,13 +54,14 @@ def log(*args):
     print("bench-launcher:", *args, file=sys.stderr, flush=True)
 
 
-def bench_env():
-    """The environment both launchers get: no PET_* / torchelastic leftovers."""
+def bench_env(python):
+    """The environment both launchers get: no PET_* / torchelastic leftovers;
+    PYTHON_EXEC is the venv's python3 (the one torch)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
            and k not in ("OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT",
                          "RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHON_EXEC"] = "/usr/bin/python3"
+    env["PYTHON_EXEC"] = python
     return env
 
 
@@ -68,7 +69,7 @@ class Launchers:
     def __init__(self, args):
         self.meshrun = args.meshrun
         self.rdzvd = args.rdzvd
-        self.torchrun = ["/usr/bin/python3", args.torchrun]
+        self.torchrun = [args.torchrun]
 
     def standalone(self, kind, max_restarts, script):
         if kind == "meshrun":
@@ -351,7 +352,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--meshrun", required=True)
     p.add_argument("--rdzvd", required=True)
-    p.add_argument("--torchrun", required=True, help="torchrun_py311.py (run with /usr/bin/python3)")
+    p.add_argument("--torchrun", required=True, help="torchrun 2 (the venv's bin/torchrun)")
+    p.add_argument("--python", default=sys.executable,
+                   help="PYTHON_EXEC for both launchers (the venv's python3)")
     p.add_argument("--runs", type=int, default=9,
                    help="timed rounds in (a) and (b); each round runs every case")
     p.add_argument("--meshrun-repeats", type=int, default=5,
@@ -376,7 +379,7 @@ def main():
 
 def run(args, launchers, tmpdir):
     sections = set(args.sections.split(","))
-    env = bench_env()
+    env = bench_env(args.python)
     # Both launchers' temporary files (torchrun leaves a torchelastic_* directory
     # per run; a SIGKILLed agent cannot clean up) go here and are removed at the end.
     env["TMPDIR"] = os.path.join(tmpdir, "tmp")

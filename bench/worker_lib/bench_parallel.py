@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Training-step time at world 4: meshrun's DP, FSDP, DP x TP vs PyTorch DDP.
 
 Run by scripts/bench-parallel.sh; stdlib only. Progress goes to stderr; the
@@ -6,7 +6,7 @@ result tables (Markdown) and a verdict go to stdout.
 
 Every launch is `meshrun --standalone --nproc-per-node=N` of either
 `--no-python dp_step_bench --mode M` (meshrun's C++ DP / FSDP) or
-`ddp_step_bench.py` (PyTorch DDP, Debian's python3-torch, gloo), with the same
+`ddp_step_bench.py` (PyTorch DDP, torch 2 run by --python, gloo), with the same
 MLP sizes, global batch and step count. Each launch reports the median over
 its timed steps of the per-step time (max over ranks). The implementations
 alternate within a round (rotating who goes first); over --rounds rounds the
@@ -29,11 +29,13 @@ def log(*args):
     print("bench-parallel:", *args, file=sys.stderr, flush=True)
 
 
-def bench_env():
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
-            and k not in ("OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "RANK",
-                          "WORLD_SIZE", "LOCAL_RANK")}
+def bench_env(python):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
+           and k not in ("OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "RANK",
+                         "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHON_EXEC"] = python
+    return env
 
 
 def launch(args, impl, sizes, raw):
@@ -47,7 +49,7 @@ def launch(args, impl, sizes, raw):
         cmd = [args.meshrun, "--standalone", f"--nproc-per-node={args.world}", "--no-python",
                args.dp_step_bench, f"--mode={impl}", *common]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=bench_env(), stdout=subprocess.PIPE,
+    proc = subprocess.run(cmd, env=bench_env(args.python), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=args.launch_timeout)
     wall = time.perf_counter() - t0
     raw.append(f"$ {' '.join(cmd)}   # exit {proc.returncode}, {wall:.1f} s")
@@ -68,7 +70,8 @@ def main():
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--dp-step-bench", required=True)
     parser.add_argument("--ddp-script", required=True)
-    parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--python", default=os.environ.get("PYTHON_EXEC", sys.executable),
+                        help="runs ddp_step_bench.py (default $PYTHON_EXEC, else this Python)")
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--models", default="50,50,50,50,4;256,1024,1024,1024,256",
                         help="MLP sizes, ';' between models")

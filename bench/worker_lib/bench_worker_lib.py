@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Worker library: meshrun's store vs c10d's TCPStore under the same launcher.
 
 Run by scripts/bench-worker-lib.sh; stdlib only. Progress goes to stderr; the
@@ -20,7 +20,8 @@ result tables (Markdown), a verdict and one `SUMMARY_JSON {...}` line go to stdo
 
 Both stores run under the same launcher (meshrun --standalone): the only
 difference is where the workers rendezvous - meshrun-rdzvd's Store service
-(GrpcStore) or a c10d TCPStore that rank 0 serves on MASTER_ADDR:MASTER_PORT.
+(GrpcStore) or a c10d TCPStore that rank 0 serves on MASTER_ADDR:MASTER_PORT
+(libtorch 2.15's, with its default libuv server: checked on every RESULT line).
 """
 
 import argparse
@@ -69,6 +70,10 @@ def launch(args, nproc, worker_args, raw):
         m = RESULT_RE.match(line[idx:])
         fields = dict(kv.split("=", 1) for kv in m.group(2).split())
         fields["kind"] = m.group(1)
+        # The peer is torch 2's TCPStore with its default libuv server.
+        if fields.get("store") == "tcpstore" and fields.get("server") != "libuv":
+            log(f"the TCPStore server is not libuv: {line[idx:]}")
+            raise SystemExit(1)
         results.append(fields)
     if proc.returncode != 0:
         log(f"launch failed (exit {proc.returncode}): {' '.join(cmd)}")

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch DDP peer of dp_step_bench.cc: the same MLP, batch and step.
 
 Run under a torchrun-compatible launcher (scripts/bench-parallel.sh uses

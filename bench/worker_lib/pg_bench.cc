@@ -8,7 +8,8 @@
 //       then timed calls (fewer for big sizes). Each timed call is preceded by
 //       a barrier and timed on every rank (steady_clock around allreduce +
 //       wait); the call's time is the maximum over ranks. Rank 0 prints
-//         RESULT allreduce store=S n=N bytes=B iters=I median_us=T busbw_gbps=G
+//         RESULT allreduce store=S server=V n=N bytes=B iters=I median_us=T
+//             busbw_gbps=G
 //       with busbw = 2(n-1)/n * bytes / median time (nccl-tests' bus bandwidth).
 //
 //   meshrun --standalone --nproc-per-node=8 --no-python pg_bench mesh
@@ -16,13 +17,16 @@
 //       Process-group creation: each rank takes steady_clock (CLOCK_MONOTONIC,
 //       shared by all processes of the machine) just before InitProcessGroup
 //       and just after InitDeviceMesh returns. Rank 0 prints
-//         RESULT mesh store=S n=N shape=... max_rank_ms=M span_ms=P
+//         RESULT mesh store=S server=V n=N shape=... max_rank_ms=M span_ms=P
 //             last_start_ms=L init_pg_ms=A mesh_ms=B groups_per_rank=G
 //       max_rank_ms: the longest per-rank time (before InitProcessGroup to
 //       after InitDeviceMesh); span_ms: earliest start to latest finish over
 //       ranks; last_start_ms: the last rank's start to the last finish (the
 //       creation once every process is up, without start-up skew);
 //       init_pg_ms / mesh_ms: the maxima over ranks of the two parts.
+//
+// server=V is rank 0's TCPStore server backend, "libuv" (torch 2's default)
+// or "classic", and "-" for meshrun's store.
 //
 // The store only carries the rendezvous (Gloo's pair addresses); the
 // all-reduce data goes over Gloo's own TCP connections either way.
@@ -34,6 +38,7 @@
 #include <cstring>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 #include "worker_lib/device_mesh.h"
@@ -71,6 +76,13 @@ std::vector<double> MaxOverRanks(World& world, const std::vector<double>& values
   std::vector<double> out(values.size());
   for (size_t i = 0; i < values.size(); ++i) out[i] = t[0][i].item<double>();
   return out;
+}
+
+// The backend of the TCPStore rank 0 serves (rank 0 is its server).
+const char* StoreServer(const World& world) {
+  const auto* tcp = dynamic_cast<const c10d::TCPStore*>(world.store().get());
+  if (tcp == nullptr) return "-";
+  return tcp->isLibUvBackend() ? "libuv" : "classic";
 }
 
 double Median(std::vector<double> v) {
@@ -124,9 +136,9 @@ int AllReduce(StoreKind store, const std::vector<long long>& sizes, int warmup) 
         2.0 * (n - 1) / n * static_cast<double>(bytes) / (median_us * 1e-6) / 1e9;
     if (world->rank() == 0) {
       std::printf(
-          "RESULT allreduce store=%s n=%d bytes=%lld iters=%d median_us=%.1f "
+          "RESULT allreduce store=%s server=%s n=%d bytes=%lld iters=%d median_us=%.1f "
           "min_us=%.1f busbw_gbps=%.4f\n",
-          world->store_kind().c_str(), n, bytes, iters, median_us,
+          world->store_kind().c_str(), StoreServer(*world), n, bytes, iters, median_us,
           *std::min_element(times_us.begin(), times_us.end()), busbw_gbps);
       std::fflush(stdout);
     }
@@ -161,10 +173,10 @@ int Mesh(StoreKind store, const std::vector<long long>& shape_ll) {
     for (size_t i = 0; i < shape.size(); ++i)
       shape_text += (i ? "," : "") + std::to_string(shape[i]);
     std::printf(
-        "RESULT mesh store=%s n=%d shape=%s max_rank_ms=%.1f span_ms=%.1f "
+        "RESULT mesh store=%s server=%s n=%d shape=%s max_rank_ms=%.1f span_ms=%.1f "
         "last_start_ms=%.1f init_pg_ms=%.1f mesh_ms=%.1f groups_per_rank=%d\n",
-        world->store_kind().c_str(), world->size(), shape_text.c_str(), m[0], m[2] + m[1],
-        m[2] - m[5], m[3], m[4], groups);
+        world->store_kind().c_str(), StoreServer(*world), world->size(),
+        shape_text.c_str(), m[0], m[2] + m[1], m[2] - m[5], m[3], m[4], groups);
     std::fflush(stdout);
   }
   world->group()->barrier()->wait();

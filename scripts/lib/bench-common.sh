@@ -17,3 +17,21 @@ wait_for_quiet() {
          "other work on this machine will distort the numbers" >&2
   fi
 }
+
+# find_torch NAME: the project's one torch, the venv's (MESHRUN_VENV, default
+# .venv, as scripts/check-venv.sh and cmake/MeshrunTorch.cmake find it). Stops
+# with one line when it is missing or holds another torch. Sets venv_python
+# (its python3: Python workers, PYTHON_EXEC), venv_torchrun (torchrun 2, the
+# peer) torch_version (e.g. 2.15.0+cu132) and python_version ("Python 3.11.2").
+find_torch() {
+  local name=$1 venv=${MESHRUN_VENV:-.venv} why
+  why=$(bash scripts/check-venv.sh "$venv" 2>&1 >/dev/null) ||
+    { echo "$name: ${why#meshrun: }" >&2; exit 1; }
+  venv=$(cd "$venv" && pwd)
+  venv_python=$venv/bin/python3
+  venv_torchrun=$venv/bin/torchrun
+  [ -x "$venv_torchrun" ] || { echo "$name: $venv has no bin/torchrun" >&2; exit 1; }
+  torch_version=$("$venv_python" -c 'import torch; print(torch.__version__)' 2>/dev/null) ||
+    { echo "$name: $venv_python cannot import torch" >&2; exit 1; }
+  python_version=$("$venv_python" --version 2>&1)
+}

@@ -1,6 +1,6 @@
 // A real PyTorch DDP script (gloo, env://) runs unchanged under meshrun as 2
-// agents x 2 workers and ends with the same losses as under Debian's
-// torchrun with the same world size.
+// agents x 2 workers and ends with the same losses as under torchrun 2
+// (the venv's, torch 2.15) with the same world size.
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

@@ -1,6 +1,6 @@
 // InitProcessGroup and NewGroup across real processes: pg_worker under the
 // real launcher (meshrun --standalone, two meshrun agents on one daemon, and
-// Debian's torchrun as the peer), every rank checking its own results.
+// torchrun 2, the venv's, as the peer), every rank checking its own results.
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
