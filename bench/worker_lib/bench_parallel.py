@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-# Rank 0's line, after the launcher's "[default0]:" prefix.
+# Rank 0's line (meshrun and torchrun 2 print it unprefixed unless tee'd).
 RESULT_RE = re.compile(r"RESULT (impl=.*)$", re.M)
 
 
