@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 SEEDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "seeds")
@@ -175,22 +176,27 @@ def launch(commands, env):
     """Starts every command at once; returns (exit codes, [(stdout, stderr)])."""
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                               text=True, start_new_session=True) for cmd in commands]
+    results = [None] * len(procs)
+
+    def drain(i):  # each launcher's pipes read at once: none can fill and stall
+        results[i] = procs[i].communicate()
+
+    readers = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(len(procs))]
     deadline = time.monotonic() + DEADLINE_S
-    results = []
     try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=max(1, deadline - time.monotonic()))
-            results.append((out, err))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        raise SystemExit(f"FAIL: {commands[0][0]} did not end within {DEADLINE_S} s")
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(timeout=max(0, deadline - time.monotonic()))
+        if any(reader.is_alive() for reader in readers):
+            raise SystemExit(f"FAIL: {commands[0][0]} did not end within {DEADLINE_S} s")
     finally:
         for proc in procs:  # every process group we started ends with us
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        for reader in readers:  # a worker that outlived its launcher may hold a pipe
+            reader.join(timeout=10)
     return [proc.returncode for proc in procs], results
 
 
