@@ -1,4 +1,4 @@
-#include "rendezvous/kv_store.h"
+#include "rendezvous/core/kv_store.h"
 
 #include <algorithm>
 #include <chrono>
