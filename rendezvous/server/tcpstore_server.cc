@@ -42,6 +42,9 @@ const char* ToString(Refusal r) {
 constexpr uint32_t kNoTimeoutMs = std::numeric_limits<uint32_t>::max();
 constexpr size_t kReadChunk = 64 << 10;
 
+// The connection whose query this thread is running (see SendAll).
+thread_local const void* tls_dispatching = nullptr;
+
 }  // namespace
 
 class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer::Impl> {
@@ -206,9 +209,17 @@ class TcpStoreServer::Impl::Connection final
       asio::post(socket_.get_executor(), [self = shared_from_this()] { self->Close(); });
       return;
     }
-    if (start_write)
-      asio::post(socket_.get_executor(),
-                 [self = shared_from_this()] { self->WriteNext(); });
+    if (!start_write) return;
+    // A reply made while this connection's own query runs (most are) is
+    // written by Process() once the queries buffered so far have run, all in
+    // one write; any other goes through the strand.
+    if (tls_dispatching == this) {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      return;
+    }
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this()] { self->WriteNext(); });
   }
   void Hold(const std::vector<StoreResponse>& /*replies*/) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -249,7 +260,7 @@ class TcpStoreServer::Impl::Connection final
     while (!closed_) {
       if (OverReplyBound()) {
         paused_ = true;
-        return;
+        return StartWriting();  // resumes Process() once enough is written
       }
       const std::string_view pending(in_.data() + in_start_, in_.size() - in_start_);
       if (pending.size() < need_) break;
@@ -268,6 +279,7 @@ class TcpStoreServer::Impl::Connection final
       Dispatch(std::move(parsed.query));
     }
     if (closed_) return;
+    StartWriting();
     // Drop what was consumed; keep the partial query at the front.
     if (in_start_ > 0) {
       in_.erase(0, in_start_);
@@ -417,7 +429,19 @@ class TcpStoreServer::Impl::Connection final
       std::lock_guard<std::mutex> lock(mu_);
       awaiting_[request.id()] = query.type;
     }
+    tls_dispatching = this;
     server_->store_.Handle(this, request);
+    tls_dispatching = nullptr;
+  }
+
+  // On the strand: writes what queued up, unless a write is in flight.
+  void StartWriting() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (writing_ || out_.empty()) return;
+      writing_ = true;
+    }
+    WriteNext();
   }
 
   // The reply bytes c10d's client reads for `type`; empty for queries it

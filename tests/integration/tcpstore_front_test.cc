@@ -232,6 +232,28 @@ TEST(TcpStoreFrontTest, CancelWaitAnswersWaitCanceledAndTheWaitNeverAnswers) {
   EXPECT_EQ(static_cast<uint8_t>((*next)[0]), 9);  // the ping, not a stale STOP_WAITING
 }
 
+// Replies to a client that sends without reading queue only up to the bound
+// (64 MiB); the daemon then stops reading it, and resumes as it reads.
+TEST(TcpStoreFrontTest, AClientThatSendsWithoutReadingIsPausedThenServedInFull) {
+  DaemonProcess daemon;
+  const int port = PortOf(daemon.endpoint());
+  RawClient client(port);
+  const std::string value(1 << 20, 'v');
+  ASSERT_TRUE(client.Send(Make(QueryType::kSet, {"big"}, {value})));
+  constexpr int kGets = 200;  // 200 MiB of replies
+  std::thread sender([&] {
+    std::string gets;
+    for (int i = 0; i < kGets; ++i) gets += EncodeQuery(Make(QueryType::kGet, {"big"}));
+    client.SendRaw(gets);
+  });
+  ExpectServing(port, "others", 1);  // meanwhile everyone else is served
+  for (int i = 0; i < kGets; ++i) {
+    ASSERT_EQ(client.ReadI64(), int64_t{1} << 20) << i;
+    ASSERT_EQ(client.Read(value.size()), value) << i;
+  }
+  sender.join();
+}
+
 TEST(TcpStoreFrontTest, ATokenTurnsTheTcpStoreProtocolOffAndOnIsRefused) {
   testing::TempDir dir;
   const std::string token_file =
