@@ -24,8 +24,8 @@
 #include "launcher/launch_config.h"
 #include "launcher/local_address.h"
 #include "launcher/status_command.h"
-#include "rendezvous/server/daemon.h"
 #include "rendezvous/security/security.h"
+#include "rendezvous/server/daemon.h"
 
 extern char** environ;
 
@@ -175,6 +175,7 @@ int Main(int argc, char** argv) {
   // Where the daemon is, and whether this agent serves it.
   std::unique_ptr<rdzv::Daemon> daemon;
   std::string endpoint;
+  HostPort daemon_address;  // as this node's agent and workers reach it
   const HostPort& rdzv = config.rdzv_endpoint;
   if (config.standalone) {
     rdzv::DaemonOptions options;  // 127.0.0.1, kernel-assigned port
@@ -192,8 +193,10 @@ int Main(int argc, char** argv) {
     }
     daemon = std::move(*started);
     endpoint = daemon->endpoint();
+    daemon_address = {"127.0.0.1", daemon->port()};
   } else {
     endpoint = FormatEndpoint(rdzv.host, rdzv.port);
+    daemon_address = rdzv;
     bool host_it = config.rdzv_conf.is_host.value_or(IsLocalAddress(rdzv.host));
     if (config.rdzv_backend == RdzvBackend::kStatic && !config.rdzv_conf.is_host)
       host_it = config.node_rank == 0;
@@ -213,6 +216,10 @@ int Main(int argc, char** argv) {
       auto started = rdzv::Daemon::Start(options);
       if (started.ok()) {
         daemon = std::move(*started);
+        if (rdzv.port == 0) {  // static, one node, --master-port=0
+          daemon_address.port = daemon->port();
+          endpoint = FormatEndpoint(rdzv.host, daemon->port());
+        }
         log->info("hosting the rendezvous daemon on {}", endpoint);
       } else {
         // Another agent on this machine serves it already; be its client.
@@ -239,6 +246,12 @@ int Main(int argc, char** argv) {
   options.nproc = config.nproc_per_node;
   options.node_rank_hint = config.node_rank_given ? config.node_rank : -1;
   options.rdzv_endpoint = endpoint;
+  // Workers use the daemon's TCPStore front-end as torchrun's agent store,
+  // unless the daemon wants a token or TLS: stock TCPStore clients send
+  // neither, and such a daemon does not serve them (DaemonOptions::tcpstore).
+  if (client_security->token.empty() && !client_security->tls())
+    options.agent_store =
+        agent::AgentOptions::StoreAddress{daemon_address.host, daemon_address.port};
   options.security = std::move(*client_security);
   options.worker_security_env = WorkerSecurityEnv(config);
   options.run_config = ToRunConfig(config);
