@@ -94,14 +94,15 @@ void ExpectAgentStore(const TempDir& dir, int world, const std::string& port,
 }
 
 // The key a worker set through its own TCPStore client is in the round's
-// namespace at the daemon (MESHRUN_STORE_PREFIX), read back over gRPC.
+// namespace at the daemon (MESHRUN_STORE_PREFIX), read back over gRPC. c10d's
+// client puts "/" before every key it sends.
 void ExpectKeyAtDaemon(const TempDir& dir, const std::string& endpoint, int rank,
                        int restart) {
   Env env = ReadEnv(dir, rank, restart);
   ASSERT_FALSE(env.empty());
   ChildProcess get(
       {BinDir() + "/store_tool", endpoint, env["MESHRUN_STORE_PREFIX"], "get",
-       "trained/" + std::to_string(restart) + "/" + std::to_string(rank), "2000"},
+       "/trained/" + std::to_string(restart) + "/" + std::to_string(rank), "2000"},
       /*merge_stderr=*/true);
   EXPECT_EQ(ExitCode(get, seconds(20)), 0) << get.output();
   EXPECT_NE(get.output().find("value=1"), std::string::npos) << get.output();
