@@ -414,7 +414,8 @@ absl::Status KvStore::QueuePush(const std::string& ns, const std::string& key,
   if (absl::Status status = CheckValueSize(value.size()); !status.ok()) return status;
   const Namespace* existing = FindNamespace(ns);
   if (absl::Status status = CheckNewNamespace(existing); !status.ok()) return status;
-  const size_t bytes = (existing == nullptr ? 0 : existing->bytes) + key.size() + value.size();
+  const size_t bytes =
+      (existing == nullptr ? 0 : existing->bytes) + key.size() + value.size();
   if (absl::Status status = CheckCapacity(ns, existing, 0, bytes); !status.ok())
     return status;
   Namespace& space = namespaces_[ns];
@@ -519,8 +520,8 @@ BlockingResult KvStore::Block(const std::string& ns, const std::vector<std::stri
 }
 
 BlockingResult KvStore::Barrier(const std::string& ns, const std::string& key,
-                               int64_t world_size, WaiterId waiter, TimePoint deadline,
-                               std::vector<Wakeup>* woken) {
+                                int64_t world_size, WaiterId waiter, TimePoint deadline,
+                                std::vector<Wakeup>* woken) {
   if (world_size <= 0) {
     return Done(absl::InvalidArgumentError(
         absl::StrCat("barrier world size must be positive, got ", world_size)));

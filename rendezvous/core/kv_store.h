@@ -9,8 +9,8 @@
 // Thread-safety: none; the owner serialises all calls.
 
 #include <chrono>
-#include <deque>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <map>

@@ -1167,6 +1167,15 @@ std::vector<std::string> RendezvousState::RunIds() const {
   return ids;
 }
 
+std::map<std::string, std::string> RendezvousState::LiveStorePrefixes() const {
+  std::map<std::string, std::string> prefixes;
+  for (const auto& [id, run] : runs_) {
+    if (run->phase != Phase::kClosed && !run->store_prefix.empty())
+      prefixes.emplace(id, run->store_prefix);
+  }
+  return prefixes;
+}
+
 std::vector<std::string> RendezvousState::ForgetClosedBefore(RdzvTime cutoff) {
   std::vector<std::string> forgotten;
   for (auto it = runs_.begin(); it != runs_.end();) {

@@ -240,6 +240,9 @@ class RendezvousState {
   // Whether the run has this node (live or departed).
   bool HasNode(const std::string& run_id, const std::string& node_id) const;
   std::vector<std::string> RunIds() const;
+  // The store namespace of each run that is not closed and has formed a
+  // round (Assignment::store_prefix of its current round), by run id.
+  std::map<std::string, std::string> LiveStorePrefixes() const;
   // Forgets closed runs that closed before `cutoff`; returns their ids.
   std::vector<std::string> ForgetClosedBefore(RdzvTime cutoff);
 

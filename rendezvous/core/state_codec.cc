@@ -155,6 +155,15 @@ std::string DeleteRecord(std::string_view ns, std::string_view key) {
   return StoreRecord(RecordType::kDelete, ns, key, nullptr);
 }
 
+std::string QueuePushRecord(std::string_view ns, std::string_view key,
+                            std::string_view value) {
+  return StoreRecord(RecordType::kQueuePush, ns, key, &value);
+}
+
+std::string QueuePopRecord(std::string_view ns, std::string_view key) {
+  return StoreRecord(RecordType::kQueuePop, ns, key, nullptr);
+}
+
 std::string DropNamespaceRecord(std::string_view ns) {
   ByteWriter w;
   w.U8(static_cast<uint8_t>(RecordType::kDropNamespace));
@@ -178,16 +187,26 @@ absl::Status ApplyRecord(std::string_view payload, KvStore* store,
   const auto type = static_cast<RecordType>(r.U8());
   switch (type) {
     case RecordType::kSet:
-    case RecordType::kAppend: {
+    case RecordType::kAppend:
+    case RecordType::kQueuePush: {
       std::string ns = r.Str();
       std::string key = r.Str();
       std::string value = r.Str();
       if (!r.ok() || !r.done()) break;
       if (type == RecordType::kSet) {
         store->RestoreSet(ns, key, std::move(value));
-      } else {
+      } else if (type == RecordType::kAppend) {
         store->RestoreAppend(ns, key, value);
+      } else {
+        store->RestoreQueuePush(ns, key, std::move(value));
       }
+      return absl::OkStatus();
+    }
+    case RecordType::kQueuePop: {
+      std::string ns = r.Str();
+      std::string key = r.Str();
+      if (!r.ok() || !r.done()) break;
+      store->RestoreQueuePop(ns, key);
       return absl::OkStatus();
     }
     case RecordType::kDelete: {
@@ -237,6 +256,11 @@ std::string EncodeSnapshot(const KvStore& store, const RendezvousState& rendezvo
   store.ForEachEntry(
       [&](const std::string& ns, const std::string& key, const std::string& value) {
         AppendFrame(&out, SetRecord(ns, key, value));
+        ++count;
+      });
+  store.ForEachQueueItem(
+      [&](const std::string& ns, const std::string& key, const std::string& value) {
+        AppendFrame(&out, QueuePushRecord(ns, key, value));
         ++count;
       });
   for (const std::string& run_id : rendezvous.RunIds()) {

@@ -11,7 +11,7 @@
 // Record payloads start with a RecordType byte:
 //   kSet ns key value, kAppend ns key value, kDelete ns key, kDropNamespace
 //     ns  (the store, as effects: Add and CompareSet are logged as the Set of
-//     their result)
+//     their result), kQueuePush ns key value, kQueuePop ns key
 //   kRun run_id state         (a whole run of RendezvousState::EncodeRun)
 //   kRunGone run_id           (the run was forgotten)
 // A snapshot file is kSnapshotMagic, then framed records: a header (the log
@@ -44,6 +44,8 @@ enum class RecordType : uint8_t {
   kSnapshotHeader = 6,
   kSnapshotTrailer = 7,
   kDropNamespace = 8,
+  kQueuePush = 9,
+  kQueuePop = 10,
 };
 
 uint32_t Crc32(std::string_view data);
@@ -98,6 +100,9 @@ std::string SetRecord(std::string_view ns, std::string_view key, std::string_vie
 std::string AppendRecord(std::string_view ns, std::string_view key,
                          std::string_view value);
 std::string DeleteRecord(std::string_view ns, std::string_view key);
+std::string QueuePushRecord(std::string_view ns, std::string_view key,
+                            std::string_view value);
+std::string QueuePopRecord(std::string_view ns, std::string_view key);
 // A whole namespace dropped (its run was forgotten).
 std::string DropNamespaceRecord(std::string_view ns);
 // Rendezvous record payloads: the run's current state, or its removal when

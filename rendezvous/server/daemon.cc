@@ -1,8 +1,10 @@
 #include "rendezvous/server/daemon.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/str_cat.h"
 #include "rendezvous/core/state_codec.h"
 #include "rendezvous/status/status_http.h"
 #include "rendezvous/status/status_render.h"
@@ -23,6 +25,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       };
   daemon->rendezvous_ =
       std::make_unique<RendezvousService>(std::move(rendezvous_options));
+  const bool secured = !options.security.token.empty() || options.security.tls();
+  if (options.tcpstore == TcpStoreMode::kOn && secured) {
+    return absl::InvalidArgumentError(
+        "the TCPStore protocol cannot be served with a token or TLS: stock TCPStore "
+        "clients send neither (use --tcpstore=auto or off, or a second daemon without "
+        "them on a private address)");
+  }
+  const bool serve_tcpstore = options.tcpstore == TcpStoreMode::kOn ||
+                              (options.tcpstore == TcpStoreMode::kAuto && !secured);
   if (!options.state_dir.empty()) {
     if (absl::Status s = daemon->OpenState(options); !s.ok()) return s;
   }
@@ -31,8 +42,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   std::string address = options.host.find(':') != std::string::npos
                             ? "[" + options.host + "]:" + std::to_string(options.port)
                             : options.host + ":" + std::to_string(options.port);
-  builder.AddListeningPort(address, MakeServerCredentials(options.security),
-                           &daemon->port_);
+  // Serving TCPStore, the front-end owns the port and hands gRPC its
+  // connections; gRPC itself listens nowhere.
+  if (!serve_tcpstore) {
+    builder.AddListeningPort(address, MakeServerCredentials(options.security),
+                             &daemon->port_);
+  }
   builder.RegisterService(daemon->store_.get());
   builder.RegisterService(daemon->rendezvous_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
@@ -47,6 +62,43 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   daemon->server_ = builder.BuildAndStart();
+  if (daemon->server_ && serve_tcpstore) {
+    TcpStoreServerOptions front;
+    front.host = options.host;
+    front.port = options.port;
+    front.io_threads = options.tcpstore_threads;
+    front.limits.max_key_bytes = options.store.limits.max_key_bytes;
+    front.limits.max_value_bytes = options.store.limits.max_value_bytes;
+    front.limits.max_keys_per_query = options.store.limits.max_keys_per_request;
+    front.max_queued_reply_bytes = options.store.max_queued_reply_bytes_per_session;
+    grpc::Server* grpc_server = daemon->server_.get();
+    front.on_grpc_fd = [grpc_server](int fd) {
+      grpc::AddInsecureChannelFromFd(grpc_server, fd);
+    };
+    RendezvousService* rendezvous = daemon->rendezvous_.get();
+    front.namespace_for =
+        [rendezvous, run = options.tcpstore_run](
+            const std::string& /*peer*/) -> absl::StatusOr<std::string> {
+      const std::map<std::string, std::string> live = rendezvous->LiveStorePrefixes();
+      if (!run.empty()) {
+        auto it = live.find(run);
+        if (it != live.end()) return it->second;
+        return absl::FailedPreconditionError(
+            absl::StrCat("run ", run, " has no round in progress"));
+      }
+      if (live.size() == 1) return live.begin()->second;
+      if (live.empty()) return std::string(kDefaultTcpStoreNamespace);
+      return absl::FailedPreconditionError(absl::StrCat(
+          live.size(),
+          " runs are in progress on this daemon and a stock TCPStore client cannot "
+          "say which is its own (start the daemon with --tcpstore-run, or one daemon "
+          "per job)"));
+    };
+    auto served = TcpStoreServer::Start(std::move(front), *daemon->store_);
+    if (!served.ok()) return served.status();
+    daemon->tcpstore_ = std::move(*served);
+    daemon->port_ = daemon->tcpstore_->port();
+  }
   if (!daemon->server_ || daemon->port_ == 0) {
     return absl::UnavailableError(
         "cannot listen on " + address +
@@ -133,6 +185,7 @@ std::string Daemon::MetricsText() {
   std::vector<MetricFamily> families;
   rendezvous_->CollectMetrics(&families);
   store_->CollectMetrics(&families);
+  if (tcpstore_) tcpstore_->CollectMetrics(&families);
   if (http_) http_->CollectMetrics(&families);
   return RenderPrometheusText(families);
 }
@@ -155,6 +208,9 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   // Its handlers read the services.
   if (http_) http_->Stop();
   if (!server_) return;
+  // First: it hands connections to server_, and its sessions end before the
+  // store's waits are torn down.
+  if (tcpstore_) tcpstore_->Stop();
   // Before the server cancels the Join streams, which must not read as the
   // nodes leaving (the flush below would persist a run everybody left).
   rendezvous_->BeginShutdown();

@@ -9,10 +9,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "rendezvous/status/http_server.h"
-#include "rendezvous/server/rendezvous_service.h"
 #include "rendezvous/security/security.h"
+#include "rendezvous/server/rendezvous_service.h"
 #include "rendezvous/server/store_service.h"
+#include "rendezvous/server/tcpstore_server.h"
+#include "rendezvous/status/http_server.h"
 
 namespace grpc {
 class Channel;
@@ -20,6 +21,14 @@ class Server;
 }  // namespace grpc
 
 namespace meshrun::rdzv {
+
+// Whether the daemon's port also speaks c10d's TCPStore protocol. Stock
+// TCPStore clients can send neither a token nor TLS, so kAuto serves it only
+// when the daemon requires neither; kOn with a token or TLS is refused.
+enum class TcpStoreMode { kAuto, kOn, kOff };
+
+// The namespace stock TCPStore clients use while the daemon has no run.
+inline constexpr char kDefaultTcpStoreNamespace[] = "_tcpstore";
 
 struct DaemonOptions {
   std::string host = "127.0.0.1";
@@ -42,6 +51,14 @@ struct DaemonOptions {
   // The HTTP port for /metrics, /api/status and the status page, on `host`:
   // -1 for none, 0 for a kernel-assigned one (read metrics_port()).
   int metrics_port = -1;
+  TcpStoreMode tcpstore = TcpStoreMode::kAuto;
+  // The run whose store stock TCPStore clients see (the launcher names its
+  // own for the daemon it embeds). Empty: the only run with a formed round;
+  // kDefaultTcpStoreNamespace while there is none; with several, a client
+  // cannot say which is its own and is refused.
+  std::string tcpstore_run;
+  // I/O threads of the TCPStore front-end.
+  int tcpstore_threads = 2;
 };
 
 class Daemon {
@@ -55,6 +72,8 @@ class Daemon {
   Daemon& operator=(const Daemon&) = delete;
 
   int port() const { return port_; }
+  // Whether port() also speaks the TCPStore protocol.
+  bool serves_tcpstore() const { return tcpstore_ != nullptr; }
   std::string endpoint() const;
   // -1 when not serving HTTP.
   int metrics_port() const;
@@ -83,6 +102,8 @@ class Daemon {
   std::unique_ptr<StateLog> state_log_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpServer> http_;  // after the services: stopped first
+  // Owns the port when it serves; hands gRPC connections to server_.
+  std::unique_ptr<TcpStoreServer> tcpstore_;
 };
 
 }  // namespace meshrun::rdzv

@@ -67,10 +67,23 @@ int main(int argc, char** argv) {
                  "Compact the state log into a snapshot once it grows past this")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  std::string tcpstore = "auto";
+  app.add_option("--tcpstore", tcpstore,
+                 "Also serve c10d's TCPStore protocol on --port, for stock PyTorch "
+                 "workers (TORCHELASTIC_USE_AGENT_STORE): auto = unless a token or TLS "
+                 "is required (its clients can send neither)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  app.add_option("--tcpstore-run", options.tcpstore_run,
+                 "The run whose store TCPStore clients use (default: the only run in "
+                 "progress)");
   app.add_option("--log-level", log_level)
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   try {
     app.parse(argc, argv);
+    options.tcpstore = tcpstore == "on"    ? meshrun::rdzv::TcpStoreMode::kOn
+                       : tcpstore == "off" ? meshrun::rdzv::TcpStoreMode::kOff
+                                           : meshrun::rdzv::TcpStoreMode::kAuto;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
@@ -104,19 +117,29 @@ int main(int argc, char** argv) {
   auto daemon = meshrun::rdzv::Daemon::Start(options);
   if (!daemon.ok()) {
     std::cerr << "meshrun-rdzvd: " << daemon.status().message() << "\n";
-    // 1: cannot listen; 3: the state dir is refused (in use, damaged, unwritable).
-    return daemon.status().code() == absl::StatusCode::kUnavailable ? 1 : 3;
+    // 1: cannot listen; 2: options that cannot go together; 3: the state dir
+    // is refused (in use, damaged, unwritable).
+    switch (daemon.status().code()) {
+      case absl::StatusCode::kUnavailable:
+        return 1;
+      case absl::StatusCode::kInvalidArgument:
+        return 2;
+      default:
+        return 3;
+    }
   }
   std::printf("MESHRUN_RDZVD_ENDPOINT=%s\n", (*daemon)->endpoint().c_str());
   if ((*daemon)->metrics_port() >= 0)
     std::printf("MESHRUN_RDZVD_METRICS=%s\n", (*daemon)->metrics_endpoint().c_str());
   std::fflush(stdout);
-  log->info("serving on {} ({}, {})", (*daemon)->endpoint(),
-            options.security.tls() ? (options.security.tls_client_ca_pem.empty()
-                                          ? "TLS"
-                                          : "TLS with client certificates")
-                                   : "plaintext",
-            options.security.token.empty() ? "no token check" : "token required");
+  log->info(
+      "serving on {} ({}, {}{})", (*daemon)->endpoint(),
+      options.security.tls()
+          ? (options.security.tls_client_ca_pem.empty() ? "TLS"
+                                                        : "TLS with client certificates")
+          : "plaintext",
+      options.security.token.empty() ? "no token check" : "token required",
+      (*daemon)->serves_tcpstore() ? ", gRPC and c10d's TCPStore protocol" : ", gRPC");
   if ((*daemon)->metrics_port() >= 0)
     log->info("status page and metrics on http://{}/", (*daemon)->metrics_endpoint());
 

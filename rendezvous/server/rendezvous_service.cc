@@ -601,6 +601,11 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
   out->push_back(std::move(open));
 }
 
+std::map<std::string, std::string> RendezvousService::LiveStorePrefixes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_.LiveStorePrefixes();
+}
+
 std::optional<RunSummary> RendezvousService::Summary(const std::string& run_id) {
   std::lock_guard<std::mutex> lock(mu_);
   return state_.Summary(run_id);

@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "meshrun/v1/rendezvous.grpc.pb.h"
+#include "rendezvous/core/rendezvous_state.h"
+#include "rendezvous/persist/state_log.h"
 #include "rendezvous/server/deadline_timer.h"
 #include "rendezvous/status/metrics.h"
-#include "rendezvous/core/rendezvous_state.h"
 #include "rendezvous/status/run_status.h"
-#include "rendezvous/persist/state_log.h"
 
 namespace meshrun::rdzv {
 
@@ -94,6 +94,8 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
 
   std::optional<RunSummary> Summary(const std::string& run_id);
   std::vector<std::string> RunIds();
+  // See RendezvousState::LiveStorePrefixes.
+  std::map<std::string, std::string> LiveStorePrefixes();
 
   class JoinStream;  // one node's event stream; defined in the .cc
 

@@ -50,28 +50,6 @@ size_t BytesOf(const std::vector<StoreResponse>& replies) {
 
 }  // namespace
 
-// What the service needs of a session: a way to queue replies.
-class StoreService::ReplySink {
- public:
-  virtual ~ReplySink() = default;
-  // Queue replies. May be called from any thread until EndSession() ran.
-  virtual void Send(StoreResponse reply) = 0;
-  virtual void SendAll(std::vector<StoreResponse>* replies) = 0;
-  // --state-dir: replies wait for the log. Hold() keeps the stream from
-  // finishing (so the session outlives the wait) and counts `replies`
-  // against the session's bounds as if queued; SendHeld() queues them and
-  // lets it finish again.
-  virtual void Hold(const std::vector<StoreResponse>& replies) = 0;
-  virtual void SendHeld(std::vector<StoreResponse>* replies) = 0;
-  // True when the session is over its bounds; it then calls
-  // RedeliverDeferred() once it is back within them (MarkDeferred: in any
-  // case, after its next write).
-  virtual bool DeferIfOverBounds() = 0;
-  virtual void MarkDeferred() = 0;
-  // Reply bytes the session may still queue within both byte bounds.
-  virtual size_t RoomBytes() = 0;
-};
-
 // One client stream of either protocol: In/Out are StoreRequest/StoreResponse
 // (Session) or StoreRequestBatch/StoreResponseBatch (BatchSession). Replies
 // are queued and written one message at a time (gRPC allows a single
@@ -424,8 +402,9 @@ void StoreService::Observe(int op, TimePoint arrived, const StoreResponse& reply
 
 void StoreService::CollectMetrics(std::vector<MetricFamily>* out) {
   static const char* const kOpNames[kNumOps] = {
-      "none",   "set",      "get",   "add",       "compare_set", "wait",
-      "delete", "num_keys", "check", "multi_get", "multi_set",   "append"};
+      "none",       "set",       "get",       "add",       "compare_set", "wait",
+      "delete",     "num_keys",  "check",     "multi_get", "multi_set",   "append",
+      "queue_push", "queue_pop", "queue_len", "list_keys", "barrier"};
   MetricFamily ops{"meshrun_store_ops_total", "Store operations answered, by type.",
                    "counter"};
   MetricFamily errors{"meshrun_store_op_errors_total",
@@ -593,6 +572,10 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       break;
     }
     case StoreRequest::kGet: {
+      if (request.get().if_present()) {
+        reply->add_values(store_.Peek(ns, request.get().key()).value_or(""));
+        break;
+      }
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
       return block(store_.Get(ns, request.get().key(), id, when), id, when,
@@ -640,6 +623,11 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       break;
     }
     case StoreRequest::kMultiGet: {
+      if (request.multi_get().if_present()) {
+        for (const std::string& key : request.multi_get().keys())
+          reply->add_values(store_.Peek(ns, key).value_or(""));
+        break;
+      }
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
       return block(store_.MultiGet(ns, Keys(request.multi_get().keys()), id, when), id,
@@ -666,6 +654,44 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
             codec::AppendRecord(ns, request.append().key(), request.append().value()));
       SetStatus(status, reply);
       break;
+    }
+    case StoreRequest::kQueuePush: {
+      const auto& op = request.queue_push();
+      absl::Status status = store_.QueuePush(ns, op.key(), op.value(), woken);
+      if (log_ && status.ok())
+        log_->Append(codec::QueuePushRecord(ns, op.key(), op.value()));
+      SetStatus(status, reply);
+      break;
+    }
+    case StoreRequest::kQueuePop: {
+      auto popped = store_.QueuePop(ns, request.queue_pop().key());
+      SetStatus(popped.status(), reply);
+      if (!popped.ok()) break;
+      reply->set_number(popped->length_before);
+      if (popped->length_before > 0) {
+        if (log_) log_->Append(codec::QueuePopRecord(ns, request.queue_pop().key()));
+        reply->add_values(std::move(popped->value));
+      }
+      break;
+    }
+    case StoreRequest::kQueueLen:
+      reply->set_number(store_.QueueLength(ns, request.queue_len().key()));
+      break;
+    case StoreRequest::kListKeys:
+      for (std::string& key : store_.ListKeys(ns)) reply->add_values(std::move(key));
+      break;
+    case StoreRequest::kBarrier: {
+      const auto& op = request.barrier();
+      WaiterId id = next_waiter_++;
+      TimePoint when = deadline();
+      BlockingResult result =
+          store_.Barrier(ns, op.key(), op.world_size(), id, when, woken);
+      // The arrival is an Add: logged as the Set of its count.
+      if (log_) {
+        if (auto count = store_.Peek(ns, op.key()))
+          log_->Append(codec::SetRecord(ns, op.key(), *count));
+      }
+      return block(std::move(result), id, when, {});
     }
     case StoreRequest::OP_NOT_SET:
       SetStatus(absl::InvalidArgumentError("store request names no operation"), reply);
@@ -756,9 +782,23 @@ void StoreService::RedeliverLocked(ReplySink* session) {
   session->SendAll(&replies);
 }
 
+void StoreService::OpenSession() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++sessions_open_;
+}
+
+void StoreService::CancelWaits(ReplySink* session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CancelWaitsLocked(session);
+}
+
 void StoreService::EndSession(ReplySink* session) {
   std::lock_guard<std::mutex> lock(mu_);
   --sessions_open_;
+  CancelWaitsLocked(session);
+}
+
+void StoreService::CancelWaitsLocked(ReplySink* session) {
   deferred_.erase(session);
   kicked_.erase(session);
   auto parked = parked_.find(session);

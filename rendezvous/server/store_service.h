@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "meshrun/v1/store.grpc.pb.h"
-#include "rendezvous/server/deadline_timer.h"
 #include "rendezvous/core/kv_store.h"
-#include "rendezvous/status/metrics.h"
 #include "rendezvous/core/request_validation.h"
 #include "rendezvous/persist/state_log.h"
+#include "rendezvous/server/deadline_timer.h"
+#include "rendezvous/status/metrics.h"
 
 namespace meshrun::rdzv {
 
@@ -54,6 +54,29 @@ struct StoreServiceOptions {
   // Replies are packed into one StoreResponseBatch up to about this many
   // bytes (a single larger reply travels alone), well under gRPC's limit.
   size_t max_reply_batch_bytes = 1 << 20;
+};
+
+// What the service needs of a session (a gRPC stream, a TCPStore
+// connection): a way to queue replies.
+class StoreReplySink {
+ public:
+  virtual ~StoreReplySink() = default;
+  // Queue replies. May be called from any thread until EndSession() ran.
+  virtual void Send(meshrun::v1::StoreResponse reply) = 0;
+  virtual void SendAll(std::vector<meshrun::v1::StoreResponse>* replies) = 0;
+  // --state-dir: replies wait for the log. Hold() keeps the stream from
+  // finishing (so the session outlives the wait) and counts `replies`
+  // against the session's bounds as if queued; SendHeld() queues them and
+  // lets it finish again.
+  virtual void Hold(const std::vector<meshrun::v1::StoreResponse>& replies) = 0;
+  virtual void SendHeld(std::vector<meshrun::v1::StoreResponse>* replies) = 0;
+  // True when the session is over its bounds; it then calls
+  // RedeliverDeferred() once it is back within them (MarkDeferred: in any
+  // case, after its next write).
+  virtual bool DeferIfOverBounds() = 0;
+  virtual void MarkDeferred() = 0;
+  // Reply bytes the session may still queue within both byte bounds.
+  virtual size_t RoomBytes() = 0;
 };
 
 struct StoreServiceStats {
@@ -88,8 +111,20 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // Runs `fn` on the store under the service's lock (restore, snapshots).
   void WithStore(const std::function<void(KvStore&)>& fn);
 
+  using ReplySink = StoreReplySink;
+
+  // For front-ends other than gRPC (the TCPStore protocol): a session opens,
+  // sends requests through Handle(), and ends with EndSession(), after which
+  // no reply reaches it. Handle() replies through `session` now or later
+  // (parked waits), from any thread.
+  void OpenSession();
+  void Handle(ReplySink* session, const meshrun::v1::StoreRequest& request);
+  // Forgets the session's parked waits (c10d's cancel_wait); their replies
+  // never come. The session stays open.
+  void CancelWaits(ReplySink* session);
+  void EndSession(ReplySink* session);
+
   // One client stream, of either protocol; defined in the .cc.
-  class ReplySink;
   template <typename In, typename Out>
   class SessionReactor;
 
@@ -109,7 +144,7 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   };
   // Per op type (index: StoreRequest::OpCase - kFirstOp; 0 for OP_NOT_SET).
   static constexpr int kFirstOp = meshrun::v1::StoreRequest::kSet;
-  static constexpr int kNumOps = meshrun::v1::StoreRequest::kAppend - kFirstOp + 2;
+  static constexpr int kNumOps = meshrun::v1::StoreRequest::kBarrier - kFirstOp + 2;
   struct OpMetrics {
     Counter ops;
     Counter errors;  // answered with a code other than STORE_OK
@@ -119,8 +154,6 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   void Observe(int op, TimePoint arrived, const meshrun::v1::StoreResponse& reply);
   using Requests = google::protobuf::RepeatedPtrField<meshrun::v1::StoreRequest>;
 
-  // Executes requests in order; replies now or parks them. Called by sessions.
-  void Handle(ReplySink* session, const meshrun::v1::StoreRequest& request);
   // Executes requests[start..] until the bytes of the replies it produced
   // reach `budget` (at least one request runs); returns where it stopped.
   size_t HandleBatch(ReplySink* session, const Requests& requests, size_t start,
@@ -134,8 +167,8 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   void RedeliverDeferred(ReplySink* session);
   // REQUIRES: mu_ held.
   void RedeliverLocked(ReplySink* session);
-  // The session's stream ended: forget its parked waits.
-  void EndSession(ReplySink* session);
+  // REQUIRES: mu_ held.
+  void CancelWaitsLocked(ReplySink* session);
   // REQUIRES: mu_ held.
   void DeliverLocked(std::vector<Wakeup>& woken);
   // REQUIRES: log_ set; mu_ not held unless `woken` is empty.

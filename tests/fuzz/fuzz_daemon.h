@@ -15,8 +15,8 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/server/daemon.h"
 #include "rendezvous/client/store_client.h"
+#include "rendezvous/server/daemon.h"
 
 namespace meshrun::fuzz {
 
