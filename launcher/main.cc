@@ -180,6 +180,8 @@ int Main(int argc, char** argv) {
   if (config.standalone) {
     rdzv::DaemonOptions options;  // 127.0.0.1, kernel-assigned port
     options.security = server_security;
+    // Stock TCPStore clients (the workers' env://) see this run's store.
+    options.tcpstore_run = config.rdzv_id;
     if (options.security.tls() != client_security->tls()) {
       std::fprintf(stderr, "meshrun: %s\n", kHostTlsNeedsCert);
       return 2;
@@ -208,6 +210,11 @@ int Main(int argc, char** argv) {
       options.host = IsLoopback(rdzv.host) ? "127.0.0.1" : "0.0.0.0";
       options.port = rdzv.port;
       options.security = server_security;
+      // The static backend's daemon serves this one run (torchrun's run id
+      // "none" unless given); a c10d one may serve other runs too, and picks
+      // the only one with a formed round.
+      if (config.rdzv_backend == RdzvBackend::kStatic)
+        options.tcpstore_run = config.rdzv_id;
       if (options.security.tls() != client_security->tls()) {
         std::fprintf(stderr, "meshrun: %s\n", kHostTlsNeedsCert);
         return 2;
@@ -248,8 +255,10 @@ int Main(int argc, char** argv) {
   options.rdzv_endpoint = endpoint;
   // Workers use the daemon's TCPStore front-end as torchrun's agent store,
   // unless the daemon wants a token or TLS: stock TCPStore clients send
-  // neither, and such a daemon does not serve them (DaemonOptions::tcpstore).
-  if (client_security->token.empty() && !client_security->tls())
+  // neither, and such a daemon does not serve them (DaemonOptions::tcpstore;
+  // a daemon embedded here says so itself).
+  if (client_security->token.empty() && !client_security->tls() &&
+      (!daemon || daemon->serves_tcpstore()))
     options.agent_store =
         agent::AgentOptions::StoreAddress{daemon_address.host, daemon_address.port};
   options.security = std::move(*client_security);
