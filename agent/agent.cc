@@ -108,7 +108,8 @@ RunEnd FromProto(v1::RunOutcome outcome) {
 }
 
 // A port nobody listens on now, from the kernel. The worker that becomes
-// the TCPStore master binds it later (the same race torchrun accepts).
+// the TCPStore master binds it later (the same race torchrun accepts). Only
+// without the agent store (AgentOptions::agent_store).
 int PickFreePort() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 0;
@@ -413,13 +414,14 @@ class Agent {
                     std::hash<std::string>{}(options_.node_id) ^
                         static_cast<uint64_t>(
                             std::chrono::steady_clock::now().time_since_epoch().count()));
-    // A fresh join offers a port free now (torchrun picks one per
-    // rendezvous); a resuming one offers the port of the join it resumes,
-    // so its details match the round's.
+    // Without the agent store, a fresh join offers a port free now
+    // (torchrun picks one per rendezvous); a resuming one offers the port of
+    // the join it resumes, so its details match the round's. With it, none.
     int master_port = 0;
     while (true) {
       const uint64_t resume = resume_round_.load();
-      if (resume == 0 || master_port == 0) master_port = PickFreePort();
+      if (!options_.agent_store && (resume == 0 || master_port == 0))
+        master_port = PickFreePort();
       rdzv::RendezvousClient::JoinSession* session = nullptr;
       std::unique_ptr<rdzv::RendezvousClient::JoinSession> old;
       {
@@ -903,8 +905,14 @@ class Agent {
       in.local_world_size = options_.nproc;
       in.max_restarts = options_.run_config.max_restarts();
       in.round = round;
-      in.master_addr = round.master_host;
-      in.master_port = round.master_port;
+      if (options_.agent_store) {
+        in.master_addr = options_.agent_store->host;
+        in.master_port = options_.agent_store->port;
+        in.use_agent_store = true;
+      } else {
+        in.master_addr = round.master_host;
+        in.master_port = round.master_port;
+      }
       in.store_endpoint = options_.rdzv_endpoint;
       in.error_file = error_file;
       in.signals_to_handle = options_.signals_to_handle_text;

@@ -32,6 +32,16 @@ struct AgentOptions {
   int nproc = 1;
   int node_rank_hint = -1;
   std::string rdzv_endpoint;  // the daemon's host:port
+  // The daemon's TCPStore front-end as this node's workers reach it: their
+  // MASTER_ADDR / MASTER_PORT with TORCHELASTIC_USE_AGENT_STORE=True, as
+  // torchrun 2's agent store. Unset (the daemon wants a token or TLS, which
+  // stock TCPStore clients cannot give): the agent offers a free port at the
+  // rendezvous and group rank 0's rank 0 worker serves a TCPStore on it.
+  struct StoreAddress {
+    std::string host;  // bare, no IPv6 brackets
+    int port = 0;
+  };
+  std::optional<StoreAddress> agent_store;
   // Token and TLS of the agent's calls to the daemon.
   rdzv::ClientSecurity security;
   // What workers need to reach the daemon the same way: file paths

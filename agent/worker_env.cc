@@ -25,8 +25,8 @@ std::map<std::string, std::string> BuildWorkerEnv(const WorkerEnvInputs& in) {
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(in.round.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(in.max_restarts)},
       {"TORCHELASTIC_RUN_ID", in.run_id},
-      // Issue 15 makes this "True" (MASTER_* at the daemon's TCPStore).
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      // torch's own spelling of the boolean (torchrun writes str(bool)).
+      {"TORCHELASTIC_USE_AGENT_STORE", in.use_agent_store ? "True" : "False"},
       {"TORCHELASTIC_ERROR_FILE", in.error_file},
       // torchrun 2 sets it in its own environment, which workers inherit.
       {"TORCHELASTIC_SIGNALS_TO_HANDLE", in.signals_to_handle},

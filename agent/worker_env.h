@@ -21,10 +21,15 @@ struct WorkerEnvInputs {
   int local_world_size = 1;
   uint32_t max_restarts = 0;
   RoundInfo round;
+  // MASTER_ADDR:MASTER_PORT. With use_agent_store, the daemon's TCPStore
+  // front-end, which workers only connect to (torch then keys everything
+  // under /worker/attempt_<TORCHELASTIC_RESTART_COUNT>); without, a free port
+  // on group rank 0's host where rank 0's worker serves a TCPStore itself.
   std::string master_addr;
   int master_port = 0;
-  std::string store_endpoint;  // the daemon's host:port
-  std::string error_file;      // TORCHELASTIC_ERROR_FILE
+  bool use_agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE
+  std::string store_endpoint;    // the daemon's host:port
+  std::string error_file;        // TORCHELASTIC_ERROR_FILE
   // --signals-to-handle as given (TORCHELASTIC_SIGNALS_TO_HANDLE).
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   // --virtual-local-rank.

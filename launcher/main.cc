@@ -175,10 +175,13 @@ int Main(int argc, char** argv) {
   // Where the daemon is, and whether this agent serves it.
   std::unique_ptr<rdzv::Daemon> daemon;
   std::string endpoint;
+  HostPort daemon_address;  // as this node's agent and workers reach it
   const HostPort& rdzv = config.rdzv_endpoint;
   if (config.standalone) {
     rdzv::DaemonOptions options;  // 127.0.0.1, kernel-assigned port
     options.security = server_security;
+    // Stock TCPStore clients (the workers' env://) see this run's store.
+    options.tcpstore_run = config.rdzv_id;
     if (options.security.tls() != client_security->tls()) {
       std::fprintf(stderr, "meshrun: %s\n", kHostTlsNeedsCert);
       return 2;
@@ -192,8 +195,10 @@ int Main(int argc, char** argv) {
     }
     daemon = std::move(*started);
     endpoint = daemon->endpoint();
+    daemon_address = {"127.0.0.1", daemon->port()};
   } else {
     endpoint = FormatEndpoint(rdzv.host, rdzv.port);
+    daemon_address = rdzv;
     bool host_it = config.rdzv_conf.is_host.value_or(IsLocalAddress(rdzv.host));
     if (config.rdzv_backend == RdzvBackend::kStatic && !config.rdzv_conf.is_host)
       host_it = config.node_rank == 0;
@@ -205,6 +210,11 @@ int Main(int argc, char** argv) {
       options.host = IsLoopback(rdzv.host) ? "127.0.0.1" : "0.0.0.0";
       options.port = rdzv.port;
       options.security = server_security;
+      // The static backend's daemon serves this one run (torchrun's run id
+      // "none" unless given); a c10d one may serve other runs too, and picks
+      // the only one with a formed round.
+      if (config.rdzv_backend == RdzvBackend::kStatic)
+        options.tcpstore_run = config.rdzv_id;
       if (options.security.tls() != client_security->tls()) {
         std::fprintf(stderr, "meshrun: %s\n", kHostTlsNeedsCert);
         return 2;
@@ -213,6 +223,10 @@ int Main(int argc, char** argv) {
       auto started = rdzv::Daemon::Start(options);
       if (started.ok()) {
         daemon = std::move(*started);
+        if (rdzv.port == 0) {  // static, one node, --master-port=0
+          daemon_address.port = daemon->port();
+          endpoint = FormatEndpoint(rdzv.host, daemon->port());
+        }
         log->info("hosting the rendezvous daemon on {}", endpoint);
       } else {
         // Another agent on this machine serves it already; be its client.
@@ -239,6 +253,14 @@ int Main(int argc, char** argv) {
   options.nproc = config.nproc_per_node;
   options.node_rank_hint = config.node_rank_given ? config.node_rank : -1;
   options.rdzv_endpoint = endpoint;
+  // Workers use the daemon's TCPStore front-end as torchrun's agent store,
+  // unless the daemon wants a token or TLS: stock TCPStore clients send
+  // neither, and such a daemon does not serve them (DaemonOptions::tcpstore;
+  // a daemon embedded here says so itself).
+  if (client_security->token.empty() && !client_security->tls() &&
+      (!daemon || daemon->serves_tcpstore()))
+    options.agent_store =
+        agent::AgentOptions::StoreAddress{daemon_address.host, daemon_address.port};
   options.security = std::move(*client_security);
   options.worker_security_env = WorkerSecurityEnv(config);
   options.run_config = ToRunConfig(config);

@@ -94,10 +94,10 @@ CASES = {
 TORCH_LOG = re.compile(r"^[IWEDC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")  # torchrun's logger
 MESHRUN_LOG = re.compile(r"^\[\d\d:\d\d:\d\d\.\d{3}\] \[[\w-]+\] \[\w+\] ")  # meshrun's spdlog
 # The TCPStore server logs each client whose name it cannot look up (none
-# can be in a fresh network namespace). torchrun's agent hosts that store
-# and meshrun's rank 0 does (TORCHELASTIC_USE_AGENT_STORE=False until issue
-# 15), so the count of these lines tells which process serves the store,
-# not what the program printed.
+# can be in a fresh network namespace). torchrun's agent hosts that store;
+# meshrun's workers use its daemon's (TORCHELASTIC_USE_AGENT_STORE=True, or
+# rank 0's own with a token or TLS), so the count of these lines tells which
+# process serves the store, not what the program printed.
 STORE_SERVER_LOG = re.compile(r"^\[W\d{4} [\d:.]+ socket\.cpp:\d+\] \[c10d\] The hostname of "
                               r"the client socket cannot be retrieved")
 # Likewise c10d's reports of a store connection closing at the end of a run

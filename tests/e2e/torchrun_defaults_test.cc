@@ -132,19 +132,22 @@ TEST(TorchrunEnv, WorkerEnvironmentMatchesTorchrun2) {
     ASSERT_FALSE(t.empty()) << torchrun.output();
     ASSERT_FALSE(m.empty()) << meshrun.output();
 
+    // Kernel-chosen ports: each launcher's own. Both are the agent store
+    // (TORCHELASTIC_USE_AGENT_STORE=True, compared below): torchrun's c10d
+    // rendezvous TCPStore, meshrun's embedded daemon (its TCPStore front-end
+    // on the port meshrun_worker's gRPC store uses too).
+    EXPECT_TRUE(IsPort(t["MASTER_PORT"])) << t["MASTER_PORT"];
+    EXPECT_TRUE(IsPort(m["MASTER_PORT"])) << m["MASTER_PORT"];
+    EXPECT_EQ(m["MASTER_ADDR"] + ":" + m["MASTER_PORT"], m["MESHRUN_STORE_ENDPOINT"]);
+    t.erase("MASTER_PORT");
+    m.erase("MASTER_PORT");
     // meshrun's own additions (DESIGN.md: the daemon's endpoint and the
     // round's store prefix, for meshrun_worker); torchrun has no such thing.
     EXPECT_EQ(m.erase("MESHRUN_STORE_ENDPOINT"), 1u);
     EXPECT_EQ(m.erase("MESHRUN_STORE_PREFIX"), 1u);
-
-    // Kernel-chosen ports: each launcher's own.
-    EXPECT_TRUE(IsPort(t["MASTER_PORT"])) << t["MASTER_PORT"];
-    EXPECT_TRUE(IsPort(m["MASTER_PORT"])) << m["MASTER_PORT"];
-    t.erase("MASTER_PORT");
-    m.erase("MASTER_PORT");
     // torchrun names rank 0's host by socket.getfqdn() (its c10d rendezvous
-    // node address); meshrun --standalone by 127.0.0.1, which needs no name
-    // service. Issue 15 points both MASTER_* at the daemon's TCPStore.
+    // node address); meshrun --standalone its daemon by 127.0.0.1, which
+    // needs no name service.
     EXPECT_FALSE(t["MASTER_ADDR"].empty());
     EXPECT_EQ(m["MASTER_ADDR"], "127.0.0.1");
     t.erase("MASTER_ADDR");
@@ -170,17 +173,12 @@ TEST(TorchrunEnv, WorkerEnvironmentMatchesTorchrun2) {
           << file;
       env->erase("TORCHELASTIC_ERROR_FILE");
     }
-    // Issue 15: meshrun's workers do not use the agent's store yet.
-    EXPECT_EQ(t["TORCHELASTIC_USE_AGENT_STORE"], "True");
-    EXPECT_EQ(m["TORCHELASTIC_USE_AGENT_STORE"], "False");
-    t.erase("TORCHELASTIC_USE_AGENT_STORE");
-    m.erase("TORCHELASTIC_USE_AGENT_STORE");
-
     // Everything else, the same keys with the same values: LOCAL_RANK, RANK,
     // GROUP_*, ROLE_*, *WORLD_SIZE, TORCHELASTIC_{RESTART_COUNT,MAX_RESTARTS,
-    // SIGNALS_TO_HANDLE}, TORCH_NCCL_ASYNC_ERROR_HANDLING, OMP_NUM_THREADS,
-    // and what both inherit.
+    // SIGNALS_TO_HANDLE,USE_AGENT_STORE}, TORCH_NCCL_ASYNC_ERROR_HANDLING,
+    // OMP_NUM_THREADS, and what both inherit.
     EXPECT_EQ(m, t);
+    EXPECT_EQ(t["TORCHELASTIC_USE_AGENT_STORE"], "True");
     EXPECT_EQ(t.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"), 1u);
     EXPECT_EQ(t.count("OMP_NUM_THREADS"), 1u);
   }
@@ -278,8 +276,8 @@ TEST(TorchrunDefaults, OneNodeWithoutRendezvousFlagsIsStandalone) {
 // Two nodes, no --rdzv-endpoint and no --master-*: torchrun 2's static
 // backend on 127.0.0.1:29500, node ranks from --node-rank. meshrun's static
 // backend serves its rendezvous there too (the workers find a listener on
-// 29500 and run id "none"); its MASTER_PORT is still the round's free port
-// (issue 15 makes it the daemon's TCPStore port, as torchrun's).
+// 29500 and run id "none"), and its workers use that daemon's TCPStore as
+// their agent store: MASTER_PORT 29500 under both.
 TEST(TorchrunDefaults, TwoNodesWithoutEndpointAreStaticOnPort29500) {
   if (auto why = FreshNetns::Unavailable()) GTEST_SKIP() << *why;
   TempDir dir("torchrun-static");
@@ -311,9 +309,8 @@ TEST(TorchrunDefaults, TwoNodesWithoutEndpointAreStaticOnPort29500) {
       EXPECT_EQ(env["GROUP_RANK"], std::to_string(rank));
       EXPECT_EQ(env["WORLD_SIZE"], "2");
       EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
-      if (launcher == "torchrun") {
-        EXPECT_EQ(env["MASTER_PORT"], std::to_string(kTorchrunDefaultPort));
-      }
+      EXPECT_EQ(env["MASTER_PORT"], std::to_string(kTorchrunDefaultPort));
+      EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "True");
     }
   }
 }

@@ -99,7 +99,10 @@ TEST_P(StandaloneWorkers, EveryWorkerGetsTorchrunsEnvironment) {
     EXPECT_EQ(env["WORLD_SIZE"], std::to_string(n));
     EXPECT_EQ(env["LOCAL_WORLD_SIZE"], std::to_string(n));
     EXPECT_EQ(env["GROUP_RANK"], "0");
-    EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+    // The embedded daemon's TCPStore, as torchrun 2's agent store.
+    EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "True");
+    EXPECT_EQ(env["MASTER_ADDR"] + ":" + env["MASTER_PORT"],
+              env["MESHRUN_STORE_ENDPOINT"]);
     EXPECT_NE(env["MASTER_PORT"], "0");
     EXPECT_EQ(env["OMP_NUM_THREADS"], n > 1 ? "1" : "<unset>");
   }
@@ -137,7 +140,9 @@ TEST_F(LauncherTest, ExactEnvironmentOfATwoNodeLayout) {
   }
   auto envs = Envs(output);
   ASSERT_EQ(envs.size(), 4u) << output;
-  const std::string master_port = envs[0]["MASTER_PORT"];
+  // The daemon's TCPStore front-end, as torchrun 2's agent store.
+  const std::string master_port =
+      daemon.endpoint().substr(daemon.endpoint().rfind(':') + 1);
   for (int rank = 0; rank < 4; ++rank) {
     const int node = rank / 2, local = rank % 2;
     std::map<std::string, std::string> expected{
@@ -155,7 +160,7 @@ TEST_F(LauncherTest, ExactEnvironmentOfATwoNodeLayout) {
         {"TORCHELASTIC_RESTART_COUNT", "0"},
         {"TORCHELASTIC_MAX_RESTARTS", "3"},
         {"TORCHELASTIC_RUN_ID", "envjob"},
-        {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+        {"TORCHELASTIC_USE_AGENT_STORE", "True"},
         {"OMP_NUM_THREADS", "1"},
         {"MESHRUN_STORE_ENDPOINT", daemon.endpoint()},
         {"MESHRUN_STORE_PREFIX", "envjob/e1.r1"},

@@ -20,8 +20,10 @@ WorkerEnvInputs Inputs(int local_rank, int local_world_size) {
   in.round.world_size = 8;
   in.round.restart_count = 2;
   in.round.store_prefix = "job/e1.r3";
+  // The daemon's TCPStore front-end, as torchrun's agent store.
   in.master_addr = "node0";
-  in.master_port = 1234;
+  in.master_port = 29400;
+  in.use_agent_store = true;
   in.store_endpoint = "node0:29400";
   in.error_file = "/logs/attempt_2/1/error.json";
   return in;
@@ -42,11 +44,11 @@ TEST(AgentWorkerEnvTest, TorchrunTwosVariables) {
       {"LOCAL_WORLD_SIZE", "4"},
       {"WORLD_SIZE", "8"},
       {"MASTER_ADDR", "node0"},
-      {"MASTER_PORT", "1234"},
+      {"MASTER_PORT", "29400"},
       {"TORCHELASTIC_RESTART_COUNT", "2"},
       {"TORCHELASTIC_MAX_RESTARTS", "3"},
       {"TORCHELASTIC_RUN_ID", "job"},
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
       {"TORCHELASTIC_ERROR_FILE", "/logs/attempt_2/1/error.json"},
       {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
@@ -57,6 +59,19 @@ TEST(AgentWorkerEnvTest, TorchrunTwosVariables) {
   EXPECT_EQ(env, expected);
   // torch 1.x's name is gone.
   EXPECT_EQ(env.count("NCCL_ASYNC_ERROR_HANDLING"), 0u);
+}
+
+// A daemon that wants a token or TLS: stock TCPStore clients cannot reach it,
+// so rank 0's worker serves a TCPStore on the port group rank 0 offered.
+TEST(AgentWorkerEnvTest, WithoutTheAgentStoreRankZeroServesOne) {
+  WorkerEnvInputs in = Inputs(1, 4);
+  in.use_agent_store = false;
+  in.master_port = 1234;
+  std::map<std::string, std::string> env = BuildWorkerEnv(in);
+  EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "False");
+  EXPECT_EQ(env["MASTER_ADDR"], "node0");
+  EXPECT_EQ(env["MASTER_PORT"], "1234");
+  EXPECT_EQ(env["MESHRUN_STORE_ENDPOINT"], "node0:29400");
 }
 
 TEST(AgentWorkerEnvTest, TheUsersValuesWin) {
