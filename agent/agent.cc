@@ -108,8 +108,8 @@ RunEnd FromProto(v1::RunOutcome outcome) {
 }
 
 // A port nobody listens on now, from the kernel. The worker that becomes
-// the TCPStore master binds it later (the same race torchrun accepts). Only
-// without the agent store (AgentOptions::agent_store).
+// the TCPStore master binds it later (the same race torchrun accepts) when
+// the daemon is not the workers' store.
 int PickFreePort() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 0;
@@ -414,14 +414,14 @@ class Agent {
                     std::hash<std::string>{}(options_.node_id) ^
                         static_cast<uint64_t>(
                             std::chrono::steady_clock::now().time_since_epoch().count()));
-    // Without the agent store, a fresh join offers a port free now
-    // (torchrun picks one per rendezvous); a resuming one offers the port of
-    // the join it resumes, so its details match the round's. With it, none.
+    // A fresh join offers a port free now (torchrun picks one per
+    // rendezvous); a resuming one offers the port of the join it resumes, so
+    // its details match the round's. Workers use it only when the daemon is
+    // not their store (a daemon with --tcpstore=off, a token or TLS).
     int master_port = 0;
     while (true) {
       const uint64_t resume = resume_round_.load();
-      if (!options_.agent_store && (resume == 0 || master_port == 0))
-        master_port = PickFreePort();
+      if (resume == 0 || master_port == 0) master_port = PickFreePort();
       rdzv::RendezvousClient::JoinSession* session = nullptr;
       std::unique_ptr<rdzv::RendezvousClient::JoinSession> old;
       {
@@ -701,6 +701,7 @@ class Agent {
       round.store_prefix = a.store_prefix();
       round.master_host = a.master_host();
       round.master_port = static_cast<int>(a.master_port());
+      round.serves_tcpstore = a.serves_tcpstore();
       spdlog::info("round {}: group rank {}/{}, ranks {}..{} of {}, restart {}",
                    round.round, round.group_rank, round.group_world_size, round.rank_base,
                    round.rank_base + options_.nproc - 1, round.world_size,
@@ -905,7 +906,7 @@ class Agent {
       in.local_world_size = options_.nproc;
       in.max_restarts = options_.run_config.max_restarts();
       in.round = round;
-      if (options_.agent_store) {
+      if (options_.agent_store && round.serves_tcpstore) {
         in.master_addr = options_.agent_store->host;
         in.master_port = options_.agent_store->port;
         in.use_agent_store = true;

@@ -34,9 +34,11 @@ struct AgentOptions {
   std::string rdzv_endpoint;  // the daemon's host:port
   // The daemon's TCPStore front-end as this node's workers reach it: their
   // MASTER_ADDR / MASTER_PORT with TORCHELASTIC_USE_AGENT_STORE=True, as
-  // torchrun 2's agent store. Unset (the daemon wants a token or TLS, which
-  // stock TCPStore clients cannot give): the agent offers a free port at the
-  // rendezvous and group rank 0's rank 0 worker serves a TCPStore on it.
+  // torchrun 2's agent store, in rounds whose assignment says the daemon
+  // serves it. Unset (the daemon wants a token or TLS, which stock TCPStore
+  // clients cannot give), or in rounds of a daemon that does not serve it:
+  // group rank 0's rank 0 worker serves a TCPStore on the free port its agent
+  // offered at the rendezvous.
   struct StoreAddress {
     std::string host;  // bare, no IPv6 brackets
     int port = 0;

@@ -27,8 +27,9 @@ struct RoundInfo {
   uint32_t world_size = 0;
   uint32_t restart_count = 0;
   std::string store_prefix;
-  std::string master_host;  // host of group rank 0
-  int master_port = 0;      // the free port group rank 0 offered
+  std::string master_host;       // host of group rank 0
+  int master_port = 0;           // the free port group rank 0 offered
+  bool serves_tcpstore = false;  // the daemon is the workers' TCPStore
 };
 
 // One worker's end. `signal` is 0 for a normal exit.

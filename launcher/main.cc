@@ -256,7 +256,7 @@ int Main(int argc, char** argv) {
   // Workers use the daemon's TCPStore front-end as torchrun's agent store,
   // unless the daemon wants a token or TLS: stock TCPStore clients send
   // neither, and such a daemon does not serve them (DaemonOptions::tcpstore;
-  // a daemon embedded here says so itself).
+  // every round assignment says whether the daemon serves them).
   if (client_security->token.empty() && !client_security->tls() &&
       (!daemon || daemon->serves_tcpstore()))
     options.agent_store =

@@ -353,11 +353,11 @@ absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& b
       tcp->setTimeout(options.timeout);
       // The agent's store (meshrun's daemon) outlives the workers, so each
       // restart keys its own, as torch's env:// rendezvous does.
-      world->store_ =
-          env.use_agent_store
-              ? c10::make_intrusive<c10d::PrefixStore>(
-                    "/worker/attempt_" + std::to_string(env.restart_count), tcp)
-              : tcp;
+      world->store_ = tcp;
+      if (env.use_agent_store) {
+        world->store_ = c10::make_intrusive<c10d::PrefixStore>(
+            "/worker/attempt_" + std::to_string(env.restart_count), tcp);
+      }
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat(
           "cannot ", store_options.isServer ? "serve" : "reach", " the TCPStore at ",

@@ -15,16 +15,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->host_ = options.host;
   daemon->store_ = std::make_unique<StoreService>(options.store);
-  RendezvousServiceOptions rendezvous_options;
-  rendezvous_options.closed_run_retention = options.closed_run_retention;
-  // The store outlives the rendezvous service (members are destroyed in
-  // reverse order), so the callback never sees a dead store.
-  rendezvous_options.on_runs_forgotten =
-      [store = daemon->store_.get()](const std::vector<std::string>& run_ids) {
-        store->DropRunNamespaces(run_ids);
-      };
-  daemon->rendezvous_ =
-      std::make_unique<RendezvousService>(std::move(rendezvous_options));
   const bool secured = !options.security.token.empty() || options.security.tls();
   if (options.tcpstore == TcpStoreMode::kOn && secured) {
     return absl::InvalidArgumentError(
@@ -34,6 +24,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   }
   const bool serve_tcpstore = options.tcpstore == TcpStoreMode::kOn ||
                               (options.tcpstore == TcpStoreMode::kAuto && !secured);
+  RendezvousServiceOptions rendezvous_options;
+  rendezvous_options.serves_tcpstore = serve_tcpstore;
+  rendezvous_options.closed_run_retention = options.closed_run_retention;
+  // The store outlives the rendezvous service (members are destroyed in
+  // reverse order), so the callback never sees a dead store.
+  rendezvous_options.on_runs_forgotten =
+      [store = daemon->store_.get()](const std::vector<std::string>& run_ids) {
+        store->DropRunNamespaces(run_ids);
+      };
+  daemon->rendezvous_ =
+      std::make_unique<RendezvousService>(std::move(rendezvous_options));
   if (!options.state_dir.empty()) {
     if (absl::Status s = daemon->OpenState(options); !s.ok()) return s;
   }

@@ -269,7 +269,10 @@ void RendezvousService::DispatchLocked(std::vector<NodeEvent>& events) {
     auto it = streams_.find({event.run_id, event.node_id});
     if (it == streams_.end()) continue;  // the node's stream is already gone
     bool terminal = IsTerminal(event.kind);
-    it->second->Push(ToProto(event), terminal);
+    v1::RendezvousEvent message = ToProto(event);
+    if (message.has_assigned())
+      message.mutable_assigned()->set_serves_tcpstore(options_.serves_tcpstore);
+    it->second->Push(std::move(message), terminal);
     // Once a terminal event is queued the stream finishes by itself, so it
     // must not be reachable any more.
     if (terminal) streams_.erase(it);

@@ -34,6 +34,8 @@ struct RendezvousServiceOptions {
   // Called with the ids of forgotten runs (outside the service's lock), e.g.
   // to drop their store namespaces.
   std::function<void(const std::vector<std::string>&)> on_runs_forgotten;
+  // Said in every round assignment (RoundAssignment.serves_tcpstore).
+  bool serves_tcpstore = false;
 };
 
 class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService {

@@ -365,10 +365,14 @@ class TcpStoreServer::Impl::Connection final
         break;
       }
       case QueryType::kCheck:
+        // Set even with no keys: c10d answers those too.
+        request.mutable_check();
         for (std::string& key : query.keys)
           request.mutable_check()->add_keys(std::move(key));
         break;
       case QueryType::kWait:
+        // Set even with no keys: c10d answers those too.
+        request.mutable_wait();
         for (std::string& key : query.keys)
           request.mutable_wait()->add_keys(std::move(key));
         request.set_timeout_ms(kNoTimeoutMs);

@@ -180,15 +180,12 @@ TEST(AgentStoreTest, RankZeroKilledMidTrainingRestartsThroughTheSameStore) {
 // With a token, stock TCPStore clients cannot reach the daemon: the workers
 // get TORCHELASTIC_USE_AGENT_STORE=False, and rank 0 serves a TCPStore on the
 // MASTER_PORT its agent picked (which the listener check above would catch).
-TEST(AgentStoreTest, WithATokenRankZeroServesTheStore) {
-  TempDir dir("agent-store-token");
-  const std::string token_file = dir.Write("token", "s3cret-token-for-agent-store\n");
-  auto run = Meshrun({"--standalone", "--nproc-per-node=2", "--token-file", token_file,
-                      kScript, dir.path(), "job"});
-  ASSERT_EQ(ExitCode(*run, seconds(180)), 0) << run->output();
+// Rank 0 served the workers' store on the port its agent offered (the
+// fallback when the daemon is not their store).
+void ExpectRankZeroStore(const TempDir& dir) {
   Env rank0 = ReadEnv(dir, 0), rank1 = ReadEnv(dir, 1);
-  ASSERT_FALSE(rank0.empty()) << run->output();
-  ASSERT_FALSE(rank1.empty()) << run->output();
+  ASSERT_FALSE(rank0.empty());
+  ASSERT_FALSE(rank1.empty());
   for (Env* env : {&rank0, &rank1}) {
     EXPECT_EQ((*env)["TORCHELASTIC_USE_AGENT_STORE"], "False");
     EXPECT_EQ((*env)["MASTER_PORT"], rank0["MASTER_PORT"]);
@@ -199,6 +196,31 @@ TEST(AgentStoreTest, WithATokenRankZeroServesTheStore) {
       << rank0["_LISTEN"];
   EXPECT_GT(ports0.size(), ports1.size())
       << rank0["_LISTEN"] << " / " << rank1["_LISTEN"];
+}
+
+TEST(AgentStoreTest, WithATokenRankZeroServesTheStore) {
+  TempDir dir("agent-store-token");
+  const std::string token_file = dir.Write("token", "s3cret-token-for-agent-store\n");
+  auto run = Meshrun({"--standalone", "--nproc-per-node=2", "--token-file", token_file,
+                      kScript, dir.path(), "job"});
+  ASSERT_EQ(ExitCode(*run, seconds(180)), 0) << run->output();
+  ExpectRankZeroStore(dir);
+}
+
+// A separately started daemon that does not serve the TCPStore protocol
+// (--tcpstore=off) says so in its round assignments: workers fall back.
+TEST(AgentStoreTest, ADaemonWithoutTheProtocolSaysSoAndRankZeroServesTheStore) {
+  TempDir dir("agent-store-off");
+  DaemonProcess daemon({"--tcpstore", "off"});
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int node = 0; node < 2; ++node) {
+    agents.push_back(Meshrun({"--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                              "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=off",
+                              kScript, dir.path(), "job"}));
+  }
+  for (auto& agent : agents)
+    ASSERT_EQ(ExitCode(*agent, seconds(180)), 0) << agent->output();
+  ExpectRankZeroStore(dir);
 }
 
 }  // namespace
