@@ -29,7 +29,7 @@
 #include "agent/endpoint_probe.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
-#include "rendezvous/rendezvous_client.h"
+#include "rendezvous/client/rendezvous_client.h"
 
 namespace meshrun::agent {
 

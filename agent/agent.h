@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "meshrun/v1/rendezvous.pb.h"
-#include "rendezvous/security.h"
+#include "rendezvous/security/security.h"
 
 namespace meshrun::agent {
 

@@ -6,7 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
 
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/store_client.h"
 
 namespace meshrun::bench {
 

@@ -25,7 +25,7 @@
 #include "bench/bench_child.h"
 #include "bench/sync_stream_store.h"
 #include "meshrun/v1/rendezvous.grpc.pb.h"
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/store_client.h"
 
 namespace meshrun::bench {
 

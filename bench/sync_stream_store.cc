@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "meshrun/v1/store.grpc.pb.h"
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/store_client.h"
 
 namespace meshrun::bench {
 

@@ -30,7 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "launcher/slurm_env.h"
-#include "rendezvous/request_validation.h"
+#include "rendezvous/core/request_validation.h"
 
 namespace meshrun::launcher {
 namespace {

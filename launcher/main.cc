@@ -24,8 +24,8 @@
 #include "launcher/launch_config.h"
 #include "launcher/local_address.h"
 #include "launcher/status_command.h"
-#include "rendezvous/daemon.h"
-#include "rendezvous/security.h"
+#include "rendezvous/security/security.h"
+#include "rendezvous/server/daemon.h"
 
 extern char** environ;
 

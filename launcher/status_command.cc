@@ -7,10 +7,10 @@
 #include <iostream>
 
 #include "absl/strings/numbers.h"
-#include "rendezvous/rendezvous_client.h"
-#include "rendezvous/security.h"
-#include "rendezvous/status_proto.h"
-#include "rendezvous/status_render.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/security/security.h"
+#include "rendezvous/status/status_proto.h"
+#include "rendezvous/status/status_render.h"
 
 namespace meshrun::launcher {
 namespace {

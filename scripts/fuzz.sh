@@ -14,7 +14,7 @@ case "$seconds" in '' | *[!0-9]*)
 esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
-targets=(request_bytes_fuzzer request_sequence_fuzzer)
+targets=(request_bytes_fuzzer request_sequence_fuzzer tcpstore_bytes_fuzzer)
 
 CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHRUN_BUILD_FUZZ=ON -DMESHRUN_SANITIZE=ON \

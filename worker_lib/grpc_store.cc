@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/store_client.h"
 
 namespace meshrun::worker {
 

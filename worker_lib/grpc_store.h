@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "rendezvous/security.h"
+#include "rendezvous/security/security.h"
 
 namespace meshrun::rdzv {
 class StoreClient;

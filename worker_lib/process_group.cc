@@ -348,8 +348,16 @@ absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& b
     store_options.timeout = options.connect_timeout;
     store_options.multiTenant = true;
     try {
-      world->store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
-      world->store_->setTimeout(options.timeout);
+      c10::intrusive_ptr<c10d::Store> tcp =
+          c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+      tcp->setTimeout(options.timeout);
+      // The agent's store (meshrun's daemon) outlives the workers, so each
+      // restart keys its own, as torch's env:// rendezvous does.
+      world->store_ =
+          env.use_agent_store
+              ? c10::make_intrusive<c10d::PrefixStore>(
+                    "/worker/attempt_" + std::to_string(env.restart_count), tcp)
+              : tcp;
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat(
           "cannot ", store_options.isServer ? "serve" : "reach", " the TCPStore at ",

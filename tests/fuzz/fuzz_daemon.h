@@ -15,8 +15,8 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/daemon.h"
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/store_client.h"
+#include "rendezvous/server/daemon.h"
 
 namespace meshrun::fuzz {
 

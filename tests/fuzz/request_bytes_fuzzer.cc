@@ -15,7 +15,7 @@
 
 #include "meshrun/v1/rendezvous.pb.h"
 #include "meshrun/v1/store.pb.h"
-#include "rendezvous/request_validation.h"
+#include "rendezvous/core/request_validation.h"
 #include "tests/fuzz/fuzz_daemon.h"
 
 namespace {

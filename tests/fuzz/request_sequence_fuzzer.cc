@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/rendezvous_client.h"
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/client/store_client.h"
 #include "tests/fuzz/fuzz_daemon.h"
 
 namespace {

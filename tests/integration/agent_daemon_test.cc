@@ -19,7 +19,7 @@
 #include <regex>
 #include <thread>
 
-#include "rendezvous/rendezvous_client.h"
+#include "rendezvous/client/rendezvous_client.h"
 #include "tests/support/child_process.h"
 #include "tests/support/text.h"
 

@@ -20,8 +20,8 @@
 #include <sstream>
 #include <thread>
 
-#include "rendezvous/rendezvous_client.h"
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/client/store_client.h"
 #include "tests/support/child_process.h"
 #include "tests/support/temp_dir.h"
 

@@ -6,8 +6,8 @@
 #include <set>
 #include <thread>
 
-#include "rendezvous/rendezvous_client.h"
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/client/store_client.h"
 #include "tests/support/child_process.h"
 
 namespace meshrun {

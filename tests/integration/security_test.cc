@@ -2,7 +2,7 @@
 // binaries on 127.0.0.1, real clients, certificates made by the openssl CLI
 // into a temporary directory.
 
-#include "rendezvous/security.h"
+#include "rendezvous/security/security.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -24,8 +24,8 @@
 #include <sstream>
 
 #include "meshrun/v1/rendezvous.grpc.pb.h"
-#include "rendezvous/rendezvous_client.h"
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/client/store_client.h"
 #include "tests/support/child_process.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/text.h"

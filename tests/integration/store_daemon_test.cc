@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "meshrun/v1/store.grpc.pb.h"
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/store_client.h"
 #include "tests/support/child_process.h"
 #include "tests/support/temp_dir.h"
 

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/store_client.h"
 
 int main(int argc, char** argv) {
   if (argc < 5) {

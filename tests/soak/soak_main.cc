@@ -48,7 +48,7 @@
 #include <thread>
 #include <vector>
 
-#include "rendezvous/store_client.h"
+#include "rendezvous/client/store_client.h"
 #include "tests/support/child_process.h"
 
 extern char** environ;

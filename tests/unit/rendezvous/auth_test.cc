@@ -1,7 +1,7 @@
 // Token rules: parsing, token files (permissions, newline), the environment,
 // constant-time comparison and the refusal log's rate limiter.
 
-#include "rendezvous/auth.h"
+#include "rendezvous/security/auth.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -12,7 +12,7 @@
 #include <fstream>
 #include <map>
 
-#include "rendezvous/security.h"
+#include "rendezvous/security/security.h"
 #include "tests/support/temp_dir.h"
 
 namespace meshrun::rdzv {

@@ -1,4 +1,4 @@
-#include "rendezvous/kv_store.h"
+#include "rendezvous/core/kv_store.h"
 
 #include <algorithm>
 #include <chrono>
@@ -931,6 +931,80 @@ TEST(KvStoreTest, TenThousandWaitersExpireTogether) {
   EXPECT_EQ(woken.size(), size_t{kClients / 2});
   EXPECT_EQ(store.num_waiters(), 0u);
   EXPECT_EQ(store.num_namespaces(), 0u);
+}
+
+// --- c10d's queues, list_keys and barrier -------------------------------------
+
+TEST(KvStoreTest, QueuesAreFifoAndAreNotKeys) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "first", &woken).ok());
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "second", &woken).ok());
+  EXPECT_EQ(store.QueueLength(kNs, "q"), 2);
+  EXPECT_EQ(store.NumKeys(kNs), 0);
+  EXPECT_EQ(store.ListKeys(kNs), Values{});
+  EXPECT_TRUE(*store.Check(kNs, {"q"}));  // a check sees a queue with an item
+  auto popped = store.QueuePop(kNs, "q");
+  ASSERT_TRUE(popped.ok());
+  EXPECT_EQ(popped->length_before, 2);
+  EXPECT_EQ(popped->value, "first");
+  EXPECT_EQ(store.QueuePop(kNs, "q")->value, "second");
+  EXPECT_EQ(store.QueuePop(kNs, "q")->length_before, 0);  // empty: nothing popped
+  EXPECT_FALSE(*store.Check(kNs, {"q"}));
+  EXPECT_EQ(store.num_namespaces(), 0u);  // an emptied queue leaves nothing behind
+}
+
+TEST(KvStoreTest, APushWakesOneWaiterNotAll) {
+  KvStore store;
+  ASSERT_FALSE(store.Wait(kNs, {"q"}, 1, At(100)).ready);
+  ASSERT_FALSE(store.Wait(kNs, {"q"}, 2, At(100)).ready);
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "item", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{1});
+  woken.clear();
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "item", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{2});
+}
+
+TEST(KvStoreTest, ListKeysIsSorted) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  for (const char* key : {"b", "a", "c"})
+    ASSERT_TRUE(store.Set(kNs, key, "v", &woken).ok());
+  EXPECT_EQ(store.ListKeys(kNs), (Values{"a", "b", "c"}));
+  EXPECT_EQ(store.ListKeys("other"), Values{});
+}
+
+TEST(KvStoreTest, BarrierReleasesEveryoneWhenTheLastArrives) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  EXPECT_FALSE(store.Barrier(kNs, "b", 3, 1, At(100), &woken).ready);
+  EXPECT_FALSE(store.Barrier(kNs, "b", 3, 2, At(100), &woken).ready);
+  EXPECT_EQ(IdsOf(woken), Ids{});
+  BlockingResult last = store.Barrier(kNs, "b", 3, 3, At(100), &woken);
+  EXPECT_TRUE(last.ready);
+  EXPECT_TRUE(last.status.ok());
+  std::vector<WaiterId> ids = IdsOf(woken);
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (Ids{1, 2}));
+  EXPECT_EQ(Peek(store, kNs, "b"), "3");
+  // A barrier key that reached its size lets later arrivals through.
+  EXPECT_TRUE(store.Barrier(kNs, "b", 3, 4, At(100), &woken).ready);
+  EXPECT_FALSE(store.Barrier(kNs, "b", 0, 5, At(100), &woken).status.ok());
+}
+
+TEST(KvStoreTest, ABarrierWaiterTimesOutAndIsCancelled) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  EXPECT_FALSE(store.Barrier(kNs, "b", 2, 1, At(10), &woken).ready);
+  EXPECT_FALSE(store.Barrier(kNs, "c", 2, 2, At(50), &woken).ready);
+  store.CancelWaiter(2);
+  store.ExpireWaiters(At(60), &woken);
+  ASSERT_EQ(IdsOf(woken), Ids{1});
+  EXPECT_EQ(woken[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(woken[0].status.message().find("1 of 2 arrived"), std::string::npos)
+      << woken[0].status;
+  EXPECT_EQ(store.num_waiters(), 0u);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Prometheus text rendering and the histogram / counter primitives.
 
-#include "rendezvous/metrics.h"
+#include "rendezvous/status/metrics.h"
 
 #include <gtest/gtest.h>
 

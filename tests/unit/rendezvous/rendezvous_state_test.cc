@@ -1,4 +1,4 @@
-#include "rendezvous/rendezvous_state.h"
+#include "rendezvous/core/rendezvous_state.h"
 
 #include <gtest/gtest.h>
 

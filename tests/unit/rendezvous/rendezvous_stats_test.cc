@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/rendezvous_state.h"
+#include "rendezvous/core/rendezvous_state.h"
 
 namespace meshrun::rdzv {
 namespace {

@@ -1,7 +1,7 @@
 // Every field of every request: what is accepted, and the one-line reason
 // naming the field and the limit when it is not.
 
-#include "rendezvous/request_validation.h"
+#include "rendezvous/core/request_validation.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Persistence formats (state_codec) and the RendezvousState / KvStore hooks
 // they use: round trips, a torn last log record, damaged logs and snapshots,
 // fresh leases and resumed timers after a restore, and resume checks.
-#include "rendezvous/state_codec.h"
+#include "rendezvous/core/state_codec.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
 // Status snapshot rendering (JSON, table) and the HTTP routes, pure.
 
-#include "rendezvous/status_render.h"
+#include "rendezvous/status/status_render.h"
 
 #include <gtest/gtest.h>
 
-#include "rendezvous/status_http.h"
+#include "rendezvous/status/status_http.h"
 
 namespace meshrun::rdzv {
 namespace {

@@ -1,0 +1,239 @@
+#pragma once
+
+// The daemon's key-value store with c10d::Store semantics, as a pure class:
+// no threads, no clock, no I/O. Blocking operations (get, wait, multi_get)
+// register a waiter that a later mutation wakes or ExpireWaiters() times out;
+// every call returns the waiters it woke, and the caller (the gRPC adapter)
+// delivers them.
+//
+// Thread-safety: none; the owner serialises all calls.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace meshrun::rdzv {
+
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+
+struct StoreLimits {
+  size_t max_key_bytes = 4096;
+  size_t max_value_bytes = 64 << 20;
+  size_t max_keys_per_namespace = 1 << 20;
+  // Sum of key and value bytes in one namespace.
+  size_t max_bytes_per_namespace = size_t{1} << 30;
+  size_t max_namespaces = 100000;
+  size_t max_keys_per_request = 100000;
+  size_t max_waiters = 1 << 20;
+};
+
+using WaiterId = uint64_t;
+
+// A blocked request that became ready (or failed). `values` holds the keys'
+// values in request order for get/multi_get, and is empty for wait.
+struct Wakeup {
+  WaiterId waiter = 0;
+  absl::Status status;
+  std::vector<std::string> values;
+  // A get or multi_get woken after the woken-value budget ran out: OK with no
+  // values; the caller reads them when it can deliver them (MultiGet with the
+  // same waiter id answers at once, or parks it again if a key went away).
+  bool reread = false;
+};
+
+// The result of a blocking operation: either done now (`ready`), or parked
+// as waiter `waiter` until a Wakeup with that id is returned by a later call.
+struct BlockingResult {
+  bool ready = false;
+  absl::Status status;
+  std::vector<std::string> values;
+};
+
+class KvStore {
+ public:
+  explicit KvStore(StoreLimits limits = {});
+
+  // Mutations. Each returns its result and appends woken waiters to `woken`.
+  absl::Status Set(const std::string& ns, const std::string& key, std::string value,
+                   std::vector<Wakeup>* woken);
+  absl::Status MultiSet(const std::string& ns,
+                        const std::vector<std::pair<std::string, std::string>>& entries,
+                        std::vector<Wakeup>* woken);
+  // Values are decimal integers, as in c10d; a non-integer value is an error.
+  absl::StatusOr<int64_t> Add(const std::string& ns, const std::string& key,
+                              int64_t delta, std::vector<Wakeup>* woken);
+  // c10d semantics: absent key and empty `expected` -> set to `desired`;
+  // absent key otherwise -> returns `expected`; present and equal -> set,
+  // returns `desired`; present and different -> returns the current value.
+  absl::StatusOr<std::string> CompareSet(const std::string& ns, const std::string& key,
+                                         const std::string& expected, std::string desired,
+                                         std::vector<Wakeup>* woken);
+  absl::Status Append(const std::string& ns, const std::string& key,
+                      const std::string& value, std::vector<Wakeup>* woken);
+  // True when the key existed.
+  bool Delete(const std::string& ns, const std::string& key);
+
+  // Queues (c10d's queue_push / queue_pop / queue_len), beside the keys: a
+  // queue's name is not a key (NumKeys, ListKeys), but a wait or check on it
+  // is satisfied while it holds an item. A push wakes one waiter, not all,
+  // since one item serves one popper.
+  absl::Status QueuePush(const std::string& ns, const std::string& key, std::string value,
+                         std::vector<Wakeup>* woken);
+  struct Popped {
+    int64_t length_before = 0;  // 0: the queue was empty, nothing popped
+    std::string value;
+  };
+  absl::StatusOr<Popped> QueuePop(const std::string& ns, const std::string& key);
+  int64_t QueueLength(const std::string& ns, const std::string& key) const;
+
+  // Non-blocking queries.
+  int64_t NumKeys(const std::string& ns) const;
+  // Sorted.
+  std::vector<std::string> ListKeys(const std::string& ns) const;
+  absl::StatusOr<bool> Check(const std::string& ns,
+                             const std::vector<std::string>& keys) const;
+
+  // Blocking queries: answered now when every key exists, otherwise parked as
+  // `waiter` (an id unique among live waiters, chosen by the caller) until
+  // `deadline`. A timeout's status is DEADLINE_EXCEEDED and names the keys
+  // still missing.
+  BlockingResult Get(const std::string& ns, const std::string& key, WaiterId waiter,
+                     TimePoint deadline);
+  BlockingResult MultiGet(const std::string& ns, const std::vector<std::string>& keys,
+                          WaiterId waiter, TimePoint deadline);
+  BlockingResult Wait(const std::string& ns, const std::vector<std::string>& keys,
+                      WaiterId waiter, TimePoint deadline);
+  // c10d's barrier(key, world_size): adds 1 to the integer at `key`, then
+  // blocks until it reaches `world_size`. A key that reached it lets every
+  // later arrival through at once, as c10d's does (one key per barrier).
+  BlockingResult Barrier(const std::string& ns, const std::string& key,
+                         int64_t world_size, WaiterId waiter, TimePoint deadline,
+                         std::vector<Wakeup>* woken);
+
+  // Times out every waiter whose deadline is <= now.
+  void ExpireWaiters(TimePoint now, std::vector<Wakeup>* woken);
+  // Forgets a waiter whose client went away; no Wakeup is produced.
+  void CancelWaiter(WaiterId waiter);
+  // Earliest deadline among live waiters, if any.
+  std::optional<TimePoint> NextDeadline() const;
+
+  // Bytes of values that Wakeups may carry from now until the next call:
+  // each woken get copies its values, and a write can wake any number of
+  // them. Beyond it, Wakeups have `reread` set. Unlimited until first set.
+  void set_woken_value_budget(size_t bytes) { woken_value_budget_ = bytes; }
+
+  size_t num_waiters() const { return waiters_.size(); }
+  size_t num_namespaces() const { return namespaces_.size(); }
+  // Drops a whole namespace (run finished); its waiters fail with ABORTED.
+  void DropNamespace(const std::string& ns, std::vector<Wakeup>* woken);
+  // Names of run `run_id`'s namespaces: "<run_id>/e<epoch>.r<round>", the
+  // store prefix the rendezvous gives each round (or "<run_id>/r<round>",
+  // its form before epochs). Exactly those: run ids may contain '/', and run
+  // "a/b"'s "a/b/e1.r1" is not run "a"'s.
+  std::vector<std::string> NamespacesOfRun(const std::string& run_id) const;
+
+  // For persistence (state_codec): a non-blocking read, a walk over every
+  // entry, and writes that skip the limit checks (restored entries passed
+  // them when first written; a daemon restarted with lower limits keeps them)
+  // and wake nobody (waiters are never persisted).
+  std::optional<std::string> Peek(const std::string& ns, const std::string& key) const;
+  void ForEachEntry(
+      const std::function<void(const std::string& ns, const std::string& key,
+                               const std::string& value)>& visit) const;
+  void RestoreSet(const std::string& ns, const std::string& key, std::string value);
+  void RestoreAppend(const std::string& ns, const std::string& key,
+                     const std::string& value);
+  void ForEachQueueItem(
+      const std::function<void(const std::string& ns, const std::string& key,
+                               const std::string& value)>& visit) const;
+  void RestoreQueuePush(const std::string& ns, const std::string& key, std::string value);
+  void RestoreQueuePop(const std::string& ns, const std::string& key);
+  size_t num_entries() const;
+
+ private:
+  struct Namespace {
+    std::unordered_map<std::string, std::string> data;
+    // Sum of key and value sizes, kept exact for max_bytes_per_namespace.
+    size_t bytes = 0;
+    // key -> waiters registered until it exists. Sets are never left empty,
+    // so an empty map means no waiter is parked here. Ordered so that wake
+    // order is deterministic.
+    std::unordered_map<std::string, std::set<WaiterId>> waiting_on;
+    std::unordered_map<std::string, std::deque<std::string>> queues;  // never empty
+    // key -> barrier waiters, woken when the key's integer reaches their size.
+    std::unordered_map<std::string, std::set<WaiterId>> barriers;
+  };
+  struct Waiter {
+    std::string ns;
+    std::vector<std::string> keys;  // in request order
+    // How many waiting_on sets hold this waiter. A Delete can make it stale
+    // (a key counted as present may vanish), so reaching zero only means
+    // "recheck"; see Deliver().
+    size_t missing = 0;
+    bool wants_values = false;
+    // > 0: a barrier waiter (keys = {its key}), registered in `barriers`.
+    int64_t barrier_size = 0;
+    // Held so cancel and wake erase in O(1) even when 10,000 waiters share
+    // one deadline.
+    std::multimap<TimePoint, WaiterId>::iterator deadline;
+  };
+
+  absl::Status CheckKey(const std::string& key) const;
+  absl::Status CheckValueSize(size_t value_bytes) const;
+  absl::Status CheckRequestSize(size_t num_keys) const;
+  // `space` is null when namespace `ns` does not exist yet.
+  absl::Status CheckNewNamespace(const Namespace* space) const;
+  absl::Status CheckCapacity(const std::string& ns, const Namespace* space,
+                             size_t added_keys, size_t bytes_after) const;
+  // Everything a single-key write of `value_bytes` must satisfy.
+  absl::Status CheckWrite(const std::string& ns, const std::string& key,
+                          size_t value_bytes) const;
+  const Namespace* FindNamespace(const std::string& ns) const;
+
+  // Stores an already validated write. Waiters whose last registered key it
+  // creates are appended to `ready`; Deliver() must follow before the call
+  // that did the write returns.
+  void Put(const std::string& ns, const std::string& key, std::string value,
+           std::vector<WaiterId>* ready);
+  // Wakes `ready` waiters with values read now, i.e. after the whole
+  // mutation, and re-parks any that a Delete left short of a key.
+  void Deliver(const std::vector<WaiterId>& ready, std::vector<Wakeup>* woken);
+  // A key a wait is satisfied by: stored, or a queue holding an item.
+  static bool Present(const Namespace& space, const std::string& key);
+  // After a write of `key`: barrier waiters whose size its value reached.
+  void ReleaseBarriers(Namespace& space, const std::string& key,
+                       std::vector<WaiterId>* ready);
+  BlockingResult Block(const std::string& ns, const std::vector<std::string>& keys,
+                       bool wants_values, WaiterId waiter, TimePoint deadline);
+  // Registers `waiter` under each distinct key of `keys` absent from `space`;
+  // returns how many.
+  size_t Park(Namespace& space, WaiterId waiter, const std::vector<std::string>& keys);
+  // REQUIRES: every key exists in `space`.
+  static std::vector<std::string> ValuesOf(const Namespace& space,
+                                           const std::vector<std::string>& keys);
+  std::string MissingKeysMessage(const Waiter& waiter) const;
+  void RemoveWaiter(WaiterId id);
+  // Namespaces with neither keys nor waiters are dropped, so stray waits in
+  // mistyped namespaces do not use up max_namespaces forever.
+  void EraseIfEmpty(std::unordered_map<std::string, Namespace>::iterator it);
+
+  StoreLimits limits_;
+  std::unordered_map<std::string, Namespace> namespaces_;
+  std::unordered_map<WaiterId, Waiter> waiters_;
+  std::multimap<TimePoint, WaiterId> deadlines_;
+  size_t woken_value_budget_ = std::numeric_limits<size_t>::max();
+};
+
+}  // namespace meshrun::rdzv

@@ -1,0 +1,131 @@
+#pragma once
+
+// gRPC adapter of the Rendezvous service: proto <-> RendezvousState, and the
+// push of each NodeEvent on the addressed node's Join stream. A Join stream
+// that breaks (agent killed, connection lost) counts as the node leaving, so
+// survivors re-form at once instead of waiting for the lease to run out;
+// streams that end because the daemon is shutting down do not (see
+// BeginShutdown).
+//
+// Thread-safe; one mutex serialises the state machine.
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshrun/v1/rendezvous.grpc.pb.h"
+#include "rendezvous/core/rendezvous_state.h"
+#include "rendezvous/persist/state_log.h"
+#include "rendezvous/server/deadline_timer.h"
+#include "rendezvous/status/metrics.h"
+#include "rendezvous/status/run_status.h"
+
+namespace meshrun::rdzv {
+
+struct RendezvousServiceOptions {
+  // A closed run stays queryable (and its id taken) this long, then the
+  // daemon forgets it, so a long-lived daemon's memory stays flat.
+  std::chrono::seconds closed_run_retention{3600};
+  // Called with the ids of forgotten runs (outside the service's lock), e.g.
+  // to drop their store namespaces.
+  std::function<void(const std::vector<std::string>&)> on_runs_forgotten;
+};
+
+class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService {
+ public:
+  explicit RendezvousService(RendezvousServiceOptions options = {});
+  ~RendezvousService() override;
+
+  grpc::ServerWriteReactor<meshrun::v1::RendezvousEvent>* Join(
+      grpc::CallbackServerContext* context,
+      const meshrun::v1::JoinRequest* request) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const meshrun::v1::HeartbeatRequest* request,
+                                      meshrun::v1::HeartbeatReply* reply) override;
+  grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext* context,
+                                          const meshrun::v1::FailureReport* request,
+                                          meshrun::v1::FailureReply* reply) override;
+  grpc::ServerUnaryReactor* ReportSuccess(grpc::CallbackServerContext* context,
+                                          const meshrun::v1::SuccessReport* request,
+                                          meshrun::v1::Empty* reply) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const meshrun::v1::LeaveRequest* request,
+                                  meshrun::v1::Empty* reply) override;
+  grpc::ServerUnaryReactor* Close(grpc::CallbackServerContext* context,
+                                  const meshrun::v1::CloseRequest* request,
+                                  meshrun::v1::Empty* reply) override;
+
+  // --state-dir: changed runs are logged by the log's flusher (CollectChanges),
+  // one record per run per flush, so a burst of joins costs one write. Events
+  // are pushed without waiting for the disk: a crash within that window loses
+  // the newest membership change, and agents that were told of it find their
+  // round unknown and rejoin (see the agent). REQUIRES: before serving; `log`
+  // must remain live while the service is.
+  void set_state_log(StateLog* log);
+  void CollectChanges(StateLog& log);
+  // Runs `fn` on the state under the service's lock (restore, snapshots).
+  void WithState(const std::function<void(RendezvousState&)>& fn);
+  // Re-arms the timer after a restore gave every node a lease.
+  void Restored();
+  // The daemon is stopping: from now on the state no longer changes by
+  // itself. Streams the server cancels are not departures and timers do not
+  // run (nobody can heartbeat), so what the last flush persists is the run
+  // as it was, and agents resume into it after a restart. Calls still
+  // served (a real Leave) change it as usual. Call before shutting the
+  // server down.
+  void BeginShutdown();
+  grpc::ServerUnaryReactor* ReportWorkerExits(
+      grpc::CallbackServerContext* context, const meshrun::v1::WorkerExitsReport* request,
+      meshrun::v1::Empty* reply) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const meshrun::v1::StatusRequest* request,
+                                   meshrun::v1::StatusReply* reply) override;
+
+  // Every run (or the one named): the state machine's view plus the failure
+  // causes and worker exits the agents reported.
+  StatusSnapshot Snapshot(const std::string& run_id = {});
+  // Runs, rounds, nodes, joins, heartbeats, restarts by cause, worker exits.
+  void CollectMetrics(std::vector<MetricFamily>* out);
+
+  std::optional<RunSummary> Summary(const std::string& run_id);
+  std::vector<std::string> RunIds();
+  // See RendezvousState::LiveStorePrefixes.
+  std::map<std::string, std::string> LiveStorePrefixes();
+
+  class JoinStream;  // one node's event stream; defined in the .cc
+
+ private:
+  friend class JoinStream;
+  using NodeKey = std::pair<std::string, std::string>;  // run id, node id
+
+  // REQUIRES: mu_ held.
+  void DispatchLocked(std::vector<NodeEvent>& events);
+  // The stream of `node` broke; REQUIRES: mu_ not held.
+  void StreamBroken(const NodeKey& node, JoinStream* stream);
+  std::optional<DeadlineTimer::TimePoint> Tick(DeadlineTimer::TimePoint now);
+  void PokeTimerLocked();
+
+  const RendezvousServiceOptions options_;
+  std::mutex mu_;
+  RendezvousState state_;                   // guarded by mu_
+  DeadlineTimer::TimePoint next_sweep_;     // guarded by mu_; forgetting closed runs
+  bool shutting_down_ = false;              // guarded by mu_
+  std::map<NodeKey, JoinStream*> streams_;  // guarded by mu_; entry => stream alive
+  // What agents reported beyond the state machine's business, per run.
+  struct Observed {
+    std::optional<FailureStatusRecord> last_failure;
+    std::map<std::string, NodeExitsRecord> exits;  // by node id: its latest round
+  };
+  std::map<std::string, Observed> observed_;  // guarded by mu_
+  // Worker exits reported, by result: 0 success, 1 exit code, 2 signal.
+  std::array<Counter, 3> worker_exits_;
+  std::unique_ptr<DeadlineTimer> timer_;
+  StateLog* log_ = nullptr;
+};
+
+}  // namespace meshrun::rdzv

@@ -1,0 +1,683 @@
+#include "rendezvous/server/tcpstore_server.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+
+namespace meshrun::rdzv {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using meshrun::v1::StoreRequest;
+using meshrun::v1::StoreResponse;
+using tcpstore::ParseResult;
+using tcpstore::Query;
+using tcpstore::QueryType;
+
+namespace {
+
+// Why a connection was closed by the daemon, for the metric.
+enum class Refusal { kHandshake, kBadQuery, kStoreError, kNoNamespace, kGrpcOff, kCount };
+const char* ToString(Refusal r) {
+  static const char* const kNames[] = {"handshake", "bad_query", "store_error",
+                                       "no_namespace", "grpc_off"};
+  return kNames[static_cast<int>(r)];
+}
+
+// c10d waits have no timeout on the wire (its client gives up and sends
+// cancel_wait), so a parked wait lasts until then, or its connection ends.
+constexpr uint32_t kNoTimeoutMs = std::numeric_limits<uint32_t>::max();
+constexpr size_t kReadChunk = 64 << 10;
+
+// The connection whose query this thread is running (see SendAll).
+thread_local const void* tls_dispatching = nullptr;
+
+}  // namespace
+
+class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer::Impl> {
+ public:
+  Impl(TcpStoreServerOptions options, StoreService& store)
+      : options_(std::move(options)), store_(store), acceptor_(io_) {}
+
+  class Connection;
+
+  absl::Status Bind() {
+    boost::system::error_code ec;
+    const auto address = asio::ip::make_address(options_.host, ec);
+    if (ec) return absl::InvalidArgumentError("bad listen address " + options_.host);
+    const tcp::endpoint endpoint(address, static_cast<uint16_t>(options_.port));
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.host, ":",
+                                                 options_.port, ": ", ec.message()));
+    }
+    return absl::OkStatus();
+  }
+  int port() const { return acceptor_.local_endpoint().port(); }
+  asio::io_context& io() { return io_; }
+
+  void Accept() {
+    acceptor_.async_accept(
+        asio::make_strand(io_),
+        [self = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
+          if (ec == asio::error::operation_aborted || self->stopping_) return;
+          if (!ec) self->Classify(std::move(socket));
+          self->Accept();
+        });
+  }
+
+  // Waits for the first byte without taking it, then hands the socket to
+  // gRPC or to a TCPStore connection.
+  void Classify(tcp::socket socket) {
+    auto peeked = std::make_shared<tcp::socket>(std::move(socket));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      classifying_.insert(peeked);
+    }
+    peeked->async_wait(tcp::socket::wait_read,
+                       [self = shared_from_this(), peeked](boost::system::error_code ec) {
+                         {
+                           std::lock_guard<std::mutex> lock(self->mu_);
+                           self->classifying_.erase(peeked);
+                         }
+                         if (ec || self->stopping_) return;
+                         char first = 0;
+                         boost::system::error_code peek_ec;
+                         const size_t n = peeked->receive(
+                             asio::buffer(&first, 1), tcp::socket::message_peek, peek_ec);
+                         if (peek_ec || n == 0)
+                           return;  // closed before a byte: nothing to serve
+                         if (first == 'P') {
+                           self->grpc_connections_.Inc();
+                           if (!self->options_.on_grpc_fd) {
+                             self->Refuse(Refusal::kGrpcOff);
+                             return;
+                           }
+                           const int fd = peeked->release(peek_ec);
+                           if (peek_ec) return;
+                           // gRPC's endpoints expect a non-blocking fd; a blocking read
+                           // would stall its poller thread.
+                           ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+                           self->options_.on_grpc_fd(fd);
+                           return;
+                         }
+                         self->StartConnection(std::move(*peeked));
+                       });
+  }
+
+  void StartConnection(tcp::socket socket);
+  void Forget(Connection* connection) {
+    std::lock_guard<std::mutex> lock(mu_);
+    connections_.erase(connection);
+  }
+  void Refuse(Refusal why) { refused_[static_cast<int>(why)].Inc(); }
+
+  void Stop();
+  void CollectMetrics(std::vector<MetricFamily>* out);
+
+  const TcpStoreServerOptions options_;
+  StoreService& store_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::unordered_map<Connection*, std::weak_ptr<Connection>>
+      connections_;  // guarded by mu_
+  // Accepted sockets whose first byte has not come yet.
+  std::unordered_set<std::shared_ptr<tcp::socket>> classifying_;  // guarded by mu_
+  Counter tcpstore_connections_;
+  Counter grpc_connections_;
+  Counter queries_;
+  Counter refused_[static_cast<int>(Refusal::kCount)];
+};
+
+// One TCPStore client. Reads and parses on its strand; replies come from
+// StoreService (Send) on any thread and are written in the order they come.
+class TcpStoreServer::Impl::Connection final
+    : public StoreReplySink,
+      public std::enable_shared_from_this<TcpStoreServer::Impl::Connection> {
+ public:
+  Connection(std::shared_ptr<Impl> server, tcp::socket socket)
+      : server_(std::move(server)), socket_(std::move(socket)) {
+    boost::system::error_code ec;
+    socket_.set_option(tcp::no_delay(true), ec);
+    const auto remote = socket_.remote_endpoint(ec);
+    peer_ = ec ? "unknown" : remote.address().to_string();
+  }
+
+  void Start() {
+    server_->store_.OpenSession();
+    session_open_ = true;
+    Read();
+  }
+
+  // From Stop(), any thread.
+  void Shutdown() {
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->Close(); });
+  }
+
+  // StoreReplySink. Called with StoreService's lock held, or not; never with
+  // ours held by the caller.
+  void Send(StoreResponse reply) override {
+    std::vector<StoreResponse> one(1);
+    one[0] = std::move(reply);
+    SendAll(&one);
+  }
+  void SendAll(std::vector<StoreResponse>* replies) override {
+    bool start_write = false;
+    bool failed = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      for (StoreResponse& reply : *replies) {
+        auto awaited = awaiting_.find(reply.id());
+        if (awaited == awaiting_.end()) continue;  // a cancelled wait
+        const QueryType type = awaited->second;
+        awaiting_.erase(awaited);
+        if (reply.code() != meshrun::v1::STORE_OK) {
+          spdlog::info("tcpstore client {}: {} refused: {}; closing the connection",
+                       peer_, tcpstore::ToString(type), reply.error());
+          failed = true;
+          break;
+        }
+        std::string bytes = Encode(type, reply);
+        if (bytes.empty()) continue;
+        out_bytes_ += bytes.size();
+        out_.push_back(std::move(bytes));
+      }
+      if (!failed && !writing_ && !out_.empty()) start_write = writing_ = true;
+    }
+    if (failed) {
+      server_->Refuse(Refusal::kStoreError);
+      asio::post(socket_.get_executor(), [self = shared_from_this()] { self->Close(); });
+      return;
+    }
+    if (!start_write) return;
+    // A reply made while this connection's own query runs (most are) is
+    // written by Process() once the queries buffered so far have run, all in
+    // one write; any other goes through the strand.
+    if (tls_dispatching == this) {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      return;
+    }
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this()] { self->WriteNext(); });
+  }
+  void Hold(const std::vector<StoreResponse>& /*replies*/) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_++ == 0) keepalive_ = shared_from_this();
+  }
+  void SendHeld(std::vector<StoreResponse>* replies) override {
+    SendAll(replies);
+    std::shared_ptr<Connection> last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--held_ == 0) last = std::move(keepalive_);
+    }
+  }
+  // Replies are small or bounded by the reading side (below).
+  bool DeferIfOverBounds() override { return false; }
+  void MarkDeferred() override {}
+  size_t RoomBytes() override { return std::numeric_limits<size_t>::max(); }
+
+ private:
+  void Read() {
+    if (closed_) return;
+    const size_t old = in_.size();
+    const size_t want =
+        std::max(kReadChunk, need_ > old - in_start_ ? need_ - (old - in_start_) : 0);
+    in_.resize(old + std::min<size_t>(want, 16 << 20));
+    socket_.async_read_some(
+        asio::buffer(in_.data() + old, in_.size() - old),
+        [self = shared_from_this(), old](boost::system::error_code ec, size_t n) {
+          self->in_.resize(old + n);
+          if (ec) return self->Close();
+          self->Process();
+        });
+  }
+
+  // Runs every whole query buffered, then reads on (unless paused by the
+  // reply bound or closed).
+  void Process() {
+    while (!closed_) {
+      if (OverReplyBound()) {
+        paused_ = true;
+        return StartWriting();  // resumes Process() once enough is written
+      }
+      const std::string_view pending(in_.data() + in_start_, in_.size() - in_start_);
+      if (pending.size() < need_) break;
+      ParseResult parsed = tcpstore::ParseQuery(pending, server_->options_.limits);
+      if (parsed.kind == ParseResult::Kind::kIncomplete) {
+        need_ = parsed.needed;
+        break;
+      }
+      if (parsed.kind == ParseResult::Kind::kBad) {
+        Log("sent a bad query ({}); closing the connection", parsed.error);
+        server_->Refuse(validated_ ? Refusal::kBadQuery : Refusal::kHandshake);
+        return Close();
+      }
+      in_start_ += parsed.consumed;
+      need_ = 1;
+      Dispatch(std::move(parsed.query));
+    }
+    if (closed_) return;
+    StartWriting();
+    // Drop what was consumed; keep the partial query at the front.
+    if (in_start_ > 0) {
+      in_.erase(0, in_start_);
+      in_start_ = 0;
+    }
+    Read();
+  }
+
+  bool OverReplyBound() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return out_bytes_ > server_->options_.max_queued_reply_bytes;
+  }
+
+  void Dispatch(Query query) {
+    server_->queries_.Inc();
+    if (!validated_) {
+      if (query.type != QueryType::kValidate ||
+          static_cast<uint32_t>(query.number) != tcpstore::kValidationMagic) {
+        Log("did not start with c10d's handshake; closing the connection");
+        server_->Refuse(Refusal::kHandshake);
+        return Close();
+      }
+      auto ns = server_->options_.namespace_for
+                    ? server_->options_.namespace_for(peer_)
+                    : absl::StatusOr<std::string>(std::string());
+      if (!ns.ok()) {
+        Log("has no store to use: {}; closing the connection",
+            std::string(ns.status().message()));
+        server_->Refuse(Refusal::kNoNamespace);
+        return Close();
+      }
+      ns_ = *ns;
+      validated_ = true;
+      return;
+    }
+    StoreRequest request;
+    switch (query.type) {
+      case QueryType::kValidate:  // again: harmless, as in torch's server
+        return;
+      case QueryType::kPing: {
+        std::string bytes;
+        tcpstore::AppendU32(&bytes, static_cast<uint32_t>(query.number));
+        return Write(std::move(bytes));
+      }
+      case QueryType::kCancelWait: {
+        server_->store_.CancelWaits(this);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          for (auto it = awaiting_.begin(); it != awaiting_.end();) {
+            const bool wait =
+                it->second == QueryType::kWait || it->second == QueryType::kBarrier;
+            it = wait ? awaiting_.erase(it) : std::next(it);
+          }
+        }
+        std::string bytes;
+        tcpstore::AppendU8(&bytes,
+                           static_cast<uint8_t>(tcpstore::WaitResponse::kWaitCanceled));
+        return Write(std::move(bytes));
+      }
+      case QueryType::kSet: {
+        auto* op = request.mutable_set();
+        op->set_key(std::move(query.keys[0]));
+        op->set_value(std::move(query.values[0]));
+        break;
+      }
+      case QueryType::kCompareSet: {
+        auto* op = request.mutable_compare_set();
+        op->set_key(std::move(query.keys[0]));
+        op->set_expected(std::move(query.values[0]));
+        op->set_desired(std::move(query.values[1]));
+        break;
+      }
+      case QueryType::kGet: {
+        auto* op = request.mutable_get();
+        op->set_key(std::move(query.keys[0]));
+        op->set_if_present(true);
+        break;
+      }
+      case QueryType::kAdd: {
+        auto* op = request.mutable_add();
+        op->set_key(std::move(query.keys[0]));
+        op->set_delta(query.number);
+        break;
+      }
+      case QueryType::kCheck:
+        for (std::string& key : query.keys)
+          request.mutable_check()->add_keys(std::move(key));
+        break;
+      case QueryType::kWait:
+        for (std::string& key : query.keys)
+          request.mutable_wait()->add_keys(std::move(key));
+        request.set_timeout_ms(kNoTimeoutMs);
+        break;
+      case QueryType::kGetNumKeys:
+        request.mutable_num_keys();
+        break;
+      case QueryType::kDeleteKey:
+        request.mutable_delete_()->set_key(std::move(query.keys[0]));
+        break;
+      case QueryType::kAppend: {
+        auto* op = request.mutable_append();
+        op->set_key(std::move(query.keys[0]));
+        op->set_value(std::move(query.values[0]));
+        break;
+      }
+      case QueryType::kMultiGet: {
+        auto* op = request.mutable_multi_get();
+        for (std::string& key : query.keys) op->add_keys(std::move(key));
+        op->set_if_present(true);
+        break;
+      }
+      case QueryType::kMultiSet: {
+        auto* op = request.mutable_multi_set();
+        for (size_t i = 0; i < query.keys.size(); ++i) {
+          auto* entry = op->add_entries();
+          entry->set_key(std::move(query.keys[i]));
+          entry->set_value(std::move(query.values[i]));
+        }
+        break;
+      }
+      case QueryType::kQueuePush: {
+        auto* op = request.mutable_queue_push();
+        op->set_key(std::move(query.keys[0]));
+        op->set_value(std::move(query.values[0]));
+        break;
+      }
+      case QueryType::kQueuePop:
+        request.mutable_queue_pop()->set_key(std::move(query.keys[0]));
+        break;
+      case QueryType::kQueueLen:
+        request.mutable_queue_len()->set_key(std::move(query.keys[0]));
+        break;
+      case QueryType::kListKeys:
+        request.mutable_list_keys();
+        break;
+      case QueryType::kBarrier: {
+        auto* op = request.mutable_barrier();
+        op->set_key(std::move(query.keys[0]));
+        op->set_world_size(query.number);
+        request.set_timeout_ms(kNoTimeoutMs);
+        break;
+      }
+    }
+    request.set_id(next_id_++);
+    request.set_ns(ns_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      awaiting_[request.id()] = query.type;
+    }
+    tls_dispatching = this;
+    server_->store_.Handle(this, request);
+    tls_dispatching = nullptr;
+  }
+
+  // On the strand: writes what queued up, unless a write is in flight.
+  void StartWriting() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (writing_ || out_.empty()) return;
+      writing_ = true;
+    }
+    WriteNext();
+  }
+
+  // The reply bytes c10d's client reads for `type`; empty for queries it
+  // expects no reply to.
+  static std::string Encode(QueryType type, const StoreResponse& reply) {
+    std::string out;
+    auto value = [&](int i) -> std::string_view {
+      return i < reply.values_size() ? std::string_view(reply.values(i))
+                                     : std::string_view();
+    };
+    switch (type) {
+      case QueryType::kCompareSet:
+      case QueryType::kGet:
+        tcpstore::AppendBytes(&out, value(0));
+        break;
+      case QueryType::kAdd:
+      case QueryType::kGetNumKeys:
+      case QueryType::kQueueLen:
+        tcpstore::AppendI64(&out, reply.number());
+        break;
+      case QueryType::kDeleteKey:
+        tcpstore::AppendI64(&out, reply.flag() ? 1 : 0);
+        break;
+      case QueryType::kCheck:
+        tcpstore::AppendU8(&out, static_cast<uint8_t>(
+                                     reply.flag() ? tcpstore::CheckResponse::kReady
+                                                  : tcpstore::CheckResponse::kNotReady));
+        break;
+      case QueryType::kWait:
+      case QueryType::kBarrier:
+        tcpstore::AppendU8(&out,
+                           static_cast<uint8_t>(tcpstore::WaitResponse::kStopWaiting));
+        break;
+      case QueryType::kMultiGet:
+        for (const std::string& v : reply.values()) tcpstore::AppendBytes(&out, v);
+        break;
+      case QueryType::kQueuePop:
+        tcpstore::AppendI64(&out, reply.number());
+        if (reply.number() > 0) tcpstore::AppendBytes(&out, value(0));
+        break;
+      case QueryType::kListKeys:
+        tcpstore::AppendI64(&out, reply.values_size());
+        for (const std::string& key : reply.values()) tcpstore::AppendBytes(&out, key);
+        break;
+      default:  // set, append, multi_set, queue_push: no reply
+        break;
+    }
+    return out;
+  }
+
+  // On the strand: a reply made here (ping, cancel_wait).
+  void Write(std::string bytes) {
+    bool start = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      out_bytes_ += bytes.size();
+      out_.push_back(std::move(bytes));
+      if (!writing_) start = writing_ = true;
+    }
+    if (start) WriteNext();
+  }
+
+  // On the strand, with writing_ set: writes everything queued, a batch at a
+  // time (gathered), until the queue is empty.
+  void WriteNext() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_ || out_.empty()) {
+        writing_ = false;
+        return;
+      }
+      while (!out_.empty() && batch_.size() < 64) {
+        batch_.push_back(std::move(out_.front()));
+        out_.pop_front();
+      }
+    }
+    std::vector<asio::const_buffer> buffers;
+    buffers.reserve(batch_.size());
+    for (const std::string& b : batch_) buffers.emplace_back(asio::buffer(b));
+    asio::async_write(
+        socket_, buffers,
+        [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+          self->batch_.clear();
+          {
+            std::lock_guard<std::mutex> lock(self->mu_);
+            self->out_bytes_ -= n;
+          }
+          if (ec) return self->Close();
+          self->WriteNext();
+          if (self->paused_ && !self->OverReplyBound()) {
+            self->paused_ = false;
+            self->Process();
+          }
+        });
+  }
+
+  // On the strand. Idempotent.
+  void Close() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      closed_ = true;
+      out_.clear();
+      awaiting_.clear();
+    }
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    if (session_open_) server_->store_.EndSession(this);
+    server_->Forget(this);
+  }
+
+  template <typename... Args>
+  void Log(const char* format, Args&&... args) {
+    spdlog::info("tcpstore client {} {}", peer_,
+                 fmt::format(fmt::runtime(format), std::forward<Args>(args)...));
+  }
+
+  std::shared_ptr<Impl> server_;
+  tcp::socket socket_;
+  std::string peer_;
+  // Strand-only: the read side.
+  std::string in_;
+  size_t in_start_ = 0;
+  size_t need_ = 1;  // bytes the next parse needs before it can progress
+  bool validated_ = false;
+  bool paused_ = false;
+  bool session_open_ = false;
+  std::string ns_;
+  uint64_t next_id_ = 1;
+  std::vector<std::string> batch_;  // being written
+  // The reply side, from any thread.
+  std::mutex mu_;
+  bool closed_ = false;   // guarded by mu_ (written on the strand)
+  bool writing_ = false;  // guarded by mu_
+  std::deque<std::string> out_;
+  size_t out_bytes_ = 0;
+  std::unordered_map<uint64_t, QueryType> awaiting_;  // request id -> its query
+  int held_ = 0;
+  std::shared_ptr<Connection> keepalive_;  // while replies are held for the log
+};
+
+void TcpStoreServer::Impl::StartConnection(tcp::socket socket) {
+  auto connection = std::make_shared<Connection>(shared_from_this(), std::move(socket));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    connections_[connection.get()] = connection;
+  }
+  tcpstore_connections_.Inc();
+  connection->Start();
+}
+
+void TcpStoreServer::Impl::Stop() {
+  if (stopping_.exchange(true)) return;
+  asio::post(io_, [self = shared_from_this()] {
+    boost::system::error_code ec;
+    self->acceptor_.close(ec);
+  });
+  std::vector<std::shared_ptr<Connection>> open;
+  std::vector<std::shared_ptr<tcp::socket>> unclassified;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [raw, weak] : connections_)
+      if (auto c = weak.lock()) open.push_back(std::move(c));
+    unclassified.assign(classifying_.begin(), classifying_.end());
+  }
+  for (auto& c : open) c->Shutdown();
+  for (auto& socket : unclassified) {
+    asio::post(socket->get_executor(), [socket] {
+      boost::system::error_code ec;
+      socket->close(ec);
+    });
+  }
+}
+
+void TcpStoreServer::Impl::CollectMetrics(std::vector<MetricFamily>* out) {
+  MetricFamily connections{"meshrun_daemon_connections_total",
+                           "Connections accepted on the daemon's port, by the protocol "
+                           "their first byte named.",
+                           "counter"};
+  connections.Add({{"protocol", "tcpstore"}},
+                  static_cast<double>(tcpstore_connections_.value()));
+  connections.Add({{"protocol", "grpc"}}, static_cast<double>(grpc_connections_.value()));
+  MetricFamily open{"meshrun_tcpstore_connections_open",
+                    "TCPStore protocol connections open now.", "gauge"};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    open.Add({}, static_cast<double>(connections_.size()));
+  }
+  MetricFamily queries{"meshrun_tcpstore_queries_total",
+                       "TCPStore protocol queries received (each also counts as a "
+                       "store operation).",
+                       "counter"};
+  queries.Add({}, static_cast<double>(queries_.value()));
+  MetricFamily refused{"meshrun_tcpstore_connections_refused_total",
+                       "TCPStore protocol connections the daemon closed, by reason: a "
+                       "wrong handshake, a malformed or oversized query, a request the "
+                       "store refused, no run to serve, or gRPC not served there.",
+                       "counter"};
+  for (int i = 0; i < static_cast<int>(Refusal::kCount); ++i)
+    refused.Add({{"reason", ToString(static_cast<Refusal>(i))}},
+                static_cast<double>(refused_[i].value()));
+  for (MetricFamily* f : {&connections, &open, &queries, &refused})
+    out->push_back(std::move(*f));
+}
+
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
+    TcpStoreServerOptions options, StoreService& store) {
+  std::unique_ptr<TcpStoreServer> server(new TcpStoreServer());
+  const int threads = std::max(1, options.io_threads);
+  server->impl_ = std::make_shared<Impl>(std::move(options), store);
+  if (absl::Status s = server->impl_->Bind(); !s.ok()) return s;
+  server->port_ = server->impl_->port();
+  server->impl_->Accept();
+  for (int i = 0; i < threads; ++i) {
+    server->threads_.emplace_back([impl = server->impl_] {
+      // Runs until Stop() has closed the acceptor and every connection.
+      impl->io().run();
+    });
+  }
+  return server;
+}
+
+void TcpStoreServer::Stop() {
+  if (!impl_) return;
+  impl_->Stop();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+TcpStoreServer::~TcpStoreServer() { Stop(); }
+
+void TcpStoreServer::CollectMetrics(std::vector<MetricFamily>* out) {
+  if (impl_) impl_->CollectMetrics(out);
+}
+
+}  // namespace meshrun::rdzv

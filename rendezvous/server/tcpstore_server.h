@@ -1,0 +1,77 @@
+#pragma once
+
+// The daemon's second front-end to its store: c10d's TCPStore wire protocol
+// (core/tcpstore_wire.h) on Boost.Asio, so stock PyTorch workers use the
+// daemon's store as their agent store (TORCHELASTIC_USE_AGENT_STORE=True).
+//
+// It owns the daemon's listening port and tells the two protocols apart by a
+// connection's first byte: 'P' opens the HTTP/2 preface every gRPC client
+// sends, and that connection is handed to the gRPC server (on_grpc_fd);
+// anything else is a TCPStore client, whose first query must be VALIDATE
+// with c10d's magic number.
+//
+// Each TCPStore connection is a StoreService session: its queries become
+// StoreRequests in the namespace `namespace_for` picks when it validates,
+// so they share the gRPC store's limits, waiters, metrics and state log.
+// A connection that sends garbage, a wrong handshake, an oversized field or
+// a request the store refuses is closed (as torch's server does) and
+// counted; the daemon and every other client go on.
+//
+// Thread-safe. Stop() before the StoreService goes away.
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "rendezvous/core/tcpstore_wire.h"
+#include "rendezvous/server/store_service.h"
+#include "rendezvous/status/metrics.h"
+
+namespace meshrun::rdzv {
+
+struct TcpStoreServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: kernel-assigned
+  tcpstore::WireLimits limits;
+  // A connection stops reading while this many reply bytes wait to be
+  // written to it (a client that sends without reading).
+  size_t max_queued_reply_bytes = 64 << 20;
+  int io_threads = 2;
+  // The store namespace of a connection from `peer` (its address), asked
+  // once, when it validates; an error closes the connection.
+  std::function<absl::StatusOr<std::string>(const std::string& peer)> namespace_for;
+  // Takes ownership of a connection's fd whose first byte was an HTTP/2
+  // preface's; null: such connections are closed.
+  std::function<void(int fd)> on_grpc_fd;
+};
+
+class TcpStoreServer {
+ public:
+  // Binds host:port and serves. UNAVAILABLE when the address cannot be bound.
+  // `store` must remain live until Stop() returned.
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
+      TcpStoreServerOptions options, StoreService& store);
+  ~TcpStoreServer();  // Stop()
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  int port() const { return port_; }
+  // Stops accepting, closes every connection (their parked waits end), and
+  // joins the I/O threads. Idempotent.
+  void Stop();
+  void CollectMetrics(std::vector<MetricFamily>* out);
+
+  class Impl;
+
+ private:
+  TcpStoreServer() = default;
+  int port_ = 0;
+  std::shared_ptr<Impl> impl_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace meshrun::rdzv

@@ -1,0 +1,102 @@
+// Arbitrary bytes as a TCPStore client's stream: first through the wire codec
+// alone (every query it parses must encode back to the bytes it consumed),
+// then, after c10d's handshake, to the real daemon's TCPStore front-end over
+// loopback, which must answer or close the connection and go on serving.
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "rendezvous/core/tcpstore_wire.h"
+#include "tests/fuzz/fuzz_daemon.h"
+#include "tests/support/http_client.h"
+
+namespace {
+
+using meshrun::rdzv::tcpstore::ParseQuery;
+using meshrun::rdzv::tcpstore::ParseResult;
+using meshrun::rdzv::tcpstore::Query;
+using meshrun::rdzv::tcpstore::QueryType;
+
+void CheckCodec(std::string_view data) {
+  meshrun::rdzv::tcpstore::WireLimits limits;
+  limits.max_value_bytes = 1 << 20;
+  limits.max_keys_per_query = 1024;
+  while (!data.empty()) {
+    ParseResult r = ParseQuery(data, limits);
+    if (r.kind != ParseResult::Kind::kQuery) return;
+    if (meshrun::rdzv::tcpstore::EncodeQuery(r.query) != data.substr(0, r.consumed)) {
+      std::fprintf(stderr, "fuzz: %s does not encode back to its bytes\n",
+                   meshrun::rdzv::tcpstore::ToString(r.query.type));
+      std::abort();
+    }
+    data.remove_prefix(r.consumed);
+  }
+}
+
+// Reads what the daemon sends until it closes or is quiet for a moment.
+void Drain(int fd) {
+  char buf[4096];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) return;
+    if (recv(fd, buf, sizeof(buf), 0) <= 0) return;
+  }
+}
+
+int Port() {
+  const std::string endpoint = meshrun::fuzz::FuzzDaemon::Get().daemon->endpoint();
+  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  CheckCodec(bytes);
+
+  static const int port = Port();
+  const int fd = meshrun::testing::ConnectLoopback(port);
+  if (fd < 0) std::abort();
+  Query validate;
+  validate.type = QueryType::kValidate;
+  validate.number = meshrun::rdzv::tcpstore::kValidationMagic;
+  meshrun::testing::SendAll(fd, meshrun::rdzv::tcpstore::EncodeQuery(validate));
+  meshrun::testing::SendAll(fd, std::string(bytes));
+  shutdown(fd, SHUT_WR);
+  Drain(fd);
+  close(fd);
+
+  // Still serving: a fresh client's ping comes back.
+  const int probe = meshrun::testing::ConnectLoopback(port);
+  if (probe < 0) std::abort();
+  Query ping;
+  ping.type = QueryType::kPing;
+  ping.number = 4242;
+  meshrun::testing::SendAll(probe, meshrun::rdzv::tcpstore::EncodeQuery(validate) +
+                                       meshrun::rdzv::tcpstore::EncodeQuery(ping));
+  uint32_t echoed = 0;
+  size_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (got < sizeof(echoed) && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{probe, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n =
+        recv(probe, reinterpret_cast<char*>(&echoed) + got, sizeof(echoed) - got, 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(probe);
+  if (echoed != 4242) {
+    std::fprintf(stderr, "fuzz: the daemon stopped answering TCPStore pings\n");
+    std::abort();
+  }
+  return 0;
+}

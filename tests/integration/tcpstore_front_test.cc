@@ -1,0 +1,275 @@
+// The daemon's TCPStore front-end against hostile and careless clients, on
+// the real meshrun-rdzvd: raw sockets speak c10d's wire format (the codec's
+// encoder writes exactly what torch's client sends; tcpstore_wire_test pins
+// the bytes), and gRPC clients share the port. Stock torch clients are in
+// tests/e2e (conformance, state dir).
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "rendezvous/client/store_client.h"
+#include "rendezvous/core/tcpstore_wire.h"
+#include "tests/support/child_process.h"
+#include "tests/support/http_client.h"
+#include "tests/support/temp_dir.h"
+
+namespace meshrun {
+namespace {
+
+using namespace std::chrono_literals;
+using rdzv::tcpstore::EncodeQuery;
+using rdzv::tcpstore::Query;
+using rdzv::tcpstore::QueryType;
+using testing::DaemonProcess;
+
+int PortOf(const std::string& endpoint) {
+  return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+}
+
+int MetricsPort(DaemonProcess& daemon) {
+  auto line = daemon.process().ReadLine(20s);
+  const std::string prefix = "MESHRUN_RDZVD_METRICS=";
+  if (!line || line->rfind(prefix, 0) != 0) return -1;
+  return PortOf(*line);
+}
+
+Query Make(QueryType type, std::vector<std::string> keys = {},
+           std::vector<std::string> values = {}, int64_t number = 0) {
+  Query q;
+  q.type = type;
+  q.keys = std::move(keys);
+  q.values = std::move(values);
+  q.number = number;
+  return q;
+}
+
+// A TCPStore client on a raw socket; every read has a deadline.
+class RawClient {
+ public:
+  explicit RawClient(int port, bool handshake = true)
+      : fd_(testing::ConnectLoopback(port)) {
+    if (handshake && fd_ >= 0)
+      Send(Make(QueryType::kValidate, {}, {}, rdzv::tcpstore::kValidationMagic));
+  }
+  ~RawClient() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool ok() const { return fd_ >= 0; }
+  bool Send(const Query& q) { return SendRaw(EncodeQuery(q)); }
+  bool SendRaw(const std::string& bytes) { return testing::SendAll(fd_, bytes); }
+  // Exactly n bytes, or nullopt (closed, or nothing within `timeout`).
+  std::optional<std::string> Read(size_t n, std::chrono::milliseconds timeout = 10s) {
+    std::string out;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (out.size() < n) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return std::nullopt;
+      char buf[4096];
+      const ssize_t got = recv(fd_, buf, std::min(sizeof(buf), n - out.size()), 0);
+      if (got <= 0) return std::nullopt;
+      out.append(buf, static_cast<size_t>(got));
+    }
+    return out;
+  }
+  std::optional<int64_t> ReadI64() {
+    auto bytes = Read(8);
+    if (!bytes) return std::nullopt;
+    int64_t v;
+    std::memcpy(&v, bytes->data(), 8);
+    return v;
+  }
+  // True when the daemon closed the connection within `timeout`.
+  bool ClosedByPeer(std::chrono::milliseconds timeout = 10s) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
+    char c;
+    return recv(fd_, &c, 1, MSG_PEEK) == 0 || (p.revents & (POLLHUP | POLLERR)) != 0;
+  }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Works: an add through the front-end, answered with the sum.
+void ExpectServing(int port, const std::string& key, int64_t expected_sum) {
+  RawClient client(port);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE(client.Send(Make(QueryType::kAdd, {key}, {}, 1)));
+  EXPECT_EQ(client.ReadI64(), expected_sum);
+}
+
+TEST(TcpStoreFrontTest, GrpcAndTcpStoreShareOnePortAndOneStore) {
+  DaemonProcess daemon;
+  const int port = PortOf(daemon.endpoint());
+  RawClient raw(port);
+  ASSERT_TRUE(raw.Send(Make(QueryType::kSet, {"shared"}, {"from-tcpstore"})));
+  ASSERT_TRUE(raw.Send(Make(QueryType::kPing, {}, {}, 77)));
+  auto nonce = raw.Read(4);
+  ASSERT_TRUE(nonce);
+  // A gRPC client on the same port, in the namespace TCPStore clients use
+  // while the daemon has no run.
+  rdzv::StoreClientOptions options;
+  options.target = daemon.endpoint();
+  options.ns = "_tcpstore";
+  auto grpc_client = rdzv::StoreClient::Connect(options);
+  ASSERT_TRUE(grpc_client.ok()) << grpc_client.status();
+  auto value = (*grpc_client)->Get("shared");
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "from-tcpstore");
+  ASSERT_TRUE((*grpc_client)->Set("back", "from-grpc").ok());
+  ASSERT_TRUE(raw.Send(Make(QueryType::kGet, {"back"})));
+  auto size = raw.ReadI64();
+  ASSERT_EQ(size, 9);
+  EXPECT_EQ(raw.Read(9), "from-grpc");
+}
+
+TEST(TcpStoreFrontTest, BadClientsAreClosedAndCountedAndNobodyElseNotices) {
+  DaemonProcess daemon({"--metrics-port", "0", "--max-value-bytes", "1024"});
+  const int port = PortOf(daemon.endpoint());
+  const int metrics_port = MetricsPort(daemon);
+  ASSERT_GT(metrics_port, 0);
+  // A well-behaved client parked in a wait throughout.
+  RawClient waiter(port);
+  ASSERT_TRUE(waiter.Send(Make(QueryType::kWait, {"go"})));
+
+  RawClient wrong_magic(port, /*handshake=*/false);
+  ASSERT_TRUE(wrong_magic.Send(Make(QueryType::kValidate, {}, {}, 0x12345678)));
+  EXPECT_TRUE(wrong_magic.ClosedByPeer());
+
+  RawClient no_handshake(port, /*handshake=*/false);
+  ASSERT_TRUE(no_handshake.Send(Make(QueryType::kSet, {"k"}, {"v"})));
+  EXPECT_TRUE(no_handshake.ClosedByPeer());
+
+  RawClient garbage(port);
+  ASSERT_TRUE(garbage.SendRaw(std::string("\xfe\xed\xfa\xce", 4)));
+  EXPECT_TRUE(garbage.ClosedByPeer());
+
+  // Over the value limit: refused from the length alone.
+  RawClient oversized(port);
+  std::string header(1, static_cast<char>(QueryType::kSet));
+  rdzv::tcpstore::AppendBytes(&header, "big");
+  const uint64_t huge = uint64_t{1} << 40;
+  header.append(reinterpret_cast<const char*>(&huge), 8);
+  ASSERT_TRUE(oversized.SendRaw(header));
+  EXPECT_TRUE(oversized.ClosedByPeer());
+
+  // An add on a value that is no integer: the store refuses it, as torch's
+  // server does (it closes the connection).
+  RawClient not_a_number(port);
+  ASSERT_TRUE(not_a_number.Send(Make(QueryType::kSet, {"text"}, {"abc"})));
+  ASSERT_TRUE(not_a_number.Send(Make(QueryType::kAdd, {"text"}, {}, 1)));
+  EXPECT_TRUE(not_a_number.ClosedByPeer());
+
+  // The parked client is still served.
+  ExpectServing(port, "counter", 1);
+  RawClient setter(port);
+  ASSERT_TRUE(setter.Send(Make(QueryType::kSet, {"go"}, {"now"})));
+  EXPECT_EQ(waiter.Read(1), std::string(1, '\0'));  // STOP_WAITING
+
+  const std::string metrics = testing::HttpGet(metrics_port, "/metrics").body;
+  EXPECT_EQ(
+      testing::MetricSample(
+          metrics, "meshrun_tcpstore_connections_refused_total{reason=\"handshake\"}"),
+      2);
+  EXPECT_EQ(
+      testing::MetricSample(
+          metrics, "meshrun_tcpstore_connections_refused_total{reason=\"bad_query\"}"),
+      2);
+  EXPECT_EQ(
+      testing::MetricSample(
+          metrics, "meshrun_tcpstore_connections_refused_total{reason=\"store_error\"}"),
+      1);
+}
+
+TEST(TcpStoreFrontTest, AClientVanishingMidWaitLeavesNoWaiterBehind) {
+  DaemonProcess daemon({"--metrics-port", "0"});
+  const int port = PortOf(daemon.endpoint());
+  const int metrics_port = MetricsPort(daemon);
+  {
+    RawClient waiter(port);
+    ASSERT_TRUE(waiter.Send(Make(QueryType::kWait, {"never"})));
+    ASSERT_TRUE(waiter.Send(Make(QueryType::kPing, {}, {}, 1)));
+    ASSERT_TRUE(waiter.Read(4));  // the wait is parked by now
+    const std::string parked =
+        testing::ScrapeUntil(metrics_port, [](const std::string& m) {
+          return testing::MetricSample(m, "meshrun_store_waiters_parked") == 1;
+        });
+    EXPECT_EQ(testing::MetricSample(parked, "meshrun_store_waiters_parked"), 1);
+  }  // closed mid-wait
+  const std::string after = testing::ScrapeUntil(metrics_port, [](const std::string& m) {
+    return testing::MetricSample(m, "meshrun_store_waiters_parked") == 0 &&
+           testing::MetricSample(m, "meshrun_tcpstore_connections_open") == 0;
+  });
+  EXPECT_EQ(testing::MetricSample(after, "meshrun_store_waiters_parked"), 0);
+  EXPECT_EQ(testing::MetricSample(after, "meshrun_tcpstore_connections_open"), 0);
+  ExpectServing(port, "counter", 1);
+}
+
+TEST(TcpStoreFrontTest, CancelWaitAnswersWaitCanceledAndTheWaitNeverAnswers) {
+  DaemonProcess daemon;
+  const int port = PortOf(daemon.endpoint());
+  RawClient client(port);
+  ASSERT_TRUE(client.Send(Make(QueryType::kWait, {"late"})));
+  ASSERT_TRUE(client.Send(Make(QueryType::kCancelWait)));
+  EXPECT_EQ(client.Read(1), std::string(1, '\1'));  // WAIT_CANCELED
+  RawClient setter(port);
+  ASSERT_TRUE(setter.Send(Make(QueryType::kSet, {"late"}, {"x"})));
+  ASSERT_TRUE(client.Send(Make(QueryType::kPing, {}, {}, 9)));
+  auto next = client.Read(4);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(static_cast<uint8_t>((*next)[0]), 9);  // the ping, not a stale STOP_WAITING
+}
+
+// Replies to a client that sends without reading queue only up to the bound
+// (64 MiB); the daemon then stops reading it, and resumes as it reads.
+TEST(TcpStoreFrontTest, AClientThatSendsWithoutReadingIsPausedThenServedInFull) {
+  DaemonProcess daemon;
+  const int port = PortOf(daemon.endpoint());
+  RawClient client(port);
+  const std::string value(1 << 20, 'v');
+  ASSERT_TRUE(client.Send(Make(QueryType::kSet, {"big"}, {value})));
+  constexpr int kGets = 200;  // 200 MiB of replies
+  std::thread sender([&] {
+    std::string gets;
+    for (int i = 0; i < kGets; ++i) gets += EncodeQuery(Make(QueryType::kGet, {"big"}));
+    client.SendRaw(gets);
+  });
+  ExpectServing(port, "others", 1);  // meanwhile everyone else is served
+  for (int i = 0; i < kGets; ++i) {
+    ASSERT_EQ(client.ReadI64(), int64_t{1} << 20) << i;
+    ASSERT_EQ(client.Read(value.size()), value) << i;
+  }
+  sender.join();
+}
+
+TEST(TcpStoreFrontTest, ATokenTurnsTheTcpStoreProtocolOffAndOnIsRefused) {
+  testing::TempDir dir;
+  const std::string token_file =
+      dir.Write("token", "s3cret-token-0123456789-abcdefghij\n");
+  {
+    DaemonProcess daemon({"--token-file", token_file});
+    RawClient client(PortOf(daemon.endpoint()));
+    ASSERT_TRUE(client.Send(Make(QueryType::kPing, {}, {}, 5)));
+    // gRPC answers a stock client's bytes with an HTTP/2 error and closes.
+    EXPECT_NE(client.Read(4, 5s), std::string("\x05\0\0\0", 4));
+  }
+  testing::ChildProcess refused({testing::BinDir() + "/meshrun-rdzvd", "--host",
+                                 "127.0.0.1", "--port", "0", "--token-file", token_file,
+                                 "--tcpstore", "on"});
+  EXPECT_EQ(testing::ExitCode(refused, 20s), 2);
+}
+
+}  // namespace
+}  // namespace meshrun
