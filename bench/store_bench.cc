@@ -161,6 +161,9 @@ absl::StatusOr<Server> StartServer(Impl impl, const Config& config) {
     // One port serves both gRPC and c10d's TCPStore protocol.
     argv = {config.rdzvd,  "--host", "127.0.0.1",           "--port", "0",
             "--log-level", "warn",   "--shutdown-grace-ms", "0"};
+    // The TCPStore protocol is on by default (no token or TLS); said here so
+    // that a daemon that cannot serve it fails to start instead.
+    if (impl == Impl::kMeshrunTcpStore) argv.insert(argv.end(), {"--tcpstore", "on"});
     marker = "MESHRUN_RDZVD_ENDPOINT=";
   } else {
     argv = {SelfPath(), "--mode", "tcpstore-server", "--timeout-ms",
