@@ -113,6 +113,8 @@ const char* ToString(Impl impl) {
       return "tcpstore";
     case Impl::kMeshrunSync:
       return "meshrun-sync";
+    case Impl::kMeshrunTcpStore:
+      return "meshrun-tcpstore";
   }
   return "?";
 }

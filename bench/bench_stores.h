@@ -22,9 +22,19 @@ class Channel;
 
 namespace meshrun::bench {
 
+// kMeshrun: meshrun's gRPC StoreClient against meshrun-rdzvd.
+// kTcpStore: c10d's stock TCPStore client against torch's libuv TCPStore server.
+// kMeshrunTcpStore: the same stock TCPStore client against meshrun-rdzvd's
+//   TCPStore endpoint (its gRPC port, c10d's wire protocol): only the server
+//   differs from kTcpStore.
 // kMeshrunSync: the diagnostic client of sync_stream_store.h, not a product.
-enum class Impl { kMeshrun, kTcpStore, kMeshrunSync };
+enum class Impl { kMeshrun, kTcpStore, kMeshrunSync, kMeshrunTcpStore };
 const char* ToString(Impl impl);
+
+// Whether `impl`'s clients are c10d::TCPStore objects (ConnectTcpStore).
+inline bool UsesTcpStoreClient(Impl impl) {
+  return impl == Impl::kTcpStore || impl == Impl::kMeshrunTcpStore;
+}
 
 class BenchStore {
  public:

@@ -182,7 +182,7 @@ struct CpuSnapshot {
 
 int RunOpsClient(const OpsOptions& options) {
   std::shared_ptr<grpc::Channel> shared;
-  if (options.impl != Impl::kTcpStore && options.shared_channel)
+  if (!UsesTcpStoreClient(options.impl) && options.shared_channel)
     shared = rdzv::MakeStoreChannel(options.target, /*own_connection=*/false);
 
   std::vector<std::unique_ptr<BenchStore>> stores;

@@ -1,10 +1,16 @@
 // store_bench: meshrun's store and rendezvous against c10d's TCPStore, side by
 // side in one invocation.
 //
+// The headline compares two TCPStore servers driven by the same stock
+// c10d::TCPStore client of the pinned libtorch: torch's own (libuv backend)
+// and meshrun-rdzvd's TCPStore endpoint on its gRPC port. meshrun's gRPC
+// store client is measured beside them against the libuv runs.
+//
 // The orchestrator (default mode) starts every server and client as a separate
 // process of its own and only coordinates them over pipes, so neither peer
 // shares a process, a gRPC runtime or an allocator with the other:
-//   - meshrun: the real `meshrun-rdzvd --port 0` from this binary's directory;
+//   - meshrun: the real `meshrun-rdzvd --port 0` from this binary's directory
+//     (gRPC and TCPStore protocol on one port);
 //   - TCPStore: this binary in `--mode tcpstore-server` (isServer=true, port 0,
 //     libtorch 2's libuv server, its default);
 //   - clients: this binary in `--mode ops-client|barrier-client|rdzv-client`.
@@ -53,8 +59,14 @@ struct Config {
   std::vector<int> rdzv_sizes{1000, 10000};
   int rdzv_channels = 8;
   std::vector<std::string> sections{"ops", "barrier", "rdzv"};
-  // meshrun-sync: a diagnostic client (ops only), see sync_stream_store.h.
-  std::vector<std::string> peers{"meshrun", "tcpstore", "meshrun-sync"};
+  // The headline pair (c10d's TCPStore client against torch's libuv server
+  // and against meshrun-rdzvd) and meshrun's gRPC client; meshrun-sync, a
+  // diagnostic client (ops only, see sync_stream_store.h), on request.
+  std::vector<std::string> peers{"tcpstore", "meshrun-tcpstore", "meshrun"};
+  // Who serves the meshrun-tcpstore runs: "rdzvd" (meshrun-rdzvd's TCPStore
+  // endpoint), or "torch" (torch's libuv server on both sides: an A/A check of
+  // the harness, whose ratios show its noise).
+  std::string meshrun_tcpstore_server = "rdzvd";
   std::string json_path;
 
   bool Runs(Impl impl) const {
@@ -142,9 +154,16 @@ struct Server {
 absl::StatusOr<Server> StartServer(Impl impl, const Config& config) {
   std::vector<std::string> argv;
   std::string marker;
-  if (impl != Impl::kTcpStore) {
+  const bool daemon = impl == Impl::kMeshrunTcpStore
+                          ? config.meshrun_tcpstore_server == "rdzvd"
+                          : impl != Impl::kTcpStore;
+  if (daemon) {
+    // One port serves both gRPC and c10d's TCPStore protocol.
     argv = {config.rdzvd,  "--host", "127.0.0.1",           "--port", "0",
             "--log-level", "warn",   "--shutdown-grace-ms", "0"};
+    // The TCPStore protocol is on by default (no token or TLS); said here so
+    // that a daemon that cannot serve it fails to start instead.
+    if (impl == Impl::kMeshrunTcpStore) argv.insert(argv.end(), {"--tcpstore", "on"});
     marker = "MESHRUN_RDZVD_ENDPOINT=";
   } else {
     argv = {SelfPath(), "--mode", "tcpstore-server", "--timeout-ms",
@@ -158,7 +177,7 @@ absl::StatusOr<Server> StartServer(Impl impl, const Config& config) {
   while (auto line = server.process->ReadLine(deadline)) {
     if (line->rfind(marker, 0) == 0) {
       std::string value = line->substr(marker.size());
-      server.target = impl != Impl::kTcpStore ? value : "127.0.0.1:" + value;
+      server.target = daemon ? value : "127.0.0.1:" + value;
       return server;
     }
   }
@@ -465,12 +484,28 @@ std::string JsonStr(const std::string& s) {
 
 // ------------------------------------------------------------ orchestrator --
 
-struct OpsRow {
-  int clients;
-  std::string variant;  // "own" | "shared"
-  Cell<OpsSample> meshrun;
-  const Cell<OpsSample>* tcpstore;
-};
+// The headline pair: c10d's stock TCPStore client against torch's libuv
+// server and against meshrun-rdzvd's TCPStore endpoint.
+constexpr Impl kLibuv = Impl::kTcpStore;
+constexpr Impl kMeshTcp = Impl::kMeshrunTcpStore;
+
+// The headline pair in the order repetition `rep` runs it, back to back: the
+// order alternates between repetitions, so that neither server always runs
+// first on a machine whose speed drifts.
+std::vector<Impl> HeadlinePair(const Config& config, int rep) {
+  std::vector<Impl> order;
+  for (Impl impl : {kLibuv, kMeshTcp})
+    if (config.Runs(impl)) order.push_back(impl);
+  if (rep % 2 == 1) std::reverse(order.begin(), order.end());
+  return order;
+}
+
+std::string MeshTcpServerName(const Config& config) {
+  return config.meshrun_tcpstore_server == "torch"
+             ? "torch's libuv server (--meshrun-tcpstore-server=torch: an A/A check "
+               "of the harness, NOT meshrun)"
+             : "meshrun-rdzvd's TCPStore endpoint (its gRPC port)";
+}
 
 int RunAll(const Config& config) {
   InstallChildCleanupHandlers();
@@ -482,8 +517,15 @@ int RunAll(const Config& config) {
   const auto started = SteadyClock::now();
   std::vector<std::string> json;  // summary fields
   std::ostringstream out;
+  // meshrun's own gRPC client against the libuv TCPStore: after the headline.
+  std::ostringstream grpc_out;
   std::vector<std::pair<std::string, bool>> targets;  // description, met
+  std::vector<std::pair<std::string, bool>> grpc_targets;
   bool all_ran = true;
+  const bool headline = config.Runs(kLibuv) && config.Runs(kMeshTcp);
+  if (config.meshrun_tcpstore_server == "torch")
+    out << "\nNOTE: --meshrun-tcpstore-server=torch: the meshrun-tcpstore column is "
+           "torch's own libuv server (A/A check of the harness), not meshrun.\n";
 
   // ---- 1. store ops
   if (config.Has("ops")) {
@@ -491,53 +533,150 @@ int RunAll(const Config& config) {
     std::map<std::tuple<Impl, int, bool>, Cell<OpsSample>> ops;
     for (int rep = 0; rep < config.reps; ++rep) {
       for (int clients : config.ops_clients) {
-        for (Impl impl : {Impl::kMeshrun, Impl::kMeshrunSync, Impl::kTcpStore}) {
+        // The headline pair back to back, then meshrun's gRPC clients (one
+        // client has no channel to share; TCPStore clients have no channels).
+        std::vector<std::pair<Impl, bool>> runs;
+        for (Impl impl : HeadlinePair(config, rep)) runs.push_back({impl, false});
+        for (Impl impl : {Impl::kMeshrun, Impl::kMeshrunSync}) {
           if (!config.Runs(impl)) continue;
-          // One client has no channel to share; TCPStore has no channels.
-          std::vector<bool> variants = {false};
-          if (impl != Impl::kTcpStore && clients > 1) variants.push_back(true);
-          for (bool shared : variants) {
-            auto s = RunOpsCell(config, impl, clients, shared);
-            Log(absl::StrCat("ops rep ", rep + 1, " ", ToString(impl),
-                             impl == Impl::kTcpStore ? ""
-                             : shared                ? " shared"
-                                                     : " own",
-                             " clients=", clients, ": ", Thousands(s.ops_per_s),
-                             " ops/s p50 ", Fmt(s.p50_us), " p99 ", Fmt(s.p99_us), " us",
-                             s.ok ? "" : " FAILED " + s.note));
-            ops[{impl, clients, shared}].samples.push_back(s);
-          }
+          runs.push_back({impl, false});
+          if (clients > 1) runs.push_back({impl, true});
+        }
+        for (const auto& [impl, shared] : runs) {
+          auto s = RunOpsCell(config, impl, clients, shared);
+          Log(absl::StrCat("ops rep ", rep + 1, " ", ToString(impl),
+                           UsesTcpStoreClient(impl) ? ""
+                           : shared                 ? " shared"
+                                                    : " own",
+                           " clients=", clients, ": ", Thousands(s.ops_per_s),
+                           " ops/s p50 ", Fmt(s.p50_us), " p99 ", Fmt(s.p99_us), " us",
+                           s.ok ? "" : " FAILED " + s.note));
+          ops[{impl, clients, shared}].samples.push_back(s);
         }
       }
     }
-    out << "\n## 1. Store ops: each client loops set(k_i) / get(k_i) / add(counter), "
-        << "64-byte values\n"
-        << Wrap(absl::StrCat(
-               "Each client is one thread of one client process with its own store "
-               "client: "
-               "meshrun = its own rdzv::StoreClient, either on a channel (TCP "
-               "connection) of its own, with a BatchSession stream of its own, or on "
-               "one channel shared by the process, where StoreClients share one "
-               "stream by default (requests of concurrent callers travel as one "
-               "batch); TCPStore = its own TCPStore object (isServer=false) of a "
-               "libuv TCPStore server (torch 2's default). Servers run in their own "
-               "processes. ",
-               config.duration.count() / 1000.0, " s measured per cell after ",
-               config.warmup.count(), " ms warm-up; median of ", config.reps,
-               " runs. Ratio columns are 'x better' for meshrun: ops/s meshrun/TCPStore, "
-               "latency TCPStore/meshrun (> 1 = meshrun better), each the median of "
-               "the runs' own ratios (meshrun and TCPStore of one run ran back to back; "
-               "the targets are judged on these)."));
     const auto ops_of = [](const OpsSample& s) { return s.ops_per_s; };
     const auto p50_of = [](const OpsSample& s) { return s.p50_us; };
     const auto p99_of = [](const OpsSample& s) { return s.p99_us; };
     const auto client_cpu_of = [](const OpsSample& s) { return s.client_cpu_us; };
     const auto server_cpu_of = [](const OpsSample& s) { return s.server_cpu_us; };
     const auto busy_of = [](const OpsSample& s) { return s.busy_cores; };
+
+    if (headline) {
+      out << "\n## 1. Store ops, c10d's own TCPStore client on both sides: torch's libuv "
+             "server vs meshrun-rdzvd\n"
+          << Wrap(absl::StrCat(
+                 "Each client is one thread of one client process with its own stock "
+                 "c10d::TCPStore object (isServer=false, one connection each) of the "
+                 "pinned libtorch, looping set(k_i, 64 B) / get(k_i) / add(counter, 1); "
+                 "the only difference between the columns is the server, each in a "
+                 "process of its own, fresh for every run: libuv = torch 2's default "
+                 "TCPStore server (TCPStore isServer=true, libuv backend); meshrun = ",
+                 MeshTcpServerName(config), ". ", config.duration.count() / 1000.0,
+                 " s measured per run after ", config.warmup.count(), " ms warm-up; ",
+                 config.reps,
+                 " repetitions, each running the two servers back to back (which one "
+                 "goes first alternates). Op/s and latencies are medians of the "
+                 "repetitions; the 'x' columns (> 1 = meshrun better: op/s "
+                 "meshrun/libuv, latency libuv/meshrun) are the median of the "
+                 "repetitions' own ratios, and the targets are judged on them."))
+          << "\n"
+          << absl::StrFormat("%-7s | %10s %8s %8s | %12s %8s %8s | %6s %6s %6s\n",
+                             "clients", "libuv op/s", "p50 us", "p99 us", "meshrun op/s",
+                             "p50 us", "p99 us", "op/s x", "p50 x", "p99 x")
+          << std::string(98, '-') << "\n";
+      std::ostringstream cpu_rows;
+      for (int clients : config.ops_clients) {
+        const auto& l = ops[{kLibuv, clients, false}];
+        const auto& m = ops[{kMeshTcp, clients, false}];
+        const double l_ops = l.Med(ops_of), l_p50 = l.Med(p50_of), l_p99 = l.Med(p99_of);
+        const double m_ops = m.Med(ops_of), m_p50 = m.Med(p50_of), m_p99 = m.Med(p99_of);
+        const double ops_x =
+            PairedMedian(m, l, [](const OpsSample& a, const OpsSample& b) {
+              return a.ops_per_s / b.ops_per_s;
+            });
+        const double p50_x = PairedMedian(
+            m, l,
+            [](const OpsSample& a, const OpsSample& b) { return b.p50_us / a.p50_us; });
+        const double p99_x = PairedMedian(
+            m, l,
+            [](const OpsSample& a, const OpsSample& b) { return b.p99_us / a.p99_us; });
+        out << absl::StrFormat(
+            "%-7d | %10s %8s %8s | %12s %8s %8s | %6s %6s %6s\n", clients,
+            Thousands(l_ops), Fmt(l_p50), Fmt(l_p99), Thousands(m_ops), Fmt(m_p50),
+            Fmt(m_p99), Fmt(ops_x, "%.2f"), Fmt(p50_x, "%.2f"), Fmt(p99_x, "%.2f"));
+        if (!m.ok()) out << "        meshrun failures: " << m.failure() << "\n";
+        if (!l.ok()) out << "        libuv failures: " << l.failure() << "\n";
+        cpu_rows << absl::StrFormat("%-7d | %9s %9s %6s | %9s %9s %6s\n", clients,
+                                    Fmt(l.Med(client_cpu_of)), Fmt(l.Med(server_cpu_of)),
+                                    Fmt(l.Med(busy_of), "%.2f"),
+                                    Fmt(m.Med(client_cpu_of)), Fmt(m.Med(server_cpu_of)),
+                                    Fmt(m.Med(busy_of), "%.2f"));
+        all_ran = all_ran && m.ok() && l.ok();
+        json.push_back(absl::StrCat(
+            "{\"section\":\"ops\",\"client\":\"c10d-tcpstore\",\"clients\":", clients,
+            ",\"libuv_ops_per_s\":", JsonNum(l_ops), ",\"libuv_p50_us\":", JsonNum(l_p50),
+            ",\"libuv_p99_us\":", JsonNum(l_p99), ",\"meshrun_ops_per_s\":",
+            JsonNum(m_ops), ",\"meshrun_p50_us\":", JsonNum(m_p50),
+            ",\"meshrun_p99_us\":", JsonNum(m_p99), ",\"ops_ratio\":", JsonNum(ops_x),
+            ",\"p50_ratio\":", JsonNum(p50_x), ",\"p99_ratio\":", JsonNum(p99_x),
+            ",\"pairs\":", std::min(m.ok_count(), l.ok_count()),
+            ",\"libuv_client_cpu_us_per_op\":", JsonNum(l.Med(client_cpu_of)),
+            ",\"libuv_server_cpu_us_per_op\":", JsonNum(l.Med(server_cpu_of)),
+            ",\"meshrun_client_cpu_us_per_op\":", JsonNum(m.Med(client_cpu_of)),
+            ",\"meshrun_server_cpu_us_per_op\":", JsonNum(m.Med(server_cpu_of)),
+            ",\"libuv_ok\":", l.ok() ? "true" : "false", ",\"meshrun_ok\":",
+            m.ok() ? "true" : "false", ",\"meshrun_error\":", JsonStr(m.failure()), "}"));
+        const bool ran = m.ok() && l.ok();
+        targets.push_back(
+            {absl::StrFormat("[TCPStore client, %d clients] op/s, p50, p99 each >= 1.0x "
+                             "libuv's: %sx, %sx, %sx (p50 %s vs %s us, p99 %s vs %s us)",
+                             clients, Fmt(ops_x, "%.2f"), Fmt(p50_x, "%.2f"),
+                             Fmt(p99_x, "%.2f"), Fmt(m_p50), Fmt(l_p50), Fmt(m_p99),
+                             Fmt(l_p99)),
+             ran && ops_x >= 1 && p50_x >= 1 && p99_x >= 1});
+        if (clients == 64) {
+          targets.push_back(
+              {absl::StrFormat("[TCPStore client, 64 clients] op/s >= 1.5x "
+                               "libuv's: %sx (%s vs %s op/s)",
+                               Fmt(ops_x, "%.2f"), Thousands(m_ops), Thousands(l_ops)),
+               ran && ops_x >= 1.5});
+        }
+      }
+      out << "\n"
+          << Wrap(absl::StrCat(
+                 "Where the time goes: CPU time per op of the client process (the same "
+                 "c10d client on both sides) and of the server process (microseconds, "
+                 "from getrusage and /proc/<pid>/stat over the measured window) and how "
+                 "many of the machine's ",
+                 std::thread::hardware_concurrency(),
+                 " cores were busy. When the cores are all busy, throughput is bounded "
+                 "by cores / (client + server CPU per op)."))
+          << absl::StrFormat("%-7s | %9s %9s %6s | %9s %9s %6s\n", "clients", "libuv cli",
+                             "libuv srv", "busy", "mesh cli", "mesh srv", "busy")
+          << std::string(66, '-') << "\n"
+          << cpu_rows.str();
+    }
+
+    if (config.Runs(Impl::kMeshrun) || config.Runs(Impl::kMeshrunSync)) {
+      grpc_out
+          << "\n## 4. Store ops, meshrun's gRPC client (rdzv::StoreClient) against "
+             "meshrun-rdzvd's Store service, vs the libuv column of section 1\n"
+          << Wrap(absl::StrCat(
+                 "Same loop; meshrun = its own rdzv::StoreClient, either on a channel "
+                 "(TCP connection) of its own, with a BatchSession stream of its own, or "
+                 "on one channel shared by the process, where StoreClients share one "
+                 "stream by default (requests of concurrent callers travel as one "
+                 "batch). TCPStore = the libuv runs of section 1 (each repetition ran "
+                 "these right after the headline pair). Ratio columns are 'x better' for "
+                 "meshrun: ops/s meshrun/TCPStore, latency TCPStore/meshrun, each the "
+                 "median of the repetitions' own ratios."));
+    }
     for (Impl impl : {Impl::kMeshrun, Impl::kMeshrunSync}) {
       if (!config.Runs(impl)) continue;
       if (impl == Impl::kMeshrunSync) {
-        out << "\n"
+        grpc_out
+            << "\n"
             << Wrap(
                    "Diagnostic, not a product client: meshrun-sync = the same daemon "
                    "with "
@@ -546,12 +685,13 @@ int RunAll(const Config& config) {
                    "I/O "
                    "instead of handing each operation to a callback thread and back.");
       }
-      out << "\n"
-          << absl::StrFormat("%-7s | %-22s | %10s %8s %8s | %10s %8s %8s | %6s %6s %6s\n",
-                             "clients", std::string(ToString(impl)) + " channel",
-                             "mesh op/s", "p50 us", "p99 us", "tcp op/s", "p50 us",
-                             "p99 us", "op/s x", "p50 x", "p99 x");
-      out << std::string(114, '-') << "\n";
+      grpc_out << "\n"
+               << absl::StrFormat(
+                      "%-7s | %-22s | %10s %8s %8s | %10s %8s %8s | %6s %6s %6s\n",
+                      "clients", std::string(ToString(impl)) + " channel", "mesh op/s",
+                      "p50 us", "p99 us", "tcp op/s", "p50 us", "p99 us", "op/s x",
+                      "p50 x", "p99 x");
+      grpc_out << std::string(114, '-') << "\n";
       std::ostringstream cpu_rows;
       for (int clients : config.ops_clients) {
         const auto& t = ops[{Impl::kTcpStore, clients, false}];
@@ -574,7 +714,7 @@ int RunAll(const Config& config) {
           std::string variant = clients == 1 ? "own (= shared)"
                                 : shared     ? "one shared"
                                              : "one per client";
-          out << absl::StrFormat(
+          grpc_out << absl::StrFormat(
               "%-7d | %-22s | %10s %8s %8s | %10s %8s %8s | %6s %6s %6s\n", clients,
               variant, Thousands(m_ops), Fmt(m_p50), Fmt(m_p99), Thousands(t_ops),
               Fmt(t_p50), Fmt(t_p99), Fmt(ops_x, "%.2f"), Fmt(p50_x, "%.2f"),
@@ -585,9 +725,10 @@ int RunAll(const Config& config) {
               Fmt(m.Med(busy_of), "%.2f"), Fmt(t.Med(client_cpu_of)),
               Fmt(t.Med(server_cpu_of)), Fmt(t.Med(busy_of), "%.2f"));
           if (!m.ok())
-            out << "        " << ToString(impl) << " failures: " << m.failure() << "\n";
+            grpc_out << "        " << ToString(impl) << " failures: " << m.failure()
+                     << "\n";
           if (!t.samples.empty() && !t.ok())
-            out << "        TCPStore failures: " << t.failure() << "\n";
+            grpc_out << "        TCPStore failures: " << t.failure() << "\n";
           all_ran = all_ran && m.ok() && (t.samples.empty() || t.ok());
           const std::string v = shared ? "shared" : "own";
           json.push_back(absl::StrCat(
@@ -604,27 +745,29 @@ int RunAll(const Config& config) {
               ",\"tcpstore_server_cpu_us_per_op\":", JsonNum(t.Med(server_cpu_of)),
               ",\"ok\":", m.ok() && t.ok() ? "true" : "false", "}"));
           if (impl != Impl::kMeshrun || t.samples.empty()) continue;
-          const std::string label = absl::StrCat(
-              "[", clients, " clients, meshrun channel ", clients == 1 ? "own" : v, "] ");
+          const std::string label =
+              absl::StrCat("[gRPC client, ", clients, " clients, meshrun channel ",
+                           clients == 1 ? "own" : v, "] ");
           if (clients == 64) {
-            targets.push_back(
+            grpc_targets.push_back(
                 {label + absl::StrFormat("ops/s >= 2x TCPStore with p99 no worse: %.2fx, "
                                          "p99 %s vs %s us (%.2fx)",
                                          ops_x, Fmt(m_p99), Fmt(t_p99), p99_x),
                  ops_x >= 2 && p99_x >= 1});
           } else if (clients == 8) {
-            targets.push_back(
+            grpc_targets.push_back(
                 {label + absl::StrFormat("ops/s ahead of TCPStore: %.2fx", ops_x),
                  ops_x > 1});
           } else if (clients == 1) {
-            targets.push_back(
+            grpc_targets.push_back(
                 {label + absl::StrFormat("p50 within 2x TCPStore's: %s vs %s us (%.2fx)",
                                          Fmt(m_p50), Fmt(t_p50), 1 / p50_x),
                  p50_x >= 0.5});
           }
         }
       }
-      out << "\n"
+      grpc_out
+          << "\n"
           << Wrap(absl::StrCat(
                  "Where the time goes (", ToString(impl),
                  "): CPU time per op of the client process and of the server process "
@@ -641,86 +784,188 @@ int RunAll(const Config& config) {
     }
   }
 
-  // ---- 2. barrier
+  // ---- 2. barrier and 3. connection storm (the barrier runs' connect phase)
   if (config.Has("barrier")) {
     std::map<std::pair<int, Impl>, Cell<BarrierSample>> cells;
-    for (int n : config.barrier_sizes) {
-      for (Impl impl : {Impl::kMeshrun, Impl::kTcpStore}) {
-        if (!config.Runs(impl)) continue;
-        auto& cell = cells[{n, impl}];
-        for (int rep = 0; rep < config.reps; ++rep) {
+    for (int rep = 0; rep < config.reps; ++rep) {
+      for (int n : config.barrier_sizes) {
+        std::vector<Impl> order = HeadlinePair(config, rep);
+        if (config.Runs(Impl::kMeshrun)) order.push_back(Impl::kMeshrun);
+        for (Impl impl : order) {
+          auto& cell = cells[{n, impl}];
+          // A failure or timeout is reported once, not waited for every repetition.
+          if (cell.samples.size() > static_cast<size_t>(cell.ok_count())) continue;
           auto s = RunBarrierCell(config, impl, n);
           Log(absl::StrCat(
               "barrier rep ", rep + 1, " ", ToString(impl), " N=", n, ": ",
-              s.ok ? absl::StrFormat("connect %.2f s + barrier %.2f s = %.2f s",
+              s.ok ? absl::StrFormat("connect %.2f s + barrier %.3f s = %.2f s",
                                      s.connect_s, s.barrier_s, s.total_s())
                    : "FAILED " + s.note));
           cell.samples.push_back(s);
-          // A failure or timeout is reported once, not waited for three times.
-          if (!s.ok) break;
         }
       }
     }
-    out << "\n## 2. Store barrier: N clients add(arrived, 1); the N-th sets done; all "
-        << "wait(done)\n"
-        << Wrap(absl::StrCat(
-               "Every client has its own connection (meshrun: MakeStoreChannel(target, "
-               "own_connection=true) and one BatchSession stream; TCPStore: its own "
-               "TCPStore "
-               "object, which opens two sockets) and its own thread, spread over ",
-               config.barrier_procs,
-               " client processes; servers in their own process. connect = all clients "
-               "connected and served one request (check), all connecting at once; "
-               "barrier = first add to last release; total (the headline) = both. "
-               "Median of up to ",
-               config.reps, " runs (a failing cell is not repeated); bounded at ",
-               config.barrier_timeout.count(),
-               " s. 'x' = TCPStore/meshrun (> 1 = meshrun faster)."))
-        << "\n";
-    out << absl::StrFormat("%-6s | %9s %9s %9s | %9s %9s %9s | %7s\n", "N", "mesh conn",
-                           "barrier", "total s", "tcp conn", "barrier", "total s",
-                           "total x");
-    out << std::string(84, '-') << "\n";
-    for (int n : config.barrier_sizes) {
-      const auto& m = cells[{n, Impl::kMeshrun}];
-      const auto& t = cells[{n, Impl::kTcpStore}];
-      auto conn = [](const BarrierSample& s) { return s.connect_s; };
-      auto bar = [](const BarrierSample& s) { return s.barrier_s; };
-      auto tot = [](const BarrierSample& s) { return s.total_s(); };
-      double mt = m.Med(tot), tt = t.Med(tot);
-      out << absl::StrFormat("%-6d | %9s %9s %9s | %9s %9s %9s | %7s\n", n,
-                             Fmt(m.Med(conn), "%.2f"), Fmt(m.Med(bar), "%.3f"),
-                             Fmt(mt, "%.2f"), Fmt(t.Med(conn), "%.2f"),
-                             Fmt(t.Med(bar), "%.3f"), Fmt(tt, "%.2f"),
-                             m.ok() && t.ok() ? Fmt(tt / mt, "%.2f") : "-");
-      if (!m.samples.empty() && !m.ok())
-        out << "         meshrun: FAILED: " << m.failure() << "\n";
-      if (!t.samples.empty() && !t.ok())
-        out << "         TCPStore: FAILED: " << t.failure() << "\n";
-      if (!m.samples.empty()) {
-        // A TCPStore that fails the barrier counts as slower than one that
-        // completes it.
-        const bool met = m.ok() && (!t.ok() ? !t.samples.empty() : mt < tt);
+    auto conn = [](const BarrierSample& s) { return s.connect_s; };
+    auto bar = [](const BarrierSample& s) { return s.barrier_s; };
+    auto tot = [](const BarrierSample& s) { return s.total_s(); };
+    // libuv's time / meshrun's, per pair: > 1 = meshrun faster.
+    auto speedup = [](auto field) {
+      return [field](const BarrierSample& m, const BarrierSample& l) {
+        return field(l) / field(m);
+      };
+    };
+    if (headline) {
+      out << "\n## 2. Store barrier, c10d's own TCPStore client on both sides: N clients "
+             "add(arrived, 1); the N-th sets done; all wait(done)\n"
+          << Wrap(absl::StrCat(
+                 "As torch.distributed.elastic.utils.store.barrier does it. Every client "
+                 "is its own c10d::TCPStore object (one connection) on a thread of its "
+                 "own, spread over ",
+                 config.barrier_procs,
+                 " client processes (a process may hold 20,000 files); servers in a "
+                 "process of their own, fresh for every run: libuv = torch's server, "
+                 "meshrun = ",
+                 MeshTcpServerName(config),
+                 ". First all clients connect at once and each serves one check() "
+                 "(section 3, the storm); then the barrier = first add to last release. "
+                 "Up to ",
+                 config.reps,
+                 " repetitions, each running the two servers back to back (which one "
+                 "goes first alternates); a server that fails is not run again for that "
+                 "N. Times are medians; 'x' = the median of the repetitions' own ratios "
+                 "libuv/meshrun (> 1 = meshrun faster). Bounded at ",
+                 config.barrier_timeout.count(), " s a run (connect + barrier)."))
+          << "\n"
+          << absl::StrFormat("%-6s | %10s %10s %9s | %10s %10s %9s\n", "N", "libuv bar s",
+                             "mesh bar s", "barrier x", "libuv tot s", "mesh tot s",
+                             "total x")
+          << std::string(78, '-') << "\n";
+      std::ostringstream storm;
+      storm << "\n## 3. Connection storm, c10d's own TCPStore client on both sides: N "
+               "clients connect at once\n"
+            << Wrap(
+                   "The connect phase of the runs of section 2: N threads (one "
+                   "c10d::TCPStore object each) released at once construct their "
+                   "client, then each does one check(); time = release to the last "
+                   "check answered. 'x' = the median of the repetitions' own ratios "
+                   "libuv/meshrun (> 1 = meshrun faster).")
+            << "\n"
+            << absl::StrFormat("%-6s | %13s %13s %9s\n", "N", "libuv conn s",
+                               "meshrun conn s", "storm x")
+            << std::string(48, '-') << "\n";
+      for (int n : config.barrier_sizes) {
+        const auto& l = cells[{n, kLibuv}];
+        const auto& m = cells[{n, kMeshTcp}];
+        const double bar_x = PairedMedian(m, l, speedup(bar));
+        const double tot_x = PairedMedian(m, l, speedup(tot));
+        const double conn_x = PairedMedian(m, l, speedup(conn));
+        out << absl::StrFormat("%-6d | %10s %10s %9s | %10s %10s %9s\n", n,
+                               Fmt(l.Med(bar), "%.3f"), Fmt(m.Med(bar), "%.3f"),
+                               Fmt(bar_x, "%.2f"), Fmt(l.Med(tot), "%.2f"),
+                               Fmt(m.Med(tot), "%.2f"), Fmt(tot_x, "%.2f"));
+        storm << absl::StrFormat("%-6d | %13s %13s %9s\n", n, Fmt(l.Med(conn), "%.2f"),
+                                 Fmt(m.Med(conn), "%.2f"), Fmt(conn_x, "%.2f"));
+        if (!m.ok()) out << "         meshrun: FAILED: " << m.failure() << "\n";
+        if (!l.ok()) out << "         libuv: FAILED: " << l.failure() << "\n";
+        all_ran = all_ran && m.ok();
+        // A libuv server that fails counts as slower than a meshrun that completes.
+        const bool libuv_failed = !l.samples.empty() && !l.ok();
+        auto judged = [&](double x, bool strictly) {
+          if (!m.ok()) return false;
+          if (std::isnan(x)) return libuv_failed;
+          return strictly ? x > 1 : x >= 1;
+        };
+        const std::string libuv_note = libuv_failed ? " (libuv failed a run)" : "";
         targets.push_back(
-            {absl::StrFormat("[barrier %d clients] faster than TCPStore: %s vs %s s", n,
-                             Fmt(mt, "%.2f"),
+            {absl::StrFormat("[TCPStore client, barrier %d clients] %s libuv: %sx "
+                             "(barrier %s vs %s s; with connecting %s vs %s s)%s",
+                             n, n >= 10000 ? "faster than" : "no slower than",
+                             Fmt(bar_x, "%.2f"), Fmt(m.Med(bar), "%.3f"),
+                             Fmt(l.Med(bar), "%.3f"), Fmt(m.Med(tot), "%.2f"),
+                             Fmt(l.Med(tot), "%.2f"), libuv_note),
+             judged(bar_x, n >= 10000)});
+        if (n == config.barrier_sizes.back()) {
+          targets.push_back(
+              {absl::StrFormat("[TCPStore client, storm of %d clients] no slower than "
+                               "libuv: %sx (%s vs %s s)%s",
+                               n, Fmt(conn_x, "%.2f"), Fmt(m.Med(conn), "%.2f"),
+                               Fmt(l.Med(conn), "%.2f"), libuv_note),
+               judged(conn_x, false)});
+        }
+        for (const char* section : {"barrier", "storm"}) {
+          const bool is_storm = section[0] == 's';
+          auto value = [&](const Cell<BarrierSample>& c) {
+            return is_storm ? c.Med(conn) : c.Med(bar);
+          };
+          json.push_back(absl::StrCat(
+              "{\"section\":\"", section, "\",\"client\":\"c10d-tcpstore\",\"n\":", n,
+              ",\"libuv_s\":", JsonNum(value(l)), ",\"meshrun_s\":", JsonNum(value(m)),
+              ",\"ratio\":", JsonNum(is_storm ? conn_x : bar_x),
+              is_storm ? ""
+                       : absl::StrCat(",\"libuv_total_s\":", JsonNum(l.Med(tot)),
+                                      ",\"meshrun_total_s\":", JsonNum(m.Med(tot)),
+                                      ",\"total_ratio\":", JsonNum(tot_x)),
+              ",\"pairs\":", std::min(m.ok_count(), l.ok_count()), ",\"libuv_ok\":",
+              l.ok() ? "true" : "false", ",\"libuv_error\":", JsonStr(l.failure()),
+              ",\"meshrun_ok\":", m.ok() ? "true" : "false",
+              ",\"meshrun_error\":", JsonStr(m.failure()), "}"));
+        }
+      }
+      out << storm.str();
+    }
+
+    if (config.Runs(Impl::kMeshrun)) {
+      grpc_out
+          << "\n## 5. Store barrier, meshrun's gRPC client against meshrun-rdzvd's "
+             "Store service, vs the libuv runs of section 2\n"
+          << Wrap(absl::StrCat(
+                 "Every meshrun client has its own connection (MakeStoreChannel(target, "
+                 "own_connection=true) and one BatchSession stream) and its own thread, "
+                 "spread over ",
+                 config.barrier_procs,
+                 " client processes; it ran right after each repetition's headline "
+                 "pair. connect = all clients connected and served one request "
+                 "(check), all connecting at once; barrier = first add to last "
+                 "release; total = both. Medians; 'x' = TCPStore/meshrun total, from "
+                 "the medians (> 1 = meshrun faster)."))
+          << "\n"
+          << absl::StrFormat("%-6s | %9s %9s %9s | %9s %9s %9s | %7s\n", "N", "mesh conn",
+                             "barrier", "total s", "tcp conn", "barrier", "total s",
+                             "total x")
+          << std::string(84, '-') << "\n";
+      for (int n : config.barrier_sizes) {
+        const auto& m = cells[{n, Impl::kMeshrun}];
+        const auto& t = cells[{n, kLibuv}];
+        double mt = m.Med(tot), tt = t.Med(tot);
+        grpc_out << absl::StrFormat("%-6d | %9s %9s %9s | %9s %9s %9s | %7s\n", n,
+                                    Fmt(m.Med(conn), "%.2f"), Fmt(m.Med(bar), "%.3f"),
+                                    Fmt(mt, "%.2f"), Fmt(t.Med(conn), "%.2f"),
+                                    Fmt(t.Med(bar), "%.3f"), Fmt(tt, "%.2f"),
+                                    m.ok() && t.ok() ? Fmt(tt / mt, "%.2f") : "-");
+        if (!m.ok()) grpc_out << "         meshrun: FAILED: " << m.failure() << "\n";
+        if (!t.samples.empty() && !t.ok())
+          grpc_out << "         TCPStore: FAILED: " << t.failure() << "\n";
+        const bool met = m.ok() && (!t.ok() ? !t.samples.empty() : mt < tt);
+        grpc_targets.push_back(
+            {absl::StrFormat("[gRPC client, barrier %d clients] faster than TCPStore: "
+                             "%s vs %s s",
+                             n, Fmt(mt, "%.2f"),
                              t.ok() ? Fmt(tt, "%.2f") : std::string("TCPStore failed")),
              met});
+        all_ran = all_ran && m.ok();
+        json.push_back(absl::StrCat(
+            "{\"section\":\"barrier\",\"client\":\"meshrun\",\"n\":", n,
+            ",\"meshrun_connect_s\":", JsonNum(m.Med(conn)), ",\"meshrun_barrier_s\":",
+            JsonNum(m.Med(bar)), ",\"meshrun_total_s\":", JsonNum(mt), ",\"meshrun_ok\":",
+            m.ok() ? "true" : "false", ",\"meshrun_error\":", JsonStr(m.failure()),
+            ",\"tcpstore_connect_s\":", JsonNum(t.Med(conn)), ",\"tcpstore_barrier_s\":",
+            JsonNum(t.Med(bar)), ",\"tcpstore_total_s\":", JsonNum(tt),
+            ",\"tcpstore_ok\":", t.ok() ? "true" : "false",
+            ",\"tcpstore_error\":", JsonStr(t.failure()), "}"));
       }
-      all_ran = all_ran && m.ok();
-      json.push_back(absl::StrCat("{\"section\":\"barrier\",\"n\":", n,
-                                  ",\"meshrun_connect_s\":", JsonNum(m.Med(conn)),
-                                  ",\"meshrun_barrier_s\":", JsonNum(m.Med(bar)),
-                                  ",\"meshrun_total_s\":", JsonNum(mt),
-                                  ",\"meshrun_ok\":", m.ok() ? "true" : "false",
-                                  ",\"meshrun_error\":", JsonStr(m.failure()),
-                                  ",\"tcpstore_connect_s\":", JsonNum(t.Med(conn)),
-                                  ",\"tcpstore_barrier_s\":", JsonNum(t.Med(bar)),
-                                  ",\"tcpstore_total_s\":", JsonNum(tt),
-                                  ",\"tcpstore_ok\":", t.ok() ? "true" : "false",
-                                  ",\"tcpstore_error\":", JsonStr(t.failure()), "}"));
     }
   }
+  out << grpc_out.str();
 
   // ---- 3. rendezvous
   if (config.Has("rdzv")) {
@@ -734,7 +979,7 @@ int RunAll(const Config& config) {
         cells[n].samples.push_back(s);
       }
     }
-    out << "\n## 3. One rendezvous round against meshrun-rdzvd (Rendezvous.Join "
+    out << "\n## 6. One rendezvous round against meshrun-rdzvd (Rendezvous.Join "
            "streams)\n"
         << Wrap(absl::StrCat(
                "N simulated nodes, each a Join stream (callback API) with min_nodes = "
@@ -762,7 +1007,7 @@ int RunAll(const Config& config) {
                                   ",\"ok\":", c.ok() ? "true" : "false",
                                   ",\"error\":", JsonStr(c.failure()), "}"));
       if (n == 10000) {
-        targets.push_back(
+        grpc_targets.push_back(
             {absl::StrFormat("[rendezvous 10,000 nodes] < 3 s: %s s", Fmt(secs, "%.3f")),
              c.ok() && secs < 3.0});
       }
@@ -770,8 +1015,14 @@ int RunAll(const Config& config) {
   }
 
   if (!targets.empty()) {
-    out << "\n## Targets\n";
+    out << "\n## Targets: c10d's TCPStore client, meshrun-rdzvd vs torch's libuv "
+           "server (x > 1 = meshrun better)\n";
     for (const auto& [what, met] : targets)
+      out << (met ? "  MET     " : "  MISSED  ") << what << "\n";
+  }
+  if (!grpc_targets.empty()) {
+    out << "\n## Earlier targets: meshrun's gRPC clients\n";
+    for (const auto& [what, met] : grpc_targets)
       out << (met ? "  MET     " : "  MISSED  ") << what << "\n";
   }
   double elapsed = std::chrono::duration<double>(SteadyClock::now() - started).count();
@@ -781,14 +1032,19 @@ int RunAll(const Config& config) {
   for (size_t i = 0; i < json.size(); ++i) summary += (i ? "," : "") + json[i];
   summary += "]";
   std::string targets_json = "[";
-  for (size_t i = 0; i < targets.size(); ++i) {
-    targets_json += absl::StrCat(i ? "," : "", "{\"target\":", JsonStr(targets[i].first),
-                                 ",\"met\":", targets[i].second ? "true" : "false", "}");
+  for (const auto* list : {&targets, &grpc_targets}) {
+    for (const auto& [what, met] : *list) {
+      targets_json +=
+          absl::StrCat(targets_json.size() > 1 ? "," : "", "{\"target\":", JsonStr(what),
+                       ",\"client\":\"", list == &targets ? "c10d-tcpstore" : "meshrun",
+                       "\",\"met\":", met ? "true" : "false", "}");
+    }
   }
   targets_json += "]";
   std::string full = absl::StrCat(
       "{\"nproc\":", sysconf(_SC_NPROCESSORS_ONLN), ",\"reps\":", config.reps,
-      ",\"duration_ms\":", config.duration.count(), ",\"cells\":", summary,
+      ",\"duration_ms\":", config.duration.count(), ",\"meshrun_tcpstore_server\":\"",
+      config.meshrun_tcpstore_server, "\",\"cells\":", summary,
       ",\"targets\":", targets_json, "}");
   out << "\nSUMMARY_JSON " << full << "\n";
   std::cout << out.str();
@@ -846,13 +1102,21 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--peers", config.peers,
-                 "Clients to run: meshrun, tcpstore, and the diagnostic meshrun-sync")
+                 "What to run: tcpstore (c10d client, libuv server), meshrun-tcpstore "
+                 "(c10d client, meshrun-rdzvd), meshrun (gRPC client), and the "
+                 "diagnostic meshrun-sync")
       ->delimiter(',')
+      ->check(CLI::IsMember({"tcpstore", "meshrun-tcpstore", "meshrun", "meshrun-sync"}))
+      ->capture_default_str();
+  app.add_option("--meshrun-tcpstore-server", config.meshrun_tcpstore_server,
+                 "Server of the meshrun-tcpstore runs: rdzvd, or torch (the libuv "
+                 "server on both sides: an A/A check of the harness)")
+      ->check(CLI::IsMember({"rdzvd", "torch"}))
       ->capture_default_str();
   app.add_option("--json", config.json_path, "Also write the summary JSON here");
   // Child roles.
   app.add_option("--impl", impl)
-      ->check(CLI::IsMember({"meshrun", "tcpstore", "meshrun-sync"}));
+      ->check(CLI::IsMember({"meshrun", "tcpstore", "meshrun-sync", "meshrun-tcpstore"}));
   app.add_option("--target", target);
   app.add_option("--clients", clients);
   app.add_option("--server-pid", server_pid);
@@ -867,9 +1131,10 @@ int main(int argc, char** argv) {
   config.duration = std::chrono::milliseconds(duration_ms);
   config.warmup = std::chrono::milliseconds(warmup_ms);
   config.barrier_timeout = std::chrono::seconds(barrier_timeout_s);
-  const Impl which = impl == "tcpstore"       ? Impl::kTcpStore
-                     : impl == "meshrun-sync" ? Impl::kMeshrunSync
-                                              : Impl::kMeshrun;
+  const Impl which = impl == "tcpstore"           ? Impl::kTcpStore
+                     : impl == "meshrun-tcpstore" ? Impl::kMeshrunTcpStore
+                     : impl == "meshrun-sync"     ? Impl::kMeshrunSync
+                                                  : Impl::kMeshrun;
   const auto timeout = std::chrono::milliseconds(timeout_ms);
 
   if (mode == "all") return RunAll(config);

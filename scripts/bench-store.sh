@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# Builds what it needs and runs the store benchmark: meshrun's store and
-# rendezvous daemon against c10d's TCPStore (libtorch 2.15 from the venv's torch
-# wheel, its default libuv server; bench/store_bench.cc), then records
-# the results in bench/results/store.md (+ store.json).
+# Builds what it needs and runs the store benchmark (bench/store_bench.cc):
+# c10d's stock TCPStore client (libtorch 2.15 from the venv's torch wheel)
+# against meshrun-rdzvd's TCPStore endpoint and against torch's own libuv
+# TCPStore server, and meshrun's gRPC store client and rendezvous beside them;
+# then records the results in bench/results/store.md (+ store.json).
 #
-#   scripts/bench-store.sh                     # everything, ~5-8 minutes
+#   scripts/bench-store.sh                     # everything, ~8-10 minutes
 #   scripts/bench-store.sh --sections ops --reps 1 --duration-ms 1000   # quick look
+#   scripts/bench-store.sh --meshrun-tcpstore-server torch   # A/A: the harness's noise
+#
+# It runs in a network namespace of its own with only a loopback device, when
+# it may (root: unshare --net): all traffic stays on 127.0.0.1. c10d's client
+# looks up its socket's host name on every connect (for a log line); on a
+# machine whose resolver points at a name server, thousands of clients
+# connecting at once then wait for DNS (5 s timeouts), which swamped the
+# connect times (and sent queries off the machine). Without a route the
+# look-up fails at once. NO_NETNS=1 runs it in the machine's namespace.
 #
 # Extra arguments go to store_bench (see `store_bench --help`). Environment:
 #   BUILD_DIR    build directory (default build/; configured if missing)
@@ -36,22 +46,28 @@ mkdir -p "$results_dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cmd=("$bench" --json "$results_dir/store.json" "$@")
+run=("${cmd[@]}")
+netns="the machine's own (NO_NETNS=1 or unshare --net unavailable)"
+if [ -z "${NO_NETNS:-}" ] && unshare --net -- true 2>/dev/null; then
+  run=(unshare --net -- sh -c 'ip link set lo up && exec "$@"' sh "${cmd[@]}")
+  netns="one of its own with only loopback (unshare --net): no traffic leaves 127.0.0.1"
+fi
 invocation="scripts/bench-store.sh${*:+ $*}"
-for var in WAIT_QUIET MESHRUN_VENV RESULTS_DIR BUILD_DIR; do
+for var in NO_NETNS WAIT_QUIET MESHRUN_VENV RESULTS_DIR BUILD_DIR; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 t0=$(date +%s)
 status=0
 # Progress (stderr) goes to the terminal and the log; tables (stdout) likewise.
-"${cmd[@]}" > >(tee "$tmp/stdout") 2> >(tee "$tmp/stderr" >&2) || status=$?
+"${run[@]}" > >(tee "$tmp/stdout") 2> >(tee "$tmp/stderr" >&2) || status=$?
 wait
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
 mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
 {
-  echo "# Store benchmark: meshrun-rdzvd vs c10d TCPStore"
+  echo "# Store benchmark: c10d's TCPStore client against meshrun-rdzvd and against torch's libuv TCPStore server"
   echo
   echo "Produced by \`scripts/bench-store.sh\` (bench/store_bench.cc); do not edit by hand."
   echo
@@ -60,9 +76,10 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
   echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)'), built in $build_dir;" \
        "gRPC $(dpkg-query -W -f='${Version}' libgrpc++-dev 2>/dev/null || echo '?')"
-  echo "- Peer: c10d::TCPStore of torch $torch_version's libtorch (the venv's wheel," \
-       "$python_version), served by its libuv backend (torch 2's default; the server refuses" \
-       "to start otherwise)"
+  echo "- Client and peer server: c10d::TCPStore of torch $torch_version's libtorch (the venv's" \
+       "wheel, $python_version); the peer server is its libuv backend (torch 2's default; the" \
+       "server refuses to start otherwise)"
+  echo "- Network namespace: $netns"
   echo "- Load average (1/5/15 min) before: $load_before; after: $load_after"
   echo "- Exit status: $status"
   if awk -v l="${load_before%% *}" -v n="$ncores" 'BEGIN { exit !(l > n / 2) }'; then
