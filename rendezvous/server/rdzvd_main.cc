@@ -77,6 +77,10 @@ int main(int argc, char** argv) {
   app.add_option("--tcpstore-run", options.tcpstore_run,
                  "The run whose store TCPStore clients use (default: the only run in "
                  "progress)");
+  app.add_option("--tcpstore-threads", options.tcpstore_threads,
+                 "I/O threads of the TCPStore protocol's front-end")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--log-level", log_level)
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   try {

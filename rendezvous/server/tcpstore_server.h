@@ -40,7 +40,7 @@ struct TcpStoreServerOptions {
   // A connection stops reading while this many reply bytes wait to be
   // written to it (a client that sends without reading).
   size_t max_queued_reply_bytes = 64 << 20;
-  int io_threads = 2;
+  int io_threads = 1;
   // The store namespace of a connection from `peer` (its address), asked
   // once, when it validates; an error closes the connection.
   std::function<absl::StatusOr<std::string>(const std::string& peer)> namespace_for;
