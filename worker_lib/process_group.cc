@@ -323,8 +323,14 @@ absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& b
   const WorkerEnv& env = world->env_;
 
   StoreKind kind = options.store;
-  if (kind == StoreKind::kAuto)
-    kind = env.has_meshrun_store() ? StoreKind::kMeshrun : StoreKind::kTcpStore;
+  // The agent's store (meshrun's daemon speaking TCPStore) through c10d's own
+  // client when meshrun offers it: 30-40x the gRPC client's single-caller
+  // round trips (bench/results/store.md); the gRPC store where the daemon
+  // wants a token or TLS, which the TCPStore protocol cannot carry.
+  if (kind == StoreKind::kAuto) {
+    kind = env.use_agent_store || !env.has_meshrun_store() ? StoreKind::kTcpStore
+                                                           : StoreKind::kMeshrun;
+  }
   if (kind == StoreKind::kMeshrun) {
     if (!env.has_meshrun_store()) {
       return absl::FailedPreconditionError(

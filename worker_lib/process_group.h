@@ -39,7 +39,8 @@ class Device;
 namespace meshrun::worker {
 
 enum class StoreKind {
-  kAuto,      // meshrun's store when MESHRUN_STORE_ENDPOINT is set, else TCPStore
+  kAuto,      // TCPStore when it is the agent's store (TORCHELASTIC_USE_AGENT_STORE),
+              // else meshrun's store when MESHRUN_STORE_ENDPOINT is set, else TCPStore
   kMeshrun,   // meshrun's store; an error when not started by meshrun
   kTcpStore,  // c10d::TCPStore at MASTER_ADDR:MASTER_PORT (rank 0 serves it)
 };
