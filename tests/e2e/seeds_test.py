@@ -101,10 +101,12 @@ MESHRUN_LOG = re.compile(r"^\[\d\d:\d\d:\d\d\.\d{3}\] \[[\w-]+\] \[\w+\] ")  # m
 STORE_SERVER_LOG = re.compile(r"^\[W\d{4} [\d:.]+ socket\.cpp:\d+\] \[c10d\] The hostname of "
                               r"the client socket cannot be retrieved")
 # Likewise c10d's reports of a store connection closing at the end of a run
-# (with the C++ stack they carry): torchrun's second agent prints one when the
-# first, its store's host, exits before it; they tell who held the store.
-STORE_CLOSED_LOG = re.compile(r"^(\[W\d{4} [\d:.]+ TCPStore\.cpp:\d+\] \[c10d\] recvVector failed"
-                              r"|Exception raised from recvBytes at |frame #\d+: )")
+# (with the C++ stack they carry): torchrun's second agent prints them when the
+# first, its store's host, exits before it (in its exit barrier, whose wait
+# and next call fail); they tell who held the store.
+STORE_CLOSED_LOG = re.compile(r"^(\[W\d{4} [\d:.]+ TCPStore\.cpp:\d+\] \[c10d\] "
+                              r"(recvVector|recvValueWithTimeout|sendBytes) failed"
+                              r"|Exception raised from (recvBytes|sendBytes) at |frame #\d+: )")
 
 NORMALIZE = [
     (re.compile(r"\b([IWEDC])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ "), r"\1<time> <pid> "),
