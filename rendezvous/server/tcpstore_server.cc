@@ -102,33 +102,29 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
                            std::lock_guard<std::mutex> lock(self->mu_);
                            self->classifying_.erase(peeked);
                          }
-                         if (ec || self->stopping_) return;
-                         char first = 0;
-                         boost::system::error_code peek_ec;
-                         const size_t n = peeked->receive(
-                             asio::buffer(&first, 1), tcp::socket::message_peek, peek_ec);
-                         if (peek_ec || n == 0)
-                           return;  // closed before a byte: nothing to serve
-                         if (first == 'P') {
-                           self->grpc_connections_.Inc();
-                           if (!self->options_.on_grpc_fd) {
-                             self->Refuse(Refusal::kGrpcOff);
-                             return;
-                           }
-                           // gRPC sets no options on a socket it is handed: without
-                           // NODELAY,
-                           // Nagle and delayed ACKs stall its replies ~40 ms.
-                           peeked->set_option(tcp::no_delay(true), peek_ec);
-                           const int fd = peeked->release(peek_ec);
-                           if (peek_ec) return;
-                           // gRPC's endpoints expect a non-blocking fd; a blocking read
-                           // would stall its poller thread.
-                           ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-                           self->options_.on_grpc_fd(fd);
-                           return;
-                         }
-                         self->StartConnection(std::move(*peeked));
+                         if (!ec && !self->stopping_) self->Route(*peeked);
                        });
+  }
+
+  // With the first byte there: gRPC's connections go to gRPC, the rest are
+  // TCPStore clients.
+  void Route(tcp::socket& socket) {
+    char first = 0;
+    boost::system::error_code ec;
+    const size_t n =
+        socket.receive(asio::buffer(&first, 1), tcp::socket::message_peek, ec);
+    if (ec || n == 0) return;  // closed before a byte: nothing to serve
+    if (first != 'P') return StartConnection(std::move(socket));
+    grpc_connections_.Inc();
+    if (!options_.on_grpc_fd) return Refuse(Refusal::kGrpcOff);
+    // gRPC sets no options on a socket it is handed: without NODELAY, Nagle
+    // and delayed ACKs stall its replies ~40 ms. And its endpoints expect a
+    // non-blocking fd; a blocking read would stall its poller thread.
+    socket.set_option(tcp::no_delay(true), ec);
+    const int fd = socket.release(ec);
+    if (ec) return;
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    options_.on_grpc_fd(fd);
   }
 
   void StartConnection(tcp::socket socket);
