@@ -627,12 +627,17 @@ print("RETURNED", flush=True)
 @case
 def client_killed_mid_wait(x):
     p = x.p
-    other = Blocked(x.client(), lambda s: s.get(p + "never"))  # another waiter, same key
     proc = subprocess.Popen([PYTHON, "-c", VANISHING_CLIENT, str(x.port), p],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     try:
         ready = read_line_with_deadline(proc, "READY", START_DEADLINE_S) is not None
+        # Another waiter on the same key, started only now and with a long
+        # timeout: its client's clock must not run out while the subprocess
+        # imports torch and is watched (tens of seconds on a loaded machine;
+        # the CI run saw it time out after 20 s).
+        other = Blocked(x.client(datetime.timedelta(seconds=120)),
+                        lambda s: s.get(p + "never"))
         # The subprocess's only thread, blocked on its socket after READY, has sent its WAIT.
         was_parked = ready and wait_parked(proc.pid, proc.pid,
                                            returned=lambda: proc.poll() is not None)
