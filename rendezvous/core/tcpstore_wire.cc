@@ -231,4 +231,14 @@ std::string EncodeQuery(const Query& q) {
   return out;
 }
 
+Query MakeQuery(QueryType type, std::vector<std::string> keys,
+                std::vector<std::string> values, int64_t number) {
+  Query query;
+  query.type = type;
+  query.keys = std::move(keys);
+  query.values = std::move(values);
+  query.number = number;
+  return query;
+}
+
 }  // namespace meshrun::rdzv::tcpstore

@@ -92,5 +92,8 @@ void AppendBytes(std::string* out, std::string_view bytes);  // u64 length + byt
 
 // Query encoders (what a stock client sends), for tests and tools.
 std::string EncodeQuery(const Query& query);
+// A query of `type` with the given fields, for EncodeQuery.
+Query MakeQuery(QueryType type, std::vector<std::string> keys = {},
+                std::vector<std::string> values = {}, int64_t number = 0);
 
 }  // namespace meshrun::rdzv::tcpstore

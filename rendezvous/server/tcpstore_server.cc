@@ -8,14 +8,17 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -55,7 +58,7 @@ thread_local const void* tls_dispatching = nullptr;
 class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer::Impl> {
  public:
   Impl(TcpStoreServerOptions options, StoreService& store)
-      : options_(std::move(options)), store_(store), acceptor_(io_) {}
+      : options_(std::move(options)), store_(store), acceptor_(io_), accept_retry_(io_) {}
 
   class Connection;
 
@@ -82,8 +85,24 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
         asio::make_strand(io_),
         [self = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
           if (ec == asio::error::operation_aborted || self->stopping_) return;
-          if (!ec) self->Classify(std::move(socket));
-          self->Accept();
+          if (!ec) {
+            if (std::exchange(self->accept_failing_, false))
+              spdlog::info("tcpstore: accepting connections again");
+            self->Classify(std::move(socket));
+            self->Accept();
+            return;
+          }
+          // Out of descriptors (EMFILE, ENFILE) or buffers: accepting again at
+          // once would fail the same way and spin a core; the pending
+          // connection waits in the backlog until one closes.
+          if (!std::exchange(self->accept_failing_, true))
+            spdlog::warn("tcpstore: accept failed: {}; retrying every {} ms",
+                         ec.message(), kAcceptRetry.count());
+          self->accept_retry_.expires_after(kAcceptRetry);
+          self->accept_retry_.async_wait([self](boost::system::error_code wait_ec) {
+            if (wait_ec || self->stopping_) return;
+            self->Accept();
+          });
         });
   }
 
@@ -141,6 +160,9 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   StoreService& store_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
+  static constexpr std::chrono::milliseconds kAcceptRetry{100};
+  asio::steady_timer accept_retry_;  // paces accepts after a failed one
+  bool accept_failing_ = false;      // logged once per streak of failures
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::unordered_map<Connection*, std::weak_ptr<Connection>>
@@ -622,6 +644,7 @@ void TcpStoreServer::Impl::Stop() {
   asio::post(io_, [self = shared_from_this()] {
     boost::system::error_code ec;
     self->acceptor_.close(ec);
+    self->accept_retry_.cancel();
   });
   std::vector<std::shared_ptr<Connection>> open;
   std::vector<std::shared_ptr<tcp::socket>> unclassified;

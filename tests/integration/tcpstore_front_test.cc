@@ -5,14 +5,20 @@
 // tests/e2e (conformance, state dir).
 
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "rendezvous/client/store_client.h"
@@ -41,23 +47,13 @@ int MetricsPort(DaemonProcess& daemon) {
   return PortOf(*line);
 }
 
-Query Make(QueryType type, std::vector<std::string> keys = {},
-           std::vector<std::string> values = {}, int64_t number = 0) {
-  Query q;
-  q.type = type;
-  q.keys = std::move(keys);
-  q.values = std::move(values);
-  q.number = number;
-  return q;
-}
-
 // A TCPStore client on a raw socket; every read has a deadline.
 class RawClient {
  public:
   explicit RawClient(int port, bool handshake = true)
       : fd_(testing::ConnectLoopback(port)) {
     if (handshake && fd_ >= 0)
-      Send(Make(QueryType::kValidate, {}, {}, rdzv::tcpstore::kValidationMagic));
+      Send(MakeQuery(QueryType::kValidate, {}, {}, rdzv::tcpstore::kValidationMagic));
   }
   ~RawClient() {
     if (fd_ >= 0) close(fd_);
@@ -106,7 +102,7 @@ class RawClient {
 void ExpectServing(int port, const std::string& key, int64_t expected_sum) {
   RawClient client(port);
   ASSERT_TRUE(client.ok());
-  ASSERT_TRUE(client.Send(Make(QueryType::kAdd, {key}, {}, 1)));
+  ASSERT_TRUE(client.Send(MakeQuery(QueryType::kAdd, {key}, {}, 1)));
   EXPECT_EQ(client.ReadI64(), expected_sum);
 }
 
@@ -114,8 +110,8 @@ TEST(TcpStoreFrontTest, GrpcAndTcpStoreShareOnePortAndOneStore) {
   DaemonProcess daemon;
   const int port = PortOf(daemon.endpoint());
   RawClient raw(port);
-  ASSERT_TRUE(raw.Send(Make(QueryType::kSet, {"shared"}, {"from-tcpstore"})));
-  ASSERT_TRUE(raw.Send(Make(QueryType::kPing, {}, {}, 77)));
+  ASSERT_TRUE(raw.Send(MakeQuery(QueryType::kSet, {"shared"}, {"from-tcpstore"})));
+  ASSERT_TRUE(raw.Send(MakeQuery(QueryType::kPing, {}, {}, 77)));
   auto nonce = raw.Read(4);
   ASSERT_TRUE(nonce);
   // A gRPC client on the same port, in the namespace TCPStore clients use
@@ -129,7 +125,7 @@ TEST(TcpStoreFrontTest, GrpcAndTcpStoreShareOnePortAndOneStore) {
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, "from-tcpstore");
   ASSERT_TRUE((*grpc_client)->Set("back", "from-grpc").ok());
-  ASSERT_TRUE(raw.Send(Make(QueryType::kGet, {"back"})));
+  ASSERT_TRUE(raw.Send(MakeQuery(QueryType::kGet, {"back"})));
   auto size = raw.ReadI64();
   ASSERT_EQ(size, 9);
   EXPECT_EQ(raw.Read(9), "from-grpc");
@@ -142,14 +138,14 @@ TEST(TcpStoreFrontTest, BadClientsAreClosedAndCountedAndNobodyElseNotices) {
   ASSERT_GT(metrics_port, 0);
   // A well-behaved client parked in a wait throughout.
   RawClient waiter(port);
-  ASSERT_TRUE(waiter.Send(Make(QueryType::kWait, {"go"})));
+  ASSERT_TRUE(waiter.Send(MakeQuery(QueryType::kWait, {"go"})));
 
   RawClient wrong_magic(port, /*handshake=*/false);
-  ASSERT_TRUE(wrong_magic.Send(Make(QueryType::kValidate, {}, {}, 0x12345678)));
+  ASSERT_TRUE(wrong_magic.Send(MakeQuery(QueryType::kValidate, {}, {}, 0x12345678)));
   EXPECT_TRUE(wrong_magic.ClosedByPeer());
 
   RawClient no_handshake(port, /*handshake=*/false);
-  ASSERT_TRUE(no_handshake.Send(Make(QueryType::kSet, {"k"}, {"v"})));
+  ASSERT_TRUE(no_handshake.Send(MakeQuery(QueryType::kSet, {"k"}, {"v"})));
   EXPECT_TRUE(no_handshake.ClosedByPeer());
 
   RawClient garbage(port);
@@ -168,14 +164,14 @@ TEST(TcpStoreFrontTest, BadClientsAreClosedAndCountedAndNobodyElseNotices) {
   // An add on a value that is no integer: the store refuses it, as torch's
   // server does (it closes the connection).
   RawClient not_a_number(port);
-  ASSERT_TRUE(not_a_number.Send(Make(QueryType::kSet, {"text"}, {"abc"})));
-  ASSERT_TRUE(not_a_number.Send(Make(QueryType::kAdd, {"text"}, {}, 1)));
+  ASSERT_TRUE(not_a_number.Send(MakeQuery(QueryType::kSet, {"text"}, {"abc"})));
+  ASSERT_TRUE(not_a_number.Send(MakeQuery(QueryType::kAdd, {"text"}, {}, 1)));
   EXPECT_TRUE(not_a_number.ClosedByPeer());
 
   // The parked client is still served.
   ExpectServing(port, "counter", 1);
   RawClient setter(port);
-  ASSERT_TRUE(setter.Send(Make(QueryType::kSet, {"go"}, {"now"})));
+  ASSERT_TRUE(setter.Send(MakeQuery(QueryType::kSet, {"go"}, {"now"})));
   EXPECT_EQ(waiter.Read(1), std::string(1, '\0'));  // STOP_WAITING
 
   const std::string metrics = testing::HttpGet(metrics_port, "/metrics").body;
@@ -199,8 +195,8 @@ TEST(TcpStoreFrontTest, AClientVanishingMidWaitLeavesNoWaiterBehind) {
   const int metrics_port = MetricsPort(daemon);
   {
     RawClient waiter(port);
-    ASSERT_TRUE(waiter.Send(Make(QueryType::kWait, {"never"})));
-    ASSERT_TRUE(waiter.Send(Make(QueryType::kPing, {}, {}, 1)));
+    ASSERT_TRUE(waiter.Send(MakeQuery(QueryType::kWait, {"never"})));
+    ASSERT_TRUE(waiter.Send(MakeQuery(QueryType::kPing, {}, {}, 1)));
     ASSERT_TRUE(waiter.Read(4));  // the wait is parked by now
     const std::string parked =
         testing::ScrapeUntil(metrics_port, [](const std::string& m) {
@@ -221,12 +217,12 @@ TEST(TcpStoreFrontTest, CancelWaitAnswersWaitCanceledAndTheWaitNeverAnswers) {
   DaemonProcess daemon;
   const int port = PortOf(daemon.endpoint());
   RawClient client(port);
-  ASSERT_TRUE(client.Send(Make(QueryType::kWait, {"late"})));
-  ASSERT_TRUE(client.Send(Make(QueryType::kCancelWait)));
+  ASSERT_TRUE(client.Send(MakeQuery(QueryType::kWait, {"late"})));
+  ASSERT_TRUE(client.Send(MakeQuery(QueryType::kCancelWait)));
   EXPECT_EQ(client.Read(1), std::string(1, '\1'));  // WAIT_CANCELED
   RawClient setter(port);
-  ASSERT_TRUE(setter.Send(Make(QueryType::kSet, {"late"}, {"x"})));
-  ASSERT_TRUE(client.Send(Make(QueryType::kPing, {}, {}, 9)));
+  ASSERT_TRUE(setter.Send(MakeQuery(QueryType::kSet, {"late"}, {"x"})));
+  ASSERT_TRUE(client.Send(MakeQuery(QueryType::kPing, {}, {}, 9)));
   auto next = client.Read(4);
   ASSERT_TRUE(next);
   EXPECT_EQ(static_cast<uint8_t>((*next)[0]), 9);  // the ping, not a stale STOP_WAITING
@@ -239,11 +235,12 @@ TEST(TcpStoreFrontTest, AClientThatSendsWithoutReadingIsPausedThenServedInFull) 
   const int port = PortOf(daemon.endpoint());
   RawClient client(port);
   const std::string value(1 << 20, 'v');
-  ASSERT_TRUE(client.Send(Make(QueryType::kSet, {"big"}, {value})));
+  ASSERT_TRUE(client.Send(MakeQuery(QueryType::kSet, {"big"}, {value})));
   constexpr int kGets = 200;  // 200 MiB of replies
   std::thread sender([&] {
     std::string gets;
-    for (int i = 0; i < kGets; ++i) gets += EncodeQuery(Make(QueryType::kGet, {"big"}));
+    for (int i = 0; i < kGets; ++i)
+      gets += EncodeQuery(MakeQuery(QueryType::kGet, {"big"}));
     client.SendRaw(gets);
   });
   ExpectServing(port, "others", 1);  // meanwhile everyone else is served
@@ -261,7 +258,7 @@ TEST(TcpStoreFrontTest, ATokenTurnsTheTcpStoreProtocolOffAndOnIsRefused) {
   {
     DaemonProcess daemon({"--token-file", token_file});
     RawClient client(PortOf(daemon.endpoint()));
-    ASSERT_TRUE(client.Send(Make(QueryType::kPing, {}, {}, 5)));
+    ASSERT_TRUE(client.Send(MakeQuery(QueryType::kPing, {}, {}, 5)));
     // gRPC answers a stock client's bytes with an HTTP/2 error and closes.
     EXPECT_NE(client.Read(4, 5s), std::string("\x05\0\0\0", 4));
   }
@@ -269,6 +266,52 @@ TEST(TcpStoreFrontTest, ATokenTurnsTheTcpStoreProtocolOffAndOnIsRefused) {
                                  "127.0.0.1", "--port", "0", "--token-file", token_file,
                                  "--tcpstore", "on"});
   EXPECT_EQ(testing::ExitCode(refused, 20s), 2);
+}
+
+// User plus system CPU seconds `pid` has used (/proc/<pid>/stat).
+double CpuSeconds(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)),
+                   std::istreambuf_iterator<char>());
+  // Fields after the command (which may hold spaces) start past its ')'.
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::vector<std::string> f;
+  for (std::string field; fields >> field;) f.push_back(field);
+  if (f.size() < 13) return -1;
+  return (std::stod(f[11]) + std::stod(f[12])) / sysconf(_SC_CLK_TCK);
+}
+
+TEST(TcpStoreFrontTest, OutOfDescriptorsTheDaemonWaitsInsteadOfSpinningAndRecovers) {
+  // The daemon inherits a soft limit of 64 descriptors; this process gets
+  // its own limit back before it opens more connections than that.
+  rlimit original{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &original), 0);
+  rlimit low = original;
+  low.rlim_cur = 64;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  auto daemon = std::make_unique<DaemonProcess>();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &original), 0);
+  const int port = PortOf(daemon->endpoint());
+  std::vector<std::unique_ptr<RawClient>> crowd;
+  for (int i = 0; i < 100; ++i) crowd.push_back(std::make_unique<RawClient>(port));
+  // The last connections wait in the backlog: a ping on one of them gets no
+  // answer while the daemon has no descriptor for it.
+  ASSERT_TRUE(crowd.back()->Send(MakeQuery(QueryType::kPing, {}, {}, 5)));
+  EXPECT_FALSE(crowd.back()->Read(4, 1s));
+  const pid_t pid = daemon->process().pid();
+  const double before = CpuSeconds(pid);
+  std::this_thread::sleep_for(2s);  // the interval measured, not a wait for a condition
+  const double used = CpuSeconds(pid) - before;
+  EXPECT_LT(used, 0.5) << "the daemon spins while it cannot accept";
+  // Once connections close, the waiting ones are served.
+  crowd.erase(crowd.begin(), crowd.end() - 1);
+  auto nonce = crowd.back()->Read(4, 10s);
+  ASSERT_TRUE(nonce) << "a connection from the backlog was never served";
+  RawClient late(port);
+  ASSERT_TRUE(late.Send(MakeQuery(QueryType::kSet, {"k"}, {"v"})));
+  ASSERT_TRUE(late.Send(MakeQuery(QueryType::kGet, {"k"})));
+  EXPECT_EQ(late.ReadI64(), 1);
+  EXPECT_EQ(late.Read(1), "v");
 }
 
 }  // namespace

@@ -8,39 +8,29 @@
 namespace meshrun::rdzv::tcpstore {
 namespace {
 
-Query Make(QueryType type, std::vector<std::string> keys = {},
-           std::vector<std::string> values = {}, int64_t number = 0) {
-  Query q;
-  q.type = type;
-  q.keys = std::move(keys);
-  q.values = std::move(values);
-  q.number = number;
-  return q;
-}
-
 // Every query type survives an encode/parse round trip, and parses only
 // once all of its bytes are there.
 TEST(TcpStoreWireTest, EveryQueryRoundTripsAndNeedsAllItsBytes) {
   const std::vector<Query> queries = {
-      Make(QueryType::kValidate, {}, {}, kValidationMagic),
-      Make(QueryType::kSet, {"k"}, {"v"}),
-      Make(QueryType::kCompareSet, {"k"}, {"", "new"}),
-      Make(QueryType::kGet, {"k"}),
-      Make(QueryType::kAdd, {"k"}, {}, -7),
-      Make(QueryType::kCheck, {"a", "b"}),
-      Make(QueryType::kWait, {"a"}),
-      Make(QueryType::kGetNumKeys),
-      Make(QueryType::kDeleteKey, {"k"}),
-      Make(QueryType::kAppend, {"k"}, {"tail"}),
-      Make(QueryType::kMultiGet, {"a", "b", "c"}),
-      Make(QueryType::kMultiSet, {"a", "b"}, {"1", "2"}),
-      Make(QueryType::kCancelWait),
-      Make(QueryType::kPing, {}, {}, 12345),
-      Make(QueryType::kQueuePush, {"q"}, {"item"}),
-      Make(QueryType::kQueuePop, {"q"}),
-      Make(QueryType::kQueueLen, {"q"}),
-      Make(QueryType::kListKeys),
-      Make(QueryType::kBarrier, {"b"}, {}, 4),
+      MakeQuery(QueryType::kValidate, {}, {}, kValidationMagic),
+      MakeQuery(QueryType::kSet, {"k"}, {"v"}),
+      MakeQuery(QueryType::kCompareSet, {"k"}, {"", "new"}),
+      MakeQuery(QueryType::kGet, {"k"}),
+      MakeQuery(QueryType::kAdd, {"k"}, {}, -7),
+      MakeQuery(QueryType::kCheck, {"a", "b"}),
+      MakeQuery(QueryType::kWait, {"a"}),
+      MakeQuery(QueryType::kGetNumKeys),
+      MakeQuery(QueryType::kDeleteKey, {"k"}),
+      MakeQuery(QueryType::kAppend, {"k"}, {"tail"}),
+      MakeQuery(QueryType::kMultiGet, {"a", "b", "c"}),
+      MakeQuery(QueryType::kMultiSet, {"a", "b"}, {"1", "2"}),
+      MakeQuery(QueryType::kCancelWait),
+      MakeQuery(QueryType::kPing, {}, {}, 12345),
+      MakeQuery(QueryType::kQueuePush, {"q"}, {"item"}),
+      MakeQuery(QueryType::kQueuePop, {"q"}),
+      MakeQuery(QueryType::kQueueLen, {"q"}),
+      MakeQuery(QueryType::kListKeys),
+      MakeQuery(QueryType::kBarrier, {"b"}, {}, 4),
   };
   ASSERT_EQ(queries.size(), kNumQueryTypes);
   for (const Query& q : queries) {
@@ -68,12 +58,12 @@ TEST(TcpStoreWireTest, SetIsTheBytesTorchsClientSends) {
   const std::string expected = std::string("\x01", 1) +
                                std::string("\x01\0\0\0\0\0\0\0", 8) + "k" +
                                std::string("\x02\0\0\0\0\0\0\0", 8) + "vv";
-  EXPECT_EQ(EncodeQuery(Make(QueryType::kSet, {"k"}, {"vv"})), expected);
+  EXPECT_EQ(EncodeQuery(MakeQuery(QueryType::kSet, {"k"}, {"vv"})), expected);
 }
 
 TEST(TcpStoreWireTest, ALargeValueSaysHowManyBytesItNeeds) {
   const std::string bytes =
-      EncodeQuery(Make(QueryType::kSet, {"k"}, {std::string(1 << 20, 'x')}));
+      EncodeQuery(MakeQuery(QueryType::kSet, {"k"}, {std::string(1 << 20, 'x')}));
   ParseResult head = ParseQuery(std::string_view(bytes).substr(0, 100), {});
   ASSERT_EQ(head.kind, ParseResult::Kind::kIncomplete);
   EXPECT_EQ(head.needed, bytes.size());
@@ -85,13 +75,14 @@ TEST(TcpStoreWireTest, UnknownTypesAndOversizedFieldsAreRefusedAtOnce) {
   limits.max_value_bytes = 16;
   // Only the length has arrived: refused without waiting for the value.
   const std::string big =
-      EncodeQuery(Make(QueryType::kSet, {"k"}, {std::string(17, 'x')}));
+      EncodeQuery(MakeQuery(QueryType::kSet, {"k"}, {std::string(17, 'x')}));
   ParseResult r = ParseQuery(std::string_view(big).substr(0, 1 + 8 + 1 + 8), limits);
   EXPECT_EQ(r.kind, ParseResult::Kind::kBad);
   EXPECT_NE(r.error.find("over the limit"), std::string::npos) << r.error;
   limits.max_keys_per_query = 2;
-  EXPECT_EQ(ParseQuery(EncodeQuery(Make(QueryType::kWait, {"a", "b", "c"})), limits).kind,
-            ParseResult::Kind::kBad);
+  EXPECT_EQ(
+      ParseQuery(EncodeQuery(MakeQuery(QueryType::kWait, {"a", "b", "c"})), limits).kind,
+      ParseResult::Kind::kBad);
   // A length no machine could hold.
   std::string huge(1, '\x03');
   huge += std::string(8, '\xff');
