@@ -21,6 +21,8 @@ packages=(
   openssl clang libclang-rt-14-dev
   slurmctld slurmd slurm-client munge
   chromium chromium-driver
+  # The main job's text (fortune cookies) and its loss plot.
+  fortunes gnuplot-nox
 )
 
 missing=()

@@ -1,13 +1,84 @@
 #!/usr/bin/env bash
-# The README's main job: parallel training of a small transformer LM on a 2-D
-# mesh, dp=2 x tp=2 (build/bin/train_example, C++ on libtorch, gloo on CPU),
-# 4 workers under `meshrun --standalone` with its embedded rendezvous daemon.
-# --verify makes every rank also train the whole model in one process and
-# check each step's loss and the final parameters against it. Installs and
-# builds first. Extra arguments go to train_example (e.g. --pp 2 --tp 2).
+# The README's main job: a character-level GPT (build/bin/train_text: the
+# worker library's TransformerLm, C++ on libtorch, gloo on CPU) trained on the
+# fortune cookies of Debian's `fortunes` package by 4 workers on a dp=2 x tp=2
+# mesh under `meshrun --standalone` (embedded rendezvous daemon, status page).
+# Midway one worker SIGKILLs itself; meshrun restarts the world and training
+# resumes from the last sharded checkpoint. Then an uninterrupted run of the
+# same training checks that the healed run ended with the same final loss
+# and parameters, and gnuplot draws the losses with the failure marked.
+# Installs and builds first.
+#
+#   bash scripts/main-job.sh                 # about 3 minutes once built
+#   bash scripts/main-job.sh --no-failure    # no worker is killed
+#   bash scripts/main-job.sh --no-verify     # no uninterrupted reference run
+#   bash scripts/main-job.sh --steps 60      # extra arguments go to train_text
+#
+# Environment: RUN_DIR (default runs/main-job-<time>) holds the logs, the
+# checkpoints, loss.csv and loss.png; BUILD_DIR (default build); SKIP_SETUP=1
+# skips install and build (the CI test runs a short job on its own build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
-bash scripts/build.sh
-exec build/bin/meshrun --standalone --nproc-per-node=4 --max-restarts=1 \
-  build/bin/train_example --model transformer --dp 2 --tp 2 --steps 20 --lr 0.5 --verify "$@"
+
+failure=1
+verify=1
+steps=300
+kill_at=-1
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-failure) failure=0 ;;
+    --no-verify) verify=0 ;;
+    --steps) steps=$2; shift ;;
+    --steps=*) steps=${1#--steps=} ;;
+    *) extra+=("$1") ;;
+  esac
+  shift
+done
+if [ "$failure" = 1 ]; then
+  # Midway, and not on a checkpoint step, so that the restart redoes steps.
+  kill_at=$(( steps / 2 + steps / 20 ))
+fi
+
+if [ "${SKIP_SETUP:-0}" != 1 ]; then
+  bash scripts/install-deps.sh
+  bash scripts/build.sh
+fi
+bin=${BUILD_DIR:-build}/bin
+run_dir=${RUN_DIR:-runs/main-job-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$run_dir"
+run_dir=$(cd "$run_dir" && pwd)
+rm -rf "$run_dir/ckpt" "$run_dir/healed" "$run_dir/uninterrupted" "$run_dir/loss.csv"
+
+common=(--steps "$steps" --checkpoint-every $(( steps / 6 > 0 ? steps / 6 : 1 )) "${extra[@]}")
+launch=("$bin/meshrun" --standalone --nproc-per-node=4 --no-python)
+
+echo "== main job: 4 workers, dp=2 x tp=2, $steps steps; run directory $run_dir"
+[ "$failure" = 1 ] && echo "== a worker will be killed before step $kill_at (--no-failure: no failure)"
+started=$(date +%s)
+set +e
+"${launch[@]}" --max-restarts=2 --metrics-port 0 \
+  "$bin/train_text" "${common[@]}" --checkpoint-dir "$run_dir/ckpt" \
+  --kill-at-step "$kill_at" --log "$run_dir/loss.csv" --save-final "$run_dir/healed" \
+  2>&1 | tee "$run_dir/job.log" |
+  grep --line-buffered -v -E '^\[[0-9:.]+\] \[(agent|rdzvd)\]|OMP_NUM_THREADS'
+status=${PIPESTATUS[0]}
+set -e
+[ "$status" = 0 ] || { echo "main job: the training run failed (exit $status; see $run_dir/job.log)"; exit "$status"; }
+restarts=$(grep -c "restarting the run" "$run_dir/job.log" || true)
+echo "== training took $(( $(date +%s) - started )) s with $restarts restart(s)"
+
+if [ "$verify" = 1 ]; then
+  echo "== verifying: the same training without a failure (log: $run_dir/uninterrupted.log)"
+  set +e
+  "${launch[@]}" "$bin/train_text" "${common[@]}" --sample 0 --progress-every 1000000 \
+    --save-final "$run_dir/uninterrupted" --compare-with "$run_dir/healed" \
+    > "$run_dir/uninterrupted.log" 2>&1
+  status=$?
+  set -e
+  grep -E '^(verified|MISMATCH)' "$run_dir/uninterrupted.log" || true
+  [ "$status" = 0 ] || { echo "main job: verification failed (exit $status; see $run_dir/uninterrupted.log)"; exit 1; }
+fi
+
+bash scripts/lib/plot-loss.sh "$run_dir/loss.csv" "$run_dir/loss.png"
+echo "== loss plot: $run_dir/loss.png; total $(( $(date +%s) - started )) s"

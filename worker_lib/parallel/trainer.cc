@@ -1,6 +1,7 @@
 #include "worker_lib/parallel/trainer.h"
 
 #include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <optional>
 
@@ -50,6 +51,9 @@ class Transformer : public TrainModel {
   Sequential& Layers() override { return lm_.model(); }
   at::Tensor Loss(const at::Tensor& output, const at::Tensor& target) override {
     return lm_.LossOfLogits(output, target);
+  }
+  at::Tensor GatherOutput(const at::Tensor& output) override {
+    return lm_.tp() ? GatherFromTpRegion(output, lm_.tp()) : output;
   }
   std::string Describe() const override { return "transformer LM"; }
   std::pair<at::Tensor, at::Tensor> SyntheticData(uint64_t seed, int64_t step,
@@ -255,6 +259,34 @@ absl::StatusOr<double> Trainer::Step(const at::Tensor& input, const at::Tensor& 
   // The mean over data-parallel ranks of equal local batches is the global
   // batch's mean (fsdp and dp groups together span the data ranks).
   return MeanOver(s.dp, MeanOver(s.fsdp, loss));
+}
+
+absl::StatusOr<double> Trainer::Evaluate(const at::Tensor& input,
+                                         const at::Tensor& target) {
+  State& s = *state_;
+  if (s.stage) return absl::UnimplementedError("evaluation with pipeline parallelism");
+  const ParallelLayout& layout = s.options.layout;
+  const int64_t data_parts = layout.dp * layout.fsdp;
+  if (input.size(0) % data_parts != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch of ", input.size(0),
+                                                   " does not split into ", data_parts,
+                                                   " data-parallel ranks"));
+  }
+  const int64_t data_index = s.dp_index * layout.fsdp + s.fsdp_index;
+  torch::NoGradGuard no_grad;  // and FSDP reshards at once without grad
+  const double loss =
+      s.model
+          ->Loss(s.layers().Forward(DataShard(input, data_parts, data_index)),
+                 DataShard(target, data_parts, data_index))
+          .item<double>();
+  return MeanOver(s.dp, MeanOver(s.fsdp, loss));
+}
+
+absl::StatusOr<at::Tensor> Trainer::Predict(const at::Tensor& input) {
+  State& s = *state_;
+  if (s.stage) return absl::UnimplementedError("prediction with pipeline parallelism");
+  torch::NoGradGuard no_grad;
+  return s.model->GatherOutput(s.layers().Forward(input));
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Trainer::GatherFullParams() {

@@ -49,6 +49,10 @@ class TrainModel {
   // pipeline stage; collective over tp when the output is vocab-parallel).
   virtual at::Tensor Loss(const at::Tensor& output, const at::Tensor& target) = 0;
   virtual std::string Describe() const = 0;
+  // The whole output from this rank's piece of the last layer's output (the
+  // vocab-split logits gathered over tp; as it is where the output is
+  // replicated). Collective over tp.
+  virtual at::Tensor GatherOutput(const at::Tensor& output) { return output; }
   // Synthetic (input, target) global batch of `step`, the same on every rank.
   virtual std::pair<at::Tensor, at::Tensor> SyntheticData(uint64_t seed, int64_t step,
                                                           int64_t batch) const = 0;
@@ -99,6 +103,15 @@ class Trainer {
   // One SGD step on the global batch (the same on every rank). Returns the
   // global mean loss on every rank. Collective.
   absl::StatusOr<double> Step(const at::Tensor& input, const at::Tensor& target);
+
+  // The global batch's mean loss without training (forward only, no grad):
+  // each data-parallel rank evaluates its rows. Collective. UNIMPLEMENTED
+  // with pipeline parallelism.
+  absl::StatusOr<double> Evaluate(const at::Tensor& input, const at::Tensor& target);
+  // The model's whole output for `input` (the same on every rank, which all
+  // pass the same input), e.g. logits to sample from. Collective.
+  // UNIMPLEMENTED with pipeline parallelism.
+  absl::StatusOr<at::Tensor> Predict(const at::Tensor& input);
 
   // The full value of every param this rank's pipeline stage holds, by name
   // (FullTensor over TP and FSDP). Collective.
