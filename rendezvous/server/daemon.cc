@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                               (options.tcpstore == TcpStoreMode::kAuto && !secured);
   RendezvousServiceOptions rendezvous_options;
   rendezvous_options.serves_tcpstore = serve_tcpstore;
+  rendezvous_options.tcpstore_run = options.tcpstore_run;
   rendezvous_options.closed_run_retention = options.closed_run_retention;
   // The store outlives the rendezvous service (members are destroyed in
   // reverse order), so the callback never sees a dead store.
@@ -77,23 +78,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       grpc::AddInsecureChannelFromFd(grpc_server, fd);
     };
     RendezvousService* rendezvous = daemon->rendezvous_.get();
-    front.namespace_for =
-        [rendezvous, run = options.tcpstore_run](
-            const std::string& /*peer*/) -> absl::StatusOr<std::string> {
-      const std::map<std::string, std::string> live = rendezvous->LiveStorePrefixes();
-      if (!run.empty()) {
-        auto it = live.find(run);
-        if (it != live.end()) return it->second;
-        return absl::FailedPreconditionError(
-            absl::StrCat("run ", run, " has no round in progress"));
-      }
-      if (live.size() == 1) return live.begin()->second;
-      if (live.empty()) return std::string(kDefaultTcpStoreNamespace);
-      return absl::FailedPreconditionError(absl::StrCat(
-          live.size(),
-          " runs are in progress on this daemon and a stock TCPStore client cannot "
-          "say which is its own (start the daemon with --tcpstore-run, or one daemon "
-          "per job)"));
+    front.namespace_for = [rendezvous](const std::string& /*peer*/) {
+      return rendezvous->TcpStoreNamespace();
     };
     auto served = TcpStoreServer::Start(std::move(front), *daemon->store_);
     if (!served.ok()) return served.status();

@@ -27,9 +27,6 @@ namespace meshrun::rdzv {
 // when the daemon requires neither; kOn with a token or TLS is refused.
 enum class TcpStoreMode { kAuto, kOn, kOff };
 
-// The namespace stock TCPStore clients use while the daemon has no run.
-inline constexpr char kDefaultTcpStoreNamespace[] = "_tcpstore";
-
 struct DaemonOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: kernel-assigned; read the result from Daemon::port()
@@ -53,9 +50,9 @@ struct DaemonOptions {
   int metrics_port = -1;
   TcpStoreMode tcpstore = TcpStoreMode::kAuto;
   // The run whose store stock TCPStore clients see (the launcher names its
-  // own for the daemon it embeds). Empty: the only run with a formed round;
-  // kDefaultTcpStoreNamespace while there is none; with several, a client
-  // cannot say which is its own and is refused.
+  // own for the daemon it embeds). Empty: the first run assigned a round
+  // while no other is served, until it closes (rendezvous/core/
+  // tcpstore_owner.h); kDefaultTcpStoreNamespace while there is no run.
   std::string tcpstore_run;
   // I/O threads of the TCPStore front-end. One, as libuv's server: with
   // two, a query and its reply often run on different threads, and the

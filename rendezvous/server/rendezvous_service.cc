@@ -216,7 +216,9 @@ class RendezvousService::JoinStream final
 };
 
 RendezvousService::RendezvousService(RendezvousServiceOptions options)
-    : options_(std::move(options)), next_sweep_(DeadlineTimer::TimePoint::max()) {
+    : options_(std::move(options)),
+      tcpstore_owner_(options_.tcpstore_run),
+      next_sweep_(DeadlineTimer::TimePoint::max()) {
   timer_ = std::make_unique<DeadlineTimer>(
       [this](DeadlineTimer::TimePoint now) { return Tick(now); });
 }
@@ -270,8 +272,11 @@ void RendezvousService::DispatchLocked(std::vector<NodeEvent>& events) {
     if (it == streams_.end()) continue;  // the node's stream is already gone
     bool terminal = IsTerminal(event.kind);
     v1::RendezvousEvent message = ToProto(event);
-    if (message.has_assigned())
-      message.mutable_assigned()->set_serves_tcpstore(options_.serves_tcpstore);
+    if (message.has_assigned()) {
+      message.mutable_assigned()->set_serves_tcpstore(
+          options_.serves_tcpstore &&
+          tcpstore_owner_.Claim(event.run_id, state_.LiveStorePrefixes()));
+    }
     it->second->Push(std::move(message), terminal);
     // Once a terminal event is queued the stream finishes by itself, so it
     // must not be reachable any more.
@@ -607,6 +612,11 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
 std::map<std::string, std::string> RendezvousService::LiveStorePrefixes() {
   std::lock_guard<std::mutex> lock(mu_);
   return state_.LiveStorePrefixes();
+}
+
+absl::StatusOr<std::string> RendezvousService::TcpStoreNamespace() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tcpstore_owner_.Namespace(state_.LiveStorePrefixes());
 }
 
 std::optional<RunSummary> RendezvousService::Summary(const std::string& run_id) {

@@ -20,6 +20,7 @@
 
 #include "meshrun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/core/rendezvous_state.h"
+#include "rendezvous/core/tcpstore_owner.h"
 #include "rendezvous/persist/state_log.h"
 #include "rendezvous/server/deadline_timer.h"
 #include "rendezvous/status/metrics.h"
@@ -34,8 +35,11 @@ struct RendezvousServiceOptions {
   // Called with the ids of forgotten runs (outside the service's lock), e.g.
   // to drop their store namespaces.
   std::function<void(const std::vector<std::string>&)> on_runs_forgotten;
-  // Said in every round assignment (RoundAssignment.serves_tcpstore).
+  // The daemon speaks the TCPStore protocol: a round assignment then says
+  // whether its run is the one served (RoundAssignment.serves_tcpstore).
   bool serves_tcpstore = false;
+  // The run pinned to the TCPStore endpoint (DaemonOptions::tcpstore_run).
+  std::string tcpstore_run;
 };
 
 class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService {
@@ -98,6 +102,8 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   std::vector<std::string> RunIds();
   // See RendezvousState::LiveStorePrefixes.
   std::map<std::string, std::string> LiveStorePrefixes();
+  // The store namespace of a TCPStore client connecting now (TcpStoreOwner).
+  absl::StatusOr<std::string> TcpStoreNamespace();
 
   class JoinStream;  // one node's event stream; defined in the .cc
 
@@ -115,6 +121,7 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   const RendezvousServiceOptions options_;
   std::mutex mu_;
   RendezvousState state_;                   // guarded by mu_
+  TcpStoreOwner tcpstore_owner_;            // guarded by mu_
   DeadlineTimer::TimePoint next_sweep_;     // guarded by mu_; forgetting closed runs
   bool shutting_down_ = false;              // guarded by mu_
   std::map<NodeKey, JoinStream*> streams_;  // guarded by mu_; entry => stream alive

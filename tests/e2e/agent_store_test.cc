@@ -223,5 +223,38 @@ TEST(AgentStoreTest, ADaemonWithoutTheProtocolSaysSoAndRankZeroServesTheStore) {
   ExpectRankZeroStore(dir);
 }
 
+// A shared daemon without --tcpstore-run serves the TCPStore clients of the
+// first run in progress; a second run starting meanwhile is told so at its
+// round (serves_tcpstore false), and its rank 0 serves its store. Before,
+// the second run's workers were refused by the daemon (two runs, and a stock
+// client cannot say which is its own).
+TEST(AgentStoreTest, ASecondRunOnASharedDaemonFallsBackToRankZerosStore) {
+  TempDir first_dir("agent-store-first"), second_dir("agent-store-second");
+  DaemonProcess daemon;
+  auto first = Meshrun({"--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                        "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=first",
+                        kScript, first_dir.path(), "job", "--stall-rank", "0"});
+  // The first run's worker writes its pid once it trains, and keeps training.
+  const std::string pid_file = first_dir / "job.stalled.pid";
+  bool training = false;
+  for (auto deadline = std::chrono::steady_clock::now() + seconds(120);
+       !training && std::chrono::steady_clock::now() < deadline;) {
+    training = std::ifstream(pid_file).good();
+    if (!training) std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(training) << "the first run never trained\n" << first->output();
+
+  auto second = Meshrun({"--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                         "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=second",
+                         kScript, second_dir.path(), "job"});
+  ASSERT_EQ(ExitCode(*second, seconds(180)), 0) << second->output();
+  ExpectRankZeroStore(second_dir);
+
+  // The first run was served throughout: still running, ended here by pid.
+  ASSERT_TRUE(testing::ProcessAlive(first->pid())) << first->output();
+  ASSERT_EQ(kill(first->pid(), SIGTERM), 0);
+  EXPECT_NE(ExitCode(*first, seconds(60)), -1) << first->output();
+}
+
 }  // namespace
 }  // namespace meshrun
