@@ -308,12 +308,12 @@ def main():
         if args.collectives:
             print("\n".join(parity.collectives), flush=True)
         parity.collectives.clear()
-    if not args.work:
+    if args.work or failed:  # the logs the failures name stay
+        print(f"inputs, outputs and logs in {parity.work}", file=sys.stderr)
+    else:
         import shutil
 
         shutil.rmtree(parity.work, ignore_errors=True)
-    else:
-        print(f"inputs, outputs and logs in {parity.work}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -210,7 +210,6 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != layout.world:
         raise SystemExit(f"{layout.name} needs {layout.world} ranks, got {world}")
-    torch.manual_seed(0)  # unused: every parameter is loaded
     from torch.distributed.device_mesh import init_device_mesh
 
     # Mesh dims as meshrun's Trainer orders them: (pp, dp, fsdp, tp), sizes > 1.
