@@ -12,16 +12,27 @@
 // against it (relative error <= --rtol): the parallel run must be the same
 // training, only spread out. --save / --load write and read a sharded
 // checkpoint, loadable on another layout (continue with --first-step).
+// --data FILE trains on the batches of a file (batch_file.h; step N on the
+// file's N-th) instead of synthetic ones, e.g. those PyTorch's side of
+// scripts/parity-torch.sh trains on. --trace-collectives DIR writes each
+// rank's collectives of the training steps (c10d's flight recorder, as
+// torch._C._distributed_c10d._dump_fr_trace_json gives it in Python) before
+// and after the steps to DIR/rank<R>.{before,after}.json, so they can be
+// counted against PyTorch's.
 //
 // Exit codes: 0 done (and verified), 1 a failure or a mismatch, 2 bad flags.
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
+#include <torch/csrc/distributed/c10d/FlightRecorder.hpp>
 #include <vector>
 
+#include "worker_lib/parallel/batch_file.h"
 #include "worker_lib/parallel/checkpoint.h"
 #include "worker_lib/parallel/trainer.h"
 #include "worker_lib/parallel/transformer.h"
@@ -63,7 +74,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 0;
   bool verify = false;
   double rtol = 1e-5;
-  std::string save_dir, load_dir;
+  std::string save_dir, load_dir, data_file, trace_dir;
   app.add_option("--model", model_name, "mlp or transformer")
       ->check(CLI::IsMember({"mlp", "transformer"}));
   app.add_option("--sizes", sizes, "MLP layer sizes (default: seed 003's 50,50,50,50,4)")
@@ -87,6 +98,13 @@ int main(int argc, char** argv) {
   app.add_option("--rtol", rtol, "--verify's relative tolerance");
   app.add_option("--save", save_dir, "write a sharded checkpoint here at the end");
   app.add_option("--load", load_dir, "start from this sharded checkpoint");
+  app.add_option("--data", data_file,
+                 "train on this file's batches (a torch.save'd list of (input, target); "
+                 "--batch is then the file's)");
+  app.add_option("--trace-collectives", trace_dir,
+                 "write the flight recorder's collectives before and after the steps to "
+                 "DIR/rank<R>.{before,after}.json; "
+                 "set TORCH_FR_BUFFER_SIZE above their number");
   CLI11_PARSE(app, argc, argv);
   options.reshard_after_forward = !no_reshard;
   auto parsed_schedule = ParseSchedule(schedule);
@@ -96,11 +114,30 @@ int main(int argc, char** argv) {
   }
   options.schedule = *parsed_schedule;
 
+  std::vector<InputTarget> file_batches;
+  if (!data_file.empty()) {
+    auto read = ReadBatchFile(data_file);
+    if (!read.ok()) return Fail(-1, std::string(read.status().message()));
+    file_batches = *std::move(read);
+    if (first_step < 0 ||
+        first_step + steps > static_cast<int64_t>(file_batches.size())) {
+      return Fail(-1, data_file + " has " + std::to_string(file_batches.size()) +
+                          " batches, steps " + std::to_string(first_step) + ".." +
+                          std::to_string(first_step + steps - 1) + " asked for");
+    }
+  }
+
   auto world = InitProcessGroup("gloo");
   if (!world.ok()) return Fail(-1, std::string(world.status().message()));
   const int rank = (*world)->rank();
   auto make_model = [&]() {
     return model_name == "mlp" ? MlpModel(sizes, seed) : TransformerModel(lm, seed);
+  };
+  // The global batch of a step: the file's, or synthetic.
+  const auto data_model = make_model();
+  auto batch_of = [&](int64_t step) -> InputTarget {
+    if (!file_batches.empty()) return file_batches[step];
+    return data_model->SyntheticData(seed, step, batch);
   };
 
   auto trainer = Trainer::Create(*world, make_model(), options);
@@ -122,13 +159,23 @@ int main(int argc, char** argv) {
         return Fail(rank, "reference: " + std::string(status.message()));
     }
     reference_losses =
-        TrainSingleProcess(*reference, seed, first_step, steps, batch, options.lr);
+        TrainSingleProcess(*reference, batch_of, first_step, steps, options.lr);
   }
 
+  // Gloo records every collective in c10d's flight recorder (a ring buffer of
+  // TORCH_FR_BUFFER_SIZE entries); its reset is not exported, so the steps'
+  // are those after the "before" dump.
+  auto dump_collectives = [&](const std::string& when) {
+    if (trace_dir.empty()) return;
+    std::filesystem::create_directories(trace_dir);
+    std::ofstream(trace_dir + "/rank" + std::to_string(rank) + "." + when + ".json")
+        << c10d::dump_fr_trace_json(/*includeCollectives=*/true, /*onlyActive=*/false,
+                                    "gloo");
+  };
+  dump_collectives("before");
   for (int i = 0; i < steps; ++i) {
     const int64_t step = first_step + i;
-    auto [input, target] = reference ? reference->SyntheticData(seed, step, batch)
-                                     : make_model()->SyntheticData(seed, step, batch);
+    auto [input, target] = batch_of(step);
     auto loss = (*trainer)->Step(input, target);
     if (!loss.ok()) return Fail(rank, std::string(loss.status().message()));
     char line[96];
@@ -145,6 +192,8 @@ int main(int argc, char** argv) {
       }
     }
   }
+
+  dump_collectives("after");
 
   if (verify) {
     std::map<std::string, at::Tensor> want;

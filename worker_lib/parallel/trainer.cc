@@ -89,10 +89,20 @@ std::unique_ptr<TrainModel> TransformerModel(const TransformerConfig& config,
 std::vector<double> TrainSingleProcess(TrainModel& model, uint64_t data_seed,
                                        int64_t first_step, int steps, int64_t batch,
                                        double lr) {
+  return TrainSingleProcess(
+      model,
+      [&model, data_seed, batch](int64_t step) {
+        return model.SyntheticData(data_seed, step, batch);
+      },
+      first_step, steps, lr);
+}
+
+std::vector<double> TrainSingleProcess(TrainModel& model, const BatchFn& batch_of,
+                                       int64_t first_step, int steps, double lr) {
   torch::optim::SGD optimizer(model.Layers().Leaves(), torch::optim::SGDOptions(lr));
   std::vector<double> losses;
   for (int64_t step = first_step; step < first_step + steps; ++step) {
-    auto [input, target] = model.SyntheticData(data_seed, step, batch);
+    auto [input, target] = batch_of(step);
     optimizer.zero_grad();
     at::Tensor loss = model.Loss(model.Layers().Forward(input), target);
     loss.backward();

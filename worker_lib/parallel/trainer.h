@@ -21,6 +21,7 @@
 // Collective: Create, Step, GatherFullParams, Save and Load are called by
 // every rank of the world in the same order.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -69,6 +70,10 @@ std::unique_ptr<TrainModel> TransformerModel(const TransformerConfig& config,
 std::vector<double> TrainSingleProcess(TrainModel& model, uint64_t data_seed,
                                        int64_t first_step, int steps, int64_t batch,
                                        double lr);
+// The same on the (input, target) global batch `batch_of(step)` returns.
+using BatchFn = std::function<std::pair<at::Tensor, at::Tensor>(int64_t step)>;
+std::vector<double> TrainSingleProcess(TrainModel& model, const BatchFn& batch_of,
+                                       int64_t first_step, int steps, double lr);
 
 struct ParallelLayout {
   int pp = 1;

@@ -1,0 +1,115 @@
+"""The layouts of the torch parity check (scripts/parity-torch.sh) and the
+model each side trains, shared by parity.py (the driver) and
+torch_parallel.py (PyTorch's side).
+
+A layout names the parallel sizes (multiplying to the world), which PyTorch
+API plays the control, and the pipeline schedule. The C++ side is
+build/bin/train_example with the flags from cpp_flags().
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    name: str
+    pp: int = 1
+    dp: int = 1
+    fsdp: int = 1
+    tp: int = 1
+    reshard: bool = True  # FSDP reshard_after_forward
+    schedule: str = ""  # gpipe, 1f1b, interleaved (pp > 1)
+    virtual: int = 1  # pipeline stages per rank (interleaved)
+    microbatches: int = 1
+    # What PyTorch uses, for the report.
+    control: str = ""
+    # The models it trains; why not the others.
+    models: tuple = ("transformer", "mlp")
+    skipped: str = ""
+
+    @property
+    def world(self):
+        return self.pp * self.dp * self.fsdp * self.tp
+
+
+LAYOUTS = [
+    Layout("ddp", dp=4, control="DistributedDataParallel"),
+    Layout("fsdp", fsdp=4, control="fully_shard per block + root"),
+    Layout("fsdp_noreshard", fsdp=4, reshard=False,
+           control="fully_shard(reshard_after_forward=False)"),
+    Layout("hsdp", dp=2, fsdp=2, control="fully_shard on a (replicate, shard) mesh"),
+    Layout("tp", tp=4, control="parallelize_module + loss_parallel"),
+    Layout("fsdp_tp", fsdp=2, tp=2, control="parallelize_module on tp, fully_shard on dp"),
+    Layout("pp_gpipe", pp=4, schedule="gpipe", microbatches=8,
+           control="PipelineStage + ScheduleGPipe"),
+    Layout("pp_1f1b", pp=4, schedule="1f1b", microbatches=8,
+           control="PipelineStage + Schedule1F1B"),
+    Layout("pp_interleaved", pp=4, schedule="interleaved", virtual=2, microbatches=8,
+           control="2 PipelineStages a rank + ScheduleInterleaved1F1B",
+           models=("transformer",),
+           skipped="mlp: its 4 Linear layers cannot fill 4 x 2 virtual stages"),
+    Layout("dp_tp_pp", pp=2, dp=2, tp=2, schedule="1f1b", microbatches=4,
+           control="parallelize_module + PipelineStage/Schedule1F1B + replicate"),
+]
+BY_NAME = {layout.name: layout for layout in LAYOUTS}
+
+# The models both sides train. Sizes divide by 4 (TP at 4); the transformer
+# has enough blocks for 4 x 2 virtual pipeline stages.
+MLP_SIZES = [32, 64, 64, 64, 8]
+TRANSFORMER = dict(vocab=64, d_model=32, heads=4, d_ff=64, layers=6, seq=8)
+BATCH = 32
+LR = 0.05
+
+
+def cpp_flags(layout, model):
+    """train_example's flags for `layout` and `model` (mlp or transformer)."""
+    flags = ["--model", model, "--batch", str(BATCH), "--lr", str(LR)]
+    if model == "mlp":
+        flags += ["--sizes", ",".join(map(str, MLP_SIZES))]
+    else:
+        flags += ["--layers", str(TRANSFORMER["layers"])]
+    for dim in ("pp", "dp", "fsdp", "tp"):
+        if getattr(layout, dim) > 1:
+            flags += [f"--{dim}", str(getattr(layout, dim))]
+    if not layout.reshard:
+        flags.append("--no-reshard")
+    if layout.pp > 1:
+        flags += ["--schedule", layout.schedule, "--microbatches", str(layout.microbatches)]
+        if layout.virtual > 1:
+            flags += ["--virtual-stages", str(layout.virtual)]
+    return flags
+
+
+def stage_boundaries(weights, num_stages):
+    """meshrun's StageBoundaries (worker_lib/parallel/pp_schedule.h) without
+    split points: layers with parameters open blocks that the weightless
+    layers after them join; contiguous stages of blocks minimising the
+    heaviest (ties: the earliest cut). Returns num_stages + 1 layer indices."""
+    block_start = []
+    for i, w in enumerate(weights):
+        if w > 0:
+            block_start.append(0 if not block_start else i)
+    blocks = len(block_start)
+    if blocks < num_stages:
+        raise ValueError(f"cannot balance {blocks} weighted layers over {num_stages} stages")
+    prefix = [0]
+    for b in range(blocks):
+        end = block_start[b + 1] if b + 1 < blocks else len(weights)
+        prefix.append(prefix[-1] + sum(weights[block_start[b]:end]))
+    inf = float("inf")
+    best = [[inf] * (blocks + 1) for _ in range(num_stages + 1)]
+    cut = [[-1] * (blocks + 1) for _ in range(num_stages + 1)]
+    best[0][0] = 0
+    for k in range(1, num_stages + 1):
+        for i in range(k, blocks + 1):
+            for j in range(k - 1, i):
+                if best[k - 1][j] == inf:
+                    continue
+                heaviest = max(best[k - 1][j], prefix[i] - prefix[j])
+                if heaviest < best[k][i]:
+                    best[k][i] = heaviest
+                    cut[k][i] = j
+    block_bounds = [blocks] * (num_stages + 1)
+    for k in range(num_stages, 0, -1):
+        block_bounds[k - 1] = cut[k][block_bounds[k]]
+    return [0] + [block_start[block_bounds[k]] for k in range(1, num_stages)] + [len(weights)]

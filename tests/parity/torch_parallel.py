@@ -1,0 +1,353 @@
+"""PyTorch's side of the parity check (scripts/parity-torch.sh): trains the
+model of meshrun's train_example with PyTorch 2's own parallelisms, from the
+same initial weights on the same batches, and writes each step's loss and
+the final parameters.
+
+    torchrun --standalone --nproc-per-node=4 tests/parity/torch_parallel.py \
+        --layout fsdp --model transformer --init INIT_DIR --data DATA.pt --out OUT_DIR
+
+The models mirror worker_lib/parallel (layers.cc, transformer.cc): the same
+layers in the same order, parameters named as meshrun names them
+("blocks.0.attn.q.weight"), the same loss. The data split mirrors
+trainer.cc: data-parallel rank i (dp-major, then fsdp) takes the i-th
+contiguous block of rows; TP ranks share rows; pipeline microbatches are
+contiguous chunks.
+
+Writes OUT_DIR/torch-rank<R>.pt ({"params": {name: full tensor}} from the
+first rank of each pipeline stage, and "losses" on rank 0: each step's
+global-batch mean loss). Layouts: tests/parity/layouts.py.
+"""
+
+import argparse
+import glob
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.jit._pickle  # restore_type_tag, for meshrun checkpoints
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import layouts  # noqa: E402
+
+
+# --- The models, as worker_lib/parallel builds them. ---------------------------
+
+class Block(nn.Module):
+    """transformer.cc's TransformerBlock: pre-LN, causal MHA with separate q,
+    k, v, exact GELU MLP. Heads are taken with view(-1) so that a TP rank
+    computes its own heads from its column shards."""
+
+    def __init__(self, d, heads, d_ff):
+        super().__init__()
+        self.head_dim = d // heads
+        self.ln1 = nn.LayerNorm(d, eps=1e-5)
+        self.attn = nn.Module()
+        for name in ("q", "k", "v", "o"):
+            setattr(self.attn, name, nn.Linear(d, d))
+        self.ln2 = nn.LayerNorm(d, eps=1e-5)
+        self.mlp = nn.Module()
+        self.mlp.fc1 = nn.Linear(d, d_ff)
+        self.mlp.fc2 = nn.Linear(d_ff, d)
+
+    def forward(self, x):
+        batch, seq = x.shape[0], x.shape[1]
+        h = self.ln1(x)
+
+        def heads(t):
+            return t.view(batch, seq, -1, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.attn.q(h)), heads(self.attn.k(h)), heads(self.attn.v(h))
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        future = torch.ones(seq, seq, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+        context = torch.matmul(torch.softmax(scores, -1), v).transpose(1, 2)
+        y = x + self.attn.o(context.reshape(batch, seq, -1))
+        return y + self.mlp.fc2(F.gelu(self.mlp.fc1(self.ln2(y))))
+
+
+class Layers(nn.Module):
+    """A meshrun Sequential: layers applied in order, registered under the
+    names meshrun gives their params. keep=(begin, end) keeps only those
+    layers (a pipeline stage)."""
+
+    def __init__(self, named_layers, keep=None):
+        super().__init__()
+        begin, end = keep or (0, len(named_layers))
+        self.order = []
+        for i, (name, layer) in enumerate(named_layers):
+            if not begin <= i < end:
+                continue
+            parent = self
+            *path, leaf = name.split(".")
+            for part in path:
+                if not hasattr(parent, part):
+                    setattr(parent, part, nn.Module())
+                parent = getattr(parent, part)
+            setattr(parent, leaf, layer)
+            self.order.append(name)
+
+    def forward(self, x):
+        for name in self.order:
+            x = self.get_submodule(name)(x)
+        return x
+
+
+def make_layers(model):
+    """(name, module) per meshrun layer, in meshrun's order."""
+    if model == "mlp":
+        sizes = layouts.MLP_SIZES
+        named = []
+        for i in range(len(sizes) - 1):
+            if i > 0:
+                named.append((f"act{i}", nn.ReLU()))
+            named.append((f"fc{i}", nn.Linear(sizes[i], sizes[i + 1])))
+        return named
+    c = layouts.TRANSFORMER
+    named = [("embed", nn.Embedding(c["vocab"], c["d_model"]))]
+    for i in range(c["layers"]):
+        named.append((f"blocks.{i}", Block(c["d_model"], c["heads"], c["d_ff"])))
+    named.append(("ln_f", nn.LayerNorm(c["d_model"], eps=1e-5)))
+    named.append(("head", nn.Linear(c["d_model"], c["vocab"], bias=False)))
+    return named
+
+
+def loss_of(model, output, target):
+    if model == "mlp":
+        return (output - target).pow(2).mean()
+    return F.cross_entropy(output.flatten(0, 1), target.flatten())
+
+
+def load_meshrun_checkpoint(directory):
+    """Full tensors by name from meshrun's sharded checkpoint (checkpoint.h:
+    DIR/shard-*.pt, each a pickled list of (name, global shape, offsets,
+    values))."""
+    full = {}
+    for path in sorted(glob.glob(os.path.join(directory, "shard-*.pt"))):
+        # torch::pickle_save's typed lists and int lists.
+        with torch.serialization.safe_globals([torch.jit._pickle.restore_type_tag,
+                                               torch.jit._pickle.build_intlist]):
+            entries = torch.load(path, weights_only=True)
+        for name, shape, offsets, values in entries:
+            t = full.setdefault(name, torch.zeros(shape, dtype=values.dtype))
+            region = t
+            for dim, (offset, size) in enumerate(zip(offsets, values.shape)):
+                region = region.narrow(dim, offset, size)
+            region.copy_(values)
+    return full
+
+
+# --- Tensor parallelism plans, mirroring tp.cc / transformer.cc. ---------------
+
+def tp_plan(model, module):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    names = {name for name, _ in module.named_modules()}
+    plan = {}
+    if model == "mlp":
+        # ParallelizeMlp: Linears pair column -> row; an odd last one is
+        # column-parallel with its output gathered.
+        last = len(layouts.MLP_SIZES) - 2
+        for k in range(last + 1):
+            if k % 2:
+                plan[f"fc{k}"] = RowwiseParallel()
+            elif k == last:
+                plan[f"fc{k}"] = ColwiseParallel(output_layouts=Replicate())
+            else:
+                plan[f"fc{k}"] = ColwiseParallel()
+        return {n: p for n, p in plan.items() if n in names}
+    # Vocab-parallel embedding (rows split, partial sums all-reduced).
+    plan["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    for i in range(layouts.TRANSFORMER["layers"]):
+        for name in ("q", "k", "v"):
+            plan[f"blocks.{i}.attn.{name}"] = ColwiseParallel()
+        plan[f"blocks.{i}.attn.o"] = RowwiseParallel()
+        plan[f"blocks.{i}.mlp.fc1"] = ColwiseParallel()
+        plan[f"blocks.{i}.mlp.fc2"] = RowwiseParallel()
+    # Logits stay split along the vocabulary for loss_parallel's cross-entropy.
+    plan["head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    return {n: p for n, p in plan.items() if n in names}
+
+
+def loss_context(model, tp):
+    import contextlib
+
+    if model == "transformer" and tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
+# --- Training. -----------------------------------------------------------------
+
+def full_value(t):
+    from torch.distributed.tensor import DTensor
+
+    t = t.detach()
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layout", required=True, choices=list(layouts.BY_NAME))
+    parser.add_argument("--model", required=True, choices=["mlp", "transformer"])
+    parser.add_argument("--init", required=True, help="meshrun checkpoint directory")
+    parser.add_argument("--data", required=True, help="batches file (list of (input, target))")
+    parser.add_argument("--out", required=True, help="directory for torch-rank<R>.pt")
+    parser.add_argument("--steps", type=int, default=0, help="0: every batch in --data")
+    parser.add_argument("--trace-collectives", metavar="DIR",
+                        help="write the flight recorder's collectives before and after the "
+                        "steps to DIR/rank<R>.{before,after}.json")
+    args = parser.parse_args()
+    layout = layouts.BY_NAME[args.layout]
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != layout.world:
+        raise SystemExit(f"{layout.name} needs {layout.world} ranks, got {world}")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # Mesh dims as meshrun's Trainer orders them: (pp, dp, fsdp, tp), sizes > 1.
+    dims = [(n, getattr(layout, n)) for n in ("pp", "dp", "fsdp", "tp") if getattr(layout, n) > 1]
+    mesh = init_device_mesh("cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
+    coord = {n: mesh.get_local_rank(n) for n, _ in dims}
+    pp_rank, dp_rank, fsdp_rank, tp_rank = (coord.get(n, 0) for n in ("pp", "dp", "fsdp", "tp"))
+
+    named = make_layers(args.model)
+    init = load_meshrun_checkpoint(args.init)
+    whole = Layers(named)
+    missing = set(dict(whole.named_parameters())) ^ set(init)
+    if missing:
+        raise SystemExit(f"parameter names differ from the checkpoint's: {sorted(missing)}")
+    with torch.no_grad():
+        for name, p in whole.named_parameters():
+            p.copy_(init[name])
+
+    # Pipeline stages: meshrun's StageBoundaries over (pp x virtual) stages;
+    # rank r holds stages r, r + pp, ... (the interleaved convention).
+    stage_ids = [pp_rank]
+    if layout.pp > 1:
+        weights = [sum(p.numel() for p in layer.parameters()) for _, layer in named]
+        bounds = layouts.stage_boundaries(weights, layout.pp * layout.virtual)
+        stage_ids = [pp_rank + v * layout.pp for v in range(layout.virtual)]
+        modules = [Layers(named, keep=(bounds[s], bounds[s + 1])) for s in stage_ids]
+    else:
+        modules = [whole]
+
+    if layout.tp > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        for m in modules:
+            parallelize_module(m, mesh["tp"], tp_plan(args.model, m))
+    if layout.fsdp > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        fsdp_mesh = mesh["dp", "fsdp"] if layout.dp > 1 else mesh["fsdp"]
+        for m in modules:
+            for name in m.order:
+                layer = m.get_submodule(name)
+                if any(True for _ in layer.parameters()):
+                    fully_shard(layer, mesh=fsdp_mesh, reshard_after_forward=layout.reshard)
+            fully_shard(m, mesh=fsdp_mesh, reshard_after_forward=layout.reshard)
+    elif layout.dp > 1 and (layout.tp > 1 or layout.pp > 1):
+        # DDP takes no DTensors; replicate() (FSDP2's DDP) does, and
+        # pipelining knows it as an FSDPModule.
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        modules = [replicate(m, mesh=mesh["dp"]) for m in modules]
+    elif layout.dp > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        modules = [DistributedDataParallel(m) for m in modules]
+
+    params = [p for m in modules for p in m.parameters()]
+    optimizer = torch.optim.SGD(params, lr=layouts.LR)
+
+    schedule = None
+    if layout.pp > 1:
+        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                  ScheduleInterleaved1F1B)
+
+        num_stages = layout.pp * layout.virtual
+        stages = [PipelineStage(m, s, num_stages, torch.device("cpu"), group=mesh["pp"].get_group())
+                  for m, s in zip(modules, stage_ids)]
+
+        def pipeline_loss(output, target):
+            return loss_of(args.model, output, target)
+
+        kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+        if layout.schedule == "interleaved":
+            schedule = ScheduleInterleaved1F1B(stages, layout.microbatches, loss_fn=pipeline_loss)
+        else:
+            schedule = kinds[layout.schedule](stages[0], layout.microbatches, loss_fn=pipeline_loss)
+        has_first = 0 in stage_ids
+        has_last = num_stages - 1 in stage_ids
+
+    batches = torch.load(args.data, weights_only=True)
+    steps = args.steps or len(batches)
+    data_parts = layout.dp * layout.fsdp
+    data_index = dp_rank * layout.fsdp + fsdp_rank
+    # Every rank adds its local loss weighted so that the world's sum is the
+    # global batch's mean: the data ranks' mean, counted once per TP group
+    # and only where the loss is (the last pipeline stage).
+    reports = (tp_rank == 0) and (layout.pp == 1 or has_last)
+    losses = []
+    def dump_collectives(when):
+        # As train_example --trace-collectives: the flight recorder's entries
+        # before and after the steps.
+        if not args.trace_collectives:
+            return
+        os.makedirs(args.trace_collectives, exist_ok=True)
+        trace = torch._C._distributed_c10d._dump_fr_trace_json(True, False, "gloo")
+        with open(os.path.join(args.trace_collectives, f"rank{rank}.{when}.json"), "wb") as f:
+            f.write(trace if isinstance(trace, bytes) else trace.encode())
+
+    dump_collectives("before")
+    for step in range(steps):
+        x, y = batches[step]
+        rows = x.shape[0] // data_parts
+        x = x[data_index * rows:(data_index + 1) * rows]
+        y = y[data_index * rows:(data_index + 1) * rows]
+        optimizer.zero_grad()
+        with loss_context(args.model, layout.tp):
+            if schedule is None:
+                loss = loss_of(args.model, modules[0](x), y)
+                loss.backward()
+                local = full_value(loss).item()
+            else:
+                mb_losses = []
+                schedule.step(*([x] if has_first else []),
+                              target=y if has_last else None,
+                              losses=mb_losses if has_last else None)
+                local = (sum(full_value(l).item() for l in mb_losses) / len(mb_losses)
+                         if has_last else 0.0)
+        optimizer.step()
+        total = torch.tensor([local / data_parts if reports else 0.0], dtype=torch.float64)
+        dist.all_reduce(total)
+        losses.append(total.item())
+
+    dump_collectives("after")
+
+    # Full parameter values (collective), written by each stage's first rank.
+    full = {}
+    for m in modules:
+        inner = m.module if isinstance(m, torch.nn.parallel.DistributedDataParallel) else m
+        for name, p in inner.named_parameters():
+            full[name] = full_value(p)
+    out = {"params": full}
+    if rank == 0:
+        out["losses"] = losses
+    if dp_rank == 0 and fsdp_rank == 0 and tp_rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        torch.save(out, os.path.join(args.out, f"torch-rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
