@@ -6,6 +6,10 @@
 //   step 0 loss 0.0529381
 //   ...
 //
+// Pipelines: --pp P --schedule gpipe|1f1b|interleaved --microbatches M, and
+// for interleaved 1F1B --virtual-stages V (the model cut into P x V stages,
+// rank r holding stages r, r + P, ...).
+//
 // Rank 0 prints one `step N loss X` line a step (the global batch's mean
 // loss). --verify also trains the whole model in a single process on every
 // rank and checks each step's loss and the final gathered parameters
@@ -85,7 +89,9 @@ int main(int argc, char** argv) {
   app.add_option("--tp", options.layout.tp, "tensor-parallel ranks");
   app.add_option("--pp", options.layout.pp, "pipeline stages");
   app.add_option("--microbatches", options.microbatches, "microbatches a step");
-  app.add_option("--schedule", schedule, "pipeline schedule: gpipe or 1f1b");
+  app.add_option("--schedule", schedule, "pipeline schedule: gpipe, 1f1b or interleaved");
+  app.add_option("--virtual-stages", options.virtual_stages,
+                 "model chunks per pipeline rank (> 1 with --schedule interleaved)");
   app.add_flag("--no-reshard", no_reshard,
                "FSDP keeps gathered params from forward to backward");
   app.add_option("--steps", steps, "training steps");

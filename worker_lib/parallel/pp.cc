@@ -13,9 +13,15 @@ namespace {
 constexpr int kMaxDims = 8;
 constexpr int kHeaderLength = 2 + kMaxDims;  // ndim, dtype, sizes
 
-int HeaderTag(int microbatch) { return 3 * microbatch; }
-int ActivationTag(int microbatch) { return 3 * microbatch + 1; }
-int GradientTag(int microbatch) { return 3 * microbatch + 2; }
+// Tags of microbatch m crossing the boundary whose lower stage is chunk k
+// of its rank (pp.h's wire protocol), of M microbatches.
+struct Tags {
+  int header, activation, gradient;
+};
+Tags TagsOf(int k, int m, int microbatches) {
+  const int base = 3 * (k * microbatches + m);
+  return {base, base + 1, base + 2};
+}
 
 int64_t ParamCount(const Layer& layer) {
   int64_t count = 0;
@@ -27,7 +33,7 @@ int64_t ParamCount(const Layer& layer) {
   return count;
 }
 
-// Executes one stage's actions for one step. Throws (c10::Error from c10d or
+// Executes one rank's actions for one step. Throws (c10::Error from c10d or
 // a layer) on failure; RunStep converts.
 class StepRunner {
  public:
@@ -35,14 +41,16 @@ class StepRunner {
              std::vector<at::Tensor> targets, const LossFn& loss_fn)
       : stage_(stage),
         group_(*stage.group()),
+        pp_(stage.pp_size()),
+        rank_(stage.rank()),
         microbatches_(microbatches),
         inputs_(std::move(inputs)),
         targets_(std::move(targets)),
         loss_fn_(loss_fn),
-        state_(microbatches) {}
+        state_(stage.virtual_stages(), std::vector<Microbatch>(microbatches)) {}
 
-  // Returns the sum of the microbatches' (unscaled) losses on the last stage,
-  // 0 elsewhere.
+  // Returns the sum of the microbatches' (unscaled) losses on the rank
+  // holding the last stage, 0 elsewhere.
   double Run(const std::vector<Action>& actions) {
     for (const Action& action : actions) Do(action);
     // Sends complete once their receivers have taken them; the tensors they
@@ -61,19 +69,28 @@ class StepRunner {
   };
 
   void Do(const Action& action) {
-    Microbatch& mb = state_[action.microbatch];
+    const int chunk = action.chunk;
     const int m = action.microbatch;
-    const int stage = stage_.stage();
+    TORCH_CHECK(
+        chunk >= 0 && chunk < stage_.virtual_stages() && m >= 0 && m < microbatches_,
+        "pipeline action ", ActionName(action), " out of range");
+    Microbatch& mb = state_[chunk][m];
+    const int stage = stage_.stage(chunk);
+    const bool first = stage == 0;
+    const bool last = stage == stage_.num_stages() - 1;
+    // The neighbouring stages' ranks (wrapping around between chunks).
+    const int previous = (rank_ + pp_ - 1) % pp_;
+    const int next = (rank_ + 1) % pp_;
     switch (action.kind) {
       case ActionKind::kRecvForward:
-        mb.input = RecvActivation(stage - 1, m).requires_grad_(true);
+        mb.input = RecvActivation(previous, Boundary(stage - 1, m)).requires_grad_(true);
         break;
       case ActionKind::kForward:
-        if (stage_.is_first()) mb.input = inputs_[m];
+        if (first) mb.input = inputs_[m];
         TORCH_CHECK(mb.input.defined(), "pipeline stage ", stage, ": microbatch ", m,
                     " has no input");
-        mb.output = stage_.module().Forward(mb.input);
-        if (stage_.is_last()) {
+        mb.output = stage_.module(chunk).Forward(mb.input);
+        if (last) {
           at::Tensor loss = loss_fn_(mb.output, targets_[m]);
           TORCH_CHECK(loss.numel() == 1, "pipeline loss must be a scalar, got shape ",
                       loss.sizes());
@@ -82,14 +99,14 @@ class StepRunner {
         }
         break;
       case ActionKind::kSendForward:
-        SendActivation(mb.output.detach(), stage + 1, m);
+        SendActivation(mb.output.detach(), next, Boundary(stage, m));
         break;
       case ActionKind::kRecvBackward:
-        mb.output_grad = Recv(at::empty(mb.output.sizes(), mb.output.options()),
-                              stage + 1, GradientTag(m));
+        mb.output_grad = Recv(at::empty(mb.output.sizes(), mb.output.options()), next,
+                              Boundary(stage, m).gradient);
         break;
       case ActionKind::kBackward:
-        if (stage_.is_last()) {
+        if (last) {
           if (mb.loss.requires_grad()) mb.loss.backward();
         } else if (mb.output.requires_grad()) {
           mb.output.backward(mb.output_grad);
@@ -98,19 +115,22 @@ class StepRunner {
         mb.output = at::Tensor();
         mb.loss = at::Tensor();
         mb.output_grad = at::Tensor();
-        if (stage_.is_first()) mb.input = at::Tensor();
+        if (first) mb.input = at::Tensor();
         break;
       case ActionKind::kSendBackward: {
         at::Tensor grad = mb.input.grad();
         if (!grad.defined()) grad = at::zeros_like(mb.input);  // input unused
-        Send(grad.detach().contiguous(), stage - 1, GradientTag(m));
+        Send(grad.detach().contiguous(), previous, Boundary(stage - 1, m).gradient);
         mb.input = at::Tensor();
         break;
       }
     }
   }
 
-  void SendActivation(const at::Tensor& activation, int peer, int m) {
+  // The tags of microbatch m crossing from global stage `lower` to lower + 1.
+  Tags Boundary(int lower, int m) const { return TagsOf(lower / pp_, m, microbatches_); }
+
+  void SendActivation(const at::Tensor& activation, int peer, const Tags& tags) {
     TORCH_CHECK(activation.dim() <= kMaxDims, "pipeline activations have at most ",
                 kMaxDims, " dims, got ", activation.dim());
     at::Tensor header = at::zeros({kHeaderLength}, at::kLong);
@@ -118,19 +138,19 @@ class StepRunner {
     h[0] = activation.dim();
     h[1] = static_cast<int64_t>(activation.scalar_type());
     for (int64_t d = 0; d < activation.dim(); ++d) h[2 + d] = activation.size(d);
-    Send(header, peer, HeaderTag(m));
-    Send(activation.contiguous(), peer, ActivationTag(m));
+    Send(header, peer, tags.header);
+    Send(activation.contiguous(), peer, tags.activation);
   }
 
-  at::Tensor RecvActivation(int peer, int m) {
-    at::Tensor header = Recv(at::empty({kHeaderLength}, at::kLong), peer, HeaderTag(m));
+  at::Tensor RecvActivation(int peer, const Tags& tags) {
+    at::Tensor header = Recv(at::empty({kHeaderLength}, at::kLong), peer, tags.header);
     auto h = header.accessor<int64_t, 1>();
-    TORCH_CHECK(h[0] >= 0 && h[0] <= kMaxDims, "pipeline stage ", stage_.stage(),
-                ": bad activation header from stage ", peer);
+    TORCH_CHECK(h[0] >= 0 && h[0] <= kMaxDims, "pipeline rank ", rank_,
+                ": bad activation header from rank ", peer);
     std::vector<int64_t> sizes(h.data() + 2, h.data() + 2 + h[0]);
     return Recv(
         at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(h[1]))),
-        peer, ActivationTag(m));
+        peer, tags.activation);
   }
 
   void Send(at::Tensor tensor, int peer, int tag) {
@@ -146,11 +166,13 @@ class StepRunner {
 
   PipelineStage& stage_;
   c10d::ProcessGroup& group_;
+  const int pp_;
+  const int rank_;
   const int microbatches_;
   const std::vector<at::Tensor> inputs_;
   const std::vector<at::Tensor> targets_;
   const LossFn& loss_fn_;
-  std::vector<Microbatch> state_;
+  std::vector<std::vector<Microbatch>> state_;  // [chunk][microbatch]
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_sends_;
   double loss_sum_ = 0;
 };
@@ -163,10 +185,11 @@ int64_t Rows(const at::Tensor& batch) {
 // Every stage's StepArgs, `mine` included (index = stage): one small
 // all-gather over the pp group. Throws c10::Error on a c10d failure.
 std::vector<StepArgs> ExchangeStepArgs(c10d::ProcessGroup& group, const StepArgs& mine) {
-  constexpr int kFields = 5;
+  constexpr int kFields = 6;
   at::Tensor packed = at::tensor(
       {static_cast<int64_t>(mine.schedule), static_cast<int64_t>(mine.microbatches),
-       mine.input_rows, mine.target_rows, static_cast<int64_t>(mine.has_loss_fn)},
+       mine.input_rows, mine.target_rows, static_cast<int64_t>(mine.has_loss_fn),
+       static_cast<int64_t>(mine.virtual_stages)},
       at::kLong);
   std::vector<at::Tensor> input{packed};
   std::vector<std::vector<at::Tensor>> output(1);
@@ -177,13 +200,15 @@ std::vector<StepArgs> ExchangeStepArgs(c10d::ProcessGroup& group, const StepArgs
   for (const at::Tensor& t : output[0]) {
     auto f = t.accessor<int64_t, 1>();
     StepArgs args;
-    args.schedule = f[0] == static_cast<int64_t>(Schedule::kOneFOneB)
-                        ? Schedule::kOneFOneB
-                        : Schedule::kGPipe;
+    for (Schedule schedule :
+         {Schedule::kGPipe, Schedule::kOneFOneB, Schedule::kInterleaved1F1B}) {
+      if (f[0] == static_cast<int64_t>(schedule)) args.schedule = schedule;
+    }
     args.microbatches = static_cast<int>(f[1]);
     args.input_rows = f[2];
     args.target_rows = f[3];
     args.has_loss_fn = f[4] != 0;
+    args.virtual_stages = static_cast<int>(f[5]);
     all.push_back(args);
   }
   return all;
@@ -191,36 +216,70 @@ std::vector<StepArgs> ExchangeStepArgs(c10d::ProcessGroup& group, const StepArgs
 
 }  // namespace
 
+std::vector<std::shared_ptr<Param>> PipelineStage::Params() const {
+  std::vector<std::shared_ptr<Param>> params;
+  for (const Chunk& chunk : chunks_) {
+    for (auto& param : chunk.module.Params()) params.push_back(std::move(param));
+  }
+  return params;
+}
+
+std::vector<at::Tensor> PipelineStage::Leaves() const {
+  std::vector<at::Tensor> leaves;
+  for (const Chunk& chunk : chunks_) {
+    for (auto& leaf : chunk.module.Leaves()) leaves.push_back(std::move(leaf));
+  }
+  return leaves;
+}
+
 std::string PipelineStage::Describe() const {
-  std::vector<std::string> layers;
-  for (const LayerPtr& layer : module_.layers) layers.push_back(layer->Describe());
-  return absl::StrCat("stage ", stage_, "/", num_stages_, ": layers [", layer_begin_,
-                      ", ", layer_end_, "): ", absl::StrJoin(layers, ", "));
+  std::vector<std::string> stages;
+  for (int c = 0; c < virtual_stages(); ++c) {
+    std::vector<std::string> layers;
+    for (const LayerPtr& layer : chunks_[c].module.layers)
+      layers.push_back(layer->Describe());
+    stages.push_back(absl::StrCat("stage ", stage(c), "/", num_stages(), ": layers [",
+                                  chunks_[c].layer_begin, ", ", chunks_[c].layer_end,
+                                  "): ", absl::StrJoin(layers, ", ")));
+  }
+  if (virtual_stages() == 1) return stages.front();
+  return absl::StrCat("rank ", rank_, "/", pp_size_, ", ", virtual_stages(),
+                      " virtual stages: ", absl::StrJoin(stages, "; "));
 }
 
 absl::StatusOr<PipelineStage> MakeStage(Sequential model, ProcessGroupPtr pp_group,
-                                        std::vector<int> split_points) {
+                                        std::vector<int> split_points,
+                                        int virtual_stages) {
   if (!pp_group) return absl::InvalidArgumentError("MakeStage: no pp process group");
+  if (virtual_stages < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MakeStage: virtual stages per rank must be at least 1, got ", virtual_stages));
+  }
   std::vector<int64_t> weights;
   for (const LayerPtr& layer : model.layers) {
     if (!layer)
       return absl::InvalidArgumentError("MakeStage: the model has a null layer");
     weights.push_back(ParamCount(*layer));
   }
-  const int num_stages = pp_group->getSize();
+  const int num_stages = pp_group->getSize() * virtual_stages;
   absl::StatusOr<std::vector<int>> bounds =
       StageBoundaries(weights, num_stages, split_points);
   if (!bounds.ok()) return bounds.status();
 
   PipelineStage stage;
-  stage.stage_ = pp_group->getRank();
-  stage.num_stages_ = num_stages;
+  stage.rank_ = pp_group->getRank();
+  stage.pp_size_ = pp_group->getSize();
   stage.group_ = std::move(pp_group);
   stage.boundaries_ = *std::move(bounds);
-  stage.layer_begin_ = stage.boundaries_[stage.stage_];
-  stage.layer_end_ = stage.boundaries_[stage.stage_ + 1];
-  stage.module_.layers.assign(model.layers.begin() + stage.layer_begin_,
-                              model.layers.begin() + stage.layer_end_);
+  for (int c = 0; c < virtual_stages; ++c) {
+    PipelineStage::Chunk chunk;
+    const int global = stage.stage(c);
+    chunk.layer_begin = stage.boundaries_[global];
+    chunk.layer_end = stage.boundaries_[global + 1];
+    chunk.module.layers.assign(model.layers.begin() + chunk.layer_begin,
+                               model.layers.begin() + chunk.layer_end);
+    stage.chunks_.push_back(std::move(chunk));
+  }
   return stage;
 }
 
@@ -228,8 +287,9 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
                                const at::Tensor& input, const at::Tensor& target,
                                const LossFn& loss_fn) {
   auto internal = [&](const std::string& what) {
-    return absl::InternalError(absl::StrCat("pipeline stage ", stage.stage(), " (",
-                                            ScheduleName(schedule), "): ", what));
+    return absl::InternalError(
+        absl::StrCat("pipeline ", stage.virtual_stages() == 1 ? "stage " : "rank ",
+                     stage.rank(), " (", ScheduleName(schedule), "): ", what));
   };
   try {
     // Every stage judges the whole step before any activation is sent: the
@@ -239,6 +299,7 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
     StepArgs mine;
     mine.schedule = schedule;
     mine.microbatches = microbatches;
+    mine.virtual_stages = stage.virtual_stages();
     if (stage.is_first()) mine.input_rows = Rows(input);
     if (stage.is_last()) {
       mine.target_rows = Rows(target);
@@ -248,8 +309,8 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
         !status.ok()) {
       return status;
     }
-    absl::StatusOr<std::vector<Action>> actions =
-        StageActions(schedule, stage.num_stages(), stage.stage(), microbatches);
+    absl::StatusOr<std::vector<Action>> actions = RankActions(
+        schedule, stage.pp_size(), stage.rank(), stage.virtual_stages(), microbatches);
     if (!actions.ok()) return actions.status();
     std::vector<at::Tensor> inputs;
     std::vector<at::Tensor> targets;
@@ -259,11 +320,11 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
     StepRunner runner(stage, microbatches, std::move(inputs), std::move(targets),
                       loss_fn);
     const double loss_sum = runner.Run(*actions);
-    // The step's loss lives on the last stage; every stage returns it.
+    // The step's loss lives on the last stage's rank; every rank returns it.
     at::Tensor loss = at::full({1}, loss_sum / microbatches, at::kDouble);
     std::vector<at::Tensor> tensors{loss};
     c10d::BroadcastOptions options;
-    options.rootRank = stage.num_stages() - 1;
+    options.rootRank = stage.pp_size() - 1;
     stage.group()->broadcast(tensors, options)->wait();
     return loss.item<double>();
   } catch (const c10::Error& error) {

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "worker_lib/parallel/checkpoint.h"
 #include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/dp.h"
@@ -130,8 +131,19 @@ struct Trainer::State {
   std::unique_ptr<DataParallel> dp_sync;
   std::unique_ptr<torch::optim::SGD> optimizer;
 
-  Sequential& layers() { return stage ? stage->module() : model->Layers(); }
-  const Sequential& layers() const { return stage ? stage->module() : model->Layers(); }
+  // The modules this rank trains: the pipeline stage's chunks, or the model.
+  std::vector<Sequential*> modules() {
+    if (!stage) return {&model->Layers()};
+    std::vector<Sequential*> chunks;
+    for (int c = 0; c < stage->virtual_stages(); ++c) chunks.push_back(&stage->module(c));
+    return chunks;
+  }
+  std::vector<std::shared_ptr<Param>> Params() const {
+    return stage ? stage->Params() : model->Layers().Params();
+  }
+  std::vector<at::Tensor> Leaves() const {
+    return stage ? stage->Leaves() : model->Layers().Leaves();
+  }
   void Barrier() { world->group()->barrier()->wait(); }
 };
 
@@ -154,8 +166,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (options.microbatches < 1) {
     return absl::InvalidArgumentError("microbatches must be at least 1");
   }
-  if (layout.pp > 1) {
-    if (auto valid = ValidateSchedule(options.schedule, layout.pp, options.microbatches);
+  // pp = 1 ignores the schedule, but not a request for virtual stages.
+  if (layout.pp > 1 || options.virtual_stages != 1 ||
+      options.schedule == Schedule::kInterleaved1F1B) {
+    if (auto valid = ValidateSchedule(options.schedule, layout.pp, options.microbatches,
+                                      options.virtual_stages);
         !valid.ok())
       return valid;
   }
@@ -207,7 +222,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   // The stage keeps its layers; the model's own list is emptied so the other
   // stages' params are freed.
   if (state->pp) {
-    auto stage = MakeStage(state->model->Layers(), state->pp);
+    auto stage = MakeStage(state->model->Layers(), state->pp, {}, options.virtual_stages);
     if (!stage.ok()) return stage.status();
     state->stage.emplace(*std::move(stage));
     state->model->Layers().layers.clear();
@@ -215,16 +230,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (state->fsdp) {
     FsdpOptions fsdp_options;
     fsdp_options.reshard_after_forward = options.reshard_after_forward;
-    if (auto status = FullyShard(state->layers(), "fsdp", state->fsdp, fsdp_options);
-        !status.ok())
-      return status;
+    // Each chunk on its own: its layers run at their own times in the schedule.
+    for (Sequential* module : state->modules()) {
+      if (auto status = FullyShard(*module, "fsdp", state->fsdp, fsdp_options);
+          !status.ok())
+        return status;
+    }
   }
   if (state->dp) {
-    state->dp_sync = std::make_unique<DataParallel>(state->layers().Params(), state->dp,
+    state->dp_sync = std::make_unique<DataParallel>(state->Params(), state->dp,
                                                     options.dp_bucket_bytes);
   }
   state->optimizer = std::make_unique<torch::optim::SGD>(
-      state->layers().Leaves(), torch::optim::SGDOptions(options.lr));
+      state->Leaves(), torch::optim::SGDOptions(options.lr));
   return std::unique_ptr<Trainer>(new Trainer(std::move(state)));
 }
 
@@ -259,7 +277,7 @@ absl::StatusOr<double> Trainer::Step(const at::Tensor& input, const at::Tensor& 
     auto targets = local_target.chunk(m);
     for (int i = 0; i < m; ++i) {
       at::Tensor micro_loss =
-          s.model->Loss(s.layers().Forward(inputs[i]), targets[i]) / m;
+          s.model->Loss(s.model->Layers().Forward(inputs[i]), targets[i]) / m;
       micro_loss.backward();
       loss += micro_loss.item<double>();
     }
@@ -286,7 +304,7 @@ absl::StatusOr<double> Trainer::Evaluate(const at::Tensor& input,
   torch::NoGradGuard no_grad;  // and FSDP reshards at once without grad
   const double loss =
       s.model
-          ->Loss(s.layers().Forward(DataShard(input, data_parts, data_index)),
+          ->Loss(s.model->Layers().Forward(DataShard(input, data_parts, data_index)),
                  DataShard(target, data_parts, data_index))
           .item<double>();
   return MeanOver(s.dp, MeanOver(s.fsdp, loss));
@@ -296,7 +314,7 @@ absl::StatusOr<at::Tensor> Trainer::Predict(const at::Tensor& input) {
   State& s = *state_;
   if (s.stage) return absl::UnimplementedError("prediction with pipeline parallelism");
   torch::NoGradGuard no_grad;
-  return s.model->GatherOutput(s.layers().Forward(input));
+  return s.model->GatherOutput(s.model->Layers().Forward(input));
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Trainer::GatherFullParams() {
@@ -305,9 +323,7 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::GatherFullParams() {
   return full;
 }
 
-std::vector<std::shared_ptr<Param>> Trainer::Params() const {
-  return state_->layers().Params();
-}
+std::vector<std::shared_ptr<Param>> Trainer::Params() const { return state_->Params(); }
 
 absl::Status Trainer::Save(const std::string& dir) {
   absl::Status status;
@@ -329,7 +345,13 @@ std::string Trainer::Describe() const {
   const State& s = *state_;
   std::string text =
       absl::StrCat(s.options.layout.ToString(), " (", s.model->Describe(), ")");
-  if (s.stage) absl::StrAppend(&text, ": ", s.stage->Describe());
+  if (s.stage) {
+    // Every stage's layers, not only this rank's: the split is the pipeline's.
+    absl::StrAppend(
+        &text, ": ", s.stage->Describe(), " (", ScheduleName(s.options.schedule), ", ",
+        s.options.microbatches, " microbatches, ", s.stage->num_stages(),
+        " stages starting at layers [", absl::StrJoin(s.stage->boundaries(), ", "), "])");
+  }
   return text;
 }
 

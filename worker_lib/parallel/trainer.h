@@ -91,6 +91,11 @@ struct TrainOptions {
   // Pipeline microbatches and schedule (pp > 1); 1F1B needs microbatches >= pp.
   int microbatches = 1;
   Schedule schedule = Schedule::kGPipe;
+  // Model chunks per pipeline rank: > 1 cuts the model into pp * this many
+  // stages, chunk c of pp rank r holding stage c * pp + r, and needs the
+  // interleaved schedule (which needs > 1); ValidateSchedule's rules.
+  // FSDP shards each chunk's layers; DP syncs all the rank's params.
+  int virtual_stages = 1;
   bool reshard_after_forward = true;
   size_t dp_bucket_bytes = size_t{25} << 20;
 };
@@ -118,7 +123,7 @@ class Trainer {
   // UNIMPLEMENTED with pipeline parallelism.
   absl::StatusOr<at::Tensor> Predict(const at::Tensor& input);
 
-  // The full value of every param this rank's pipeline stage holds, by name
+  // The full value of every param this rank's pipeline stage(s) hold, by name
   // (FullTensor over TP and FSDP). Collective.
   std::vector<std::pair<std::string, at::Tensor>> GatherFullParams();
   // The stage's params (sharded), e.g. for checkpoints or inspection.
@@ -132,7 +137,8 @@ class Trainer {
 
   const DeviceMesh& mesh() const;
   const TrainOptions& options() const;
-  // "pp=2 dp=1 fsdp=1 tp=2: stage 0/2 ...", for logs.
+  // "pp=2 dp=1 fsdp=1 tp=2 (MLP): stage 0/2: layers [0, 4): ...", for logs;
+  // with virtual stages, every chunk's stage and layers (PipelineStage::Describe).
   std::string Describe() const;
 
  private:

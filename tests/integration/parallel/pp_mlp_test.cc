@@ -119,6 +119,88 @@ INSTANTIATE_TEST_SUITE_P(Seed003Mlp, PpMlpParityTest,
                                   std::to_string(std::get<2>(info.param));
                          });
 
+// Interleaved 1F1B through RunStep: each rank holds V stages of the model
+// cut into pp x V (chunk c of rank r: stage c * pp + r), activations wrap
+// around from the last rank to the first between chunks. (pp, V, microbatches,
+// MLP sizes), batch 24: seed 003's 4 Linears over 2 x 2 stages; 6 Linears
+// over 3 x 2 (M = 3: one round; M = 6: two rounds of 3) and 2 x 3.
+class PpMlpInterleavedTest
+    : public ::testing::TestWithParam<std::tuple<int, int, int, std::string>> {};
+
+TEST_P(PpMlpInterleavedTest, MatchesSingleProcess) {
+  const auto [pp, chunks, microbatches, sizes] = GetParam();
+  MeshrunRun run = RunUnderMeshrun(
+      pp, "pp_mlp_worker",
+      {"--schedule", "interleaved", "--virtual-stages", std::to_string(chunks),
+       "--microbatches", std::to_string(microbatches), "--sizes", sizes, "--batch", "24",
+       "--steps", "10"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(Lines(run.output, "FAIL").empty()) << run.output;
+  EXPECT_EQ(Lines(run.output, "DONE ").size(), static_cast<size_t>(pp)) << run.output;
+  EXPECT_EQ(CountSteps(run.output), 10) << run.output;
+  // Every Linear (weight and bias) checked exactly once across the ranks.
+  const size_t linears = std::count(sizes.begin(), sizes.end(), ',');
+  EXPECT_EQ(Lines(run.output, " matches").size(), 2 * linears) << run.output;
+  EXPECT_EQ(Lines(run.output, "virtual stages: ").size(), static_cast<size_t>(pp))
+      << run.output;
+  if (pp == 2 && chunks == 2) {
+    // One Linear a stage; rank 0 holds stages 0 and 2, rank 1 stages 1 and 3.
+    EXPECT_TRUE(Contains(run.output,
+                         "STAGE rank 0 rank 0/2, 2 virtual stages: stage 0/4: layers [0, "
+                         "2): Linear(50 -> 50), ReLU(); stage 2/4: layers [4, 6): "
+                         "Linear(50 -> 50), ReLU()"))
+        << run.output;
+    EXPECT_TRUE(Contains(run.output,
+                         "STAGE rank 1 rank 1/2, 2 virtual stages: stage 1/4: layers [2, "
+                         "4): Linear(50 -> 50), ReLU(); stage 3/4: layers [6, 7): "
+                         "Linear(50 -> 4)"))
+        << run.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Interleaved, PpMlpInterleavedTest,
+    ::testing::Values(std::make_tuple(2, 2, 4, "50,50,50,50,4"),
+                      std::make_tuple(2, 2, 2, "50,50,50,50,4"),
+                      std::make_tuple(2, 2, 8, "50,50,50,50,4"),
+                      std::make_tuple(3, 2, 3, "50,50,50,50,50,50,4"),
+                      std::make_tuple(3, 2, 6, "50,50,50,50,50,50,4"),
+                      std::make_tuple(2, 3, 4, "50,50,50,50,50,50,4")),
+    [](const auto& info) {
+      return "pp" + std::to_string(std::get<0>(info.param)) + "_v" +
+             std::to_string(std::get<1>(info.param)) + "_m" +
+             std::to_string(std::get<2>(info.param));
+    });
+
+// An interleaved step the schedule cannot run is refused on every rank
+// before any activation is sent.
+TEST(PpMlpTest, InterleavedRefusesMicrobatchesOffItsRounds) {
+  MeshrunRun run = RunUnderMeshrun(
+      2, "pp_mlp_worker",
+      {"--schedule", "interleaved", "--virtual-stages", "2", "--microbatches", "5"},
+      std::chrono::seconds(60));
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_EQ(Lines(run.output, "ERROR rank").size(), 2u) << run.output;
+  EXPECT_TRUE(Contains(run.output,
+                       "interleaved 1F1B needs the microbatches to be a multiple of its "
+                       "number of rounds, max(1, 5 / 2) = 2; got 5"))
+      << run.output;
+  EXPECT_EQ(CountSteps(run.output), 0) << run.output;
+}
+
+// A stage cut for V chunks cannot run a one-stage-per-rank schedule.
+TEST(PpMlpTest, OneFOneBRefusesVirtualStages) {
+  MeshrunRun run = RunUnderMeshrun(
+      2, "pp_mlp_worker",
+      {"--schedule", "1f1b", "--virtual-stages", "2", "--microbatches", "4"},
+      std::chrono::seconds(60));
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_TRUE(Contains(run.output,
+                       "1f1b runs one stage per pipeline rank; 2 virtual stages per rank "
+                       "need the interleaved schedule"))
+      << run.output;
+}
+
 // Explicit split points put the stage boundaries where asked.
 TEST(PpMlpTest, ExplicitSplitPointsMatchSingleProcess) {
   MeshrunRun run = RunUnderMeshrun(

@@ -2,6 +2,7 @@
 // launcher on a 1-D mesh ("pp") of the whole world:
 //   meshrun --standalone --nproc-per-node=4 --no-python pp_mlp_worker
 //       --schedule 1f1b --microbatches 8 --steps 10
+// (--schedule interleaved --virtual-stages V: each rank holds V stages.)
 // Every rank builds MakeMlp(sizes, seed) whole, trains a copy of it alone
 // (the reference), cuts the other into pipeline stages (MakeStage) and trains
 // its stage with RunStep on the same batches. Checks on every rank every
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> sizes{50, 50, 50, 50, 4};
   std::string schedule_name = "gpipe";
   int microbatches = 4;
+  int virtual_stages = 1;
   std::vector<int> split_points;
   int steps = 10;
   int64_t batch = 32;
@@ -54,6 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", sizes)->delimiter(',');
   app.add_option("--schedule", schedule_name);
   app.add_option("--microbatches", microbatches);
+  app.add_option("--virtual-stages", virtual_stages);
   app.add_option("--split-points", split_points)->delimiter(',');
   app.add_option("--steps", steps);
   app.add_option("--batch", batch);
@@ -70,7 +73,8 @@ int main(int argc, char** argv) {
   const int rank = world->rank();
 
   PipelineStage stage =
-      ValueOrFail(MakeStage(MakeMlp(sizes, model_seed), pp, split_points), "MakeStage");
+      ValueOrFail(MakeStage(MakeMlp(sizes, model_seed), pp, split_points, virtual_stages),
+                  "MakeStage");
   Say(absl::StrCat("STAGE rank ", rank, " ", stage.Describe()));
 
   Sequential whole = MakeMlp(sizes, model_seed);
@@ -111,12 +115,15 @@ int main(int argc, char** argv) {
     }
   }
 
-  // This stage's params are the reference's params of the same layers.
+  // This rank's params are the reference's params of the same layers.
   std::vector<std::shared_ptr<Param>> reference_params;
-  for (int i = stage.layer_begin(); i < stage.layer_end(); ++i) {
-    for (const auto& param : whole.layers[i]->Params()) reference_params.push_back(param);
+  for (int chunk = 0; chunk < stage.virtual_stages(); ++chunk) {
+    for (int i = stage.layer_begin(chunk); i < stage.layer_end(chunk); ++i) {
+      for (const auto& param : whole.layers[i]->Params())
+        reference_params.push_back(param);
+    }
   }
-  const auto params = stage.module().Params();
+  const auto params = stage.Params();
   if (params.size() != reference_params.size()) {
     Fail(absl::StrCat("stage has ", params.size(), " params, reference layers ",
                       reference_params.size()));

@@ -146,6 +146,18 @@ TEST(ValidateStep, JudgesTheWholeStepFromEveryStagesArguments) {
             "pipeline stages disagree on the step: stage 0 runs gpipe with 4 "
             "microbatches, stage 2 gpipe with 8; every stage must call RunStep with the "
             "same schedule and microbatches");
+  stages = Step(2, Schedule::kInterleaved1F1B, 4, 32, 32);
+  for (StepArgs& args : stages) args.virtual_stages = 2;
+  EXPECT_EQ(Refusal(stages), "OK");
+  stages[1].virtual_stages = 3;
+  EXPECT_EQ(Refusal(stages),
+            "pipeline stages disagree on the step: stage 0 runs interleaved with 4 "
+            "microbatches x 2 chunks, stage 1 interleaved with 4 x 3 chunks; every stage "
+            "must call RunStep with the same schedule and microbatches");
+  stages = Step(2, Schedule::kInterleaved1F1B, 4, 32, 32);
+  EXPECT_EQ(Refusal(stages),
+            "interleaved 1F1B needs at least 2 virtual stages per pipeline rank, got 1 "
+            "(with one, use 1f1b)");
   stages = Step(3, kG, 4, 32, 32);
   stages[1].schedule = k1;
   EXPECT_EQ(Refusal(stages),
@@ -157,8 +169,13 @@ TEST(ValidateStep, JudgesTheWholeStepFromEveryStagesArguments) {
 TEST(PipelineSchedule, ParsesNames) {
   EXPECT_EQ(*ParseSchedule("gpipe"), Schedule::kGPipe);
   EXPECT_EQ(*ParseSchedule("1F1B"), Schedule::kOneFOneB);
+  EXPECT_EQ(*ParseSchedule("interleaved"), Schedule::kInterleaved1F1B);
+  EXPECT_EQ(*ParseSchedule("Interleaved1F1B"), Schedule::kInterleaved1F1B);
   EXPECT_FALSE(ParseSchedule("zb").ok());
+  EXPECT_EQ(ParseSchedule("zb").status().message(),
+            "unknown pipeline schedule 'zb' (expected gpipe, 1f1b or interleaved)");
   EXPECT_EQ(ScheduleName(Schedule::kOneFOneB), "1f1b");
+  EXPECT_EQ(ScheduleName(Schedule::kInterleaved1F1B), "interleaved");
 }
 
 // Every microbatch is forwarded once, then backwarded once, on every stage;
@@ -378,6 +395,248 @@ TEST(PipelineSchedule, OneFOneBDeadlocksWithBlockingSends) {
   EXPECT_EQ(run.stuck, "stage 0 at SF1; stage 1 at SB0; ");
 }
 
+// Interleaved 1F1B: the order of a rank's computations is torch 2.15's
+// ScheduleInterleaved1F1B's (these strings are its
+// _calculate_single_rank_operations, printed with the same names; the
+// schedule was also compared with torch's for every valid M <= 20, pp 2..5,
+// V 2..4).
+std::string Computations(int pp, int rank, int chunks, int microbatches) {
+  auto actions = RankActions(Schedule::kInterleaved1F1B, pp, rank, chunks, microbatches);
+  EXPECT_TRUE(actions.ok()) << actions.status();
+  if (!actions.ok()) return "";
+  std::vector<Action> computations;
+  for (const Action& action : *actions) {
+    if (action.kind == ActionKind::kForward || action.kind == ActionKind::kBackward)
+      computations.push_back(action);
+  }
+  return ActionsToString(computations);
+}
+
+TEST(InterleavedSchedule, ComputesInTorchsOrder) {
+  EXPECT_EQ(Computations(2, 0, 2, 4),
+            "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3");
+  EXPECT_EQ(Computations(2, 1, 2, 4),
+            "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3");
+  EXPECT_EQ(Computations(4, 0, 2, 8),
+            "F0 F1 F2 F3 F0.1 F1.1 F2.1 F3.1 F4 F5 F6 B0.1 F7 B1.1 F4.1 B2.1 F5.1 B3.1 "
+            "F6.1 B0 F7.1 B1 B2 B3 B4.1 B5.1 B6.1 B7.1 B4 B5 B6 B7");
+  EXPECT_EQ(Computations(4, 3, 2, 8),
+            "F0 F1 F2 F3 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 B3.1 F4 B0 F5 B1 F6 B2 F7 B3 "
+            "F4.1 B4.1 F5.1 B5.1 F6.1 B6.1 F7.1 B7.1 B4 B5 B6 B7");
+  // Fewer microbatches than ranks: one round of 3.
+  EXPECT_EQ(Computations(3, 2, 3, 3),
+            "F0 F1 F2 F0.1 F1.1 F2.1 F0.2 B0.2 F1.2 B1.2 F2.2 B2.2 B0.1 B1.1 B2.1 B0 B1 "
+            "B2");
+}
+
+// The communication around the computations: rank 0 holds stages 0 and 2
+// of 4, rank 1 stages 1 and 3 (the last: no send after its forward).
+TEST(InterleavedSchedule, CommunicatesAroundEachComputation) {
+  auto rank0 = RankActions(Schedule::kInterleaved1F1B, 2, 0, 2, 2);
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  EXPECT_EQ(ActionsToString(*rank0),
+            "F0 SF0 F1 SF1 RF0.1 F0.1 SF0.1 RF1.1 F1.1 SF1.1 RB0.1 B0.1 SB0.1 RB1.1 "
+            "B1.1 SB1.1 RB0 B0 RB1 B1");
+  auto rank1 = RankActions(Schedule::kInterleaved1F1B, 2, 1, 2, 2);
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  EXPECT_EQ(ActionsToString(*rank1),
+            "RF0 F0 SF0 RF1 F1 SF1 RF0.1 F0.1 B0.1 SB0.1 RF1.1 F1.1 B1.1 SB1.1 RB0 B0 "
+            "SB0 RB1 B1 SB1");
+  // One chunk per rank: RankActions is StageActions.
+  EXPECT_EQ(*RankActions(Schedule::kOneFOneB, 4, 1, 1, 4),
+            *StageActions(Schedule::kOneFOneB, 4, 1, 4));
+}
+
+TEST(InterleavedSchedule, ValidationErrors) {
+  const Schedule kI = Schedule::kInterleaved1F1B;
+  struct Case {
+    Schedule schedule;
+    int pp, microbatches, chunks;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {kI, 2, 4, 2, "OK"},
+      {kI, 4, 3, 2, "OK"},   // one round of 3 (torch 2.15 allows M < pp)
+      {kI, 4, 10, 2, "OK"},  // two rounds of 5
+      {kI, 4, 7, 3, "OK"},   // one round of 7
+      {kI, 4, 9, 2,
+       "interleaved 1F1B needs the microbatches to be a multiple of its number of "
+       "rounds, max(1, 9 / 4) = 2; got 9"},
+      {kI, 3, 7, 2,
+       "interleaved 1F1B needs the microbatches to be a multiple of its number of "
+       "rounds, max(1, 7 / 3) = 2; got 7"},
+      {kI, 2, 4, 1,
+       "interleaved 1F1B needs at least 2 virtual stages per pipeline rank, got 1 "
+       "(with one, use 1f1b)"},
+      {kI, 1, 4, 2, "interleaved 1F1B needs at least 2 pipeline ranks, got 1"},
+      {kI, 2, 0, 2, "a pipeline step needs at least 1 microbatch, got 0"},
+      {Schedule::kOneFOneB, 2, 4, 2,
+       "1f1b runs one stage per pipeline rank; 2 virtual stages per rank need the "
+       "interleaved schedule"},
+      {Schedule::kGPipe, 2, 4, 3,
+       "gpipe runs one stage per pipeline rank; 3 virtual stages per rank need the "
+       "interleaved schedule"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << ScheduleName(c.schedule) << " pp " << c.pp
+                                      << " M " << c.microbatches << " V " << c.chunks);
+    absl::Status status = ValidateSchedule(c.schedule, c.pp, c.microbatches, c.chunks);
+    EXPECT_EQ(status.ok() ? "OK" : std::string(status.message()), c.want);
+    // RankActions refuses alike, on every rank.
+    for (int rank = 0; rank < c.pp; ++rank) {
+      auto actions = RankActions(c.schedule, c.pp, rank, c.chunks, c.microbatches);
+      EXPECT_EQ(actions.ok() ? "OK" : std::string(actions.status().message()), c.want);
+    }
+  }
+  EXPECT_FALSE(RankActions(kI, 2, 2, 2, 4).ok());
+  EXPECT_FALSE(RankActions(kI, 2, -1, 2, 4).ok());
+  EXPECT_EQ(StageActions(kI, 2, 0, 4).status().message(),
+            "StageActions plans one stage per rank; interleaved 1F1B needs RankActions");
+}
+
+// All ranks' action lists run against each other under pp_schedule.h's
+// communication model: a send is posted and the rank moves on; a receive
+// waits for its message, matched by (sender rank, receiver rank, direction,
+// stage boundary, microbatch). Checks each computation's inputs are there
+// when it runs, and that each (stage, microbatch) is forwarded and
+// backwarded exactly once.
+struct RankSimulation {
+  bool completed = false;
+  std::string stuck;                // each unfinished rank's next action
+  int undelivered = 0;              // messages never received
+  int forwards = 0;                 // (stage, microbatch) forwarded, over all ranks
+  int backwards = 0;                // ... and backwarded
+  std::vector<int> peak_in_flight;  // per rank: forwards not yet backwarded
+};
+
+RankSimulation SimulateRanks(Schedule schedule, int pp, int chunks, int microbatches) {
+  const int stages = pp * chunks;
+  std::vector<std::vector<Action>> lists;
+  for (int r = 0; r < pp; ++r) {
+    auto actions = RankActions(schedule, pp, r, chunks, microbatches);
+    EXPECT_TRUE(actions.ok()) << actions.status();
+    lists.push_back(actions.ok() ? *actions : std::vector<Action>{});
+  }
+  // (from rank, to rank, is_forward, boundary stage b (between b and b + 1),
+  // microbatch) posted and not yet received.
+  using Message = std::tuple<int, int, bool, int, int>;
+  std::set<Message> in_network;
+  // Per (global stage, microbatch).
+  std::set<std::pair<int, int>> forwarded, backwarded, got_activation, got_gradient;
+  std::vector<size_t> next(pp, 0);
+  RankSimulation result;
+  result.peak_in_flight.assign(pp, 0);
+  std::vector<int> in_flight(pp, 0);
+
+  auto rank_of = [&](int stage) { return stage % pp; };
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int r = 0; r < pp; ++r) {
+      if (next[r] == lists[r].size()) continue;
+      const Action& a = lists[r][next[r]];
+      const int g = a.chunk * pp + r;
+      const int m = a.microbatch;
+      const std::pair<int, int> key{g, m};
+      EXPECT_TRUE(a.chunk >= 0 && a.chunk < chunks) << ActionName(a);
+      EXPECT_TRUE(m >= 0 && m < microbatches) << ActionName(a);
+      bool done = true;
+      switch (a.kind) {
+        case ActionKind::kForward:
+          EXPECT_TRUE(g == 0 || got_activation.count(key)) << ActionName(a);
+          EXPECT_TRUE(forwarded.insert(key).second) << "twice: " << ActionName(a);
+          ++result.forwards;
+          result.peak_in_flight[r] = std::max(result.peak_in_flight[r], ++in_flight[r]);
+          break;
+        case ActionKind::kBackward:
+          EXPECT_TRUE(forwarded.count(key)) << ActionName(a) << " before its forward";
+          EXPECT_TRUE(g == stages - 1 || got_gradient.count(key)) << ActionName(a);
+          EXPECT_TRUE(backwarded.insert(key).second) << "twice: " << ActionName(a);
+          ++result.backwards;
+          --in_flight[r];
+          break;
+        case ActionKind::kSendForward:
+          EXPECT_TRUE(forwarded.count(key)) << ActionName(a) << " before its forward";
+          EXPECT_LT(g, stages - 1);
+          EXPECT_TRUE(in_network.insert({r, rank_of(g + 1), true, g, m}).second);
+          break;
+        case ActionKind::kSendBackward:
+          EXPECT_TRUE(backwarded.count(key)) << ActionName(a) << " before its backward";
+          EXPECT_GT(g, 0);
+          EXPECT_TRUE(in_network.insert({r, rank_of(g - 1), false, g - 1, m}).second);
+          break;
+        case ActionKind::kRecvForward:
+          done = in_network.erase({rank_of(g - 1), r, true, g - 1, m}) > 0;
+          if (done) got_activation.insert(key);
+          break;
+        case ActionKind::kRecvBackward:
+          done = in_network.erase({rank_of(g + 1), r, false, g, m}) > 0;
+          if (done) got_gradient.insert(key);
+          break;
+      }
+      if (done) {
+        ++next[r];
+        progress = true;
+      }
+    }
+  }
+  result.completed = true;
+  for (int r = 0; r < pp; ++r) {
+    if (next[r] != lists[r].size()) {
+      result.completed = false;
+      result.stuck +=
+          "rank " + std::to_string(r) + " at " + ActionName(lists[r][next[r]]) + "; ";
+    }
+  }
+  result.undelivered = static_cast<int>(in_network.size());
+  return result;
+}
+
+TEST(InterleavedSchedule, SimulatedExecutionCompletesWithoutDeadlock) {
+  for (int pp : {2, 3, 4}) {
+    for (int chunks : {2, 3}) {
+      // Every valid microbatch count up to 4 rounds, and a few more.
+      for (int microbatches = 1; microbatches <= 4 * pp + 3; ++microbatches) {
+        SCOPED_TRACE(::testing::Message()
+                     << "pp " << pp << " V " << chunks << " M " << microbatches);
+        if (!ValidateSchedule(Schedule::kInterleaved1F1B, pp, microbatches, chunks)
+                 .ok()) {
+          continue;
+        }
+        RankSimulation run =
+            SimulateRanks(Schedule::kInterleaved1F1B, pp, chunks, microbatches);
+        EXPECT_TRUE(run.completed) << run.stuck;
+        EXPECT_EQ(run.undelivered, 0);
+        EXPECT_EQ(run.forwards, pp * chunks * microbatches);
+        EXPECT_EQ(run.backwards, pp * chunks * microbatches);
+        for (int r = 0; r < pp; ++r) {
+          // Bounded activation memory: the warm-up's forwards plus the one
+          // of each steady round.
+          const int rounds = std::max(1, microbatches / pp);
+          const int warmup =
+              std::min((chunks - 1) * (microbatches / rounds) + 2 * (pp - 1 - r),
+                       chunks * microbatches);
+          EXPECT_LE(run.peak_in_flight[r], warmup + 1) << "rank " << r;
+        }
+      }
+    }
+  }
+}
+
+// The same simulator agrees with the single-stage schedules' (V = 1).
+TEST(InterleavedSchedule, SimulatorAlsoRunsOneStagePerRank) {
+  for (Schedule schedule : {Schedule::kGPipe, Schedule::kOneFOneB}) {
+    for (int pp = 1; pp <= 4; ++pp) {
+      for (int microbatches = pp; microbatches <= 8; ++microbatches) {
+        RankSimulation run = SimulateRanks(schedule, pp, 1, microbatches);
+        EXPECT_TRUE(run.completed) << run.stuck;
+        EXPECT_EQ(run.undelivered, 0);
+        EXPECT_EQ(run.forwards, pp * microbatches);
+      }
+    }
+  }
+}
+
 // Seed 003's MLP: fc0 relu fc1 relu fc2 relu fc3 (50x50 + 50 = 2550 params
 // three times, then 50x4 + 4 = 204).
 const std::vector<int64_t> kMlpWeights{2550, 0, 2550, 0, 2550, 0, 204};
@@ -418,6 +677,14 @@ TEST(StageBoundaries, ExplicitSplitPoints) {
             "pipeline split points must increase strictly within (0, 7), got [4, 2]");
   EXPECT_FALSE(StageBoundaries(kMlpWeights, 2, {7}).ok());
   EXPECT_FALSE(StageBoundaries(kMlpWeights, 2, {0}).ok());
+}
+
+// Interleaving cuts the model into pp * V stages; chunk c of rank r holds
+// stage c * pp + r.
+TEST(StageBoundaries, InterleavedStagesAreTheModelCutInPpTimesV) {
+  // pp = 2, V = 2: one linear a stage; rank 0 holds stages 0 and 2
+  // (layers [0, 2) and [4, 6)), rank 1 stages 1 and 3 ([2, 4) and [6, 7)).
+  EXPECT_EQ(Bounds(kMlpWeights, 2 * 2), (std::vector<int>{0, 2, 4, 6, 7}));
 }
 
 TEST(StageBoundaries, RefusesTooFewLayers) {
