@@ -16,6 +16,8 @@
 #   RESULTS_DIR  where parallel_results.md goes (default bench/worker_lib)
 #   JOBS         ninja -j (default 2)
 #   WAIT_QUIET   seconds to wait for a quiet machine first (default 60)
+#   NO_BUILD     1: use BUILD_DIR's binaries as they are (say, while another
+#                ninja runs there), without configuring or building
 #   MESHRUN_VENV the virtualenv with the pinned torch (default .venv)
 #   PYTHON_EXEC  the Python that runs ddp_step_bench.py (default the venv's python3)
 set -euo pipefail
@@ -25,17 +27,24 @@ results_dir=${RESULTS_DIR:-bench/worker_lib}
 jobs=${JOBS:-2}
 wait_quiet=${WAIT_QUIET:-60}
 
-if [ ! -f "$build_dir/build.ninja" ]; then
+if [ "${NO_BUILD:-0}" = 1 ]; then
+  for binary in dp_step_bench meshrun meshrun-rdzvd; do
+    [ -x "$build_dir/bin/$binary" ] ||
+      { echo "bench-parallel: NO_BUILD=1 but no $build_dir/bin/$binary" >&2; exit 1; }
+  done
+elif [ ! -f "$build_dir/build.ninja" ]; then
   mkdir -p "$build_dir"
   cmake -S . -B "$build_dir" -G Ninja > "$build_dir.configure.log" 2>&1 ||
     { cat "$build_dir.configure.log"; exit 1; }
 fi
-if ! grep -q '^build dp_step_bench:\|bin/dp_step_bench:' "$build_dir/build.ninja"; then
-  cmake -S . -B "$build_dir" -DMESHRUN_BUILD_BENCH=ON > "$build_dir.configure.log" 2>&1 ||
-    { cat "$build_dir.configure.log"; exit 1; }
+if [ "${NO_BUILD:-0}" != 1 ]; then
+  if ! grep -q '^build dp_step_bench:\|bin/dp_step_bench:' "$build_dir/build.ninja"; then
+    cmake -S . -B "$build_dir" -DMESHRUN_BUILD_BENCH=ON > "$build_dir.configure.log" 2>&1 ||
+      { cat "$build_dir.configure.log"; exit 1; }
+  fi
+  ninja -C "$build_dir" -j"$jobs" dp_step_bench meshrun meshrun-rdzvd >&2 ||
+    { echo "bench-parallel: cannot build dp_step_bench (configured with MESHRUN_BUILD_BENCH=ON?)" >&2; exit 1; }
 fi
-ninja -C "$build_dir" -j"$jobs" dp_step_bench meshrun meshrun-rdzvd >&2 ||
-  { echo "bench-parallel: cannot build dp_step_bench (configured with MESHRUN_BUILD_BENCH=ON?)" >&2; exit 1; }
 
 source scripts/lib/bench-common.sh
 find_torch bench-parallel
@@ -51,7 +60,7 @@ cmd=("$venv_python" bench/worker_lib/bench_parallel.py
      --meshrun "$build_dir/bin/meshrun" --dp-step-bench "$build_dir/bin/dp_step_bench"
      --ddp-script bench/worker_lib/ddp_step_bench.py --python "$python_exec" --raw "$tmp/raw" "$@")
 invocation="scripts/bench-parallel.sh${*:+ $*}"
-for var in PYTHON_EXEC MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET; do
+for var in PYTHON_EXEC MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET NO_BUILD; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
