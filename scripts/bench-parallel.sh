@@ -63,6 +63,8 @@ invocation="scripts/bench-parallel.sh${*:+ $*}"
 for var in PYTHON_EXEC MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET NO_BUILD; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
+# The tree's state now: the results file this run rewrites is dirty later.
+tree="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)')"
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 t0=$(date +%s)
 set +e
@@ -84,7 +86,7 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
   echo "- Date: $started (took ${elapsed} s)"
   echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
-  echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)'), built in $build_dir"
+  echo "- meshrun: $tree, built in $build_dir"
   echo "- libtorch: torch $torch_version's (the venv's wheel); PyTorch DDP: torch $ddp_torch" \
        "($python_exec, $("$python_exec" --version 2>&1)); Gloo on CPU"
   echo "- Load average (1/5/15 min) before: $load_before; after: $load_after. The machine is"
