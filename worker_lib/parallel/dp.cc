@@ -165,6 +165,7 @@ void DataParallel::SyncGradients() {
       if (bucket.work) bucket.work->wait();
       bucket.work.reset();
     }
+    ResetBackwardState();
     TORCH_CHECK(false, misuse);
   }
   const int started_in_backward = started_in_backward_;
@@ -177,6 +178,7 @@ void DataParallel::SyncGradients() {
   }
   for (Bucket& bucket : buckets_) {
     if (n > 1) {
+      TORCH_INTERNAL_ASSERT(bucket.work, "DataParallel: a bucket was never started");
       bucket.work->wait();
       bucket.work.reset();
       bucket.flat.div_(n);
@@ -190,11 +192,17 @@ void DataParallel::SyncGradients() {
       if (!grad.defined() || !IsView(grad, MemberView(bucket.flat, offset, data)))
         grad = MemberAlias(bucket.flat, offset, data);
     }
+  }
+  ResetBackwardState();
+  last_started_in_backward_ = started_in_backward;
+}
+
+void DataParallel::ResetBackwardState() {
+  for (Bucket& bucket : buckets_) {
     bucket.ready.assign(bucket.ready.size(), false);
     bucket.num_ready = 0;
   }
   next_bucket_ = 0;
-  last_started_in_backward_ = started_in_backward;
   started_in_backward_ = 0;
 }
 

@@ -109,6 +109,8 @@ class DataParallel {
   void StartBucket(Bucket& bucket);
   // Starts buckets in order while they are full.
   void StartReadyBuckets();
+  // No param ready, no bucket started: the state between backwards.
+  void ResetBackwardState();
 
   std::vector<std::shared_ptr<Param>> params_;
   ProcessGroupPtr group_;
