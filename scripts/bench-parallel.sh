@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Training-step time at world 4 (issue 5): meshrun's DataParallel, FSDP and DP x TP
-# (C++, bench/worker_lib/dp_step_bench.cc) side by side with PyTorch DDP
-# (torch 2.15 from the project's venv, gloo, bench/worker_lib/ddp_step_bench.py) on the
-# same MLPs and batch, all launched by `meshrun --standalone`, in one run;
+# Training-step time at world 4 (issues 5, 16): meshrun's DataParallel, FSDP and DP x TP
+# (C++, bench/worker_lib/dp_step_bench.cc) side by side with PyTorch DDP and FSDP2's
+# fully_shard (torch 2.15 from the project's venv, gloo, bench/worker_lib/ddp_step_bench.py)
+# on the same MLPs and batch, all launched by `meshrun --standalone`, in one run;
 # records bench/worker_lib/parallel_results.md. See
 # bench/worker_lib/bench_parallel.py for what is measured and how.
 #
 #   scripts/bench-parallel.sh                 # ~5-10 minutes on 2 loaded cores
 #   scripts/bench-parallel.sh --rounds 1      # quick look
+#   scripts/bench-parallel.sh --baseline /tmp/old/dp_step_bench   # before vs after, interleaved
 #
 # Extra arguments go to bench_parallel.py (--rounds, --models, --batch,
-# --steps, --impls, --world). Environment:
+# --steps, --impls, --world, --baseline, --baseline-impls). Environment:
 #   BUILD_DIR    build directory (default build/; configured with benchmarks if missing)
 #   RESULTS_DIR  where parallel_results.md goes (default bench/worker_lib)
 #   JOBS         ninja -j (default 2)
 #   WAIT_QUIET   seconds to wait for a quiet machine first (default 60)
+#   NO_BUILD     1: use BUILD_DIR's binaries as they are (say, while another
+#                ninja runs there), without configuring or building
 #   MESHRUN_VENV the virtualenv with the pinned torch (default .venv)
 #   PYTHON_EXEC  the Python that runs ddp_step_bench.py (default the venv's python3)
 set -euo pipefail
@@ -24,17 +27,24 @@ results_dir=${RESULTS_DIR:-bench/worker_lib}
 jobs=${JOBS:-2}
 wait_quiet=${WAIT_QUIET:-60}
 
-if [ ! -f "$build_dir/build.ninja" ]; then
+if [ "${NO_BUILD:-0}" = 1 ]; then
+  for binary in dp_step_bench meshrun meshrun-rdzvd; do
+    [ -x "$build_dir/bin/$binary" ] ||
+      { echo "bench-parallel: NO_BUILD=1 but no $build_dir/bin/$binary" >&2; exit 1; }
+  done
+elif [ ! -f "$build_dir/build.ninja" ]; then
   mkdir -p "$build_dir"
   cmake -S . -B "$build_dir" -G Ninja > "$build_dir.configure.log" 2>&1 ||
     { cat "$build_dir.configure.log"; exit 1; }
 fi
-if ! grep -q '^build dp_step_bench:\|bin/dp_step_bench:' "$build_dir/build.ninja"; then
-  cmake -S . -B "$build_dir" -DMESHRUN_BUILD_BENCH=ON > "$build_dir.configure.log" 2>&1 ||
-    { cat "$build_dir.configure.log"; exit 1; }
+if [ "${NO_BUILD:-0}" != 1 ]; then
+  if ! grep -q '^build dp_step_bench:\|bin/dp_step_bench:' "$build_dir/build.ninja"; then
+    cmake -S . -B "$build_dir" -DMESHRUN_BUILD_BENCH=ON > "$build_dir.configure.log" 2>&1 ||
+      { cat "$build_dir.configure.log"; exit 1; }
+  fi
+  ninja -C "$build_dir" -j"$jobs" dp_step_bench meshrun meshrun-rdzvd >&2 ||
+    { echo "bench-parallel: cannot build dp_step_bench (configured with MESHRUN_BUILD_BENCH=ON?)" >&2; exit 1; }
 fi
-ninja -C "$build_dir" -j"$jobs" dp_step_bench meshrun meshrun-rdzvd >&2 ||
-  { echo "bench-parallel: cannot build dp_step_bench (configured with MESHRUN_BUILD_BENCH=ON?)" >&2; exit 1; }
 
 source scripts/lib/bench-common.sh
 find_torch bench-parallel
@@ -50,9 +60,11 @@ cmd=("$venv_python" bench/worker_lib/bench_parallel.py
      --meshrun "$build_dir/bin/meshrun" --dp-step-bench "$build_dir/bin/dp_step_bench"
      --ddp-script bench/worker_lib/ddp_step_bench.py --python "$python_exec" --raw "$tmp/raw" "$@")
 invocation="scripts/bench-parallel.sh${*:+ $*}"
-for var in PYTHON_EXEC MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET; do
+for var in PYTHON_EXEC MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET NO_BUILD; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
+# The tree's state now: the results file this run rewrites is dirty later.
+tree="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)')"
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 t0=$(date +%s)
 set +e
@@ -66,7 +78,7 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
 mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
 {
-  echo "# Parallel training benchmark: meshrun DP / FSDP / DP x TP vs PyTorch DDP (step time, world 4)"
+  echo "# Parallel training benchmark: meshrun DP / FSDP / DP x TP vs PyTorch DDP / FSDP2 (step time, world 4)"
   echo
   echo "Produced by \`scripts/bench-parallel.sh\` (bench/worker_lib/bench_parallel.py,"
   echo "dp_step_bench.cc, ddp_step_bench.py); do not edit by hand."
@@ -74,7 +86,7 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
   echo "- Date: $started (took ${elapsed} s)"
   echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
-  echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)'), built in $build_dir"
+  echo "- meshrun: $tree, built in $build_dir"
   echo "- libtorch: torch $torch_version's (the venv's wheel); PyTorch DDP: torch $ddp_torch" \
        "($python_exec, $("$python_exec" --version 2>&1)); Gloo on CPU"
   echo "- Load average (1/5/15 min) before: $load_before; after: $load_after. The machine is"
@@ -86,15 +98,25 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo
   echo "- Every launch: \`meshrun --standalone --nproc-per-node=4 --no-python\` of"
   echo "  \`dp_step_bench --mode {dp,fsdp,fsdp_noreshard,dptp}\` (C++: MakeMlp, DataParallel with 25 MiB"
-  echo "  buckets or FullyShard per layer, torch::optim::SGD) or \`\$PYTHON_EXEC ddp_step_bench.py\`"
-  echo "  (nn.Sequential of the same Linear/ReLU sizes in DistributedDataParallel, default 25 MiB"
-  echo "  buckets, torch.optim.SGD). OMP_NUM_THREADS=1 (meshrun's default for several workers) for both."
+  echo "  buckets or FullyShard per layer, torch::optim::SGD) or \`\$PYTHON_EXEC ddp_step_bench.py"
+  echo "  --mode {ddp,fsdp2,fsdp2_noreshard}\` (nn.Sequential of the same Linear/ReLU sizes in"
+  echo "  DistributedDataParallel with its default 25 MiB buckets, or fully_shard on every Linear"
+  echo "  and the root, reshard_after_forward True / False; torch.optim.SGD)."
+  echo "  OMP_NUM_THREADS=1 (meshrun's default for several workers) for all."
+  echo "- \`--baseline PATH\`: the modes of \`--baseline-impls\` also run by that dp_step_bench"
+  echo "  binary (built from an earlier commit), interleaved with the rest (\", baseline\" rows)."
+  echo "- Memory: each binary reports its largest rank's peak RSS (getrusage) and the growth of"
+  echo "  that over the RSS just before the model was built; the Python peers' RSS includes the"
+  echo "  interpreter and torch's Python modules, so compare growth, not peak, across languages."
   echo "- A step = zero_grad + forward + MSE loss + backward + gradient sync + SGD step, on this"
   echo "  rank's 1/4 of the global batch; data is generated before the clock starts; a barrier"
   echo "  precedes every step; a step's time is the slowest rank's; per launch the median of the"
   echo "  timed steps after warm-up; reported: the median over rounds of the launch medians."
-  echo "- DDP overlaps its all-reduces with backward; meshrun's DataParallel syncs after backward"
-  echo "  (all buckets' all-reduces issued, then waited) with the grads living in the buckets."
+  echo "- DDP and meshrun's DataParallel both start a bucket's all-reduce during backward once its"
+  echo "  grads are in (meshrun: grads live in the buckets; SyncGradients waits). meshrun FSDP and"
+  echo "  FSDP2 both gather a layer's params with one all-gather and reduce-scatter its grads with"
+  echo "  one reduce-scatter, prefetching the next layer's all-gather (before this one, meshrun's"
+  echo "  FSDP ran one all-gather and one reduce-scatter per parameter, and DP synced after backward)."
   echo "- \`--mode dptp\`: mesh (2, 2) [dp, tp]; ParallelizeMlp (tp.h: column -> row pairs) over tp,"
   echo "  DataParallel over dp; the two tp ranks of a dp rank share its half of the batch."
   echo

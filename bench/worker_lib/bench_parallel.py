@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
-"""Training-step time at world 4: meshrun's DP, FSDP, DP x TP vs PyTorch DDP.
+"""Training-step time at world 4: meshrun's DP, FSDP, DP x TP vs PyTorch DDP / FSDP2.
 
 Run by scripts/bench-parallel.sh; stdlib only. Progress goes to stderr; the
 result tables (Markdown) and a verdict go to stdout.
 
 Every launch is `meshrun --standalone --nproc-per-node=N` of either
 `--no-python dp_step_bench --mode M` (meshrun's C++ DP / FSDP) or
-`ddp_step_bench.py` (PyTorch DDP, torch 2 run by --python, gloo), with the same
-MLP sizes, global batch and step count. Each launch reports the median over
-its timed steps of the per-step time (max over ranks). The implementations
-alternate within a round (rotating who goes first); over --rounds rounds the
-reported number is the median of the launch medians.
+`ddp_step_bench.py --mode M` (PyTorch DDP or FSDP2's fully_shard, torch 2 run
+by --python, gloo), with the same MLP sizes, global batch and step count. Each
+launch reports the median over its timed steps of the per-step time (max over
+ranks) and the largest rank's peak RSS. The implementations alternate within a
+round (rotating who goes first); over --rounds rounds the reported number is
+the median of the launch medians.
+
+--baseline PATH adds, for each meshrun mode in --baseline-impls, the same mode
+run by another dp_step_bench binary (say, one built from the commit before a
+change), interleaved with the others, so before and after are measured in the
+same machine state.
 """
 
 import argparse
@@ -23,6 +29,23 @@ import time
 
 # Rank 0's line (meshrun and torchrun 2 print it unprefixed unless tee'd).
 RESULT_RE = re.compile(r"RESULT (impl=.*)$", re.M)
+TORCH_MODES = ("ddp", "fsdp2", "fsdp2_noreshard")
+BASELINE_SUFFIX = "@baseline"
+LABEL = {"dp": "meshrun DP", "ddp": "PyTorch DDP", "fsdp": "meshrun FSDP",
+         "fsdp_noreshard": "meshrun FSDP (no reshard)", "dptp": "meshrun DP x TP",
+         "fsdp2": "PyTorch FSDP2", "fsdp2_noreshard": "PyTorch FSDP2 (no reshard)"}
+# The PyTorch peer each meshrun mode is compared with besides DDP.
+PEER = {"fsdp": "fsdp2", "fsdp_noreshard": "fsdp2_noreshard"}
+
+
+def label(impl):
+    if impl.endswith(BASELINE_SUFFIX):
+        return LABEL.get(impl[:-len(BASELINE_SUFFIX)], impl) + ", baseline"
+    return LABEL.get(impl, impl)
+
+
+def peer(impl):
+    return PEER.get(impl.removesuffix(BASELINE_SUFFIX))
 
 
 def log(*args):
@@ -41,13 +64,13 @@ def bench_env(python):
 def launch(args, impl, sizes, raw):
     common = [f"--sizes={sizes}", f"--batch={args.batch}", f"--steps={args.steps}",
               f"--warmup={args.warmup}"]
-    if impl == "ddp":
-        program = [args.python, args.ddp_script]
-        cmd = [args.meshrun, "--standalone", f"--nproc-per-node={args.world}", "--no-python",
-               *program, *common]
+    launcher = [args.meshrun, "--standalone", f"--nproc-per-node={args.world}", "--no-python"]
+    if impl in TORCH_MODES:
+        cmd = [*launcher, args.python, args.ddp_script, f"--mode={impl}", *common]
+    elif impl.endswith(BASELINE_SUFFIX):
+        cmd = [*launcher, args.baseline, f"--mode={impl[:-len(BASELINE_SUFFIX)]}", *common]
     else:
-        cmd = [args.meshrun, "--standalone", f"--nproc-per-node={args.world}", "--no-python",
-               args.dp_step_bench, f"--mode={impl}", *common]
+        cmd = [*launcher, args.dp_step_bench, f"--mode={impl}", *common]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=bench_env(args.python), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=args.launch_timeout)
@@ -79,30 +102,39 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--impls", default="dp,ddp,fsdp,fsdp_noreshard,dptp")
+    parser.add_argument("--impls",
+                        default="dp,ddp,fsdp,fsdp_noreshard,fsdp2,fsdp2_noreshard,dptp")
+    parser.add_argument("--baseline", help="another dp_step_bench binary to compare with")
+    parser.add_argument("--baseline-impls", default="dp,fsdp,fsdp_noreshard")
     parser.add_argument("--launch-timeout", type=float, default=300)
     parser.add_argument("--raw", help="file for the raw RESULT/STEPS lines")
     args = parser.parse_args()
 
     impls = args.impls.split(",")
+    if args.baseline:
+        impls += [i + BASELINE_SUFFIX for i in args.baseline_impls.split(",")]
     models = args.models.split(";")
     raw = []
     medians = {(m, i): [] for m in models for i in impls}
+    # Per launch: the largest rank's peak RSS and its growth over the RSS
+    # before the model was built (MiB), where the binary reports them.
+    memory = {(m, i): [] for m in models for i in impls}
     try:
         for r in range(args.rounds):
             for model in models:
                 order = impls[r % len(impls):] + impls[:r % len(impls)]
                 for impl in order:
-                    median, _ = launch(args, impl, model, raw)
+                    median, fields = launch(args, impl, model, raw)
                     medians[(model, impl)].append(median)
+                    if "max_rss_mb" in fields:
+                        memory[(model, impl)].append((float(fields["max_rss_mb"]),
+                                                      float(fields["rss_growth_mb"])))
                     log(f"round {r + 1}/{args.rounds} model {model} {impl}: {median:.3f} ms")
     finally:
         if args.raw:
             with open(args.raw, "w") as f:
                 f.write("\n".join(raw) + "\n")
 
-    label = {"dp": "meshrun DP", "ddp": "PyTorch DDP", "fsdp": "meshrun FSDP",
-             "fsdp_noreshard": "meshrun FSDP (no reshard)", "dptp": "meshrun DP x TP"}
     verdicts = []
     for model in models:
         params = 0
@@ -114,17 +146,26 @@ def main():
         print()
         print("Median step time over rounds (each round: one launch per implementation, "
               f"median of its {args.steps} timed steps, each step the slowest rank). "
-              "Ratio = implementation / PyTorch DDP (below 1: faster than DDP).")
+              "Ratio = implementation / PyTorch DDP, and meshrun FSDP / PyTorch FSDP2 with "
+              "the same reshard_after_forward (below 1: faster). Peak RSS: the largest "
+              "rank's, median over launches; growth: over its RSS before the model was "
+              "built (\"-\": not reported by that binary).")
         print()
-        print("| implementation | median ms | launches (ms) | ratio vs DDP |")
-        print("|---|---:|---|---:|")
-        ddp = statistics.median(medians[(model, "ddp")]) if "ddp" in impls else None
+        print("| implementation | median ms | launches (ms) | ratio vs DDP | ratio vs FSDP2 "
+              "| peak RSS MiB | RSS growth MiB |")
+        print("|---|---:|---|---:|---:|---:|---:|")
+        med_of = {i: statistics.median(medians[(model, i)]) for i in impls}
+        ddp = med_of.get("ddp")
         for impl in impls:
-            values = medians[(model, impl)]
-            med = statistics.median(values)
+            med = med_of[impl]
             ratio = f"{med / ddp:.2f}" if ddp else "-"
-            launches = ", ".join(f"{v:.2f}" for v in values)
-            print(f"| {label.get(impl, impl)} | {med:.3f} | {launches} | {ratio} |")
+            versus = f"{med / med_of[peer(impl)]:.2f}" if peer(impl) in med_of else "-"
+            launches = ", ".join(f"{v:.2f}" for v in medians[(model, impl)])
+            mem = memory[(model, impl)]
+            rss = f"{statistics.median(p for p, _ in mem):.1f}" if mem else "-"
+            growth = f"{statistics.median(g for _, g in mem):.1f}" if mem else "-"
+            print(f"| {label(impl)} | {med:.3f} | {launches} | {ratio} | {versus} | {rss} "
+                  f"| {growth} |")
         print()
         if ddp and "dp" in impls:
             dp = statistics.median(medians[(model, "dp")])
@@ -135,7 +176,19 @@ def main():
                 f"({'MET' if dp <= ddp else 'NOT MET'}: meshrun DP "
                 f"{'no slower' if dp <= ddp else 'slower'}); meshrun DP faster or equal in "
                 f"{wins} of {len(medians[(model, 'dp')])} rounds")
-    print("### Verdict: \"meshrun's DP step no slower than PyTorch DDP's\"")
+        for impl in impls:
+            base = impl + BASELINE_SUFFIX
+            if base in med_of:
+                verdicts.append(
+                    f"- MLP {model}: {label(impl)} now / baseline = "
+                    f"{med_of[impl] / med_of[base]:.2f}")
+            if peer(impl) in med_of and not impl.endswith(BASELINE_SUFFIX):
+                verdicts.append(
+                    f"- MLP {model}: {label(impl)} / {label(peer(impl))} = "
+                    f"{med_of[impl] / med_of[peer(impl)]:.2f} "
+                    f"({'MET' if med_of[impl] <= med_of[peer(impl)] else 'NOT MET'})")
+    print("### Verdicts: meshrun DP no slower than PyTorch DDP, meshrun FSDP no slower "
+          "than FSDP2")
     print()
     print("\n".join(verdicts))
 

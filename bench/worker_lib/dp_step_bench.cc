@@ -11,16 +11,23 @@
 // forward/backward), SGD step. Each step starts after a barrier; its time is
 // the max over ranks; data is made before the clock starts. Rank 0 prints
 //   RESULT mode=dp world=4 median_ms=... p10_ms=... p90_ms=... steps=...
+//       max_rss_mb=... rss_growth_mb=...
+// the last two: the largest rank's peak RSS and its growth over the RSS
+// before the model was built (ddp_step_bench.py reports the same), a
+// per-rank memory measure that needs no allocator hooks on either side.
 // Modes: dp (DataParallel), fsdp (FullyShard, reshard after forward),
 // fsdp_noreshard, dptp (mesh (world/2, 2) ["dp", "tp"]: ParallelizeMlp over
 // tp, DataParallel over dp; tp ranks share their dp rank's rows).
 
+#include <sys/resource.h>
 #include <torch/optim/sgd.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -51,6 +58,22 @@ double Percentile(std::vector<double> values, double q) {
   const size_t high = std::min(low + 1, values.size() - 1);
   return values[low] +
          (values[high] - values[low]) * (position - static_cast<double>(low));
+}
+
+// This process's resident set now (MiB), from /proc/self/statm.
+double RssMb() {
+  std::ifstream statm("/proc/self/statm");
+  long size = 0, resident = 0;
+  statm >> size >> resident;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) /
+         (1 << 20);
+}
+
+// The peak resident set since the process started (MiB; ru_maxrss is in KiB).
+double PeakRssMb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024;
 }
 
 int Main(int argc, char** argv) {
@@ -87,6 +110,7 @@ int Main(int argc, char** argv) {
   const int data_index = *mesh->GetLocalRank("dp");
   if (batch % data_parts != 0) return Fail("--batch must divide over the dp ranks");
 
+  const double rss_before_model = RssMb();
   Sequential model = MakeMlp(sizes, /*seed=*/1);
   std::unique_ptr<DataParallel> dp;
   if (mode == "dp" || mode == "dptp") {
@@ -129,16 +153,22 @@ int Main(int argc, char** argv) {
   (*world)->group()->allreduce(all, max)->wait();
   std::vector<double> step_ms(all[0].data_ptr<double>(),
                               all[0].data_ptr<double>() + steps);
+  const double peak = PeakRssMb();
+  std::vector<at::Tensor> memory{
+      at::tensor({peak, peak - rss_before_model}, at::kDouble)};
+  (*world)->group()->allreduce(memory, max)->wait();
   if (rank == 0) {
     std::vector<std::string> formatted;
     for (double t : step_ms) formatted.push_back(std::to_string(t).substr(0, 7));
     std::printf(
         "RESULT impl=meshrun mode=%s world=%d sizes=%s batch=%lld median_ms=%.3f "
         "p10_ms=%.3f "
-        "p90_ms=%.3f steps=%d first_loss=%.6f last_loss=%.6f\n",
+        "p90_ms=%.3f steps=%d first_loss=%.6f last_loss=%.6f max_rss_mb=%.1f "
+        "rss_growth_mb=%.1f\n",
         mode.c_str(), n, sizes_text.c_str(), static_cast<long long>(batch),
         Percentile(step_ms, 0.5), Percentile(step_ms, 0.1), Percentile(step_ms, 0.9),
-        steps, first_loss, last_loss);
+        steps, first_loss, last_loss, memory[0][0].item<double>(),
+        memory[0][1].item<double>());
     std::printf("STEPS impl=meshrun mode=%s %s\n", mode.c_str(),
                 absl::StrJoin(formatted, ",").c_str());
     std::fflush(stdout);

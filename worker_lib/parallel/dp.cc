@@ -1,6 +1,9 @@
 #include "worker_lib/parallel/dp.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <exception>
@@ -46,28 +49,47 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
                            ProcessGroupPtr group, size_t bucket_bytes)
     : params_(std::move(params)), group_(std::move(group)) {
   TORCH_CHECK(bucket_bytes >= 1, "DataParallel: bucket_bytes must be >= 1");
-  // Reverse order, as DDP: the last layers' grads are ready first.
-  std::vector<int64_t> numels;
-  std::vector<at::ScalarType> dtypes;
-  size_t bytes = 0;
-  for (size_t k = params_.size(); k-- > 0;) {
+  std::vector<int64_t> numels, element_sizes;
+  std::vector<int> dtypes;
+  for (const auto& param : params_) {
+    const at::Tensor& data = param->data();
+    numels.push_back(data.numel());
+    element_sizes.push_back(static_cast<int64_t>(data.element_size()));
+    dtypes.push_back(static_cast<int>(data.scalar_type()));
+  }
+  std::vector<BucketLayout> layouts =
+      MakeBuckets(numels, element_sizes, dtypes, bucket_bytes);
+  slots_ = SlotsOf(layouts, params_.size());
+  for (BucketLayout& layout : layouts) {
+    Bucket bucket;
+    const at::ScalarType dtype = params_[layout.members.front()]->data().scalar_type();
+    bucket.flat = at::zeros({layout.numel}, at::TensorOptions().dtype(dtype));
+    bucket.ready.assign(layout.members.size(), false);
+    bucket.layout = std::move(layout);
+    buckets_.push_back(std::move(bucket));
+  }
+  if (group_->getSize() == 1) return;
+  for (size_t k = 0; k < params_.size(); ++k) {
     const at::Tensor& data = params_[k]->data();
-    const size_t size = data.numel() * data.element_size();
-    if (buckets_.empty() || bytes + size > bucket_bytes ||
-        dtypes.back() != data.scalar_type()) {
-      buckets_.emplace_back();
-      numels.push_back(0);
-      dtypes.push_back(data.scalar_type());
-      bytes = 0;
-    }
-    buckets_.back().members.push_back(k);
-    buckets_.back().offsets.push_back(numels.back());
-    numels.back() += data.numel();
-    bytes += size;
+    if (!data.requires_grad()) continue;
+    c10::intrusive_ptr<torch::autograd::Node> accumulator =
+        torch::autograd::impl::grad_accumulator(data);
+    // inputs[0]: the gradient AccumulateGrad received; undefined when none
+    // flowed (an FSDP shard's grad is set outside autograd).
+    hook_keys_.push_back(accumulator->add_post_hook(
+        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, k](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list& inputs) {
+              if (!inputs.empty() && inputs[0].defined()) OnGradReady(k);
+              return outputs;
+            })));
+    accumulators_.push_back(std::move(accumulator));
   }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    buckets_[b].flat = at::zeros({numels[b]}, at::TensorOptions().dtype(dtypes[b]));
-  }
+}
+
+DataParallel::~DataParallel() {
+  for (size_t i = 0; i < accumulators_.size(); ++i)
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
 size_t DataParallel::bucket_bytes_allocated() const {
@@ -76,39 +98,112 @@ size_t DataParallel::bucket_bytes_allocated() const {
   return total;
 }
 
+void DataParallel::CopyIntoBucket(size_t index) {
+  const BucketSlot slot = slots_[index];
+  Bucket& bucket = buckets_[slot.bucket];
+  const int64_t offset = bucket.layout.offsets[slot.member];
+  const at::Tensor& data = params_[index]->data();
+  at::Tensor view = MemberView(bucket.flat, offset, data);
+  at::Tensor& grad = data.mutable_grad();
+  if (!grad.defined()) {
+    view.zero_();
+  } else if (!IsView(grad, view)) {
+    view.copy_(grad);
+  } else {
+    return;
+  }
+  grad = MemberAlias(bucket.flat, offset, data);
+}
+
+void DataParallel::OnGradReady(size_t index) {
+  if (!sync_during_backward_) return;
+  const BucketSlot slot = slots_[index];
+  Bucket& bucket = buckets_[slot.bucket];
+  if (bucket.work) {
+    if (misuse_.empty()) {
+      misuse_ = absl::StrCat(
+          "DataParallel: ", params_[index]->name(),
+          " got a gradient while its bucket was being all-reduced: a second backward "
+          "before SyncGradients needs set_sync_during_backward(false) first");
+    }
+    return;
+  }
+  at::NoGradGuard no_grad;
+  // Into the bucket now, so the grad accumulates there in place if another
+  // use of the param comes later in this backward.
+  CopyIntoBucket(index);
+  if (bucket.ready[slot.member]) return;
+  bucket.ready[slot.member] = true;
+  ++bucket.num_ready;
+  StartReadyBuckets();
+}
+
+void DataParallel::StartBucket(Bucket& bucket) {
+  bucket.work = AllReduce(*group_, bucket.flat, c10d::ReduceOp::SUM);
+}
+
+void DataParallel::StartReadyBuckets() {
+  // In bucket order, as DDP does, so that every rank issues the same
+  // sequence of all-reduces whatever order its grads come in.
+  while (next_bucket_ < buckets_.size() &&
+         buckets_[next_bucket_].num_ready ==
+             buckets_[next_bucket_].layout.members.size()) {
+    StartBucket(buckets_[next_bucket_]);
+    ++next_bucket_;
+    ++started_in_backward_;
+  }
+}
+
 void DataParallel::SyncGradients() {
   at::NoGradGuard no_grad;
   const int n = group_->getSize();
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  works.reserve(buckets_.size());
-  for (Bucket& bucket : buckets_) {
-    for (size_t m = 0; m < bucket.members.size(); ++m) {
-      const at::Tensor& data = params_[bucket.members[m]]->data();
-      at::Tensor view = MemberView(bucket.flat, bucket.offsets[m], data);
-      const at::Tensor& grad = data.grad();
-      if (!grad.defined()) {
-        view.zero_();
-      } else if (!IsView(grad, view)) {
-        view.copy_(grad);
-      }
+  if (!misuse_.empty()) {
+    std::string misuse = std::move(misuse_);
+    misuse_.clear();
+    // Drain what was started, so the group stays in step, then report.
+    for (Bucket& bucket : buckets_) {
+      if (bucket.work) bucket.work->wait();
+      bucket.work.reset();
     }
-    if (n > 1) works.push_back(AllReduce(*group_, bucket.flat, c10d::ReduceOp::SUM));
+    ResetBackwardState();
+    TORCH_CHECK(false, misuse);
   }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = buckets_[b];
+  const int started_in_backward = started_in_backward_;
+  for (; next_bucket_ < buckets_.size(); ++next_bucket_) {
+    Bucket& bucket = buckets_[next_bucket_];
+    for (size_t m = 0; m < bucket.layout.members.size(); ++m) {
+      if (!bucket.ready[m]) CopyIntoBucket(bucket.layout.members[m]);
+    }
+    if (n > 1) StartBucket(bucket);
+  }
+  for (Bucket& bucket : buckets_) {
     if (n > 1) {
-      works[b]->wait();
+      TORCH_INTERNAL_ASSERT(bucket.work, "DataParallel: a bucket was never started");
+      bucket.work->wait();
+      bucket.work.reset();
       bucket.flat.div_(n);
     }
-    for (size_t m = 0; m < bucket.members.size(); ++m) {
-      const at::Tensor& data = params_[bucket.members[m]]->data();
+    // A grad replaced since its bucket was filled (user code) is not the
+    // bucket's tensor: put the bucket's back (holding the mean).
+    for (size_t m = 0; m < bucket.layout.members.size(); ++m) {
+      const at::Tensor& data = params_[bucket.layout.members[m]]->data();
       at::Tensor& grad = data.mutable_grad();
-      if (!grad.defined() ||
-          !IsView(grad, MemberView(bucket.flat, bucket.offsets[m], data))) {
-        grad = MemberAlias(bucket.flat, bucket.offsets[m], data);
-      }
+      const int64_t offset = bucket.layout.offsets[m];
+      if (!grad.defined() || !IsView(grad, MemberView(bucket.flat, offset, data)))
+        grad = MemberAlias(bucket.flat, offset, data);
     }
   }
+  ResetBackwardState();
+  last_started_in_backward_ = started_in_backward;
+}
+
+void DataParallel::ResetBackwardState() {
+  for (Bucket& bucket : buckets_) {
+    bucket.ready.assign(bucket.ready.size(), false);
+    bucket.num_ready = 0;
+  }
+  next_bucket_ = 0;
+  started_in_backward_ = 0;
 }
 
 absl::Status DataParallel::BroadcastParams(int root) {
@@ -121,17 +216,17 @@ absl::Status DataParallel::BroadcastParams(int root) {
   try {
     for (Bucket& bucket : buckets_) {
       at::Tensor flat = at::empty_like(bucket.flat);
-      for (size_t m = 0; m < bucket.members.size(); ++m) {
-        const at::Tensor& data = params_[bucket.members[m]]->data();
-        MemberView(flat, bucket.offsets[m], data).copy_(data);
+      for (size_t m = 0; m < bucket.layout.members.size(); ++m) {
+        const at::Tensor& data = params_[bucket.layout.members[m]]->data();
+        MemberView(flat, bucket.layout.offsets[m], data).copy_(data);
       }
       std::vector<at::Tensor> tensors{flat};
       c10d::BroadcastOptions options;
       options.rootRank = root;
       group_->broadcast(tensors, options)->wait();
-      for (size_t m = 0; m < bucket.members.size(); ++m) {
-        const at::Tensor& data = params_[bucket.members[m]]->data();
-        data.copy_(MemberView(flat, bucket.offsets[m], data));
+      for (size_t m = 0; m < bucket.layout.members.size(); ++m) {
+        const at::Tensor& data = params_[bucket.layout.members[m]]->data();
+        data.copy_(MemberView(flat, bucket.layout.offsets[m], data));
       }
     }
   } catch (const std::exception& e) {
@@ -148,18 +243,18 @@ absl::Status DataParallel::VerifyParamsEqual() {
   try {
     for (Bucket& bucket : buckets_) {
       at::Tensor mine = at::empty_like(bucket.flat);
-      for (size_t m = 0; m < bucket.members.size(); ++m) {
-        const at::Tensor& data = params_[bucket.members[m]]->data();
-        MemberView(mine, bucket.offsets[m], data).copy_(data);
+      for (size_t m = 0; m < bucket.layout.members.size(); ++m) {
+        const at::Tensor& data = params_[bucket.layout.members[m]]->data();
+        MemberView(mine, bucket.layout.offsets[m], data).copy_(data);
       }
       std::vector<at::Tensor> tensors{mine.clone()};
       group_->broadcast(tensors)->wait();
-      for (size_t m = 0; m < bucket.members.size(); ++m) {
-        const at::Tensor& data = params_[bucket.members[m]]->data();
-        if (!at::equal(MemberView(tensors[0], bucket.offsets[m], data),
-                       MemberView(mine, bucket.offsets[m], data))) {
+      for (size_t m = 0; m < bucket.layout.members.size(); ++m) {
+        const at::Tensor& data = params_[bucket.layout.members[m]]->data();
+        if (!at::equal(MemberView(tensors[0], bucket.layout.offsets[m], data),
+                       MemberView(mine, bucket.layout.offsets[m], data))) {
           first_different =
-              std::min(first_different, static_cast<int64_t>(bucket.members[m]));
+              std::min(first_different, static_cast<int64_t>(bucket.layout.members[m]));
         }
       }
     }

@@ -4,12 +4,12 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker_lib/collectives.h"
 
 namespace meshrun::worker::parallel {
 
@@ -22,9 +22,9 @@ using torch::autograd::variable_list;
 // A fresh tensor over `storage` (its own TensorImpl and version counter, so
 // refilling the storage is not seen by autograd as an in-place change of a
 // saved tensor).
-at::Tensor AliasOf(const at::Tensor& base, at::IntArrayRef sizes) {
+at::Tensor AliasOf(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
   at::Tensor alias = at::empty({0}, base.options());
-  alias.set_(base.storage(), /*storage_offset=*/0, sizes);
+  alias.set_(base.storage(), base.storage_offset() + offset, sizes);
   return alias;
 }
 
@@ -37,7 +37,49 @@ T* PointerOf(AutogradContext* ctx) {
   return reinterpret_cast<T*>(static_cast<intptr_t>(ctx->saved_data["state"].toInt()));
 }
 
-// shard -> the gathered local tensor; backward: reduce-scatter (AVG).
+// The backward pass in progress on this thread, for the groups: which have
+// grads not yet reduce-scattered, and the one reduce-scatter in flight (at
+// most one, as FSDP2 waits for the previous before issuing the next, which
+// bounds the flat grad buffers alive). Settled by an engine callback at the
+// end of the backward pass.
+struct BackwardPass {
+  bool callback_queued = false;
+  std::vector<std::shared_ptr<FsdpParamGroup>> with_grads;
+  std::shared_ptr<FsdpParamGroup> scattering;
+};
+thread_local BackwardPass backward_pass;
+
+void FinishScattering() {
+  if (backward_pass.scattering == nullptr) return;
+  std::shared_ptr<FsdpParamGroup> group = std::move(backward_pass.scattering);
+  backward_pass.scattering = nullptr;
+  group->FinishReduceScatter();
+}
+
+// End of a backward pass: groups whose uses are not all backpropagated yet
+// (another graph pending) reduce-scatter what this pass delivered.
+void EndBackwardPass() {
+  std::vector<std::shared_ptr<FsdpParamGroup>> groups =
+      std::move(backward_pass.with_grads);
+  backward_pass.with_grads.clear();
+  backward_pass.callback_queued = false;
+  for (const auto& group : groups) {
+    if (group->has_grads()) group->StartReduceScatter();
+  }
+  FinishScattering();
+}
+
+void JoinBackwardPass(std::shared_ptr<FsdpParamGroup> group) {
+  if (!backward_pass.callback_queued) {
+    torch::autograd::Engine::get_default_engine().queue_callback(EndBackwardPass);
+    backward_pass.callback_queued = true;
+  }
+  backward_pass.with_grads.push_back(std::move(group));
+}
+
+// shard -> the gathered local tensor. Backward hands the gathered tensor's
+// gradient to the group, which reduce-scatters it into data().grad() (so
+// no gradient flows to the shard through autograd).
 struct UnshardFunction : public torch::autograd::Function<UnshardFunction> {
   static Variable forward(AutogradContext* ctx, const Variable& /*shard*/,
                           int64_t state) {
@@ -46,107 +88,246 @@ struct UnshardFunction : public torch::autograd::Function<UnshardFunction> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     FsdpParam* state = PointerOf<FsdpParam>(ctx);
-    at::Tensor grad = state->ReduceScatterGrad(grads[0]);
-    state->BackwardDone();
-    return {grad, Variable()};
+    state->group().GradReady(state->index(), grads[0]);
+    return {Variable(), Variable()};
   }
 };
 
 // Identity on a layer's output whose backward gathers the layer's params
-// again before the layer's own backward nodes run.
+// again before the layer's own backward nodes run, and issues the previous
+// layer's all-gather.
 struct PreBackwardFunction : public torch::autograd::Function<PreBackwardFunction> {
   static Variable forward(AutogradContext* ctx, const Variable& output, int64_t layer) {
     ctx->saved_data["state"] = layer;
     return output;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    PointerOf<FsdpLayer>(ctx)->UnshardAll();
+    FsdpLayer* layer = PointerOf<FsdpLayer>(ctx);
+    layer->UnshardAll();
+    layer->PrefetchPrevious();
     return {grads[0], Variable()};
   }
 };
 
+void FreeStorage(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, tensor.device()));
+  storage->set_nbytes(0);
+}
+
+// `full` ([rows, ...], dim 0 unpadded) into `flat` ([parts, segment]) at
+// column `offset`: chunk r of its rows (padded_rows each) into row r. The
+// padding is left as it is (the caller zeroes it).
+void CopyChunksIn(const at::Tensor& flat, int64_t offset, int64_t padded_rows,
+                  const at::Tensor& full) {
+  const int64_t rows = full.size(0);
+  const int64_t row_numel = rows == 0 ? 0 : full.numel() / rows;
+  const int64_t chunk_numel = padded_rows * row_numel;
+  at::Tensor source = full.contiguous().view({rows, row_numel});
+  at::Tensor target = flat.narrow(1, offset, chunk_numel);
+  const int64_t whole = padded_rows == 0 ? 0 : rows / padded_rows;
+  if (whole > 0) {
+    target.narrow(0, 0, whole)
+        .copy_(source.narrow(0, 0, whole * padded_rows).view({whole, chunk_numel}));
+  }
+  const int64_t rest = rows - whole * padded_rows;
+  if (rest > 0) {
+    target.select(0, whole)
+        .narrow(0, 0, rest * row_numel)
+        .copy_(source.narrow(0, whole * padded_rows, rest).reshape({-1}));
+  }
+}
+
 }  // namespace
 
-FsdpParam::FsdpParam(Param& param, ProcessGroupPtr group, int64_t rows,
-                     FsdpOptions options)
-    : param_(param), group_(std::move(group)), options_(options), rows_(rows) {
-  const int64_t parts = group_->getSize();
-  padded_rows_ = ChunkOf(rows_, parts, 0).padded_size;
+FsdpParam::FsdpParam(Param& param, int64_t rows) : param_(param), rows_(rows) {}
+
+void FsdpParam::JoinGroup(std::shared_ptr<FsdpParamGroup> group, size_t index,
+                          int64_t parts, int64_t padded_rows) {
+  group_ = std::move(group);
+  index_ = index;
   std::vector<int64_t> shape = param_.data().sizes().vec();
-  shape[0] = parts * padded_rows_;
+  shape[0] = parts * padded_rows;
   buffer_ = at::empty(shape, param_.data().options().requires_grad(false));
   buffer_nbytes_ = buffer_.nbytes();
-  Reshard();
+  FreeUnsharded();
 }
 
 bool FsdpParam::unsharded() const { return buffer_.storage().nbytes() != 0; }
 
 size_t FsdpParam::unsharded_bytes() const { return buffer_.storage().nbytes(); }
 
-void FsdpParam::Reshard() {
-  c10::StorageImpl* storage = buffer_.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, buffer_.device()));
-  storage->set_nbytes(0);
-}
+void FsdpParam::FreeUnsharded() { FreeStorage(buffer_); }
 
-void FsdpParam::Unshard() {
+void FsdpParam::AllocateUnsharded() {
   if (unsharded()) return;
-  at::NoGradGuard no_grad;
   c10::StorageImpl* storage = buffer_.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(storage->allocator()->allocate(buffer_nbytes_));
   storage->set_nbytes(buffer_nbytes_);
-  at::Tensor shard = param_.data().detach();
-  const int64_t parts = group_->getSize();
-  if (parts == 1) {
-    buffer_.copy_(shard);
-    return;
-  }
-  std::vector<at::Tensor> pieces;
-  pieces.reserve(parts);
-  for (int64_t j = 0; j < parts; ++j)
-    pieces.push_back(buffer_.narrow(0, j * padded_rows_, padded_rows_));
-  std::vector<std::vector<at::Tensor>> outputs{std::move(pieces)};
-  std::vector<at::Tensor> inputs{shard.contiguous()};
-  group_->allgather(outputs, inputs)->wait();
 }
 
 at::Tensor FsdpParam::UnshardedAlias() const {
   std::vector<int64_t> sizes = buffer_.sizes().vec();
   sizes[0] = rows_;
-  return AliasOf(buffer_, sizes);
+  return AliasOf(buffer_, 0, sizes);
 }
 
 at::Tensor FsdpParam::Compute(Param& param) {
   TORCH_CHECK(&param == &param_, "FsdpParam of ", param_.name(), " used for ",
               param.name());
-  Unshard();
+  TORCH_CHECK(group_ != nullptr, "FSDP ", param_.name(), ": in no param group");
+  group_->Unshard();
   if (!at::GradMode::is_enabled() || !param_.data().requires_grad()) {
     return UnshardedAlias();
   }
-  ++pending_backwards_;
+  group_->AddUse();
   return UnshardFunction::apply(param_.data(), PointerArg(this));
 }
 
-at::Tensor FsdpParam::ReduceScatterGrad(const at::Tensor& full_grad) {
+FsdpParamGroup::FsdpParamGroup(std::vector<FsdpParam*> params, ProcessGroupPtr group,
+                               FsdpOptions options)
+    : params_(std::move(params)), group_(std::move(group)), options_(options) {
+  std::vector<FlatShardMember> members;
+  for (FsdpParam* param : params_) {
+    const at::Tensor& shard = param->param().data();
+    members.push_back(FlatShardMember{
+        param->rows(), shard.size(0) == 0 ? 0 : shard.numel() / shard.size(0)});
+  }
+  layout_ = MakeFlatShardLayout(members, group_->getSize());
+  grads_.resize(params_.size());
+  delivered_.assign(params_.size(), false);
+}
+
+size_t FsdpParamGroup::unsharded_bytes() const {
+  size_t total = 0;
+  for (FsdpParam* param : params_) total += param->unsharded_bytes();
+  if (gather_output_.defined()) total += gather_output_.nbytes();
+  return total;
+}
+
+void FsdpParamGroup::StartUnshard() {
+  if (unsharded_ || gather_output_.defined()) return;
   at::NoGradGuard no_grad;
-  std::vector<int64_t> shape = buffer_.sizes().vec();
-  at::Tensor padded = at::zeros(shape, buffer_.options());
-  if (full_grad.defined()) padded.narrow(0, 0, rows_).copy_(full_grad);
-  shape[0] = padded_rows_;
-  at::Tensor shard_grad = at::empty(shape, buffer_.options());
-  absl::Status status =
-      ReduceScatterTensor(*group_, shard_grad, padded, c10d::ReduceOp::AVG);
-  TORCH_CHECK(status.ok(), "FSDP ", param_.name(), ": ", std::string(status.message()));
-  return shard_grad;
+  const at::TensorOptions options =
+      params_.front()->param().data().options().requires_grad(false);
+  gather_input_ = at::empty({layout_.segment_numel}, options);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    gather_input_.narrow(0, layout_.offsets[i], layout_.numels[i])
+        .copy_(params_[i]->param().data().reshape({-1}));
+  }
+  if (layout_.parts == 1) {
+    gather_output_ = gather_input_;
+    return;
+  }
+  gather_output_ = at::empty({layout_.total_numel()}, options);
+  gather_work_ = group_->all_gather_single(gather_output_, gather_input_);
 }
 
-void FsdpParam::BackwardDone() {
-  if (pending_backwards_ > 0) --pending_backwards_;
-  if (pending_backwards_ == 0) Reshard();
+void FsdpParamGroup::Unshard() {
+  if (unsharded_) return;
+  StartUnshard();
+  at::NoGradGuard no_grad;
+  if (gather_work_) gather_work_->wait();
+  at::Tensor gathered = gather_output_.view({layout_.parts, layout_.segment_numel});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->AllocateUnsharded();
+    params_[i]
+        ->unsharded_buffer()
+        .view({layout_.parts, layout_.numels[i]})
+        .copy_(gathered.narrow(1, layout_.offsets[i], layout_.numels[i]));
+  }
+  gather_work_.reset();
+  gather_input_ = at::Tensor();
+  gather_output_ = at::Tensor();
+  unsharded_ = true;
 }
 
-absl::Status FullyShard(Param& param, const std::string& mesh_dim, ProcessGroupPtr group,
-                        FsdpOptions options) {
+void FsdpParamGroup::Reshard() {
+  if (gather_work_) gather_work_->wait();
+  gather_work_.reset();
+  gather_input_ = at::Tensor();
+  gather_output_ = at::Tensor();
+  for (FsdpParam* param : params_) param->FreeUnsharded();
+  unsharded_ = false;
+}
+
+void FsdpParamGroup::AddUse() { ++pending_uses_; }
+
+void FsdpParamGroup::GradReady(size_t index, const at::Tensor& full_grad) {
+  if (pending_uses_ > 0) --pending_uses_;
+  if (full_grad.defined()) {
+    grads_[index] = grads_[index].defined() ? grads_[index] + full_grad : full_grad;
+  }
+  delivered_[index] = true;
+  if (!has_grads_) {
+    has_grads_ = true;
+    JoinBackwardPass(shared_from_this());
+  }
+  if (pending_uses_ == 0) StartReduceScatter();
+}
+
+void FsdpParamGroup::StartReduceScatter() {
+  FinishScattering();
+  at::NoGradGuard no_grad;
+  if (has_grads_) {
+    bool zeros = false;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      zeros = zeros || !grads_[i].defined() || layout_.padded(i, params_[i]->rows());
+    }
+    const at::TensorOptions options =
+        params_.front()->param().data().options().requires_grad(false);
+    scatter_input_ = zeros ? at::zeros({layout_.total_numel()}, options)
+                           : at::empty({layout_.total_numel()}, options);
+    at::Tensor flat = scatter_input_.view({layout_.parts, layout_.segment_numel});
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (grads_[i].defined())
+        CopyChunksIn(flat, layout_.offsets[i], layout_.padded_rows[i], grads_[i]);
+      grads_[i] = at::Tensor();
+    }
+    scatter_members_ = delivered_;
+    delivered_.assign(params_.size(), false);
+    has_grads_ = false;
+    if (layout_.parts == 1) {
+      scatter_output_ = scatter_input_;
+    } else {
+      scatter_output_ = at::empty({layout_.segment_numel}, options);
+      c10d::ReduceScatterOptions sum;
+      sum.reduceOp = c10d::ReduceOp::SUM;
+      scatter_work_ = group_->reduce_scatter_single(scatter_output_, scatter_input_, sum);
+    }
+    scatter_pending_ = true;
+    backward_pass.scattering = shared_from_this();
+  }
+  if (pending_uses_ == 0) Reshard();
+}
+
+void FsdpParamGroup::FinishReduceScatter() {
+  if (!scatter_pending_) return;
+  at::NoGradGuard no_grad;
+  if (scatter_work_) scatter_work_->wait();
+  // Gloo has no AVG: sum, then divide, as FSDP2 does there.
+  if (layout_.parts > 1) scatter_output_.div_(layout_.parts);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!scatter_members_[i]) continue;
+    const at::Tensor& data = params_[i]->param().data();
+    at::Tensor shard_grad = AliasOf(scatter_output_, layout_.offsets[i], data.sizes());
+    at::Tensor& grad = data.mutable_grad();
+    if (grad.defined()) {
+      grad.add_(shard_grad);
+    } else {
+      grad = shard_grad;
+    }
+  }
+  scatter_work_.reset();
+  scatter_input_ = at::Tensor();
+  scatter_output_ = at::Tensor();
+  scatter_pending_ = false;
+}
+
+namespace {
+
+absl::Status ShardParam(Param& param, const std::string& mesh_dim,
+                        const ProcessGroupPtr& group) {
   if (group == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("FSDP ", param.name(), ": no process group for '", mesh_dim, "'"));
@@ -174,7 +355,42 @@ absl::Status FullyShard(Param& param, const std::string& mesh_dim, ProcessGroupP
   }
   shard.set_requires_grad(true);
   param.AddStep(ShardStep{mesh_dim, 0, parts, index}, group, shard);
-  param.set_materializer(std::make_shared<FsdpParam>(param, group, rows, options));
+  param.set_materializer(std::make_shared<FsdpParam>(param, rows));
+  return absl::OkStatus();
+}
+
+// One group per dtype of `params` (already sharded), in order of appearance.
+std::vector<std::shared_ptr<FsdpParamGroup>> MakeGroups(
+    const std::vector<std::shared_ptr<Param>>& params, const ProcessGroupPtr& group,
+    FsdpOptions options) {
+  std::vector<int> dtypes;
+  for (const auto& param : params)
+    dtypes.push_back(static_cast<int>(param->data().scalar_type()));
+  std::vector<std::shared_ptr<FsdpParamGroup>> groups;
+  for (const std::vector<size_t>& members : GroupByKey(dtypes)) {
+    std::vector<FsdpParam*> states;
+    for (size_t k : members) states.push_back(FsdpStateOf(*params[k]));
+    auto param_group = std::make_shared<FsdpParamGroup>(states, group, options);
+    for (size_t i = 0; i < states.size(); ++i) {
+      states[i]->JoinGroup(param_group, i, param_group->layout().parts,
+                           param_group->layout().padded_rows[i]);
+    }
+    groups.push_back(std::move(param_group));
+  }
+  return groups;
+}
+
+}  // namespace
+
+absl::Status FullyShard(Param& param, const std::string& mesh_dim, ProcessGroupPtr group,
+                        FsdpOptions options) {
+  if (absl::Status status = ShardParam(param, mesh_dim, group); !status.ok())
+    return status;
+  // A Param has no shared_ptr to itself here; the group holds a raw pointer.
+  std::vector<FsdpParam*> states{FsdpStateOf(param)};
+  auto param_group = std::make_shared<FsdpParamGroup>(states, group, options);
+  states[0]->JoinGroup(param_group, 0, param_group->layout().parts,
+                       param_group->layout().padded_rows[0]);
   return absl::OkStatus();
 }
 
@@ -182,25 +398,41 @@ FsdpParam* FsdpStateOf(const Param& param) {
   return dynamic_cast<FsdpParam*>(param.materializer().get());
 }
 
-FsdpLayer::FsdpLayer(LayerPtr inner, std::vector<FsdpParam*> states, FsdpOptions options)
-    : inner_(std::move(inner)), states_(std::move(states)), options_(options) {}
+FsdpLayer::FsdpLayer(LayerPtr inner, std::vector<std::shared_ptr<FsdpParamGroup>> groups,
+                     FsdpOptions options)
+    : inner_(std::move(inner)), groups_(std::move(groups)), options_(options) {}
+
+void FsdpLayer::set_neighbours(std::weak_ptr<FsdpLayer> previous,
+                               std::weak_ptr<FsdpLayer> next) {
+  previous_ = std::move(previous);
+  next_ = std::move(next);
+}
 
 void FsdpLayer::UnshardAll() {
-  for (FsdpParam* state : states_) state->Unshard();
+  for (const auto& group : groups_) group->Unshard();
+}
+
+void FsdpLayer::StartUnshardAll() {
+  for (const auto& group : groups_) group->StartUnshard();
 }
 
 void FsdpLayer::ReshardAll() {
-  for (FsdpParam* state : states_) state->Reshard();
+  for (const auto& group : groups_) group->Reshard();
+}
+
+void FsdpLayer::PrefetchPrevious() {
+  if (auto previous = previous_.lock()) previous->StartUnshardAll();
 }
 
 size_t FsdpLayer::unsharded_bytes() const {
   size_t total = 0;
-  for (FsdpParam* state : states_) total += state->unsharded_bytes();
+  for (const auto& group : groups_) total += group->unsharded_bytes();
   return total;
 }
 
 at::Tensor FsdpLayer::Forward(const at::Tensor& input) {
   UnshardAll();
+  if (auto next = next_.lock()) next->StartUnshardAll();
   at::Tensor output = inner_->Forward(input);
   if (!at::GradMode::is_enabled()) {
     ReshardAll();
@@ -220,23 +452,29 @@ absl::StatusOr<LayerPtr> FullyShardLayer(LayerPtr layer, const std::string& mesh
     return absl::FailedPreconditionError(
         absl::StrCat("FSDP: ", layer->Describe(), " is already fully sharded"));
   }
-  std::vector<FsdpParam*> states;
-  for (const auto& param : layer->Params()) {
-    absl::Status status = FullyShard(*param, mesh_dim, group, options);
-    if (!status.ok()) return status;
-    states.push_back(FsdpStateOf(*param));
+  std::vector<std::shared_ptr<Param>> params = layer->Params();
+  for (const auto& param : params) {
+    if (absl::Status status = ShardParam(*param, mesh_dim, group); !status.ok())
+      return status;
   }
-  return LayerPtr(
-      std::make_shared<FsdpLayer>(std::move(layer), std::move(states), options));
+  return LayerPtr(std::make_shared<FsdpLayer>(
+      std::move(layer), MakeGroups(params, group, options), options));
 }
 
 absl::Status FullyShard(Sequential& model, const std::string& mesh_dim,
                         ProcessGroupPtr group, FsdpOptions options) {
+  std::vector<std::shared_ptr<FsdpLayer>> sharded_layers;
   for (LayerPtr& layer : model.layers) {
     if (layer->Params().empty()) continue;
     absl::StatusOr<LayerPtr> sharded = FullyShardLayer(layer, mesh_dim, group, options);
     if (!sharded.ok()) return sharded.status();
     layer = *std::move(sharded);
+    sharded_layers.push_back(std::static_pointer_cast<FsdpLayer>(layer));
+  }
+  for (size_t i = 0; i < sharded_layers.size(); ++i) {
+    sharded_layers[i]->set_neighbours(
+        i > 0 ? sharded_layers[i - 1] : nullptr,
+        i + 1 < sharded_layers.size() ? sharded_layers[i + 1] : nullptr);
   }
   return absl::OkStatus();
 }

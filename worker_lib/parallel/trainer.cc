@@ -240,6 +240,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (state->dp) {
     state->dp_sync = std::make_unique<DataParallel>(state->Params(), state->dp,
                                                     options.dp_bucket_bytes);
+    // A pipeline schedule runs several backwards per step: they accumulate,
+    // and SyncGradients does the whole sync after them.
+    if (state->stage) state->dp_sync->set_sync_during_backward(false);
   }
   state->optimizer = std::make_unique<torch::optim::SGD>(
       state->Leaves(), torch::optim::SGDOptions(options.lr));
@@ -278,6 +281,9 @@ absl::StatusOr<double> Trainer::Step(const at::Tensor& input, const at::Tensor& 
     for (int i = 0; i < m; ++i) {
       at::Tensor micro_loss =
           s.model->Loss(s.model->Layers().Forward(inputs[i]), targets[i]) / m;
+      // DDP's no_sync for all but the last: its backward starts the
+      // all-reduces, once every microbatch's grads are in.
+      if (s.dp_sync) s.dp_sync->set_sync_during_backward(i == m - 1);
       micro_loss.backward();
       loss += micro_loss.item<double>();
     }

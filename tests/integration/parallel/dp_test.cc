@@ -1,8 +1,8 @@
 // Data-parallel training equals single-process training: dp_worker under the
 // real launcher checks every step's loss and the final params against its
-// own single-process reference (rtol 1e-5), the initial broadcast, and that
-// grads stay in the buckets; here the launcher's exit code and the printed
-// lines are checked.
+// own single-process reference (rtol 1e-5), the initial broadcast, that
+// grads stay in the buckets, and accumulation over backwards; here the launcher's exit
+// code and the printed lines are checked.
 
 #include <gtest/gtest.h>
 
@@ -31,6 +31,14 @@ TEST(DpTest, World2MatchesSingleProcess) {
   // every other param alone (a 50x50 weight is 10000 bytes).
   EXPECT_TRUE(Contains(run.output, "BUCKETS 6 of <= 4096 bytes for 8 params"))
       << run.output;
+  // Every param gets its grad in backward, so every bucket's all-reduce
+  // starts there, before SyncGradients.
+  EXPECT_TRUE(
+      Contains(run.output, "OVERLAP at least 6 of 6 buckets started during backward"))
+      << run.output;
+  EXPECT_TRUE(
+      Contains(run.output, "got a gradient while its bucket was being all-reduced"))
+      << run.output;
 }
 
 TEST(DpTest, World4MatchesSingleProcess) {
@@ -43,6 +51,9 @@ TEST(DpTest, World4OneBucketMatchesSingleProcess) {
       4, "dp_worker", {"--sizes", "50,50,50,50,4", "--bucket-bytes", "26214400"});
   ExpectTrained(run, 4, 10);
   EXPECT_TRUE(Contains(run.output, "BUCKETS 1 of <= 26214400 bytes for 8 params"))
+      << run.output;
+  EXPECT_TRUE(
+      Contains(run.output, "OVERLAP at least 1 of 1 buckets started during backward"))
       << run.output;
 }
 

@@ -43,6 +43,18 @@ TEST(FsdpTest, World4WithPaddingMatchesSingleProcess) {
   EXPECT_TRUE(
       Contains(run.output, "LOCAL 3 fc0.bias [50] Shard(dim=0)@fsdp local [13] rows 11"))
       << run.output;
+  // One group a layer: 13 rows of the weight and 13 of the bias per rank,
+  // gathered by one all-gather; the next layer's issued before computing.
+  EXPECT_TRUE(
+      Contains(run.output, "GROUP FSDP(Linear(50 -> 50)): 2 params, 663 elements a rank"))
+      << run.output;
+  EXPECT_TRUE(
+      Contains(run.output, "GROUP FSDP(Linear(50 -> 4)): 2 params, 51 elements a rank"))
+      << run.output;
+  EXPECT_TRUE(Contains(run.output,
+                       "PREFETCH after FSDP(Linear(50 -> 50)): FSDP(Linear(50 -> 50))'s "
+                       "all-gather in flight"))
+      << run.output;
   EXPECT_TRUE(Contains(run.output, "UNSHARDED after forward: 0 bytes")) << run.output;
 }
 

@@ -52,6 +52,40 @@ void CheckShards(const Sequential& model, int rank, int64_t parts) {
   }
 }
 
+// Every FSDP layer gathers its params as one group (one all-gather of one
+// flat buffer), and its forward issues the next FSDP layer's all-gather
+// before computing: a no-grad forward stopped after the first layer finds
+// the next one's all-gather in flight; the rest of the forward consumes it.
+void CheckGroupsAndPrefetch(Sequential& model, const std::vector<int64_t>& sizes,
+                            int rank) {
+  for (const auto& layer : model.layers) {
+    auto* fsdp = dynamic_cast<FsdpLayer*>(layer.get());
+    if (fsdp == nullptr) continue;
+    if (fsdp->groups().size() != 1) Fail(layer->Describe() + ": not one param group");
+    const FlatShardLayout& layout = fsdp->groups()[0]->layout();
+    if (rank == 0) {
+      std::printf("GROUP %s: %zu params, %lld elements a rank\n",
+                  layer->Describe().c_str(), layout.offsets.size(),
+                  static_cast<long long>(layout.segment_numel));
+    }
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor x = at::zeros({2, sizes.front()});
+  x = model.layers[0]->Forward(x);
+  FsdpLayer* next = nullptr;
+  for (size_t i = 1; i < model.layers.size() && next == nullptr; ++i)
+    next = dynamic_cast<FsdpLayer*>(model.layers[i].get());
+  if (next == nullptr) return;
+  const size_t in_flight = next->unsharded_bytes();
+  if (in_flight == 0) Fail("no all-gather in flight for the second FSDP layer");
+  if (rank == 0) {
+    std::printf("PREFETCH after %s: %s's all-gather in flight\n",
+                model.layers[0]->Describe().c_str(), next->Describe().c_str());
+  }
+  for (size_t i = 1; i < model.layers.size(); ++i) x = model.layers[i]->Forward(x);
+  if (UnshardedBytes(model) != 0) Fail("gathered params alive after a no-grad forward");
+}
+
 int Train(const std::vector<int64_t>& sizes, TrainOptions options, bool reshard) {
   auto world = ValueOrFail(InitProcessGroup("gloo"), "init");
   auto mesh =
@@ -72,6 +106,7 @@ int Train(const std::vector<int64_t>& sizes, TrainOptions options, bool reshard)
   if (UnshardedBytes(model) != 0)
     Fail("unsharded storage alive before the first forward");
   const size_t full_bytes = PaddedFullBytes(model, parts);
+  CheckGroupsAndPrefetch(model, sizes, rank);
 
   options.data_parts = parts;
   options.data_index = rank;
