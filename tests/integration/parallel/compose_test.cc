@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "tests/integration/parallel/driver_support.h"
 #include "tests/support/meshrun_run.h"
 
 namespace meshrun::worker::parallel {
@@ -132,16 +133,6 @@ TEST(ComposedCheckpoint, ResumesOnAnotherLayout) {
     EXPECT_NEAR(resumed[step], want[step], 1e-5 * std::abs(want[step]))
         << "step " << step;
   }
-}
-
-struct Refusal {
-  std::string args;
-  int world;
-  std::string message;
-};
-
-std::ostream& operator<<(std::ostream& out, const Refusal& refusal) {
-  return out << refusal.args;
 }
 
 class RefusedLayouts : public ::testing::TestWithParam<Refusal> {};

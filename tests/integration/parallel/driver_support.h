@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -55,6 +56,19 @@ inline void ExpectTrained(const testing::MeshrunRun& run, int world, int steps) 
   EXPECT_EQ(Lines(run.output, "DONE rank").size(), static_cast<size_t>(world))
       << run.output;
   EXPECT_EQ(CountSteps(run.output), steps) << run.output;
+}
+
+// A train_example command line that must be refused: its flags, the world
+// it runs in, and (part of) the one-line reason. Printed by its flags in
+// gtest's parameter names.
+struct Refusal {
+  std::string args;
+  int world;
+  std::string message;
+};
+
+inline std::ostream& operator<<(std::ostream& out, const Refusal& refusal) {
+  return out << refusal.args;
 }
 
 }  // namespace meshrun

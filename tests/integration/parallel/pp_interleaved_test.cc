@@ -86,16 +86,6 @@ TEST(InterleavedTrainer, DescribesTheStageSplit) {
       << run.output;
 }
 
-struct Refusal {
-  std::string args;
-  int world;
-  std::string message;
-};
-
-std::ostream& operator<<(std::ostream& out, const Refusal& refusal) {
-  return out << refusal.args;
-}
-
 class InterleavedRefusals : public ::testing::TestWithParam<Refusal> {};
 
 // Refused by Trainer::Create on every rank before it trains: exit 1 and the
