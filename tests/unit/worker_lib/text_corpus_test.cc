@@ -25,7 +25,7 @@ TEST(TextCorpusTest, VocabularyIsTheDistinctBytesPaddedAndRoundTrips) {
   EXPECT_EQ(corpus.Encode("hZz"), corpus.Encode("h"));  // unknown bytes dropped
   EXPECT_EQ(corpus.Decode({15}), "?");                  // padding id
   // Ids follow byte order, so the same text always gets the same ids.
-  EXPECT_EQ(corpus.Encode(" "), std::vector<int64_t>{0});  // the smallest byte
+  EXPECT_EQ(corpus.Encode(" "), std::vector<int64_t>{0});   // the smallest byte
   EXPECT_EQ(corpus.Encode("w"), std::vector<int64_t>{12});  // the largest
 }
 
