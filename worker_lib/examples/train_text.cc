@@ -24,12 +24,10 @@
 // Exit codes: 0 done (and verified), 1 a failure or a mismatch, 2 bad flags.
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <csignal>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
