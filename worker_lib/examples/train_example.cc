@@ -36,6 +36,7 @@
 #include <torch/csrc/distributed/c10d/FlightRecorder.hpp>
 #include <vector>
 
+#include "worker_lib/examples/example_output.h"
 #include "worker_lib/parallel/batch_file.h"
 #include "worker_lib/parallel/checkpoint.h"
 #include "worker_lib/parallel/trainer.h"
@@ -47,13 +48,10 @@ namespace {
 using namespace meshrun::worker;
 using namespace meshrun::worker::parallel;
 
-// One write per line, so that ranks' lines do not interleave.
-void Say(const std::string& line) { std::cout << line + "\n" << std::flush; }
+using examples::Say;
 
 int Fail(int rank, const std::string& what) {
-  std::cerr << "train_example rank " + std::to_string(rank) + ": " + what + "\n"
-            << std::flush;
-  return 1;
+  return examples::Fail("train_example", rank, what);
 }
 
 double RelativeError(const at::Tensor& got, const at::Tensor& want) {

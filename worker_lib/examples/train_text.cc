@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "worker_lib/examples/example_output.h"
 #include "worker_lib/parallel/checkpoint.h"
 #include "worker_lib/parallel/text_corpus.h"
 #include "worker_lib/parallel/trainer.h"
@@ -49,13 +50,10 @@ using namespace meshrun::worker;
 using namespace meshrun::worker::parallel;
 using Clock = std::chrono::steady_clock;
 
-// One write per line, so that ranks' lines do not interleave.
-void Say(const std::string& line) { std::cout << line + "\n" << std::flush; }
+using examples::Say;
 
 int Fail(int rank, const std::string& what) {
-  std::cerr << "train_text rank " + std::to_string(rank) + ": " + what + "\n"
-            << std::flush;
-  return 1;
+  return examples::Fail("train_text", rank, what);
 }
 
 std::pair<at::Tensor, at::Tensor> ToTensors(const TokenWindows& w) {
