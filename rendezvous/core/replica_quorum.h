@@ -1,0 +1,147 @@
+#pragma once
+
+// The per-step quorum and commit vote of fault-tolerant replicated training
+// (issue 18), for one run: what torchft's lighthouse and should_commit do,
+// inside the daemon that already sees every failure.
+//
+// Before a step, every member of every replica group arrives. The quorum
+// forms once every live replica group has all its members here, or at the
+// earliest arrival's deadline with the groups that are complete by then;
+// everyone waiting is told the participants (a late group is not among
+// them and arrives again). A group is live unless reported failed
+// (ReplicaFailed, from its agent); it becomes live again when a new
+// incarnation arrives. The participant with the most committed steps is
+// the source of a heal when any participant has fewer.
+//
+// After its all-reduce, every member of every participant votes. The step
+// commits when all voted ok; it is discarded at the first failed vote, when
+// a participant fails before all its members voted ok, or when a voter's
+// deadline passes. A decision is final, so no replica applies a partly
+// reduced gradient: every vote that could say commit waited for all of them.
+//
+// Ids: quorum ids and group ids count up from `first_id`, which the daemon
+// takes from its start time, so that they never repeat across daemon
+// restarts (they name process groups' store prefixes). The rest is not
+// persisted: after a restart the groups arrive again, a vote naming a
+// forgotten quorum is told "discard", and a replica that committed the step
+// before the restart is ahead by one step, so the next quorum heals the
+// others from it.
+//
+// Pure: no clock (deadlines and `now` come from the caller), no threads;
+// callers parked on Arrive or Vote are answered through `out`.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "rendezvous/core/rendezvous_state.h"
+
+namespace meshrun::rdzv {
+
+using QuorumWaiter = uint64_t;
+
+struct QuorumArrival {
+  uint32_t replica = 0;
+  uint32_t member = 0;
+  uint32_t replica_size = 1;
+  uint32_t num_replicas = 1;
+  uint64_t committed_steps = 0;
+  uint32_t incarnation = 0;
+};
+
+struct QuorumFormed {
+  uint64_t quorum_id = 0;
+  uint64_t group_id = 0;
+  std::vector<uint32_t> participants;  // ascending
+  uint64_t max_committed_steps = 0;
+  uint32_t source_replica = 0;
+  bool heal = false;
+};
+
+struct CommitDecision {
+  bool commit = false;
+  std::string reason;  // why not
+};
+
+// The answer for a parked caller: the quorum it waited for, the decision on
+// its vote, or an error (deadline, superseded, replica failed).
+struct QuorumAnswer {
+  QuorumWaiter waiter = 0;
+  std::variant<QuorumFormed, CommitDecision, absl::Status> result;
+};
+
+class ReplicaQuorum {
+ public:
+  explicit ReplicaQuorum(uint64_t first_id);
+
+  // A member arrives for the next step and waits until `deadline` at most.
+  // INVALID_ARGUMENT for a member outside the group or a group size that
+  // differs from the run's; FAILED_PRECONDITION for an incarnation older than
+  // one already seen.
+  absl::Status Arrive(const QuorumArrival& arrival, QuorumWaiter waiter, RdzvTime deadline,
+                      std::vector<QuorumAnswer>* out);
+
+  // A participant's member votes on quorum `quorum_id`'s step. A decided or
+  // forgotten quorum is answered at once (forgotten: discard).
+  // FAILED_PRECONDITION for a non-participant or a quorum never formed.
+  absl::Status Vote(uint64_t quorum_id, uint32_t replica, uint32_t member, bool ok,
+                    QuorumWaiter waiter, RdzvTime deadline, std::vector<QuorumAnswer>* out);
+
+  // The replica group failed (its agent said so): the quorum no longer waits
+  // for it, its parked members are answered UNAVAILABLE, and an undecided
+  // step it takes part in is discarded unless all its members voted ok.
+  void ReplicaFailed(uint32_t replica, std::vector<QuorumAnswer>* out);
+
+  // Forms overdue quorums, decides overdue votes.
+  void Tick(RdzvTime now, std::vector<QuorumAnswer>* out);
+  std::optional<RdzvTime> NextDeadline() const;
+
+  // Drops every parked caller (the daemon is stopping): answered UNAVAILABLE.
+  void CancelAll(std::vector<QuorumAnswer>* out);
+
+  // Quorums formed so far, for tests and metrics.
+  uint64_t quorums_formed() const { return next_quorum_id_ - first_id_; }
+
+ private:
+  using Member = std::pair<uint32_t, uint32_t>;  // replica, member
+  struct Replica {
+    uint32_t incarnation = 0;
+    bool failed = false;
+  };
+  struct Arrived {
+    QuorumWaiter waiter;
+    RdzvTime deadline;
+    uint64_t committed_steps;
+    uint32_t incarnation;
+  };
+  struct Step {
+    std::vector<uint32_t> participants;
+    std::map<Member, bool> votes;
+    std::vector<std::pair<QuorumWaiter, RdzvTime>> voters;  // parked
+    std::optional<CommitDecision> decision;
+  };
+
+  // Forms the quorum when every live group is complete, or (`overdue`)
+  // with the complete ones.
+  void TryForm(bool overdue, std::vector<QuorumAnswer>* out);
+  void Decide(Step& step, CommitDecision decision, std::vector<QuorumAnswer>* out);
+  // Keeps the newest steps only (an older undecided one is discarded).
+  void Prune(std::vector<QuorumAnswer>* out);
+
+  const uint64_t first_id_;
+  uint32_t replica_size_ = 0;  // 0 until the first arrival
+  std::map<uint32_t, Replica> replicas_;
+  std::map<Member, Arrived> arrived_;
+  std::map<uint64_t, Step> steps_;  // by quorum id
+  uint64_t next_quorum_id_;
+  uint64_t group_id_ = 0;  // the last quorum's; 0: none yet
+  std::vector<uint32_t> group_participants_;
+  bool group_healthy_ = false;  // the last quorum's step committed
+};
+
+}  // namespace meshrun::rdzv

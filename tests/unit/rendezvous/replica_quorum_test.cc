@@ -1,0 +1,271 @@
+#include "rendezvous/core/replica_quorum.h"
+
+#include <chrono>
+#include <map>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace meshrun::rdzv {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr uint64_t kFirstId = 1000;
+
+// Drives one ReplicaQuorum and keeps every answer by waiter.
+class QuorumDriver {
+ public:
+  QuorumDriver() : quorum_(kFirstId) {}
+
+  // Member `member` of `replica` arrives; returns its waiter.
+  QuorumWaiter Arrive(uint32_t replica, uint64_t steps, uint32_t incarnation = 0,
+                      uint32_t member = 0, uint32_t size = 1, uint32_t num = 3) {
+    const QuorumWaiter waiter = next_++;
+    EXPECT_TRUE(quorum_
+                    .Arrive({.replica = replica,
+                             .member = member,
+                             .replica_size = size,
+                             .num_replicas = num,
+                             .committed_steps = steps,
+                             .incarnation = incarnation},
+                            waiter, now_ + seconds(10), &out_)
+                    .ok());
+    Collect();
+    return waiter;
+  }
+  QuorumWaiter Vote(uint64_t quorum_id, uint32_t replica, bool ok, uint32_t member = 0) {
+    const QuorumWaiter waiter = next_++;
+    EXPECT_TRUE(
+        quorum_.Vote(quorum_id, replica, member, ok, waiter, now_ + seconds(10), &out_).ok());
+    Collect();
+    return waiter;
+  }
+  void Advance(seconds by) {
+    now_ += by;
+    quorum_.Tick(now_, &out_);
+    Collect();
+  }
+
+  bool Answered(QuorumWaiter waiter) const { return answers_.count(waiter) > 0; }
+  const QuorumFormed& Formed(QuorumWaiter waiter) const {
+    return std::get<QuorumFormed>(answers_.at(waiter));
+  }
+  const CommitDecision& Decision(QuorumWaiter waiter) const {
+    return std::get<CommitDecision>(answers_.at(waiter));
+  }
+  const absl::Status& Error(QuorumWaiter waiter) const {
+    return std::get<absl::Status>(answers_.at(waiter));
+  }
+  ReplicaQuorum& quorum() { return quorum_; }
+  std::vector<QuorumAnswer>& out() { return out_; }
+  void Collect() {
+    for (auto& answer : out_) {
+      EXPECT_FALSE(answers_.count(answer.waiter)) << "answered twice: " << answer.waiter;
+      answers_[answer.waiter] = answer.result;
+    }
+    out_.clear();
+  }
+
+ private:
+  ReplicaQuorum quorum_;
+  RdzvTime now_{};
+  QuorumWaiter next_ = 1;
+  std::vector<QuorumAnswer> out_;
+  std::map<QuorumWaiter, decltype(QuorumAnswer::result)> answers_;
+};
+
+// Three replicas arrive and vote ok on every step.
+uint64_t CommitStep(QuorumDriver& d, uint64_t steps, uint64_t* group_id) {
+  const QuorumWaiter a = d.Arrive(0, steps), b = d.Arrive(1, steps), c = d.Arrive(2, steps);
+  const QuorumFormed formed = d.Formed(a);
+  EXPECT_EQ(d.Formed(b).quorum_id, formed.quorum_id);
+  EXPECT_EQ(d.Formed(c).quorum_id, formed.quorum_id);
+  const QuorumWaiter v0 = d.Vote(formed.quorum_id, 0, true);
+  const QuorumWaiter v1 = d.Vote(formed.quorum_id, 1, true);
+  EXPECT_FALSE(d.Answered(v0));
+  const QuorumWaiter v2 = d.Vote(formed.quorum_id, 2, true);
+  for (QuorumWaiter v : {v0, v1, v2}) EXPECT_TRUE(d.Decision(v).commit);
+  *group_id = formed.group_id;
+  return formed.quorum_id;
+}
+
+TEST(ReplicaQuorumTest, FormsOnceEveryReplicaIsHereAndCommitsWhenAllVoteOk) {
+  QuorumDriver d;
+  const QuorumWaiter a = d.Arrive(0, 0), b = d.Arrive(1, 0);
+  EXPECT_FALSE(d.Answered(a));  // replica 2 of the 3 the job started with is missing
+  const QuorumWaiter c = d.Arrive(2, 0);
+  const QuorumFormed& formed = d.Formed(a);
+  EXPECT_EQ(formed.participants, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_FALSE(formed.heal);
+  EXPECT_EQ(formed.quorum_id, kFirstId);
+  EXPECT_TRUE(d.Answered(b) && d.Answered(c));
+
+  uint64_t group = 0, next_group = 0;
+  CommitStep(d, 1, &group);
+  // Same members, committed steps: the same process group carries on.
+  CommitStep(d, 2, &next_group);
+  EXPECT_EQ(next_group, group);
+}
+
+TEST(ReplicaQuorumTest, OneFailedVoteDiscardsTheStepForEveryoneAndTheGroupIsRebuilt) {
+  QuorumDriver d;
+  uint64_t group = 0;
+  CommitStep(d, 0, &group);
+  d.Arrive(0, 1), d.Arrive(1, 1);
+  const QuorumFormed formed = d.Formed(d.Arrive(2, 1));
+  const QuorumWaiter v0 = d.Vote(formed.quorum_id, 0, true);
+  const QuorumWaiter v1 = d.Vote(formed.quorum_id, 1, false);
+  EXPECT_FALSE(d.Decision(v0).commit);
+  EXPECT_NE(d.Decision(v1).reason.find("replica 1"), std::string::npos);
+  // A late vote gets the same decision.
+  EXPECT_FALSE(d.Decision(d.Vote(formed.quorum_id, 2, true)).commit);
+  // The next quorum has the same members but a new group.
+  d.Arrive(0, 1), d.Arrive(1, 1);
+  EXPECT_NE(d.Formed(d.Arrive(2, 1)).group_id, group);
+}
+
+TEST(ReplicaQuorumTest, AFailedReplicaIsNotWaitedForAndItsUnfinishedStepIsDiscarded) {
+  QuorumDriver d;
+  d.Arrive(0, 0), d.Arrive(1, 0);
+  const QuorumFormed formed = d.Formed(d.Arrive(2, 0));
+  const QuorumWaiter v0 = d.Vote(formed.quorum_id, 0, true);
+  const QuorumWaiter v1 = d.Vote(formed.quorum_id, 1, true);
+  d.quorum().ReplicaFailed(2, &d.out());
+  d.Collect();
+  EXPECT_FALSE(d.Decision(v0).commit);
+  EXPECT_NE(d.Decision(v1).reason.find("replica 2 failed"), std::string::npos);
+
+  // The survivors form the next quorum without waiting for it.
+  const QuorumWaiter a = d.Arrive(0, 0);
+  const QuorumFormed& next = d.Formed(d.Arrive(1, 0));
+  EXPECT_EQ(next.participants, (std::vector<uint32_t>{0, 1}));
+  EXPECT_TRUE(d.Answered(a));
+}
+
+TEST(ReplicaQuorumTest, AReplicaThatFailsAfterVotingOkDoesNotUndoTheCommit) {
+  QuorumDriver d;
+  d.Arrive(0, 0), d.Arrive(1, 0);
+  const QuorumFormed formed = d.Formed(d.Arrive(2, 0));
+  const QuorumWaiter v0 = d.Vote(formed.quorum_id, 0, true);
+  d.Vote(formed.quorum_id, 2, true);
+  d.quorum().ReplicaFailed(2, &d.out());
+  d.Collect();
+  EXPECT_FALSE(d.Answered(v0));
+  d.Vote(formed.quorum_id, 1, true);
+  EXPECT_TRUE(d.Decision(v0).commit);
+}
+
+TEST(ReplicaQuorumTest, ARestartedReplicaJoinsAtTheNextStepAndIsHealedFromALivePeer) {
+  QuorumDriver d;
+  uint64_t group = 0;
+  CommitStep(d, 0, &group);
+  d.quorum().ReplicaFailed(1, &d.out());
+  d.Collect();
+  // Its old incarnation cannot come back.
+  EXPECT_EQ(d.quorum()
+                .Arrive({.replica = 1, .replica_size = 1, .num_replicas = 3}, 99,
+                        RdzvTime{} + seconds(10), &d.out())
+                .code(),
+            absl::StatusCode::kOk);  // incarnation 0 after a failure: a fresh start
+  d.Collect();
+  EXPECT_FALSE(d.Answered(99));
+  // Incarnation 1 replaces whatever was there; the survivors arrive with 1 step.
+  const QuorumWaiter restarted = d.Arrive(1, 0, /*incarnation=*/1);
+  EXPECT_EQ(d.Error(99).code(), absl::StatusCode::kAborted);
+  d.Arrive(0, 1);
+  const QuorumFormed formed = d.Formed(d.Arrive(2, 1));
+  EXPECT_EQ(d.Formed(restarted).quorum_id, formed.quorum_id);
+  EXPECT_EQ(formed.participants, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_TRUE(formed.heal);
+  EXPECT_EQ(formed.max_committed_steps, 1u);
+  EXPECT_EQ(formed.source_replica, 0u);
+  EXPECT_NE(formed.group_id, group);
+  // An incarnation older than the newest is refused.
+  EXPECT_EQ(d.quorum()
+                .Arrive({.replica = 1, .replica_size = 1, .num_replicas = 3}, 100,
+                        RdzvTime{} + seconds(10), &d.out())
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ReplicaQuorumTest, AtTheDeadlineTheCompleteReplicasGoOnAndTheLateOneArrivesAgain) {
+  QuorumDriver d;
+  const QuorumWaiter a = d.Arrive(0, 0), b = d.Arrive(1, 0);
+  d.Advance(seconds(11));
+  EXPECT_EQ(d.Formed(a).participants, (std::vector<uint32_t>{0, 1}));
+  EXPECT_TRUE(d.Answered(b));
+  const uint64_t q = d.Formed(a).quorum_id;
+  d.Vote(q, 0, true), d.Vote(q, 1, true);
+  // The late one waits for the next quorum; it is behind, so it heals.
+  const QuorumWaiter late = d.Arrive(2, 0);
+  EXPECT_FALSE(d.Answered(late));
+  d.Arrive(0, 1), d.Arrive(1, 1);
+  EXPECT_TRUE(d.Formed(late).heal);
+  EXPECT_EQ(d.Formed(late).participants, (std::vector<uint32_t>{0, 1, 2}));
+}
+
+TEST(ReplicaQuorumTest, AVoterWhosePeerVanishedIsAnsweredAtItsDeadline) {
+  QuorumDriver d;
+  d.Arrive(0, 0), d.Arrive(1, 0);
+  const QuorumFormed formed = d.Formed(d.Arrive(2, 0));
+  const QuorumWaiter v0 = d.Vote(formed.quorum_id, 0, true);
+  d.Vote(formed.quorum_id, 1, true);
+  EXPECT_EQ(d.quorum().NextDeadline(), RdzvTime{} + seconds(10));
+  d.Advance(seconds(11));
+  EXPECT_FALSE(d.Decision(v0).commit);
+  EXPECT_NE(d.Decision(v0).reason.find("2.0"), std::string::npos);
+  EXPECT_FALSE(d.quorum().NextDeadline().has_value());
+}
+
+TEST(ReplicaQuorumTest, AnUnknownQuorumIsDiscarded) {
+  QuorumDriver d;
+  // As after a daemon restart: the vote names a quorum this daemon never formed.
+  EXPECT_FALSE(d.Decision(d.Vote(7, 0, true)).commit);
+}
+
+TEST(ReplicaQuorumTest, AReplicaGroupCountsOnlyWithAllItsMembers) {
+  QuorumDriver d;
+  const QuorumWaiter a0 = d.Arrive(0, 0, 0, /*member=*/0, /*size=*/2, /*num=*/2);
+  d.Arrive(0, 0, 0, 1, 2, 2);
+  d.Arrive(1, 0, 0, 0, 2, 2);
+  EXPECT_FALSE(d.Answered(a0));
+  d.Arrive(1, 0, 0, 1, 2, 2);
+  const QuorumFormed formed = d.Formed(a0);
+  EXPECT_EQ(formed.participants, (std::vector<uint32_t>{0, 1}));
+  // Three of four members voted ok: not yet.
+  const QuorumWaiter v = d.Vote(formed.quorum_id, 0, true, 0);
+  d.Vote(formed.quorum_id, 0, true, 1);
+  d.Vote(formed.quorum_id, 1, true, 0);
+  EXPECT_FALSE(d.Answered(v));
+  d.Vote(formed.quorum_id, 1, true, 1);
+  EXPECT_TRUE(d.Decision(v).commit);
+  // A size that differs from the run's, and a member outside the group.
+  std::vector<QuorumAnswer> out;
+  EXPECT_EQ(d.quorum()
+                .Arrive({.replica = 0, .replica_size = 3, .num_replicas = 2}, 50, {}, &out)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.quorum()
+                .Arrive({.replica = 0, .member = 2, .replica_size = 2, .num_replicas = 2}, 51,
+                        {}, &out)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ReplicaQuorumTest, OldStepsArePrunedAndParkedCallersCancelled) {
+  QuorumDriver d;
+  uint64_t group = 0;
+  uint64_t first = CommitStep(d, 0, &group);
+  for (uint64_t s = 1; s < 40; ++s) CommitStep(d, s, &group);
+  // Pruned long ago: told to discard, never refused.
+  EXPECT_FALSE(d.Decision(d.Vote(first, 0, true)).commit);
+  EXPECT_EQ(d.quorum().quorums_formed(), 40u);
+  const QuorumWaiter a = d.Arrive(0, 40);
+  d.quorum().CancelAll(&d.out());
+  d.Collect();
+  EXPECT_EQ(d.Error(a).code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace meshrun::rdzv
