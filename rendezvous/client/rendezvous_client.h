@@ -61,6 +61,10 @@ class RendezvousClient {
   absl::Status ReportWorkerExits(const meshrun::v1::WorkerExitsReport& request);
   absl::StatusOr<meshrun::v1::StatusReply> Status(
       const meshrun::v1::StatusRequest& request);
+  // Fault-tolerant replicas: these wait on the daemon up to the request's
+  // timeout_ms, and the call's deadline is that plus the call timeout.
+  absl::StatusOr<meshrun::v1::QuorumReply> Quorum(const meshrun::v1::QuorumRequest& request);
+  absl::StatusOr<meshrun::v1::CommitReply> Commit(const meshrun::v1::CommitRequest& request);
 
   // Deadline of every unary call.
   void set_call_timeout(std::chrono::milliseconds timeout) { call_timeout_ = timeout; }
@@ -77,7 +81,8 @@ class RendezvousClient {
     void operator()(grpc::ClientContext* context) const;
   };
   using CallContext = std::unique_ptr<grpc::ClientContext, ContextDone>;
-  CallContext MakeContext();
+  // The call's deadline: the call timeout plus `wait` (a wait on the daemon).
+  CallContext MakeContext(std::chrono::milliseconds wait = {});
 
   std::unique_ptr<meshrun::v1::Rendezvous::Stub> stub_;
   std::chrono::milliseconds call_timeout_{10000};

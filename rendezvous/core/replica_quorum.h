@@ -106,6 +106,8 @@ class ReplicaQuorum {
 
   // Quorums formed so far, for tests and metrics.
   uint64_t quorums_formed() const { return next_quorum_id_ - first_id_; }
+  // The id the next quorum gets: where a successor's ids start.
+  uint64_t next_id() const { return next_quorum_id_; }
 
  private:
   using Member = std::pair<uint32_t, uint32_t>;  // replica, member

@@ -39,6 +39,8 @@ struct RequestLimits {
   // Timeouts of a run's config, in ms (a year): `now + timeout` never overflows.
   uint64_t max_timeout_ms = uint64_t{366} * 24 * 3600 * 1000;
   uint32_t max_keep_alive_attempts = 1000000;
+  // Replica groups of a fault-tolerant run, and members of one.
+  uint32_t max_replicas = 65536;
 };
 
 // Run ids and node ids: 1..max_id_bytes of printable ASCII (0x21-0x7e), so they
@@ -63,6 +65,10 @@ absl::Status ValidateClose(const meshrun::v1::CloseRequest& request,
 absl::Status ValidateWorkerExitsReport(const meshrun::v1::WorkerExitsReport& request,
                                        const RequestLimits& limits);
 absl::Status ValidateStatusRequest(const meshrun::v1::StatusRequest& request,
+                                   const RequestLimits& limits);
+absl::Status ValidateQuorumRequest(const meshrun::v1::QuorumRequest& request,
+                                   const RequestLimits& limits);
+absl::Status ValidateCommitRequest(const meshrun::v1::CommitRequest& request,
                                    const RequestLimits& limits);
 
 }  // namespace meshrun::rdzv

@@ -323,7 +323,10 @@ std::optional<DeadlineTimer::TimePoint> RendezvousService::Tick(
     if (next_sweep_ == DeadlineTimer::TimePoint::max()) next_sweep_ = now + sweep_every;
     if (now >= next_sweep_) {
       forgotten = state_.ForgetClosedBefore(now - options_.closed_run_retention);
-      for (const std::string& run_id : forgotten) observed_.erase(run_id);
+      for (const std::string& run_id : forgotten) {
+        observed_.erase(run_id);
+        quorum_.DropRun(run_id);
+      }
       next_sweep_ = now + sweep_every;
     }
     next = state_.NextDeadline();
@@ -363,6 +366,9 @@ void RendezvousService::WithState(const std::function<void(RendezvousState&)>& f
 void RendezvousService::BeginShutdown() {
   std::lock_guard<std::mutex> lock(mu_);
   shutting_down_ = true;
+  // Parked quorum calls would hold the server's shutdown up; their workers
+  // retry against the restarted daemon.
+  quorum_.CancelAll();
 }
 
 void RendezvousService::Restored() {
@@ -413,6 +419,52 @@ grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
   DispatchLocked(events);
   PokeTimerLocked();
   return Done(context, verdict.status());
+}
+
+absl::Status RendezvousService::RunInProgressLocked(const std::string& run_id) const {
+  if (!state_.Summary(run_id))
+    return absl::NotFoundError("run '" + run_id + "' is not known to this daemon");
+  if (state_.IsClosed(run_id))
+    return absl::FailedPreconditionError("run '" + run_id + "' has ended");
+  return absl::OkStatus();
+}
+
+void RendezvousService::ReplicaFailedLocked(const std::string& run_id, uint32_t replica) {
+  quorum_.ReplicaFailed(run_id, replica);
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Quorum(grpc::CallbackServerContext* context,
+                                                    const v1::QuorumRequest* request,
+                                                    v1::QuorumReply* reply) {
+  if (absl::Status invalid = ValidateQuorumRequest(*request, RequestLimits()); !invalid.ok())
+    return Done(context, invalid);
+  uint64_t round;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status open = RunInProgressLocked(request->run_id()); !open.ok())
+      return Done(context, open);
+    round = state_.Summary(request->run_id())->round;
+  }
+  auto* reactor = context->DefaultReactor();
+  quorum_.Quorum(reactor, *request, round, reply);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RendezvousService::Commit(grpc::CallbackServerContext* context,
+                                                    const v1::CommitRequest* request,
+                                                    v1::CommitReply* reply) {
+  if (absl::Status invalid = ValidateCommitRequest(*request, RequestLimits()); !invalid.ok())
+    return Done(context, invalid);
+  uint64_t round;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status open = RunInProgressLocked(request->run_id()); !open.ok())
+      return Done(context, open);
+    round = state_.Summary(request->run_id())->round;
+  }
+  auto* reactor = context->DefaultReactor();
+  quorum_.Commit(reactor, *request, round, reply);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* RendezvousService::ReportSuccess(

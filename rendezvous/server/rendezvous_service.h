@@ -23,6 +23,7 @@
 #include "rendezvous/core/tcpstore_owner.h"
 #include "rendezvous/persist/state_log.h"
 #include "rendezvous/server/deadline_timer.h"
+#include "rendezvous/server/quorum_server.h"
 #include "rendezvous/status/metrics.h"
 #include "rendezvous/status/run_status.h"
 
@@ -91,6 +92,14 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const meshrun::v1::StatusRequest* request,
                                    meshrun::v1::StatusReply* reply) override;
+  // Fault-tolerant replicas' step quorum and commit vote (QuorumServer),
+  // for runs in progress.
+  grpc::ServerUnaryReactor* Quorum(grpc::CallbackServerContext* context,
+                                   const meshrun::v1::QuorumRequest* request,
+                                   meshrun::v1::QuorumReply* reply) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* context,
+                                   const meshrun::v1::CommitRequest* request,
+                                   meshrun::v1::CommitReply* reply) override;
 
   // Every run (or the one named): the state machine's view plus the failure
   // causes and worker exits the agents reported.
@@ -117,6 +126,11 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   void StreamBroken(const NodeKey& node, JoinStream* stream);
   std::optional<DeadlineTimer::TimePoint> Tick(DeadlineTimer::TimePoint now);
   void PokeTimerLocked();
+  // A replica group of `run_id` failed and restarts alone (restart scope
+  // replica): the step quorum stops waiting for it.
+  void ReplicaFailedLocked(const std::string& run_id, uint32_t replica);
+  // OK when `run_id` is in progress; REQUIRES: mu_ held.
+  absl::Status RunInProgressLocked(const std::string& run_id) const;
 
   const RendezvousServiceOptions options_;
   std::mutex mu_;
@@ -135,6 +149,8 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   std::array<Counter, 3> worker_exits_;
   std::unique_ptr<DeadlineTimer> timer_;
   StateLog* log_ = nullptr;
+  QuorumServer quorum_;  // its own lock; never called with mu_ held but from
+                         // ReplicaFailedLocked (quorum_ never calls back)
 };
 
 }  // namespace meshrun::rdzv

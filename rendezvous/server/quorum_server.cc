@@ -1,0 +1,194 @@
+#include "rendezvous/server/quorum_server.h"
+
+#include <utility>
+
+namespace meshrun::rdzv {
+
+namespace v1 = meshrun::v1;
+
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+uint64_t FirstId() {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  return static_cast<uint64_t>(ms) << 12;
+}
+
+RdzvTime DeadlineIn(uint32_t timeout_ms) {
+  return RdzvClock::now() + std::chrono::milliseconds(timeout_ms);
+}
+
+}  // namespace
+
+QuorumServer::QuorumServer() : next_first_id_(FirstId()) {
+  timer_ = std::make_unique<DeadlineTimer>(
+      [this](DeadlineTimer::TimePoint now) { return Tick(now); });
+}
+
+QuorumServer::~QuorumServer() {
+  timer_.reset();
+  CancelAll();
+}
+
+ReplicaQuorum& QuorumServer::RunLocked(const std::string& run_id, uint64_t round,
+                                       std::vector<QuorumAnswer>* answers) {
+  Run& run = runs_[run_id];
+  if (!run.quorum || run.round != round) {
+    if (run.quorum) {
+      run.quorum->CancelAll(answers);
+      next_first_id_ = run.quorum->next_id();
+    }
+    run.round = round;
+    run.quorum = std::make_unique<ReplicaQuorum>(next_first_id_);
+  }
+  return *run.quorum;
+}
+
+void QuorumServer::Quorum(grpc::ServerUnaryReactor* reactor,
+                          const v1::QuorumRequest& request, uint64_t round,
+                          v1::QuorumReply* reply) {
+  Finishes finishes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const QuorumWaiter waiter = next_waiter_++;
+    parked_[waiter] = {reactor, reply, nullptr};
+    std::vector<QuorumAnswer> answers;
+    absl::Status status = RunLocked(request.run_id(), round, &answers)
+                              .Arrive({.replica = request.replica(),
+                                       .member = request.member(),
+                                       .replica_size = request.replica_size(),
+                                       .num_replicas = request.num_replicas(),
+                                       .committed_steps = request.committed_steps(),
+                                       .incarnation = request.incarnation()},
+                                      waiter, DeadlineIn(request.timeout_ms()), &answers);
+    if (!status.ok()) answers.push_back({waiter, status});
+    DeliverLocked(answers, &finishes);
+    PokeLocked();
+  }
+  Finish(finishes);
+}
+
+void QuorumServer::Commit(grpc::ServerUnaryReactor* reactor,
+                          const v1::CommitRequest& request, uint64_t round,
+                          v1::CommitReply* reply) {
+  Finishes finishes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const QuorumWaiter waiter = next_waiter_++;
+    parked_[waiter] = {reactor, nullptr, reply};
+    std::vector<QuorumAnswer> answers;
+    absl::Status status = RunLocked(request.run_id(), round, &answers)
+                              .Vote(request.quorum_id(), request.replica(), request.member(),
+                                    request.ok(), waiter, DeadlineIn(request.timeout_ms()),
+                                    &answers);
+    if (!status.ok()) answers.push_back({waiter, status});
+    DeliverLocked(answers, &finishes);
+    PokeLocked();
+  }
+  Finish(finishes);
+}
+
+void QuorumServer::ReplicaFailed(const std::string& run_id, uint32_t replica) {
+  Finishes finishes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) return;  // not a fault-tolerant run (yet)
+    std::vector<QuorumAnswer> answers;
+    it->second.quorum->ReplicaFailed(replica, &answers);
+    DeliverLocked(answers, &finishes);
+  }
+  Finish(finishes);
+}
+
+void QuorumServer::DropRun(const std::string& run_id) {
+  Finishes finishes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) return;
+    std::vector<QuorumAnswer> answers;
+    it->second.quorum->CancelAll(&answers);
+    runs_.erase(it);
+    DeliverLocked(answers, &finishes);
+  }
+  Finish(finishes);
+}
+
+void QuorumServer::CancelAll() {
+  Finishes finishes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<QuorumAnswer> answers;
+    for (auto& [run_id, run] : runs_) run.quorum->CancelAll(&answers);
+    DeliverLocked(answers, &finishes);
+  }
+  Finish(finishes);
+}
+
+void QuorumServer::DeliverLocked(std::vector<QuorumAnswer>& answers, Finishes* finishes) {
+  for (QuorumAnswer& answer : answers) {
+    auto it = parked_.find(answer.waiter);
+    if (it == parked_.end()) continue;
+    const Parked parked = it->second;
+    parked_.erase(it);
+    grpc::Status status = grpc::Status::OK;
+    if (auto* formed = std::get_if<QuorumFormed>(&answer.result); formed && parked.quorum_reply) {
+      v1::QuorumReply& reply = *parked.quorum_reply;
+      reply.set_quorum_id(formed->quorum_id);
+      reply.set_group_id(formed->group_id);
+      for (uint32_t r : formed->participants) reply.add_participants(r);
+      reply.set_max_committed_steps(formed->max_committed_steps);
+      reply.set_source_replica(formed->source_replica);
+      reply.set_heal(formed->heal);
+    } else if (auto* decision = std::get_if<CommitDecision>(&answer.result);
+               decision && parked.commit_reply) {
+      parked.commit_reply->set_commit(decision->commit);
+      parked.commit_reply->set_reason(decision->reason);
+    } else if (auto* error = std::get_if<absl::Status>(&answer.result)) {
+      status = ToGrpc(*error);
+    } else {
+      status = grpc::Status(grpc::StatusCode::INTERNAL, "quorum: answer of the wrong kind");
+    }
+    finishes->emplace_back(parked.reactor, std::move(status));
+  }
+}
+
+void QuorumServer::Finish(Finishes& finishes) {
+  for (auto& [reactor, status] : finishes) reactor->Finish(status);
+}
+
+void QuorumServer::PokeLocked() {
+  std::optional<RdzvTime> next;
+  for (const auto& [run_id, run] : runs_) {
+    auto deadline = run.quorum->NextDeadline();
+    if (deadline && (!next || *deadline < *next)) next = deadline;
+  }
+  if (next) timer_->Poke(*next);
+}
+
+std::optional<DeadlineTimer::TimePoint> QuorumServer::Tick(DeadlineTimer::TimePoint now) {
+  Finishes finishes;
+  std::optional<RdzvTime> next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<QuorumAnswer> answers;
+    for (auto& [run_id, run] : runs_) {
+      run.quorum->Tick(now, &answers);
+      auto deadline = run.quorum->NextDeadline();
+      if (deadline && (!next || *deadline < *next)) next = deadline;
+    }
+    DeliverLocked(answers, &finishes);
+  }
+  Finish(finishes);
+  return next;
+}
+
+}  // namespace meshrun::rdzv

@@ -1,0 +1,76 @@
+#pragma once
+
+// gRPC adapter of the replica quorum (rendezvous/core/replica_quorum.h): one
+// ReplicaQuorum per run, the Quorum and Commit calls parked until their
+// answer, and the timer that feeds the cores their deadlines. The
+// Rendezvous service forwards those two calls here after checking the run,
+// and reports replica failures its agents send.
+//
+// Thread-safe; one mutex of its own, so a parked quorum never holds up the
+// rendezvous state machine.
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "meshrun/v1/rendezvous.grpc.pb.h"
+#include "rendezvous/core/replica_quorum.h"
+#include "rendezvous/server/deadline_timer.h"
+
+namespace meshrun::rdzv {
+
+class QuorumServer {
+ public:
+  QuorumServer();
+  ~QuorumServer();  // answers every parked call UNAVAILABLE
+
+  // Answer through `reactor` (now, or when the quorum forms or the step is
+  // decided). `round` is the run's current round: a run that re-formed
+  // (restart scope job) starts its quorum afresh, its old callers answered.
+  // REQUIRES: the request was validated and names a run in progress.
+  void Quorum(grpc::ServerUnaryReactor* reactor, const meshrun::v1::QuorumRequest& request,
+              uint64_t round, meshrun::v1::QuorumReply* reply);
+  void Commit(grpc::ServerUnaryReactor* reactor, const meshrun::v1::CommitRequest& request,
+              uint64_t round, meshrun::v1::CommitReply* reply);
+
+  void ReplicaFailed(const std::string& run_id, uint32_t replica);
+  // The run is over or forgotten: its parked calls are answered, its state dropped.
+  void DropRun(const std::string& run_id);
+  // The daemon is stopping: every parked call is answered UNAVAILABLE.
+  void CancelAll();
+
+ private:
+  struct Parked {
+    grpc::ServerUnaryReactor* reactor;
+    meshrun::v1::QuorumReply* quorum_reply;  // one of these two
+    meshrun::v1::CommitReply* commit_reply;
+  };
+  // The calls to finish, filled under mu_ and finished outside it.
+  using Finishes = std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>>;
+
+  struct Run {
+    uint64_t round = 0;
+    std::unique_ptr<ReplicaQuorum> quorum;
+  };
+  // The run's quorum of `round` (a new one when the round changed).
+  ReplicaQuorum& RunLocked(const std::string& run_id, uint64_t round,
+                           std::vector<QuorumAnswer>* answers);
+  void DeliverLocked(std::vector<QuorumAnswer>& answers, Finishes* finishes);
+  void PokeLocked();
+  std::optional<DeadlineTimer::TimePoint> Tick(DeadlineTimer::TimePoint now);
+  static void Finish(Finishes& finishes);
+
+  // Ids start from the daemon's start time (ms since the epoch, x 4096), so
+  // they do not repeat after a restart (replica_quorum.h).
+  std::mutex mu_;
+  uint64_t next_first_id_;              // guarded by mu_
+  std::map<std::string, Run> runs_;     // guarded by mu_
+  std::map<QuorumWaiter, Parked> parked_;                       // guarded by mu_
+  QuorumWaiter next_waiter_ = 1;                                // guarded by mu_
+  std::unique_ptr<DeadlineTimer> timer_;
+};
+
+}  // namespace meshrun::rdzv
