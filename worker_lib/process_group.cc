@@ -223,17 +223,22 @@ struct WorldInternals {
   static absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> JoinGroup(
       World& world, const std::vector<int>& ranks, const std::string& backend_option,
       int group_number, std::chrono::milliseconds timeout);
+  static const c10::intrusive_ptr<c10d::Store>& BaseStore(World& world) {
+    return world.base_store_;
+  }
+  // The group of `rank` of `size` rendezvousing under `prefix` of `store`.
   static absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> MakeGroup(
-      World& world, const std::string& backend, int group_number, int rank, int size,
+      World& world, const c10::intrusive_ptr<c10d::Store>& store,
+      const std::string& backend, const std::string& prefix, int rank, int size,
       std::chrono::milliseconds timeout);
 };
 
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::MakeGroup(
-    World& world, const std::string& backend, int group_number, int rank, int size,
+    World& world, const c10::intrusive_ptr<c10d::Store>& base_store,
+    const std::string& backend, const std::string& prefix, int rank, int size,
     std::chrono::milliseconds timeout) {
-  const std::string prefix = GroupPrefix(group_number);
   auto store = c10::make_intrusive<c10d::PrefixStore>(
-      prefix, c10::make_intrusive<GroupTimeoutStore>(world.store_, timeout));
+      prefix, c10::make_intrusive<GroupTimeoutStore>(base_store, timeout));
   try {
     if (backend == "gloo") {
       auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -278,6 +283,7 @@ World::~World() {
   groups_.clear();
   group_.reset();
   store_.reset();
+  base_store_.reset();
 }
 
 std::vector<int> World::GroupRanks(const c10d::ProcessGroup& group) const {
@@ -307,6 +313,18 @@ absl::StatusOr<std::shared_ptr<World>> InitProcessGroup(const std::string& backe
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroup(
     World& world, std::vector<int> ranks, const GroupOptions& options) {
   return WorldInternals::NewGroup(world, std::move(ranks), options);
+}
+
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroupOutsideWorld(
+    World& world, const std::string& store_prefix, int rank, int size,
+    const GroupOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NewGroupOutsideWorld: rank ", rank, " of a group of ", size));
+  }
+  return WorldInternals::MakeGroup(
+      world, WorldInternals::BaseStore(world), options.backend.empty() ? world.backend() : options.backend,
+      store_prefix, rank, size, options.timeout.value_or(world.timeout()));
 }
 
 absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& backend,
@@ -371,10 +389,15 @@ absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& b
     }
     world->store_kind_ = "tcpstore";
   }
+  world->base_store_ = world->store_;
+  if (!options.store_prefix.empty()) {
+    world->store_ =
+        c10::make_intrusive<c10d::PrefixStore>(options.store_prefix, world->base_store_);
+  }
   world->options_ = std::move(options);
 
-  auto group = MakeGroup(*world, backend, /*group_number=*/0, env.rank, env.world_size,
-                         world->timeout_);
+  auto group = MakeGroup(*world, world->store_, backend, GroupPrefix(0), env.rank,
+                         env.world_size, world->timeout_);
   if (!group.ok()) return group.status();
   world->group_ = *group;
   // As torch's init_process_group ends with a barrier: no rank returns (and
@@ -457,7 +480,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> WorldInternals::JoinGroup
   }
 
   const std::string backend = backend_option.empty() ? world.backend() : backend_option;
-  return MakeGroup(world, backend, group_number, group_rank,
+  return MakeGroup(world, world.store_, backend, GroupPrefix(group_number), group_rank,
                    static_cast<int>(ranks.size()), timeout);
 }
 

@@ -61,6 +61,11 @@ struct InitOptions {
   std::string gloo_interface;
   std::string gloo_hostname;
   int gloo_threads = 2;  // per group, as in torch
+  // A key prefix in the store for this world's groups (default none): for a
+  // world of part of the job's processes that may form again while the rest
+  // go on, such as a fault-tolerant replica group (replicas.h), each
+  // incarnation keying apart.
+  std::string store_prefix;
 };
 
 struct GroupOptions {
@@ -85,8 +90,8 @@ class World {
   const std::string& backend() const { return backend_; }
   // The default group (all ranks; group rank == global rank).
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
-  // The world's store, unprefixed: a GrpcStore on the round's namespace, or a
-  // TCPStore. Groups use PrefixStores over it ("pg/<n>/").
+  // The world's store: a GrpcStore on the round's namespace, or a TCPStore,
+  // under InitOptions::store_prefix. Groups use PrefixStores over it ("pg/<n>/").
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   // "meshrun" or "tcpstore".
   const std::string& store_kind() const { return store_kind_; }
@@ -110,6 +115,7 @@ class World {
   std::chrono::milliseconds timeout_{};
   InitOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Store> base_store_;  // store_ without store_prefix
   // Gloo's devices, shared by all groups of this world (a device is a
   // listening socket and an event-loop thread; groups multiplex on it).
   std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices_;
@@ -150,5 +156,16 @@ absl::StatusOr<std::shared_ptr<World>> InitProcessGroup(
 // when it runs out.
 absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroup(
     World& world, std::vector<int> ranks, const GroupOptions& options = {});
+
+// A group whose members are not ranks of this world: `size` processes that
+// rendezvous under `store_prefix` of the job's store (the world's store
+// without InitOptions::store_prefix), this one as `rank`, e.g. the
+// replica-dimension group of fault-tolerant replicas, formed again whenever
+// its membership changes. Collective over those processes only; the caller
+// owns the group (the world keeps no reference). UNAVAILABLE when the
+// rendezvous fails or times out.
+absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroupOutsideWorld(
+    World& world, const std::string& store_prefix, int rank, int size,
+    const GroupOptions& options = {});
 
 }  // namespace meshrun::worker

@@ -24,21 +24,39 @@
 // and after the steps to DIR/rank<R>.{before,after}.json, so they can be
 // counted against PyTorch's.
 //
+// --fault-tolerant: the --dp replicas are fault-tolerant replica groups
+// (worker_lib/parallel/fault_tolerant.h; run under `meshrun
+// --restart-scope=replica` so that only a failed group restarts): each
+// trains its rows of the global batch, a failure discards the step in
+// progress, the survivors go on, and a restarted group copies the state
+// from a live one. --verify then checks the final parameters against
+// single-process training of the committed steps, each on the rows of the
+// replicas that took part in it. --kill-at-step N [--kill-rank R]
+// [--kill-point start|allreduce|voted] makes rank R SIGKILL itself at step
+// N, in its first incarnation only.
+//
 // Exit codes: 0 done (and verified), 1 a failure or a mismatch, 2 bad flags.
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
 #include <torch/csrc/distributed/c10d/FlightRecorder.hpp>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "worker_lib/examples/example_output.h"
 #include "worker_lib/parallel/batch_file.h"
 #include "worker_lib/parallel/checkpoint.h"
+#include "worker_lib/parallel/data.h"
+#include "worker_lib/parallel/fault_tolerant.h"
 #include "worker_lib/parallel/trainer.h"
 #include "worker_lib/parallel/transformer.h"
 #include "worker_lib/process_group.h"
@@ -60,6 +78,138 @@ double RelativeError(const at::Tensor& got, const at::Tensor& want) {
   return scale == 0 ? diff : diff / scale;
 }
 
+// Where and when --kill-at-step strikes.
+struct KillPlan {
+  int64_t step = -1;
+  int rank = -1;
+  std::string point = "start";
+};
+
+// Checks `trainer`'s gathered params against `reference` (relative error <=
+// rtol); returns the number checked, or the first mismatch.
+absl::StatusOr<size_t> CompareParams(Trainer& trainer, TrainModel& reference, double rtol) {
+  std::map<std::string, at::Tensor> want;
+  for (const auto& param : reference.Layers().Params()) want[param->name()] = param->data();
+  auto full = trainer.GatherFullParams();
+  for (const auto& [name, value] : full) {
+    const double error = RelativeError(value, want.at(name));
+    if (!value.sizes().equals(want.at(name).sizes()) || !(error <= rtol)) {
+      return absl::InternalError(name +
+                                 ": differs from single-process training (relative error " +
+                                 std::to_string(error) + ")");
+    }
+  }
+  return full.size();
+}
+
+// --fault-tolerant: see the top of this file.
+int RunFaultTolerant(TrainOptions options, const std::function<std::unique_ptr<TrainModel>()>& make_model,
+                     const std::function<InputTarget(int64_t)>& batch_of, int64_t first_step,
+                     int steps, bool verify, double rtol, const KillPlan& kill) {
+  auto env = WorkerEnvFromProcessEnvironment();
+  if (!env.ok()) return Fail(-1, std::string(env.status().message()));
+  const int rank = env->rank;
+  const int num_replicas = options.layout.dp;
+  auto id = ReplicaIdentityFromEnv(*env, num_replicas);
+  if (!id.ok()) return Fail(rank, std::string(id.status().message()));
+  auto world = InitReplicaGroupWorld(*id);
+  if (!world.ok()) return Fail(rank, std::string(world.status().message()));
+  Say("rank " + std::to_string(rank) + " pid " + std::to_string(getpid()) + ": replica " +
+      std::to_string(id->replica) + " member " + std::to_string(id->member) +
+      " incarnation " + std::to_string(id->incarnation));
+
+  FaultToleranceOptions ft_options;
+  const bool kills_here = kill.step >= 0 && rank == kill.rank && id->incarnation == 0 &&
+                          env->restart_count == 0;
+  if (kills_here) {
+    ft_options.fault_injection = [&kill, rank](const std::string& point, uint64_t step) {
+      if (point != kill.point || static_cast<int64_t>(step) != kill.step) return;
+      Say("rank " + std::to_string(rank) + " SIGKILLs itself at step " +
+          std::to_string(step) + " (" + point + ")");
+      raise(SIGKILL);
+    };
+  }
+  auto replicas = FaultTolerantReplicas::Create(*world, *id, ft_options);
+  if (!replicas.ok()) return Fail(rank, std::string(replicas.status().message()));
+  options.layout.dp = 1;  // the replicas are the data-parallel dimension
+  options.replica_sync = replicas->get();
+  auto trainer = Trainer::Create(*world, make_model(), options);
+  if (!trainer.ok()) return Fail(rank, std::string(trainer.status().message()));
+  if (rank == 0) Say("layout " + (*trainer)->Describe() + " x " +
+                     std::to_string(num_replicas) + " fault-tolerant replicas");
+
+  std::vector<uint32_t> last_participants;
+  while (true) {
+    auto quorum = (*replicas)->BeginStep((*trainer)->Params());
+    if (!quorum.ok()) return Fail(rank, std::string(quorum.status().message()));
+    if (!quorum->participating) continue;
+    // The lowest participant reports, so somebody always does.
+    const bool reports = id->member == 0 && id->replica == static_cast<int>(quorum->participants[0]);
+    if (quorum->healed) {
+      Say("replica " + std::to_string(id->replica) + " member " + std::to_string(id->member) +
+          " healed from replica " + std::to_string(quorum->source_replica) + " at step " +
+          std::to_string(first_step + static_cast<int64_t>(quorum->step)));
+    }
+    if (reports && quorum->participants != last_participants) {
+      std::vector<std::string> names;
+      for (uint32_t r : quorum->participants) names.push_back(std::to_string(r));
+      Say("step " + std::to_string(first_step + static_cast<int64_t>(quorum->step)) +
+          ": replicas " + absl::StrJoin(names, ","));
+      last_participants = quorum->participants;
+    }
+    if (static_cast<int64_t>(quorum->step) >= steps) break;
+    const int64_t step = first_step + static_cast<int64_t>(quorum->step);
+    if (kills_here && kill.point == "start" && static_cast<int64_t>(quorum->step) == kill.step)
+      ft_options.fault_injection("start", quorum->step);
+    auto [input, target] = batch_of(step);
+    auto loss = (*trainer)->Step(DataShard(input, num_replicas, id->replica),
+                                 DataShard(target, num_replicas, id->replica));
+    if (absl::IsAborted(loss.status())) {
+      if (reports) {
+        Say("step " + std::to_string(step) + " discarded: " +
+            (*replicas)->last_discard_reason());
+      }
+      continue;
+    }
+    if (!loss.ok()) return Fail(rank, std::string(loss.status().message()));
+    if (reports) {
+      char line[96];
+      std::snprintf(line, sizeof line, "step %lld loss %.9g", static_cast<long long>(step),
+                    *loss);
+      Say(line);
+    }
+  }
+
+  if (verify) {
+    // Single-process training of the committed steps, each on the rows of
+    // the replicas that took part in it.
+    const auto& history = (*replicas)->history();
+    auto reference = make_model();
+    auto committed_batch = [&](int64_t i) -> InputTarget {
+      auto [input, target] = batch_of(first_step + i);
+      std::vector<at::Tensor> inputs, targets;
+      for (uint32_t r : history[i]) {
+        inputs.push_back(DataShard(input, num_replicas, r));
+        targets.push_back(DataShard(target, num_replicas, r));
+      }
+      return {at::cat(inputs), at::cat(targets)};
+    };
+    TrainSingleProcess(*reference, committed_batch, 0, static_cast<int>(history.size()),
+                       options.lr);
+    auto checked = CompareParams(**trainer, *reference, rtol);
+    if (!checked.ok()) return Fail(rank, std::string(checked.status().message()));
+    size_t partial = 0;
+    for (const auto& participants : history)
+      partial += participants.size() < static_cast<size_t>(num_replicas);
+    Say("verified rank " + std::to_string(rank) + " pid " + std::to_string(getpid()) +
+        ": " + std::to_string(*checked) + " parameters equal single-process training of " +
+        std::to_string(history.size()) + " committed steps (" + std::to_string(partial) +
+        " without every replica)");
+  }
+  (*world)->group()->barrier()->wait();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,6 +227,8 @@ int main(int argc, char** argv) {
   bool verify = false;
   double rtol = 1e-5;
   std::string save_dir, load_dir, data_file, trace_dir;
+  bool fault_tolerant = false;
+  KillPlan kill;
   app.add_option("--model", model_name, "mlp or transformer")
       ->check(CLI::IsMember({"mlp", "transformer"}));
   app.add_option("--sizes", sizes, "MLP layer sizes (default: seed 003's 50,50,50,50,4)")
@@ -109,8 +261,25 @@ int main(int argc, char** argv) {
                  "write the flight recorder's collectives before and after the steps to "
                  "DIR/rank<R>.{before,after}.json; "
                  "set TORCH_FR_BUFFER_SIZE above their number");
+  app.add_flag("--fault-tolerant", fault_tolerant,
+               "the --dp replicas survive each other's failures (run under meshrun "
+               "--restart-scope=replica)");
+  app.add_option("--kill-at-step", kill.step,
+                 "rank --kill-rank SIGKILLs itself at this step (first incarnation only)");
+  app.add_option("--kill-rank", kill.rank, "the rank --kill-at-step kills (default: the last)");
+  app.add_option("--kill-point", kill.point, "where in the step: start, allreduce or voted")
+      ->check(CLI::IsMember({"start", "allreduce", "voted"}));
   CLI11_PARSE(app, argc, argv);
   options.reshard_after_forward = !no_reshard;
+  if (kill.step >= 0 && !fault_tolerant) {
+    std::cerr << "--kill-at-step needs --fault-tolerant\n";
+    return 2;
+  }
+  if (fault_tolerant && (!save_dir.empty() || !load_dir.empty() || !trace_dir.empty())) {
+    std::cerr << "--fault-tolerant does not combine with --save, --load or "
+                 "--trace-collectives\n";
+    return 2;
+  }
   auto parsed_schedule = ParseSchedule(schedule);
   if (!parsed_schedule.ok()) {
     std::cerr << std::string(parsed_schedule.status().message()) << "\n";
@@ -131,18 +300,27 @@ int main(int argc, char** argv) {
     }
   }
 
-  auto world = InitProcessGroup("gloo");
-  if (!world.ok()) return Fail(-1, std::string(world.status().message()));
-  const int rank = (*world)->rank();
-  auto make_model = [&]() {
+  std::function<std::unique_ptr<TrainModel>()> make_model = [&]() {
     return model_name == "mlp" ? MlpModel(sizes, seed) : TransformerModel(lm, seed);
   };
   // The global batch of a step: the file's, or synthetic.
   const auto data_model = make_model();
-  auto batch_of = [&](int64_t step) -> InputTarget {
+  std::function<InputTarget(int64_t)> batch_of = [&](int64_t step) -> InputTarget {
     if (!file_batches.empty()) return file_batches[step];
     return data_model->SyntheticData(seed, step, batch);
   };
+  if (fault_tolerant) {
+    if (kill.rank < 0) {
+      auto env = WorkerEnvFromProcessEnvironment();
+      kill.rank = env.ok() ? env->world_size - 1 : 0;
+    }
+    return RunFaultTolerant(options, make_model, batch_of, first_step, steps, verify, rtol,
+                            kill);
+  }
+
+  auto world = InitProcessGroup("gloo");
+  if (!world.ok()) return Fail(-1, std::string(world.status().message()));
+  const int rank = (*world)->rank();
 
   auto trainer = Trainer::Create(*world, make_model(), options);
   if (!trainer.ok()) return Fail(rank, std::string(trainer.status().message()));
@@ -200,19 +378,10 @@ int main(int argc, char** argv) {
   dump_collectives("after");
 
   if (verify) {
-    std::map<std::string, at::Tensor> want;
-    for (const auto& param : reference->Layers().Params())
-      want[param->name()] = param->data();
-    auto full = (*trainer)->GatherFullParams();
-    for (const auto& [name, value] : full) {
-      const double error = RelativeError(value, want.at(name));
-      if (!value.sizes().equals(want.at(name).sizes()) || !(error <= rtol))
-        return Fail(rank, name +
-                              ": differs from single-process training (relative error " +
-                              std::to_string(error) + ")");
-    }
+    auto checked = CompareParams(**trainer, *reference, rtol);
+    if (!checked.ok()) return Fail(rank, std::string(checked.status().message()));
     Say("verified rank " + std::to_string(rank) + ": " + std::to_string(steps) +
-        " losses and " + std::to_string(full.size()) +
+        " losses and " + std::to_string(*checked) +
         " parameters equal single-process training");
   }
   if (!save_dir.empty()) {

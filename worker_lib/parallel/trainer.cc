@@ -289,10 +289,16 @@ absl::StatusOr<double> Trainer::Step(const at::Tensor& input, const at::Tensor& 
     }
   }
   if (s.dp_sync) s.dp_sync->SyncGradients();
-  s.optimizer->step();
   // The mean over data-parallel ranks of equal local batches is the global
   // batch's mean (fsdp and dp groups together span the data ranks).
-  return MeanOver(s.dp, MeanOver(s.fsdp, loss));
+  loss = MeanOver(s.dp, MeanOver(s.fsdp, loss));
+  if (s.options.replica_sync) {
+    auto apply = s.options.replica_sync->Sync(s.Params(), &loss);
+    if (!apply.ok()) return apply.status();
+    if (!*apply) return absl::AbortedError("the replicas discarded this step");
+  }
+  s.optimizer->step();
+  return loss;
 }
 
 absl::StatusOr<double> Trainer::Evaluate(const at::Tensor& input,

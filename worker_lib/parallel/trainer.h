@@ -75,6 +75,18 @@ using BatchFn = std::function<std::pair<at::Tensor, at::Tensor>(int64_t step)>;
 std::vector<double> TrainSingleProcess(TrainModel& model, const BatchFn& batch_of,
                                        int64_t first_step, int steps, double lr);
 
+// Gradient averaging across data-parallel replicas outside the trainer's
+// world (fault-tolerant replicas, fault_tolerant.h): after the world's own
+// gradient sync, before the optimizer step.
+class ReplicaGradientSync {
+ public:
+  virtual ~ReplicaGradientSync() = default;
+  // Averages every param's grad and `*loss` over the step's replicas; false:
+  // the step is discarded everywhere (no update).
+  virtual absl::StatusOr<bool> Sync(const std::vector<std::shared_ptr<Param>>& params,
+                                    double* loss) = 0;
+};
+
 struct ParallelLayout {
   int pp = 1;
   int dp = 1;
@@ -98,6 +110,9 @@ struct TrainOptions {
   int virtual_stages = 1;
   bool reshard_after_forward = true;
   size_t dp_bucket_bytes = size_t{25} << 20;
+  // Not owned; null: none. Then the world is one replica group, and Step
+  // returns ABORTED for a step the replicas discarded.
+  ReplicaGradientSync* replica_sync = nullptr;
 };
 
 class Trainer {
@@ -111,7 +126,9 @@ class Trainer {
   ~Trainer();
 
   // One SGD step on the global batch (the same on every rank). Returns the
-  // global mean loss on every rank. Collective.
+  // global mean loss on every rank. Collective. With a replica_sync, the
+  // batch is this replica's and the loss the participating replicas' mean;
+  // ABORTED (nothing applied) when the replicas discarded the step.
   absl::StatusOr<double> Step(const at::Tensor& input, const at::Tensor& target);
 
   // The global batch's mean loss without training (forward only, no grad):

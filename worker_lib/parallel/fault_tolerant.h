@@ -1,0 +1,148 @@
+#pragma once
+
+// Fault-tolerant replicated training (issue 18): data parallelism across
+// replica groups that goes on when one of them fails, as torchft does, with
+// the per-step quorum in meshrun's daemon (rendezvous/core/replica_quorum.h).
+//
+// A replica group is one dp index with its tp / pp / fsdp peers: it trains
+// with a Trainer over its own world (InitReplicaGroupWorld), and
+// FaultTolerantReplicas averages the gradients across the groups taking
+// part in each step:
+//
+//   auto id = ReplicaIdentityFromEnv(env, num_replicas).value();
+//   auto world = InitReplicaGroupWorld(id).value();
+//   auto replicas = FaultTolerantReplicas::Create(world, id, {}).value();
+//   auto trainer = Trainer::Create(world, model, {.replica_sync = replicas.get()});
+//   while (true) {
+//     StepQuorum q = replicas->BeginStep(trainer->Params()).value();
+//     if (!q.participating) continue;          // arrived late: the next one
+//     if (q.step >= steps) break;
+//     auto loss = trainer->Step(my rows of batch(q.step));  // kAborted: discarded
+//   }
+//
+// Each step: every member of every live group arrives at the daemon's
+// quorum; the participants' replica-dimension group is rebuilt when they
+// changed (or the last step was discarded); when someone is behind (a
+// restarted group, or one that missed steps), every participant takes part
+// in copying the training state from the most advanced one (params, the
+// committed step count and history). After backward, the gradients and the
+// loss are averaged over the participants in one all-reduce; every member
+// votes, and the step is applied only when the daemon says all votes were
+// ok. A step a failure interrupts is discarded everywhere and trained again
+// by the survivors (the failed group's rows left out); the survivors keep
+// their processes and never reload a checkpoint. Only SGD without momentum
+// is supported: the optimizer keeps no state to copy.
+//
+// Needs meshrun's daemon (MESHRUN_STORE_ENDPOINT): the groups rendezvous in
+// the round's namespace, which outlives any one group's restart.
+//
+// Not thread-safe; one per process.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker_lib/parallel/param.h"
+#include "worker_lib/parallel/trainer.h"
+#include "worker_lib/process_group.h"
+
+namespace meshrun::rdzv {
+class RendezvousClient;
+}
+
+namespace meshrun::worker::parallel {
+
+// Who this process is among the replicas.
+struct ReplicaIdentity {
+  std::string run_id;     // TORCHELASTIC_RUN_ID
+  int replica = 0;        // MESHRUN_REPLICA_ID, else RANK / replica_size
+  int member = 0;         // rank within the replica group
+  int replica_size = 1;   // WORLD_SIZE / num_replicas (MESHRUN_REPLICA_SIZE must agree)
+  int num_replicas = 1;   // the job's, as started
+  int incarnation = 0;    // MESHRUN_REPLICA_RESTARTS, else 0
+  WorkerEnv env;          // the worker's
+};
+
+// From the worker's environment (meshrun --restart-scope=replica sets
+// MESHRUN_REPLICA_*). INVALID_ARGUMENT when WORLD_SIZE does not split into
+// `num_replicas` groups or MESHRUN_REPLICA_SIZE disagrees; FAILED_PRECONDITION
+// without meshrun's store.
+absl::StatusOr<ReplicaIdentity> ReplicaIdentityFromEnv(const WorkerEnv& env,
+                                                       int num_replicas);
+
+// The replica group's own world (its members only, as ranks 0..size-1),
+// rendezvousing under a store prefix of this incarnation's.
+absl::StatusOr<std::shared_ptr<World>> InitReplicaGroupWorld(const ReplicaIdentity& id,
+                                                             InitOptions options = {});
+
+struct FaultToleranceOptions {
+  // How long the daemon waits for missing live groups before a quorum forms
+  // without them, and for the votes of a step.
+  std::chrono::milliseconds quorum_timeout = std::chrono::seconds(30);
+  std::chrono::milliseconds commit_timeout = std::chrono::seconds(30);
+  // The replica-dimension group's rendezvous and collectives.
+  std::chrono::milliseconds collective_timeout = std::chrono::seconds(20);
+  // Test hook: called at named points of a step ("allreduce": the
+  // all-reduce was issued and not waited for; "voted"), e.g. to die there.
+  std::function<void(const std::string& point, uint64_t step)> fault_injection;
+};
+
+// One step's quorum, as this process sees it.
+struct StepQuorum {
+  bool participating = false;
+  uint64_t step = 0;  // the participants' committed steps: the step to train
+  std::vector<uint32_t> participants;
+  bool healed = false;  // this process received the training state
+  int source_replica = -1;  // where it came from when healed
+};
+
+class FaultTolerantReplicas final : public ReplicaGradientSync {
+ public:
+  // `world`: the replica group's (InitReplicaGroupWorld).
+  static absl::StatusOr<std::unique_ptr<FaultTolerantReplicas>> Create(
+      std::shared_ptr<World> world, ReplicaIdentity id, FaultToleranceOptions options);
+  ~FaultTolerantReplicas() override;
+
+  // Joins the next step's quorum (see above). `params`: what this member
+  // trains (its shards), the state a heal copies.
+  absl::StatusOr<StepQuorum> BeginStep(const std::vector<std::shared_ptr<Param>>& params);
+
+  // Averages grads and *loss over the step's participants and votes; true
+  // when the step commits (the caller applies it). Called by Trainer::Step.
+  absl::StatusOr<bool> Sync(const std::vector<std::shared_ptr<Param>>& params,
+                            double* loss) override;
+
+  const ReplicaIdentity& identity() const { return id_; }
+  uint64_t committed_steps() const { return committed_steps_; }
+  // Each committed step's participants, in order (copied along with a heal,
+  // so a restarted group knows the steps taken before it came back).
+  const std::vector<std::vector<uint32_t>>& history() const { return history_; }
+  // Why the last step was discarded.
+  const std::string& last_discard_reason() const { return last_discard_reason_; }
+
+ private:
+  FaultTolerantReplicas(std::shared_ptr<World> world, ReplicaIdentity id,
+                        FaultToleranceOptions options);
+  absl::Status Heal(const std::vector<std::shared_ptr<Param>>& params, int source_index);
+
+  std::shared_ptr<World> world_;
+  ReplicaIdentity id_;
+  FaultToleranceOptions options_;
+  std::unique_ptr<rdzv::RendezvousClient> daemon_;
+  // The replica-dimension group: this member's counterparts in the
+  // participating groups, rebuilt when the quorum's group id changes.
+  ProcessGroupPtr group_;
+  uint64_t group_id_ = 0;
+  // The step in progress.
+  uint64_t quorum_id_ = 0;
+  std::vector<uint32_t> participants_;
+  uint64_t committed_steps_ = 0;
+  std::vector<std::vector<uint32_t>> history_;
+  std::string last_discard_reason_;
+};
+
+}  // namespace meshrun::worker::parallel
