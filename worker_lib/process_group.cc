@@ -323,8 +323,9 @@ absl::StatusOr<c10::intrusive_ptr<c10d::ProcessGroup>> NewGroupOutsideWorld(
         absl::StrCat("NewGroupOutsideWorld: rank ", rank, " of a group of ", size));
   }
   return WorldInternals::MakeGroup(
-      world, WorldInternals::BaseStore(world), options.backend.empty() ? world.backend() : options.backend,
-      store_prefix, rank, size, options.timeout.value_or(world.timeout()));
+      world, WorldInternals::BaseStore(world),
+      options.backend.empty() ? world.backend() : options.backend, store_prefix, rank,
+      size, options.timeout.value_or(world.timeout()));
 }
 
 absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& backend,

@@ -88,12 +88,14 @@ void RendezvousClient::JoinSession::Cancel() { reactor_->Cancel(); }
 RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel)
     : stub_(v1::Rendezvous::NewStub(std::move(channel))) {}
 
-RendezvousClient::CallContext RendezvousClient::MakeContext(std::chrono::milliseconds wait) {
+RendezvousClient::CallContext RendezvousClient::MakeContext(
+    std::chrono::milliseconds wait) {
   CallContext context(new grpc::ClientContext(), ContextDone{this});
   std::lock_guard<std::mutex> lock(calls_mu_);
   // After CancelCalls a call must not start a wait of its own.
-  context->set_deadline(std::chrono::system_clock::now() +
-                        (cancelled_ ? std::chrono::milliseconds(0) : call_timeout_ + wait));
+  context->set_deadline(
+      std::chrono::system_clock::now() +
+      (cancelled_ ? std::chrono::milliseconds(0) : call_timeout_ + wait));
   calls_.insert(context.get());
   return context;
 }
@@ -202,7 +204,8 @@ absl::StatusOr<v1::StatusReply> RendezvousClient::Status(
   return reply;
 }
 
-absl::StatusOr<v1::QuorumReply> RendezvousClient::Quorum(const v1::QuorumRequest& request) {
+absl::StatusOr<v1::QuorumReply> RendezvousClient::Quorum(
+    const v1::QuorumRequest& request) {
   v1::QuorumReply reply;
   auto context = MakeContext(std::chrono::milliseconds(request.timeout_ms()));
   grpc::Status status = stub_->Quorum(context.get(), request, &reply);
@@ -210,7 +213,8 @@ absl::StatusOr<v1::QuorumReply> RendezvousClient::Quorum(const v1::QuorumRequest
   return reply;
 }
 
-absl::StatusOr<v1::CommitReply> RendezvousClient::Commit(const v1::CommitRequest& request) {
+absl::StatusOr<v1::CommitReply> RendezvousClient::Commit(
+    const v1::CommitRequest& request) {
   v1::CommitReply reply;
   auto context = MakeContext(std::chrono::milliseconds(request.timeout_ms()));
   grpc::Status status = stub_->Commit(context.get(), request, &reply);

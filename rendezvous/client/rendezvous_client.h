@@ -63,8 +63,10 @@ class RendezvousClient {
       const meshrun::v1::StatusRequest& request);
   // Fault-tolerant replicas: these wait on the daemon up to the request's
   // timeout_ms, and the call's deadline is that plus the call timeout.
-  absl::StatusOr<meshrun::v1::QuorumReply> Quorum(const meshrun::v1::QuorumRequest& request);
-  absl::StatusOr<meshrun::v1::CommitReply> Commit(const meshrun::v1::CommitRequest& request);
+  absl::StatusOr<meshrun::v1::QuorumReply> Quorum(
+      const meshrun::v1::QuorumRequest& request);
+  absl::StatusOr<meshrun::v1::CommitReply> Commit(
+      const meshrun::v1::CommitRequest& request);
 
   // Deadline of every unary call.
   void set_call_timeout(std::chrono::milliseconds timeout) { call_timeout_ = timeout; }

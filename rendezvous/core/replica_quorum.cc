@@ -19,9 +19,9 @@ ReplicaQuorum::ReplicaQuorum(uint64_t first_id)
 absl::Status ReplicaQuorum::Arrive(const QuorumArrival& arrival, QuorumWaiter waiter,
                                    RdzvTime deadline, std::vector<QuorumAnswer>* out) {
   if (arrival.replica_size == 0 || arrival.member >= arrival.replica_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quorum: member ", arrival.member, " of a replica group of ",
-                     arrival.replica_size));
+    return absl::InvalidArgumentError(absl::StrCat("quorum: member ", arrival.member,
+                                                   " of a replica group of ",
+                                                   arrival.replica_size));
   }
   if (replica_size_ != 0 && arrival.replica_size != replica_size_) {
     return absl::InvalidArgumentError(
@@ -35,10 +35,9 @@ absl::Status ReplicaQuorum::Arrive(const QuorumArrival& arrival, QuorumWaiter wa
   }
   Replica& replica = replicas_[arrival.replica];
   if (arrival.incarnation < replica.incarnation) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("quorum: replica ", arrival.replica, " incarnation ",
-                     arrival.incarnation, " was replaced by incarnation ",
-                     replica.incarnation));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "quorum: replica ", arrival.replica, " incarnation ", arrival.incarnation,
+        " was replaced by incarnation ", replica.incarnation));
   }
   if (arrival.incarnation > replica.incarnation || replica.failed) {
     replica.incarnation = arrival.incarnation;
@@ -46,7 +45,8 @@ absl::Status ReplicaQuorum::Arrive(const QuorumArrival& arrival, QuorumWaiter wa
     group_healthy_ = false;  // a new process: the group must be rebuilt with it
     // Members of the replaced incarnation that were still waiting are gone.
     for (auto it = arrived_.begin(); it != arrived_.end();) {
-      if (it->first.first == arrival.replica && it->second.incarnation < arrival.incarnation) {
+      if (it->first.first == arrival.replica &&
+          it->second.incarnation < arrival.incarnation) {
         out->push_back({it->second.waiter,
                         absl::AbortedError("quorum: replaced by a newer incarnation")});
         it = arrived_.erase(it);
@@ -57,8 +57,8 @@ absl::Status ReplicaQuorum::Arrive(const QuorumArrival& arrival, QuorumWaiter wa
   }
   const Member key{arrival.replica, arrival.member};
   if (auto it = arrived_.find(key); it != arrived_.end()) {
-    out->push_back({it->second.waiter,
-                    absl::AbortedError("quorum: the same member arrived again")});
+    out->push_back(
+        {it->second.waiter, absl::AbortedError("quorum: the same member arrived again")});
   }
   arrived_[key] = {waiter, deadline, arrival.committed_steps, arrival.incarnation};
   TryForm(/*overdue=*/false, out);
@@ -117,16 +117,18 @@ absl::Status ReplicaQuorum::Vote(uint64_t quorum_id, uint32_t replica, uint32_t 
   auto it = steps_.find(quorum_id);
   if (it == steps_.end()) {
     if (quorum_id >= first_id_ && quorum_id < next_quorum_id_) {
-      out->push_back({waiter, CommitDecision{false, absl::StrCat("quorum ", quorum_id,
-                                                                 " is no longer known")}});
+      out->push_back(
+          {waiter, CommitDecision{false, absl::StrCat("quorum ", quorum_id,
+                                                      " is no longer known")}});
       return absl::OkStatus();
     }
     // Formed before the daemon restarted (or never): nobody can have been
     // told to commit it by this daemon, and whoever was told by the old one
     // is ahead, which the next quorum heals.
-    out->push_back({waiter, CommitDecision{false, absl::StrCat("quorum ", quorum_id,
-                                                               " is unknown to this daemon "
-                                                               "(it restarted?)")}});
+    out->push_back(
+        {waiter, CommitDecision{false, absl::StrCat("quorum ", quorum_id,
+                                                    " is unknown to this daemon "
+                                                    "(it restarted?)")}});
     return absl::OkStatus();
   }
   Step& step = it->second;
@@ -135,8 +137,8 @@ absl::Status ReplicaQuorum::Vote(uint64_t quorum_id, uint32_t replica, uint32_t 
         "commit: replica ", replica, " is not a participant of quorum ", quorum_id));
   }
   if (member >= replica_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("commit: member ", member,
-                                                   " of a replica group of ", replica_size_));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "commit: member ", member, " of a replica group of ", replica_size_));
   }
   if (step.decision) {
     out->push_back({waiter, *step.decision});
@@ -173,9 +175,9 @@ void ReplicaQuorum::ReplicaFailed(uint32_t replica_id, std::vector<QuorumAnswer>
   group_healthy_ = false;
   for (auto it = arrived_.begin(); it != arrived_.end();) {
     if (it->first.first == replica_id) {
-      out->push_back({it->second.waiter,
-                      absl::UnavailableError(absl::StrCat("quorum: replica ", replica_id,
-                                                          " failed"))});
+      out->push_back(
+          {it->second.waiter, absl::UnavailableError(absl::StrCat(
+                                  "quorum: replica ", replica_id, " failed"))});
       it = arrived_.erase(it);
     } else {
       ++it;
@@ -188,7 +190,8 @@ void ReplicaQuorum::ReplicaFailed(uint32_t replica_id, std::vector<QuorumAnswer>
     uint32_t voted_ok = 0;
     for (const auto& [key, ok] : step.votes) voted_ok += key.first == replica_id && ok;
     if (voted_ok < replica_size_) {
-      Decide(step, {false, absl::StrCat("replica ", replica_id, " failed during the step")},
+      Decide(step,
+             {false, absl::StrCat("replica ", replica_id, " failed during the step")},
              out);
     }
   }
@@ -213,7 +216,8 @@ void ReplicaQuorum::Tick(RdzvTime now, std::vector<QuorumAnswer>* out) {
     }
   }
   bool overdue = false;
-  for (const auto& [key, arrived] : arrived_) overdue = overdue || arrived.deadline <= now;
+  for (const auto& [key, arrived] : arrived_)
+    overdue = overdue || arrived.deadline <= now;
   if (!overdue) return;
   TryForm(/*overdue=*/true, out);
   // Nobody complete: those out of time are told so; the rest wait on.

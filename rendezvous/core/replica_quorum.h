@@ -83,14 +83,15 @@ class ReplicaQuorum {
   // INVALID_ARGUMENT for a member outside the group or a group size that
   // differs from the run's; FAILED_PRECONDITION for an incarnation older than
   // one already seen.
-  absl::Status Arrive(const QuorumArrival& arrival, QuorumWaiter waiter, RdzvTime deadline,
-                      std::vector<QuorumAnswer>* out);
+  absl::Status Arrive(const QuorumArrival& arrival, QuorumWaiter waiter,
+                      RdzvTime deadline, std::vector<QuorumAnswer>* out);
 
   // A participant's member votes on quorum `quorum_id`'s step. A decided or
   // forgotten quorum is answered at once (forgotten: discard).
   // FAILED_PRECONDITION for a non-participant or a quorum never formed.
   absl::Status Vote(uint64_t quorum_id, uint32_t replica, uint32_t member, bool ok,
-                    QuorumWaiter waiter, RdzvTime deadline, std::vector<QuorumAnswer>* out);
+                    QuorumWaiter waiter, RdzvTime deadline,
+                    std::vector<QuorumAnswer>* out);
 
   // The replica group failed (its agent said so): the quorum no longer waits
   // for it, its parked members are answered UNAVAILABLE, and an undecided

@@ -232,32 +232,39 @@ absl::Status ValidateClose(const v1::CloseRequest& request, const RequestLimits&
 absl::Status ValidateQuorumRequest(const v1::QuorumRequest& request,
                                    const RequestLimits& limits) {
   if (auto s = ValidateId("quorum.run_id", request.run_id(), limits); !s.ok()) return s;
-  if (request.replica_size() == 0) return Invalid("quorum.replica_size", "must be at least 1");
+  if (request.replica_size() == 0)
+    return Invalid("quorum.replica_size", "must be at least 1");
   if (auto s = AtMost("quorum.replica_size", request.replica_size(), limits.max_nproc);
       !s.ok())
     return s;
   if (request.member() >= request.replica_size()) {
-    return Invalid("quorum.member", absl::StrCat(request.member(), " is not below replica_size (",
-                                                 request.replica_size(), ")"));
+    return Invalid("quorum.member",
+                   absl::StrCat(request.member(), " is not below replica_size (",
+                                request.replica_size(), ")"));
   }
-  if (request.num_replicas() == 0) return Invalid("quorum.num_replicas", "must be at least 1");
+  if (request.num_replicas() == 0)
+    return Invalid("quorum.num_replicas", "must be at least 1");
   if (auto s = AtMost("quorum.num_replicas", request.num_replicas(), limits.max_replicas);
       !s.ok())
     return s;
-  if (auto s = AtMost("quorum.replica", request.replica(), limits.max_replicas - 1); !s.ok())
+  if (auto s = AtMost("quorum.replica", request.replica(), limits.max_replicas - 1);
+      !s.ok())
     return s;
-  if (request.timeout_ms() == 0) return Invalid("quorum.timeout_ms", "must be at least 1");
+  if (request.timeout_ms() == 0)
+    return Invalid("quorum.timeout_ms", "must be at least 1");
   return absl::OkStatus();
 }
 
 absl::Status ValidateCommitRequest(const v1::CommitRequest& request,
                                    const RequestLimits& limits) {
   if (auto s = ValidateId("commit.run_id", request.run_id(), limits); !s.ok()) return s;
-  if (auto s = AtMost("commit.replica", request.replica(), limits.max_replicas - 1); !s.ok())
+  if (auto s = AtMost("commit.replica", request.replica(), limits.max_replicas - 1);
+      !s.ok())
     return s;
   if (auto s = AtMost("commit.member", request.member(), limits.max_nproc - 1); !s.ok())
     return s;
-  if (request.timeout_ms() == 0) return Invalid("commit.timeout_ms", "must be at least 1");
+  if (request.timeout_ms() == 0)
+    return Invalid("commit.timeout_ms", "must be at least 1");
   return absl::OkStatus();
 }
 

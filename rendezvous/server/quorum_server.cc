@@ -84,10 +84,10 @@ void QuorumServer::Commit(grpc::ServerUnaryReactor* reactor,
     const QuorumWaiter waiter = next_waiter_++;
     parked_[waiter] = {reactor, nullptr, reply};
     std::vector<QuorumAnswer> answers;
-    absl::Status status = RunLocked(request.run_id(), round, &answers)
-                              .Vote(request.quorum_id(), request.replica(), request.member(),
-                                    request.ok(), waiter, DeadlineIn(request.timeout_ms()),
-                                    &answers);
+    absl::Status status =
+        RunLocked(request.run_id(), round, &answers)
+            .Vote(request.quorum_id(), request.replica(), request.member(), request.ok(),
+                  waiter, DeadlineIn(request.timeout_ms()), &answers);
     if (!status.ok()) answers.push_back({waiter, status});
     DeliverLocked(answers, &finishes);
     PokeLocked();
@@ -140,7 +140,8 @@ void QuorumServer::DeliverLocked(std::vector<QuorumAnswer>& answers, Finishes* f
     const Parked parked = it->second;
     parked_.erase(it);
     grpc::Status status = grpc::Status::OK;
-    if (auto* formed = std::get_if<QuorumFormed>(&answer.result); formed && parked.quorum_reply) {
+    if (auto* formed = std::get_if<QuorumFormed>(&answer.result);
+        formed && parked.quorum_reply) {
       v1::QuorumReply& reply = *parked.quorum_reply;
       reply.set_quorum_id(formed->quorum_id);
       reply.set_group_id(formed->group_id);
@@ -155,7 +156,8 @@ void QuorumServer::DeliverLocked(std::vector<QuorumAnswer>& answers, Finishes* f
     } else if (auto* error = std::get_if<absl::Status>(&answer.result)) {
       status = ToGrpc(*error);
     } else {
-      status = grpc::Status(grpc::StatusCode::INTERNAL, "quorum: answer of the wrong kind");
+      status =
+          grpc::Status(grpc::StatusCode::INTERNAL, "quorum: answer of the wrong kind");
     }
     finishes->emplace_back(parked.reactor, std::move(status));
   }

@@ -31,10 +31,12 @@ class QuorumServer {
   // decided). `round` is the run's current round: a run that re-formed
   // (restart scope job) starts its quorum afresh, its old callers answered.
   // REQUIRES: the request was validated and names a run in progress.
-  void Quorum(grpc::ServerUnaryReactor* reactor, const meshrun::v1::QuorumRequest& request,
-              uint64_t round, meshrun::v1::QuorumReply* reply);
-  void Commit(grpc::ServerUnaryReactor* reactor, const meshrun::v1::CommitRequest& request,
-              uint64_t round, meshrun::v1::CommitReply* reply);
+  void Quorum(grpc::ServerUnaryReactor* reactor,
+              const meshrun::v1::QuorumRequest& request, uint64_t round,
+              meshrun::v1::QuorumReply* reply);
+  void Commit(grpc::ServerUnaryReactor* reactor,
+              const meshrun::v1::CommitRequest& request, uint64_t round,
+              meshrun::v1::CommitReply* reply);
 
   void ReplicaFailed(const std::string& run_id, uint32_t replica);
   // The run is over or forgotten: its parked calls are answered, its state dropped.
@@ -66,10 +68,10 @@ class QuorumServer {
   // Ids start from the daemon's start time (ms since the epoch, x 4096), so
   // they do not repeat after a restart (replica_quorum.h).
   std::mutex mu_;
-  uint64_t next_first_id_;              // guarded by mu_
-  std::map<std::string, Run> runs_;     // guarded by mu_
-  std::map<QuorumWaiter, Parked> parked_;                       // guarded by mu_
-  QuorumWaiter next_waiter_ = 1;                                // guarded by mu_
+  uint64_t next_first_id_;                 // guarded by mu_
+  std::map<std::string, Run> runs_;        // guarded by mu_
+  std::map<QuorumWaiter, Parked> parked_;  // guarded by mu_
+  QuorumWaiter next_waiter_ = 1;           // guarded by mu_
   std::unique_ptr<DeadlineTimer> timer_;
 };
 

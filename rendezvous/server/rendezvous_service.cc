@@ -436,7 +436,8 @@ void RendezvousService::ReplicaFailedLocked(const std::string& run_id, uint32_t 
 grpc::ServerUnaryReactor* RendezvousService::Quorum(grpc::CallbackServerContext* context,
                                                     const v1::QuorumRequest* request,
                                                     v1::QuorumReply* reply) {
-  if (absl::Status invalid = ValidateQuorumRequest(*request, RequestLimits()); !invalid.ok())
+  if (absl::Status invalid = ValidateQuorumRequest(*request, RequestLimits());
+      !invalid.ok())
     return Done(context, invalid);
   uint64_t round;
   {
@@ -453,7 +454,8 @@ grpc::ServerUnaryReactor* RendezvousService::Quorum(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* RendezvousService::Commit(grpc::CallbackServerContext* context,
                                                     const v1::CommitRequest* request,
                                                     v1::CommitReply* reply) {
-  if (absl::Status invalid = ValidateCommitRequest(*request, RequestLimits()); !invalid.ok())
+  if (absl::Status invalid = ValidateCommitRequest(*request, RequestLimits());
+      !invalid.ok())
     return Done(context, invalid);
   uint64_t round;
   {

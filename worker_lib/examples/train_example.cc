@@ -87,25 +87,29 @@ struct KillPlan {
 
 // Checks `trainer`'s gathered params against `reference` (relative error <=
 // rtol); returns the number checked, or the first mismatch.
-absl::StatusOr<size_t> CompareParams(Trainer& trainer, TrainModel& reference, double rtol) {
+absl::StatusOr<size_t> CompareParams(Trainer& trainer, TrainModel& reference,
+                                     double rtol) {
   std::map<std::string, at::Tensor> want;
-  for (const auto& param : reference.Layers().Params()) want[param->name()] = param->data();
+  for (const auto& param : reference.Layers().Params())
+    want[param->name()] = param->data();
   auto full = trainer.GatherFullParams();
   for (const auto& [name, value] : full) {
     const double error = RelativeError(value, want.at(name));
     if (!value.sizes().equals(want.at(name).sizes()) || !(error <= rtol)) {
-      return absl::InternalError(name +
-                                 ": differs from single-process training (relative error " +
-                                 std::to_string(error) + ")");
+      return absl::InternalError(
+          name + ": differs from single-process training (relative error " +
+          std::to_string(error) + ")");
     }
   }
   return full.size();
 }
 
 // --fault-tolerant: see the top of this file.
-int RunFaultTolerant(TrainOptions options, const std::function<std::unique_ptr<TrainModel>()>& make_model,
-                     const std::function<InputTarget(int64_t)>& batch_of, int64_t first_step,
-                     int steps, bool verify, double rtol, const KillPlan& kill) {
+int RunFaultTolerant(TrainOptions options,
+                     const std::function<std::unique_ptr<TrainModel>()>& make_model,
+                     const std::function<InputTarget(int64_t)>& batch_of,
+                     int64_t first_step, int steps, bool verify, double rtol,
+                     const KillPlan& kill) {
   auto env = WorkerEnvFromProcessEnvironment();
   if (!env.ok()) return Fail(-1, std::string(env.status().message()));
   const int rank = env->rank;
@@ -135,8 +139,9 @@ int RunFaultTolerant(TrainOptions options, const std::function<std::unique_ptr<T
   options.replica_sync = replicas->get();
   auto trainer = Trainer::Create(*world, make_model(), options);
   if (!trainer.ok()) return Fail(rank, std::string(trainer.status().message()));
-  if (rank == 0) Say("layout " + (*trainer)->Describe() + " x " +
-                     std::to_string(num_replicas) + " fault-tolerant replicas");
+  if (rank == 0)
+    Say("layout " + (*trainer)->Describe() + " x " + std::to_string(num_replicas) +
+        " fault-tolerant replicas");
 
   std::vector<uint32_t> last_participants;
   while (true) {
@@ -144,10 +149,12 @@ int RunFaultTolerant(TrainOptions options, const std::function<std::unique_ptr<T
     if (!quorum.ok()) return Fail(rank, std::string(quorum.status().message()));
     if (!quorum->participating) continue;
     // The lowest participant reports, so somebody always does.
-    const bool reports = id->member == 0 && id->replica == static_cast<int>(quorum->participants[0]);
+    const bool reports =
+        id->member == 0 && id->replica == static_cast<int>(quorum->participants[0]);
     if (quorum->healed) {
-      Say("replica " + std::to_string(id->replica) + " member " + std::to_string(id->member) +
-          " healed from replica " + std::to_string(quorum->source_replica) + " at step " +
+      Say("replica " + std::to_string(id->replica) + " member " +
+          std::to_string(id->member) + " healed from replica " +
+          std::to_string(quorum->source_replica) + " at step " +
           std::to_string(first_step + static_cast<int64_t>(quorum->step)));
     }
     if (reports && quorum->participants != last_participants) {
@@ -159,23 +166,24 @@ int RunFaultTolerant(TrainOptions options, const std::function<std::unique_ptr<T
     }
     if (static_cast<int64_t>(quorum->step) >= steps) break;
     const int64_t step = first_step + static_cast<int64_t>(quorum->step);
-    if (kills_here && kill.point == "start" && static_cast<int64_t>(quorum->step) == kill.step)
+    if (kills_here && kill.point == "start" &&
+        static_cast<int64_t>(quorum->step) == kill.step)
       ft_options.fault_injection("start", quorum->step);
     auto [input, target] = batch_of(step);
     auto loss = (*trainer)->Step(DataShard(input, num_replicas, id->replica),
                                  DataShard(target, num_replicas, id->replica));
     if (absl::IsAborted(loss.status())) {
       if (reports) {
-        Say("step " + std::to_string(step) + " discarded: " +
-            (*replicas)->last_discard_reason());
+        Say("step " + std::to_string(step) +
+            " discarded: " + (*replicas)->last_discard_reason());
       }
       continue;
     }
     if (!loss.ok()) return Fail(rank, std::string(loss.status().message()));
     if (reports) {
       char line[96];
-      std::snprintf(line, sizeof line, "step %lld loss %.9g", static_cast<long long>(step),
-                    *loss);
+      std::snprintf(line, sizeof line, "step %lld loss %.9g",
+                    static_cast<long long>(step), *loss);
       Say(line);
     }
   }
@@ -202,9 +210,9 @@ int RunFaultTolerant(TrainOptions options, const std::function<std::unique_ptr<T
     for (const auto& participants : history)
       partial += participants.size() < static_cast<size_t>(num_replicas);
     Say("verified rank " + std::to_string(rank) + " pid " + std::to_string(getpid()) +
-        ": " + std::to_string(*checked) + " parameters equal single-process training of " +
-        std::to_string(history.size()) + " committed steps (" + std::to_string(partial) +
-        " without every replica)");
+        ": " + std::to_string(*checked) +
+        " parameters equal single-process training of " + std::to_string(history.size()) +
+        " committed steps (" + std::to_string(partial) + " without every replica)");
   }
   (*world)->group()->barrier()->wait();
   return 0;
@@ -264,10 +272,13 @@ int main(int argc, char** argv) {
   app.add_flag("--fault-tolerant", fault_tolerant,
                "the --dp replicas survive each other's failures (run under meshrun "
                "--restart-scope=replica)");
-  app.add_option("--kill-at-step", kill.step,
-                 "rank --kill-rank SIGKILLs itself at this step (first incarnation only)");
-  app.add_option("--kill-rank", kill.rank, "the rank --kill-at-step kills (default: the last)");
-  app.add_option("--kill-point", kill.point, "where in the step: start, allreduce or voted")
+  app.add_option(
+      "--kill-at-step", kill.step,
+      "rank --kill-rank SIGKILLs itself at this step (first incarnation only)");
+  app.add_option("--kill-rank", kill.rank,
+                 "the rank --kill-at-step kills (default: the last)");
+  app.add_option("--kill-point", kill.point,
+                 "where in the step: start, allreduce or voted")
       ->check(CLI::IsMember({"start", "allreduce", "voted"}));
   CLI11_PARSE(app, argc, argv);
   options.reshard_after_forward = !no_reshard;
@@ -314,8 +325,8 @@ int main(int argc, char** argv) {
       auto env = WorkerEnvFromProcessEnvironment();
       kill.rank = env.ok() ? env->world_size - 1 : 0;
     }
-    return RunFaultTolerant(options, make_model, batch_of, first_step, steps, verify, rtol,
-                            kill);
+    return RunFaultTolerant(options, make_model, batch_of, first_step, steps, verify,
+                            rtol, kill);
   }
 
   auto world = InitProcessGroup("gloo");

@@ -1,10 +1,9 @@
 #include "worker_lib/parallel/fault_tolerant.h"
 
-#include <torch/csrc/distributed/c10d/Types.hpp>
-
 #include <algorithm>
 #include <cstdlib>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -74,12 +73,13 @@ absl::StatusOr<ReplicaIdentity> ReplicaIdentityFromEnv(const WorkerEnv& env,
   if (*size >= 0 && *size != id.replica_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "meshrun runs replica groups of ", *size, " workers (--replica-size) but ",
-        num_replicas, " replicas of a world of ", env.world_size, " have ", id.replica_size));
+        num_replicas, " replicas of a world of ", env.world_size, " have ",
+        id.replica_size));
   }
   if (*replica >= 0 && *replica != id.replica) {
     return absl::InvalidArgumentError(absl::StrCat("MESHRUN_REPLICA_ID=", *replica,
-                                                   " but rank ", env.rank, " is in replica ",
-                                                   id.replica));
+                                                   " but rank ", env.rank,
+                                                   " is in replica ", id.replica));
   }
   id.incarnation = std::max(0, *restarts);
   return id;
@@ -189,8 +189,8 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(
   return quorum;
 }
 
-absl::Status FaultTolerantReplicas::Heal(const std::vector<std::shared_ptr<Param>>& params,
-                                         int source_index) {
+absl::Status FaultTolerantReplicas::Heal(
+    const std::vector<std::shared_ptr<Param>>& params, int source_index) {
   // The step count and history, flattened as [steps, n, p0..p(n-1), n, ...].
   std::vector<int64_t> state{static_cast<int64_t>(committed_steps_)};
   for (const auto& participants : history_) {
@@ -204,8 +204,7 @@ absl::Status FaultTolerantReplicas::Heal(const std::vector<std::shared_ptr<Param
     std::vector<at::Tensor> header{length};
     group_->broadcast(header, from_source)->wait();
     at::Tensor flat = at::zeros({length.item<int64_t>()}, at::kLong);
-    if (group_->getRank() == source_index)
-      flat.copy_(at::tensor(state, at::kLong));
+    if (group_->getRank() == source_index) flat.copy_(at::tensor(state, at::kLong));
     std::vector<at::Tensor> state_tensors{flat};
     group_->broadcast(state_tensors, from_source)->wait();
     for (const auto& param : params) {
@@ -241,9 +240,9 @@ absl::StatusOr<bool> FaultTolerantReplicas::Sync(
   std::vector<at::Tensor> parts;
   for (const auto& param : params) {
     const at::Tensor& grad = param->data().grad();
-    parts.push_back(grad.defined() ? grad.detach().flatten()
-                                   : at::zeros({param->data().numel()},
-                                               param->data().options()));
+    parts.push_back(grad.defined()
+                        ? grad.detach().flatten()
+                        : at::zeros({param->data().numel()}, param->data().options()));
   }
   const auto dtype = parts.empty() ? at::kFloat : parts.front().scalar_type();
   parts.push_back(at::tensor({*loss}, at::TensorOptions().dtype(dtype)));
@@ -255,7 +254,8 @@ absl::StatusOr<bool> FaultTolerantReplicas::Sync(
     try {
       std::vector<at::Tensor> tensors{flat};
       auto work = group_->allreduce(tensors);
-      if (options_.fault_injection) options_.fault_injection("allreduce", committed_steps_);
+      if (options_.fault_injection)
+        options_.fault_injection("allreduce", committed_steps_);
       work->wait();
     } catch (const std::exception& e) {
       // Close our pairs now, so that peers blocked on us fail at once

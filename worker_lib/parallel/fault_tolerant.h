@@ -58,13 +58,13 @@ namespace meshrun::worker::parallel {
 
 // Who this process is among the replicas.
 struct ReplicaIdentity {
-  std::string run_id;     // TORCHELASTIC_RUN_ID
-  int replica = 0;        // MESHRUN_REPLICA_ID, else RANK / replica_size
-  int member = 0;         // rank within the replica group
-  int replica_size = 1;   // WORLD_SIZE / num_replicas (MESHRUN_REPLICA_SIZE must agree)
-  int num_replicas = 1;   // the job's, as started
-  int incarnation = 0;    // MESHRUN_REPLICA_RESTARTS, else 0
-  WorkerEnv env;          // the worker's
+  std::string run_id;    // TORCHELASTIC_RUN_ID
+  int replica = 0;       // MESHRUN_REPLICA_ID, else RANK / replica_size
+  int member = 0;        // rank within the replica group
+  int replica_size = 1;  // WORLD_SIZE / num_replicas (MESHRUN_REPLICA_SIZE must agree)
+  int num_replicas = 1;  // the job's, as started
+  int incarnation = 0;   // MESHRUN_REPLICA_RESTARTS, else 0
+  WorkerEnv env;         // the worker's
 };
 
 // From the worker's environment (meshrun --restart-scope=replica sets
@@ -96,7 +96,7 @@ struct StepQuorum {
   bool participating = false;
   uint64_t step = 0;  // the participants' committed steps: the step to train
   std::vector<uint32_t> participants;
-  bool healed = false;  // this process received the training state
+  bool healed = false;      // this process received the training state
   int source_replica = -1;  // where it came from when healed
 };
 

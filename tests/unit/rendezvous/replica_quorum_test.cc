@@ -37,7 +37,8 @@ class QuorumDriver {
   QuorumWaiter Vote(uint64_t quorum_id, uint32_t replica, bool ok, uint32_t member = 0) {
     const QuorumWaiter waiter = next_++;
     EXPECT_TRUE(
-        quorum_.Vote(quorum_id, replica, member, ok, waiter, now_ + seconds(10), &out_).ok());
+        quorum_.Vote(quorum_id, replica, member, ok, waiter, now_ + seconds(10), &out_)
+            .ok());
     Collect();
     return waiter;
   }
@@ -77,7 +78,8 @@ class QuorumDriver {
 
 // Three replicas arrive and vote ok on every step.
 uint64_t CommitStep(QuorumDriver& d, uint64_t steps, uint64_t* group_id) {
-  const QuorumWaiter a = d.Arrive(0, steps), b = d.Arrive(1, steps), c = d.Arrive(2, steps);
+  const QuorumWaiter a = d.Arrive(0, steps), b = d.Arrive(1, steps),
+                     c = d.Arrive(2, steps);
   const QuorumFormed formed = d.Formed(a);
   EXPECT_EQ(d.Formed(b).quorum_id, formed.quorum_id);
   EXPECT_EQ(d.Formed(c).quorum_id, formed.quorum_id);
@@ -242,13 +244,14 @@ TEST(ReplicaQuorumTest, AReplicaGroupCountsOnlyWithAllItsMembers) {
   EXPECT_TRUE(d.Decision(v).commit);
   // A size that differs from the run's, and a member outside the group.
   std::vector<QuorumAnswer> out;
+  EXPECT_EQ(
+      d.quorum()
+          .Arrive({.replica = 0, .replica_size = 3, .num_replicas = 2}, 50, {}, &out)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(d.quorum()
-                .Arrive({.replica = 0, .replica_size = 3, .num_replicas = 2}, 50, {}, &out)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(d.quorum()
-                .Arrive({.replica = 0, .member = 2, .replica_size = 2, .num_replicas = 2}, 51,
-                        {}, &out)
+                .Arrive({.replica = 0, .member = 2, .replica_size = 2, .num_replicas = 2},
+                        51, {}, &out)
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }
