@@ -115,6 +115,9 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   void DispatchLocked(std::vector<NodeEvent>& events);
   // The stream of `node` broke; REQUIRES: mu_ not held.
   void StreamBroken(const NodeKey& node, JoinStream* stream);
+  // A counted failure of replica group `replica` (restart scope "replica"):
+  // it restarts alone. REQUIRES: mu_ held.
+  void ReplicaFailedLocked(const std::string& run_id, uint32_t replica);
   std::optional<DeadlineTimer::TimePoint> Tick(DeadlineTimer::TimePoint now);
   void PokeTimerLocked();
 

@@ -1,0 +1,60 @@
+#!/bin/sh
+# A worker for meshrun --restart-scope=replica tests (run with --no-python).
+#   replica_worker.sh DIR FAIL_RANK HOW
+# Each incarnation appends "start pid=<pid> restarts=<MESHRUN_REPLICA_RESTARTS>
+# count=<TORCHELASTIC_RESTART_COUNT> replica=<MESHRUN_REPLICA_ID>
+# size=<MESHRUN_REPLICA_SIZE> scope=<MESHRUN_RESTART_SCOPE>" to DIR/<RANK>,
+# and "end pid=<pid>" when it exits 0.
+# HOW, for FAIL_RANK:
+#   kill       its first incarnation (MESHRUN_REPLICA_RESTARTS=0) SIGKILLs
+#              itself once every rank has started
+#   exit:CODE  the same, exiting CODE
+#   always:CODE  every incarnation exits CODE at once
+# Every other incarnation exits 0 once FAIL_RANK has started twice (with
+# always:CODE it waits to be stopped). Waits give up after 60 s (exit 3).
+dir=$1 fail_rank=$2 how=$3
+echo "start pid=$$ restarts=${MESHRUN_REPLICA_RESTARTS-unset}" \
+     "count=$TORCHELASTIC_RESTART_COUNT replica=${MESHRUN_REPLICA_ID-unset}" \
+     "size=${MESHRUN_REPLICA_SIZE-unset} scope=${MESHRUN_RESTART_SCOPE-unset}" \
+     >> "$dir/$RANK"
+
+# wait_until COMMAND...: polls the condition, for at most 60 s.
+wait_until() {
+  tries=0
+  until "$@"; do
+    tries=$((tries + 1))
+    if [ "$tries" -gt 1200 ]; then
+      echo "replica_worker: rank $RANK timed out waiting for: $*" >&2
+      exit 3
+    fi
+    sleep 0.05
+  done
+}
+all_started() {
+  r=0
+  while [ "$r" -lt "$WORLD_SIZE" ]; do
+    [ -s "$dir/$r" ] || return 1
+    r=$((r + 1))
+  done
+}
+fail_rank_started_twice() {
+  [ "$(grep -c '^start' "$dir/$fail_rank" 2>/dev/null)" -ge 2 ]
+}
+
+if [ "$RANK" = "$fail_rank" ]; then
+  case "$how" in
+    always:*) exit "${how#always:}" ;;
+  esac
+  if [ "$MESHRUN_REPLICA_RESTARTS" = 0 ]; then
+    wait_until all_started
+    case "$how" in
+      kill) kill -KILL $$ ;;
+      exit:*) exit "${how#exit:}" ;;
+    esac
+  fi
+fi
+case "$how" in
+  always:*) exec sleep 60 ;;
+esac
+wait_until fail_rank_started_twice
+echo "end pid=$$" >> "$dir/$RANK"
