@@ -253,7 +253,8 @@ class Agent {
                 : std::chrono::milliseconds(600000)) {
     // Restart scope "replica": a group per replica group, so one can stop
     // and start while the others run.
-    const int groups = options.replica_size > 0 ? options.nproc / options.replica_size : 1;
+    const int groups =
+        options.replica_size > 0 ? options.nproc / options.replica_size : 1;
     for (int group = 0; group < groups; ++group)
       groups_.push_back(std::make_unique<WorkerGroup>(
           io_, [this](const WorkerExit& exit) { OnWorkerExit(exit); }));
@@ -834,12 +835,12 @@ class Agent {
       spdlog::warn("stopping replica group {} (ranks {}..{}) to restart it alone",
                    stop_replica->replica, stop_replica->replica * options_.replica_size,
                    (stop_replica->replica + 1) * options_.replica_size - 1);
-      groups_[stop_replica->group]->Stop(
-          stop_replica->signal, options_.shutdown_timeout,
-          [this, replica = stop_replica->replica] {
-            boost::asio::post(io_,
-                              [this, replica] { Dispatch(event::ReplicaStopped{replica}); });
-          });
+      groups_[stop_replica->group]->Stop(stop_replica->signal, options_.shutdown_timeout,
+                                         [this, replica = stop_replica->replica] {
+                                           boost::asio::post(io_, [this, replica] {
+                                             Dispatch(event::ReplicaStopped{replica});
+                                           });
+                                         });
     } else if (auto* start_replica = std::get_if<action::StartReplica>(&action)) {
       spdlog::info("restarting replica group {} (replica restart {}, restart {})",
                    start_replica->replica, start_replica->restarts,
@@ -937,9 +938,10 @@ class Agent {
                                        std::string(verdict.status().message())});
         return;
       }
-      spdlog::warn("cannot report the failure of replica group {} to the daemon: {}; "
-                   "retrying",
-                   report.replica(), std::string(verdict.status().message()));
+      spdlog::warn(
+          "cannot report the failure of replica group {} to the daemon: {}; "
+          "retrying",
+          report.replica(), std::string(verdict.status().message()));
       RetryReplicaReports();
       return;
     }

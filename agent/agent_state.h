@@ -158,10 +158,10 @@ struct Exit {
 };
 }  // namespace action
 
-using Action = std::variant<action::StartWorkers, action::StopWorkers,
-                            action::ForwardSignal, action::ReportFailure,
-                            action::ReportSuccess, action::LeaveRun, action::Exit,
-                            action::StopReplica, action::StartReplica>;
+using Action =
+    std::variant<action::StartWorkers, action::StopWorkers, action::ForwardSignal,
+                 action::ReportFailure, action::ReportSuccess, action::LeaveRun,
+                 action::Exit, action::StopReplica, action::StartReplica>;
 
 class AgentState {
  public:

@@ -1047,11 +1047,11 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
   }
   if (config->restart_scope == RestartScope::kReplica &&
       config->nproc_per_node % *size != 0) {
-    return FlagError(kReplicaSize, replica_size,
-                     absl::StrCat(*size, " does not divide --nproc-per-node=",
-                                  config->nproc_per_node,
-                                  ": a replica group lives within one node, so each "
-                                  "node runs whole replica groups"));
+    return FlagError(
+        kReplicaSize, replica_size,
+        absl::StrCat(*size, " does not divide --nproc-per-node=", config->nproc_per_node,
+                     ": a replica group lives within one node, so each "
+                     "node runs whole replica groups"));
   }
   config->replica_size = *size;
 

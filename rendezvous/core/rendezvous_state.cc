@@ -969,10 +969,11 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportReplicaFailure(
   }
   // A replica group has at least one worker.
   if (replica >= run.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("failure.replica: ", replica, " is not below round ", round,
-                     "'s world size ", run.world_size, " (replica group = global "
-                     "rank / replica size)"));
+    return absl::InvalidArgumentError(absl::StrCat("failure.replica: ", replica,
+                                                   " is not below round ", round,
+                                                   "'s world size ", run.world_size,
+                                                   " (replica group = global "
+                                                   "rank / replica size)"));
   }
   if (incarnation) {
     auto counted = run.replica_failures.find(replica);
@@ -982,12 +983,11 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportReplicaFailure(
     run.replica_failures[replica] = *incarnation;
   }
   ++run.restart_count;
-  run.last_failure =
-      detail.empty()
-          ? absl::StrCat("node ", node_id, " on host ", node.info.host,
-                         " reported a failure of replica group ", replica, " in round ",
-                         round)
-          : detail;
+  run.last_failure = detail.empty()
+                         ? absl::StrCat("node ", node_id, " on host ", node.info.host,
+                                        " reported a failure of replica group ", replica,
+                                        " in round ", round)
+                         : detail;
   if (run.restart_count <= run.options.max_restarts) {
     ++stats_.replica_restarts;
     return FailureVerdict{true, run.restart_count, /*counted=*/true};

@@ -163,7 +163,7 @@ struct RendezvousStats {
   // a beat was missed, the lease has not run out yet.
   uint64_t heartbeats_late = 0;
   uint64_t leases_expired = 0;
-  uint64_t failure_reports = 0;           // every report, stale ones included
+  uint64_t failure_reports = 0;  // every report, stale ones included
   // Replica groups restarted alone (restart scope "replica"; not re-forms).
   uint64_t replica_restarts = 0;
   std::array<uint64_t, 4> reforms{};      // by ReformReason

@@ -417,7 +417,8 @@ grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
     failure.host = request->cause().host();
     failure.detail = request->detail();
     if (request->has_cause()) failure.cause = FromProto(request->cause());
-    if (request->has_replica()) ReplicaFailedLocked(request->run_id(), request->replica());
+    if (request->has_replica())
+      ReplicaFailedLocked(request->run_id(), request->replica());
   }
   DispatchLocked(events);
   PokeTimerLocked();

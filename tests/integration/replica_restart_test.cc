@@ -104,9 +104,9 @@ class ReplicaRestartTest : public ::testing::Test {
 
 TEST_F(ReplicaRestartTest, AKilledWorkerRestartsAloneTheOthersKeepTheirPids) {
   TempDir dir;
-  auto run = Launch({"--standalone", "--nproc-per-node=4", "--restart-scope=replica",
-                     "--max-restarts=3", "--no-python", kWorker, dir.path(), "2",
-                     "kill"});
+  auto run =
+      Launch({"--standalone", "--nproc-per-node=4", "--restart-scope=replica",
+              "--max-restarts=3", "--no-python", kWorker, dir.path(), "2", "kill"});
   ASSERT_EQ(ExitCode(*run), 0) << run->output();
   for (int rank : {0, 1, 3}) ExpectRanOnce(dir, rank, std::to_string(rank));
   ExpectRanTwice(dir, 2, "2");
@@ -133,9 +133,9 @@ TEST_F(ReplicaRestartTest, AReplicaGroupOfTwoRestartsTogether) {
 
 TEST_F(ReplicaRestartTest, ASpentBudgetFailsTheJobWithTheRootCause) {
   TempDir dir;
-  auto run = Launch({"--standalone", "--nproc-per-node=4", "--restart-scope=replica",
-                     "--max-restarts=2", "--no-python", kWorker, dir.path(), "1",
-                     "always:5"});
+  auto run =
+      Launch({"--standalone", "--nproc-per-node=4", "--restart-scope=replica",
+              "--max-restarts=2", "--no-python", kWorker, dir.path(), "1", "always:5"});
   ASSERT_EQ(ExitCode(*run), 5) << run->output();
   std::vector<Record> failing = Records(dir, 1);
   ASSERT_EQ(failing.size(), 3u) << run->output();
@@ -179,11 +179,11 @@ TEST_F(ReplicaRestartTest, TwoNodesOnlyTheFailedReplicaRestarts) {
   DaemonProcess daemon;
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node)
-    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                             "--rdzv-endpoint=" + daemon.endpoint(),
-                             "--rdzv-id=replicas", "--node-rank=" + std::to_string(node),
-                             "--restart-scope=replica", "--max-restarts=1",
-                             "--no-python", kWorker, dir.path(), "3", "kill"}));
+    agents.push_back(
+        Launch({"--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=replicas",
+                "--node-rank=" + std::to_string(node), "--restart-scope=replica",
+                "--max-restarts=1", "--no-python", kWorker, dir.path(), "3", "kill"}));
   for (auto& agent : agents) {
     ASSERT_EQ(ExitCode(*agent), 0) << agent->output();
     EXPECT_EQ(Count(agent->output(), "re-forming"), 0u) << agent->output();

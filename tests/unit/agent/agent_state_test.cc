@@ -345,7 +345,8 @@ TEST(AgentStateReplicaTest, TwoGroupsFailAndRestartIndependently) {
   ASSERT_NE(Find<action::StartReplica>(start), nullptr);
   EXPECT_EQ(Find<action::StartReplica>(start)->round.restart_count, 2u);
   EXPECT_EQ(Find<action::StartReplica>(start)->restarts, 1u);
-  for (int rank : {0, 1, 2}) EXPECT_TRUE(state.Step(event::WorkerExited{Exit(rank, 0)}).empty());
+  for (int rank : {0, 1, 2})
+    EXPECT_TRUE(state.Step(event::WorkerExited{Exit(rank, 0)}).empty());
   EXPECT_NE(Find<action::ReportSuccess>(state.Step(event::WorkerExited{Exit(3, 0)})),
             nullptr);
 }

@@ -187,9 +187,7 @@ std::vector<FlagCase> FlagCases() {
        "replica",
        "job",
        {},
-       [](const LaunchConfig& c) {
-         EXPECT_EQ(c.restart_scope, RestartScope::kReplica);
-       }},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.restart_scope, RestartScope::kReplica); }},
       {"--replica-size",
        "2",
        "4",
@@ -1072,8 +1070,8 @@ TEST(LaunchConfigTest, RestartScopeAndReplicaSizeErrors) {
   EXPECT_EQ(ErrorOf({"--restart-scope=job", "--replica-size=1", "train.py"}),
             "--replica-size: needs --restart-scope=replica (the default scope, job, "
             "restarts every worker)");
-  EXPECT_EQ(ErrorOf({"--restart-scope=replica", "--replica-size=3",
-                     "--nproc-per-node=4", "train.py"}),
+  EXPECT_EQ(ErrorOf({"--restart-scope=replica", "--replica-size=3", "--nproc-per-node=4",
+                     "train.py"}),
             "--replica-size: 3 does not divide --nproc-per-node=4: a replica group "
             "lives within one node, so each node runs whole replica groups");
   // From the environment, the variable is named.

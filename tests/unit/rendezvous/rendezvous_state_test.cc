@@ -835,8 +835,8 @@ TEST_F(RendezvousStateTest, ReplicaFailureCountsARestartWithoutReforming) {
   options_.max_restarts = 3;
   JoinAll({Node("a", 2), Node("b", 2)});
   Take();
-  auto v = state_.ReportReplicaFailure(kRun, "b", 1, 3, 0, "rank 3 exited 1", At(1),
-                                       &events_);
+  auto v =
+      state_.ReportReplicaFailure(kRun, "b", 1, 3, 0, "rank 3 exited 1", At(1), &events_);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_TRUE(v->will_restart);
   EXPECT_TRUE(v->counted);
@@ -851,8 +851,7 @@ TEST_F(RendezvousStateTest, ReplicaFailureCountsARestartWithoutReforming) {
             0u);
   // The retried report of that incarnation does not count again; the next
   // incarnation's failure, and another group's, do.
-  v = state_.ReportReplicaFailure(kRun, "b", 1, 3, 0, "rank 3 exited 1", At(2),
-                                  &events_);
+  v = state_.ReportReplicaFailure(kRun, "b", 1, 3, 0, "rank 3 exited 1", At(2), &events_);
   ASSERT_TRUE(v.ok());
   EXPECT_TRUE(v->will_restart);
   EXPECT_FALSE(v->counted);
