@@ -255,9 +255,12 @@ class Agent {
     // and start while the others run.
     const int groups =
         options.replica_size > 0 ? options.nproc / options.replica_size : 1;
-    for (int group = 0; group < groups; ++group)
+    for (int group = 0; group < groups; ++group) {
+      WorkerGroupOptions group_options;
+      group_options.log_setup = group == 0;
       groups_.push_back(std::make_unique<WorkerGroup>(
-          io_, [this](const WorkerExit& exit) { OnWorkerExit(exit); }));
+          io_, [this](const WorkerExit& exit) { OnWorkerExit(exit); }, group_options));
+    }
   }
 
   int Run() {
@@ -832,9 +835,6 @@ class Agent {
         });
       }
     } else if (auto* stop_replica = std::get_if<action::StopReplica>(&action)) {
-      spdlog::warn("stopping replica group {} (ranks {}..{}) to restart it alone",
-                   stop_replica->replica, stop_replica->replica * options_.replica_size,
-                   (stop_replica->replica + 1) * options_.replica_size - 1);
       groups_[stop_replica->group]->Stop(stop_replica->signal, options_.shutdown_timeout,
                                          [this, replica = stop_replica->replica] {
                                            boost::asio::post(io_, [this, replica] {
@@ -862,6 +862,13 @@ class Agent {
           cause != failure_causes_.end())
         *report.mutable_cause() = cause->second;
       if (failure->replica) {
+        const ExitInfo& exit = failure->exit;
+        spdlog::warn("rank {} failed ({}); stopping its replica group {} (ranks {}..{})",
+                     exit.global_rank,
+                     exit.signal != 0 ? SignalName(exit.signal)
+                                      : "exit code " + std::to_string(exit.exit_code),
+                     *failure->replica, *failure->replica * options_.replica_size,
+                     (*failure->replica + 1) * options_.replica_size - 1);
         // Its group restarts only on the daemon's answer: sent again until
         // answered (the daemon counts one incarnation's failure once).
         report.set_replica(*failure->replica);

@@ -129,7 +129,7 @@ struct ReportFailure {
   ExitInfo exit;
   // Restart scope "replica": the failed worker's replica group (global id)
   // and how often it had been restarted in this round.
-  std::optional<uint32_t> replica;
+  std::optional<uint32_t> replica = std::nullopt;
   uint32_t replica_restarts = 0;
 };
 // Restart scope "replica": stop the running workers of one replica group.

@@ -38,7 +38,8 @@ all_started() {
   done
 }
 fail_rank_started_twice() {
-  [ "$(grep -c '^start' "$dir/$fail_rank" 2>/dev/null)" -ge 2 ]
+  starts=$(grep -c '^start' "$dir/$fail_rank" 2>/dev/null)
+  [ "${starts:-0}" -ge 2 ]
 }
 
 if [ "$RANK" = "$fail_rank" ]; then
