@@ -9,7 +9,7 @@
 
 #include <fstream>
 #include <map>
-#include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -115,6 +115,28 @@ TEST_F(ReplicaRestartTest, AKilledWorkerRestartsAloneTheOthersKeepTheirPids) {
   EXPECT_NE(run->output().find("restarting replica group 2 alone (restart 1 of 3)"),
             std::string::npos)
       << run->output();
+}
+
+// Two groups fail at once: each restarts once, each restart counted.
+TEST_F(ReplicaRestartTest, TwoGroupsFailingTogetherRestartEachAlone) {
+  TempDir dir;
+  auto run =
+      Launch({"--standalone", "--nproc-per-node=4", "--restart-scope=replica",
+              "--max-restarts=2", "--no-python", kWorker, dir.path(), "1,3", "kill"});
+  ASSERT_EQ(ExitCode(*run), 0) << run->output();
+  ExpectRanOnce(dir, 0, "0");
+  ExpectRanOnce(dir, 2, "2");
+  for (int rank : {1, 3}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    std::vector<Record> records = Records(dir, rank);
+    ASSERT_EQ(records.size(), 3u);
+    EXPECT_EQ(records[1].fields["restarts"], "1");
+    EXPECT_EQ(records[2].kind, "end");
+  }
+  // Restarts 1 and 2 of the run, in either order.
+  std::set<std::string> counts{Records(dir, 1)[1].fields["count"],
+                               Records(dir, 3)[1].fields["count"]};
+  EXPECT_EQ(counts, (std::set<std::string>{"1", "2"}));
 }
 
 TEST_F(ReplicaRestartTest, AReplicaGroupOfTwoRestartsTogether) {
