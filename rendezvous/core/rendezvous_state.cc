@@ -885,9 +885,9 @@ absl::StatusOr<HeartbeatStatus> RendezvousState::Heartbeat(const std::string& ru
   return status;
 }
 
-absl::StatusOr<RendezvousState::Run*> RendezvousState::FailureReporter(
-    const std::string& run_id, const std::string& node_id, RdzvTime now,
-    std::optional<FailureVerdict>* verdict) {
+absl::StatusOr<std::optional<FailureVerdict>> RendezvousState::AdmitFailure(
+    const std::string& run_id, const std::string& node_id, uint64_t round, RdzvTime now,
+    Run** admitted) {
   auto it = runs_.find(run_id);
   if (it == runs_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
@@ -895,14 +895,8 @@ absl::StatusOr<RendezvousState::Run*> RendezvousState::FailureReporter(
   Run& run = *it->second;
   Touch(run_id);
   ++stats_.failure_reports;
-  if (run.phase == Phase::kClosed) {
-    *verdict = FailureVerdict{false, run.restart_count};
-    return &run;
-  }
-  if (EndedRunOf(run, node_id)) {
-    *verdict = FailureVerdict{false, 0};
-    return &run;
-  }
+  if (run.phase == Phase::kClosed) return FailureVerdict{false, run.restart_count};
+  if (EndedRunOf(run, node_id)) return FailureVerdict{false, 0};
   auto node_it = run.nodes.find(node_id);
   if (node_it == run.nodes.end()) {
     return absl::NotFoundError(
@@ -911,7 +905,29 @@ absl::StatusOr<RendezvousState::Run*> RendezvousState::FailureReporter(
   Node& node = node_it->second;
   // Any message from the node proves it alive.
   if (!node.departed) SetLease(run, node, now + run.options.lease());
-  return &run;
+
+  // Only reports of the active round count: a re-form moves the run to a
+  // new round, so the other nodes' reports of the same failure are stale by
+  // the time they arrive.
+  if (run.phase != Phase::kActive || round != run.round ||
+      node.role != Role::kParticipant) {
+    return FailureVerdict{true, run.restart_count};
+  }
+  *admitted = &run;
+  return std::nullopt;
+}
+
+FailureVerdict RendezvousState::CountFailure(Run& run, const std::string& detail,
+                                             RdzvTime now,
+                                             std::vector<NodeEvent>* events) {
+  ++run.restart_count;
+  run.last_failure = detail;
+  if (run.restart_count <= run.options.max_restarts) {
+    return FailureVerdict{true, run.restart_count, /*counted=*/true};
+  }
+  const uint32_t restart_count = run.restart_count;
+  CloseRun(run, Outcome::kFailed, detail, now, events);
+  return FailureVerdict{false, restart_count, /*counted=*/true};
 }
 
 absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
@@ -919,34 +935,22 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
     const std::string& detail, RdzvTime now, std::vector<NodeEvent>* events) {
   std::vector<NodeEvent> scratch;
   if (events == nullptr) events = &scratch;
-  std::optional<FailureVerdict> ended;
-  absl::StatusOr<Run*> found = FailureReporter(run_id, node_id, now, &ended);
-  if (!found.ok()) return found.status();
-  if (ended) return *ended;
-  Run& run = **found;
-  const Node& node = run.nodes.at(node_id);
-
-  // Only the first report of the active round counts: its re-form moves the
-  // run to a new round, so the other nodes' reports of the same failure are
-  // stale by the time they arrive.
-  if (run.phase != Phase::kActive || round != run.round ||
-      node.role != Role::kParticipant) {
-    return FailureVerdict{true, run.restart_count};
+  Run* run = nullptr;
+  auto refused = AdmitFailure(run_id, node_id, round, now, &run);
+  if (!refused.ok()) return refused.status();
+  if (*refused) return **refused;
+  const FailureVerdict verdict = CountFailure(
+      *run,
+      detail.empty()
+          ? absl::StrCat("node ", node_id, " on host ", run->nodes.at(node_id).info.host,
+                         " reported a worker failure in round ", round)
+          : detail,
+      now, events);
+  if (verdict.will_restart) {
+    const std::string reason = run->last_failure;
+    Reform(*run, ReformReason::kWorkerFailure, reason, now, events);
   }
-  ++run.restart_count;
-  run.last_failure = detail.empty()
-                         ? absl::StrCat("node ", node_id, " on host ", node.info.host,
-                                        " reported a worker failure in round ", round)
-                         : detail;
-  if (run.restart_count <= run.options.max_restarts) {
-    const std::string reason = run.last_failure;
-    Reform(run, ReformReason::kWorkerFailure, reason, now, events);
-    return FailureVerdict{true, run.restart_count, /*counted=*/true};
-  }
-  const std::string reason = run.last_failure;
-  const uint32_t restart_count = run.restart_count;
-  CloseRun(run, Outcome::kFailed, reason, now, events);
-  return FailureVerdict{false, restart_count, /*counted=*/true};
+  return verdict;
 }
 
 absl::StatusOr<FailureVerdict> RendezvousState::ReportReplicaFailure(
@@ -955,47 +959,34 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportReplicaFailure(
     RdzvTime now, std::vector<NodeEvent>* events) {
   std::vector<NodeEvent> scratch;
   if (events == nullptr) events = &scratch;
-  std::optional<FailureVerdict> ended;
-  absl::StatusOr<Run*> found = FailureReporter(run_id, node_id, now, &ended);
-  if (!found.ok()) return found.status();
-  if (ended) return *ended;
-  Run& run = **found;
-  const Node& node = run.nodes.at(node_id);
-  // A report of a round that has since re-formed: those workers restart
-  // with the new round anyway.
-  if (run.phase != Phase::kActive || round != run.round ||
-      node.role != Role::kParticipant) {
-    return FailureVerdict{true, run.restart_count};
-  }
+  Run* run = nullptr;
+  auto refused = AdmitFailure(run_id, node_id, round, now, &run);
+  if (!refused.ok()) return refused.status();
+  if (*refused) return **refused;
   // A replica group has at least one worker.
-  if (replica >= run.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("failure.replica: ", replica,
-                                                   " is not below round ", round,
-                                                   "'s world size ", run.world_size,
-                                                   " (replica group = global "
-                                                   "rank / replica size)"));
+  if (replica >= run->world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "failure.replica: ", replica, " is not below round ", round, "'s world size ",
+        run->world_size, " (replica group = global rank / replica size)"));
   }
   if (incarnation) {
-    auto counted = run.replica_failures.find(replica);
-    if (counted != run.replica_failures.end() && *incarnation <= counted->second) {
-      return FailureVerdict{true, run.restart_count};  // a retry
+    auto counted = run->replica_failures.find(replica);
+    if (counted != run->replica_failures.end() && *incarnation <= counted->second) {
+      return FailureVerdict{true, run->restart_count};  // a retry
     }
-    run.replica_failures[replica] = *incarnation;
+    run->replica_failures[replica] = *incarnation;
   }
-  ++run.restart_count;
-  run.last_failure = detail.empty()
-                         ? absl::StrCat("node ", node_id, " on host ", node.info.host,
-                                        " reported a failure of replica group ", replica,
-                                        " in round ", round)
-                         : detail;
-  if (run.restart_count <= run.options.max_restarts) {
-    ++stats_.replica_restarts;
-    return FailureVerdict{true, run.restart_count, /*counted=*/true};
-  }
-  const std::string reason = run.last_failure;
-  const uint32_t restart_count = run.restart_count;
-  CloseRun(run, Outcome::kFailed, reason, now, events);
-  return FailureVerdict{false, restart_count, /*counted=*/true};
+  // No re-form: the group restarts alone, the others train on.
+  const FailureVerdict verdict =
+      CountFailure(*run,
+                   detail.empty() ? absl::StrCat("node ", node_id, " on host ",
+                                                 run->nodes.at(node_id).info.host,
+                                                 " reported a failure of replica group ",
+                                                 replica, " in round ", round)
+                                  : detail,
+                   now, events);
+  if (verdict.will_restart) ++stats_.replica_restarts;
+  return verdict;
 }
 
 absl::Status RendezvousState::ReportSuccess(const std::string& run_id,

@@ -295,11 +295,17 @@ class RendezvousState {
   };
 
   // ReportFailure's and ReportReplicaFailure's common part: finds the run
-  // and the reporting node and refreshes its lease. Sets `verdict` instead
-  // when the run has ended for the node.
-  absl::StatusOr<Run*> FailureReporter(const std::string& run_id,
-                                       const std::string& node_id, RdzvTime now,
-                                       std::optional<FailureVerdict>* verdict);
+  // and the reporting node and refreshes its lease. The verdict on a report
+  // that cannot count (the run ended, a stale round), or nullopt with
+  // `*admitted` set to the run.
+  absl::StatusOr<std::optional<FailureVerdict>> AdmitFailure(const std::string& run_id,
+                                                             const std::string& node_id,
+                                                             uint64_t round, RdzvTime now,
+                                                             Run** admitted);
+  // One failure against the budget, `detail` its root cause: will_restart
+  // while the budget lasts, else the run is closed as kFailed.
+  FailureVerdict CountFailure(Run& run, const std::string& detail, RdzvTime now,
+                              std::vector<NodeEvent>* events);
   absl::Status CheckResume(const Run* run, const std::string& run_id,
                            const NodeInfo& node) const;
   absl::Status JoinChecked(const std::string& run_id, const NodeInfo& node,

@@ -60,36 +60,24 @@ std::vector<Record> Records(const TempDir& dir, int rank) {
   return records;
 }
 
-// The rank ran once, from start to a successful end, in one process.
-void ExpectRanOnce(const TempDir& dir, int rank, const std::string& replica) {
+// The rank started `starts` times, the i-th as replica restart i and run
+// restart i, each in a new process, and the last ended successfully.
+void ExpectRan(const TempDir& dir, int rank, const std::string& replica, int starts) {
   SCOPED_TRACE("rank " + std::to_string(rank));
   std::vector<Record> records = Records(dir, rank);
-  ASSERT_EQ(records.size(), 2u);
-  EXPECT_EQ(records[0].kind, "start");
-  EXPECT_EQ(records[0].fields["restarts"], "0");
-  EXPECT_EQ(records[0].fields["count"], "0");
-  EXPECT_EQ(records[0].fields["replica"], replica);
-  EXPECT_EQ(records[0].fields["scope"], "replica");
-  EXPECT_EQ(records[1].kind, "end");
-  EXPECT_EQ(records[1].fields["pid"], records[0].fields["pid"]);
-}
-
-// The rank was stopped once (or failed) and ran again as replica restart 1,
-// run restart 1, to a successful end.
-void ExpectRanTwice(const TempDir& dir, int rank, const std::string& replica) {
-  SCOPED_TRACE("rank " + std::to_string(rank));
-  std::vector<Record> records = Records(dir, rank);
-  ASSERT_EQ(records.size(), 3u);
-  EXPECT_EQ(records[0].kind, "start");
-  EXPECT_EQ(records[0].fields["restarts"], "0");
-  EXPECT_EQ(records[0].fields["count"], "0");
-  EXPECT_EQ(records[1].kind, "start");
-  EXPECT_EQ(records[1].fields["restarts"], "1");
-  EXPECT_EQ(records[1].fields["count"], "1");
-  EXPECT_NE(records[1].fields["pid"], records[0].fields["pid"]);
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(records[i].fields["replica"], replica);
-  EXPECT_EQ(records[2].kind, "end");
-  EXPECT_EQ(records[2].fields["pid"], records[1].fields["pid"]);
+  ASSERT_EQ(records.size(), static_cast<size_t>(starts) + 1);
+  for (int i = 0; i < starts; ++i) {
+    EXPECT_EQ(records[i].kind, "start");
+    EXPECT_EQ(records[i].fields["restarts"], std::to_string(i));
+    EXPECT_EQ(records[i].fields["count"], std::to_string(i));
+    EXPECT_EQ(records[i].fields["replica"], replica);
+    EXPECT_EQ(records[i].fields["scope"], "replica");
+    if (i > 0) {
+      EXPECT_NE(records[i].fields["pid"], records[i - 1].fields["pid"]);
+    }
+  }
+  EXPECT_EQ(records[starts].kind, "end");
+  EXPECT_EQ(records[starts].fields["pid"], records[starts - 1].fields["pid"]);
 }
 
 class ReplicaRestartTest : public ::testing::Test {
@@ -108,8 +96,8 @@ TEST_F(ReplicaRestartTest, AKilledWorkerRestartsAloneTheOthersKeepTheirPids) {
       Launch({"--standalone", "--nproc-per-node=4", "--restart-scope=replica",
               "--max-restarts=3", "--no-python", kWorker, dir.path(), "2", "kill"});
   ASSERT_EQ(ExitCode(*run), 0) << run->output();
-  for (int rank : {0, 1, 3}) ExpectRanOnce(dir, rank, std::to_string(rank));
-  ExpectRanTwice(dir, 2, "2");
+  for (int rank : {0, 1, 3}) ExpectRan(dir, rank, std::to_string(rank), 1);
+  ExpectRan(dir, 2, "2", 2);
   EXPECT_EQ(Records(dir, 2)[0].fields["size"], "1");
   EXPECT_EQ(Count(run->output(), "re-forming"), 0u) << run->output();
   EXPECT_NE(run->output().find("restarting replica group 2 alone (restart 1 of 3)"),
@@ -124,8 +112,8 @@ TEST_F(ReplicaRestartTest, TwoGroupsFailingTogetherRestartEachAlone) {
       Launch({"--standalone", "--nproc-per-node=4", "--restart-scope=replica",
               "--max-restarts=2", "--no-python", kWorker, dir.path(), "1,3", "kill"});
   ASSERT_EQ(ExitCode(*run), 0) << run->output();
-  ExpectRanOnce(dir, 0, "0");
-  ExpectRanOnce(dir, 2, "2");
+  ExpectRan(dir, 0, "0", 1);
+  ExpectRan(dir, 2, "2", 1);
   for (int rank : {1, 3}) {
     SCOPED_TRACE("rank " + std::to_string(rank));
     std::vector<Record> records = Records(dir, rank);
@@ -146,10 +134,10 @@ TEST_F(ReplicaRestartTest, AReplicaGroupOfTwoRestartsTogether) {
                      dir.path(), "1", "exit:7"});
   ASSERT_EQ(ExitCode(*run), 0) << run->output();
   // Rank 0 was stopped with its group; ranks 2 and 3 never noticed.
-  ExpectRanTwice(dir, 0, "0");
-  ExpectRanTwice(dir, 1, "0");
-  ExpectRanOnce(dir, 2, "1");
-  ExpectRanOnce(dir, 3, "1");
+  ExpectRan(dir, 0, "0", 2);
+  ExpectRan(dir, 1, "0", 2);
+  ExpectRan(dir, 2, "1", 1);
+  ExpectRan(dir, 3, "1", 1);
   EXPECT_EQ(Records(dir, 3)[0].fields["size"], "2");
 }
 
@@ -210,8 +198,8 @@ TEST_F(ReplicaRestartTest, TwoNodesOnlyTheFailedReplicaRestarts) {
     ASSERT_EQ(ExitCode(*agent), 0) << agent->output();
     EXPECT_EQ(Count(agent->output(), "re-forming"), 0u) << agent->output();
   }
-  for (int rank : {0, 1, 2}) ExpectRanOnce(dir, rank, std::to_string(rank));
-  ExpectRanTwice(dir, 3, "3");
+  for (int rank : {0, 1, 2}) ExpectRan(dir, rank, std::to_string(rank), 1);
+  ExpectRan(dir, 3, "3", 2);
 }
 
 }  // namespace
