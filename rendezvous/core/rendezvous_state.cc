@@ -885,9 +885,26 @@ absl::StatusOr<HeartbeatStatus> RendezvousState::Heartbeat(const std::string& ru
   return status;
 }
 
-absl::StatusOr<std::optional<FailureVerdict>> RendezvousState::AdmitFailure(
-    const std::string& run_id, const std::string& node_id, uint64_t round, RdzvTime now,
-    Run** admitted) {
+absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
+    const std::string& run_id, const std::string& node_id, uint64_t round,
+    const std::string& detail, RdzvTime now, std::vector<NodeEvent>* events) {
+  return OnFailure(run_id, node_id, round, std::nullopt, std::nullopt, detail, now,
+                   events);
+}
+
+absl::StatusOr<FailureVerdict> RendezvousState::ReportReplicaFailure(
+    const std::string& run_id, const std::string& node_id, uint64_t round,
+    uint32_t replica, std::optional<uint32_t> incarnation, const std::string& detail,
+    RdzvTime now, std::vector<NodeEvent>* events) {
+  return OnFailure(run_id, node_id, round, replica, incarnation, detail, now, events);
+}
+
+absl::StatusOr<FailureVerdict> RendezvousState::OnFailure(
+    const std::string& run_id, const std::string& node_id, uint64_t round,
+    std::optional<uint32_t> replica, std::optional<uint32_t> incarnation,
+    const std::string& detail, RdzvTime now, std::vector<NodeEvent>* events) {
+  std::vector<NodeEvent> scratch;
+  if (events == nullptr) events = &scratch;
   auto it = runs_.find(run_id);
   if (it == runs_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
@@ -895,7 +912,9 @@ absl::StatusOr<std::optional<FailureVerdict>> RendezvousState::AdmitFailure(
   Run& run = *it->second;
   Touch(run_id);
   ++stats_.failure_reports;
-  if (run.phase == Phase::kClosed) return FailureVerdict{false, run.restart_count};
+  if (run.phase == Phase::kClosed) {
+    return FailureVerdict{false, run.restart_count};
+  }
   if (EndedRunOf(run, node_id)) return FailureVerdict{false, 0};
   auto node_it = run.nodes.find(node_id);
   if (node_it == run.nodes.end()) {
@@ -913,80 +932,42 @@ absl::StatusOr<std::optional<FailureVerdict>> RendezvousState::AdmitFailure(
       node.role != Role::kParticipant) {
     return FailureVerdict{true, run.restart_count};
   }
-  *admitted = &run;
-  return std::nullopt;
-}
-
-FailureVerdict RendezvousState::CountFailure(Run& run, const std::string& detail,
-                                             RdzvTime now,
-                                             std::vector<NodeEvent>* events) {
-  ++run.restart_count;
-  run.last_failure = detail;
-  if (run.restart_count <= run.options.max_restarts) {
-    return FailureVerdict{true, run.restart_count, /*counted=*/true};
-  }
-  const uint32_t restart_count = run.restart_count;
-  CloseRun(run, Outcome::kFailed, detail, now, events);
-  return FailureVerdict{false, restart_count, /*counted=*/true};
-}
-
-absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
-    const std::string& run_id, const std::string& node_id, uint64_t round,
-    const std::string& detail, RdzvTime now, std::vector<NodeEvent>* events) {
-  std::vector<NodeEvent> scratch;
-  if (events == nullptr) events = &scratch;
-  Run* run = nullptr;
-  auto refused = AdmitFailure(run_id, node_id, round, now, &run);
-  if (!refused.ok()) return refused.status();
-  if (*refused) return **refused;
-  const FailureVerdict verdict = CountFailure(
-      *run,
-      detail.empty()
-          ? absl::StrCat("node ", node_id, " on host ", run->nodes.at(node_id).info.host,
-                         " reported a worker failure in round ", round)
-          : detail,
-      now, events);
-  if (verdict.will_restart) {
-    const std::string reason = run->last_failure;
-    Reform(*run, ReformReason::kWorkerFailure, reason, now, events);
-  }
-  return verdict;
-}
-
-absl::StatusOr<FailureVerdict> RendezvousState::ReportReplicaFailure(
-    const std::string& run_id, const std::string& node_id, uint64_t round,
-    uint32_t replica, std::optional<uint32_t> incarnation, const std::string& detail,
-    RdzvTime now, std::vector<NodeEvent>* events) {
-  std::vector<NodeEvent> scratch;
-  if (events == nullptr) events = &scratch;
-  Run* run = nullptr;
-  auto refused = AdmitFailure(run_id, node_id, round, now, &run);
-  if (!refused.ok()) return refused.status();
-  if (*refused) return **refused;
-  // A replica group has at least one worker.
-  if (replica >= run->world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "failure.replica: ", replica, " is not below round ", round, "'s world size ",
-        run->world_size, " (replica group = global rank / replica size)"));
-  }
-  if (incarnation) {
-    auto counted = run->replica_failures.find(replica);
-    if (counted != run->replica_failures.end() && *incarnation <= counted->second) {
-      return FailureVerdict{true, run->restart_count};  // a retry
+  if (replica) {
+    // A replica group has at least one worker.
+    if (*replica >= run.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "failure.replica: ", *replica, " is not below round ", round, "'s world size ",
+          run.world_size, " (replica group = global rank / replica size)"));
     }
-    run->replica_failures[replica] = *incarnation;
+    if (incarnation) {
+      auto counted = run.replica_failures.find(*replica);
+      if (counted != run.replica_failures.end() && *incarnation <= counted->second) {
+        return FailureVerdict{true, run.restart_count};  // a retry
+      }
+      run.replica_failures[*replica] = *incarnation;
+    }
   }
-  // No re-form: the group restarts alone, the others train on.
-  const FailureVerdict verdict =
-      CountFailure(*run,
-                   detail.empty() ? absl::StrCat("node ", node_id, " on host ",
-                                                 run->nodes.at(node_id).info.host,
-                                                 " reported a failure of replica group ",
-                                                 replica, " in round ", round)
-                                  : detail,
-                   now, events);
-  if (verdict.will_restart) ++stats_.replica_restarts;
-  return verdict;
+  ++run.restart_count;
+  run.last_failure = !detail.empty() ? detail
+                     : replica
+                         ? absl::StrCat("node ", node_id, " on host ", node.info.host,
+                                        " reported a failure of replica group ", *replica,
+                                        " in round ", round)
+                         : absl::StrCat("node ", node_id, " on host ", node.info.host,
+                                        " reported a worker failure in round ", round);
+  const std::string reason = run.last_failure;
+  if (run.restart_count > run.options.max_restarts) {
+    const uint32_t restart_count = run.restart_count;
+    CloseRun(run, Outcome::kFailed, reason, now, events);
+    return FailureVerdict{false, restart_count, /*counted=*/true};
+  }
+  if (replica) {
+    // The group restarts alone; the others train on.
+    ++stats_.replica_restarts;
+  } else {
+    Reform(run, ReformReason::kWorkerFailure, reason, now, events);
+  }
+  return FailureVerdict{true, run.restart_count, /*counted=*/true};
 }
 
 absl::Status RendezvousState::ReportSuccess(const std::string& run_id,

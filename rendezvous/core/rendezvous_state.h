@@ -294,18 +294,13 @@ class RendezvousState {
     bool operator<(const Deadline& other) const;
   };
 
-  // ReportFailure's and ReportReplicaFailure's common part: finds the run
-  // and the reporting node and refreshes its lease. The verdict on a report
-  // that cannot count (the run ended, a stale round), or nullopt with
-  // `*admitted` set to the run.
-  absl::StatusOr<std::optional<FailureVerdict>> AdmitFailure(const std::string& run_id,
-                                                             const std::string& node_id,
-                                                             uint64_t round, RdzvTime now,
-                                                             Run** admitted);
-  // One failure against the budget, `detail` its root cause: will_restart
-  // while the budget lasts, else the run is closed as kFailed.
-  FailureVerdict CountFailure(Run& run, const std::string& detail, RdzvTime now,
-                              std::vector<NodeEvent>* events);
+  // ReportFailure, or with `replica` ReportReplicaFailure.
+  absl::StatusOr<FailureVerdict> OnFailure(const std::string& run_id,
+                                           const std::string& node_id, uint64_t round,
+                                           std::optional<uint32_t> replica,
+                                           std::optional<uint32_t> incarnation,
+                                           const std::string& detail, RdzvTime now,
+                                           std::vector<NodeEvent>* events);
   absl::Status CheckResume(const Run* run, const std::string& run_id,
                            const NodeInfo& node) const;
   absl::Status JoinChecked(const std::string& run_id, const NodeInfo& node,
