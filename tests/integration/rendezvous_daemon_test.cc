@@ -156,6 +156,16 @@ TEST_F(RendezvousDaemonTest, ReplicaFailureCountsWithoutReforming) {
     EXPECT_TRUE(verdict->will_restart());
     EXPECT_EQ(verdict->restart_count(), 1u);
   }
+  // The status page counts the restart and shows its cause; the round stays.
+  v1::StatusRequest request;
+  request.set_run_id("job");
+  auto status = client_.Status(request);
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->runs_size(), 1);
+  EXPECT_EQ(status->runs(0).restart_count(), 1u);
+  EXPECT_EQ(status->runs(0).round(), round);
+  EXPECT_EQ(status->runs(0).state(), "active");
+  EXPECT_EQ(status->runs(0).last_failure().detail(), "rank 3 exited with code 1");
   // max_restarts is 1: the restarted group's failure closes the run, and
   // that close is the first event either stream carries since the round.
   report.set_replica_restarts(1);
