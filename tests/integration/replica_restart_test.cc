@@ -4,6 +4,7 @@
 // separate meshrun-rdzvd for two nodes).
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/client/store_client.h"
 #include "tests/support/child_process.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/text.h"
@@ -26,6 +28,7 @@ using testing::ChildProcess;
 using testing::Count;
 using testing::DaemonProcess;
 using testing::ExitCode;
+using testing::FreePort;
 using testing::TempDir;
 
 const std::string kWorker =
@@ -200,6 +203,52 @@ TEST_F(ReplicaRestartTest, TwoNodesOnlyTheFailedReplicaRestarts) {
   }
   for (int rank : {0, 1, 2}) ExpectRan(dir, rank, std::to_string(rank), 1);
   ExpectRan(dir, 3, "3", 2);
+}
+
+// The daemon (--state-dir) restarts while a replica group's failure is
+// unanswered: the agent retries its report, the group restarts, and the
+// daemon counts the failure once (a second count would spend the budget of 1).
+TEST_F(ReplicaRestartTest, TheFailureReportOutlivesADaemonRestart) {
+  TempDir dir;
+  TempDir state;
+  const int port = FreePort();
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  auto start_daemon = [&] {
+    auto daemon = std::make_unique<ChildProcess>(std::vector<std::string>{
+        BinDir() + "/meshrun-rdzvd", "--host", "127.0.0.1", "--port",
+        std::to_string(port), "--log-level", "warn", "--state-dir", state.path()});
+    auto line = daemon->ReadLine(std::chrono::seconds(20));
+    EXPECT_TRUE(line && line->find(endpoint) != std::string::npos)
+        << line.value_or("<none>");
+    return daemon;
+  };
+  auto daemon = start_daemon();
+  const std::string go = dir / "go";
+  auto agent = Launch({"--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                       "--rdzv-endpoint=" + endpoint, "--rdzv-id=outlives",
+                       "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=30",
+                       "--restart-scope=replica", "--max-restarts=1", "--no-python",
+                       kWorker, dir.path(), "1", "kill-on:" + go});
+  ASSERT_TRUE(agent->ReadUntil("round 1:", std::chrono::seconds(30))) << agent->output();
+  // A store write is on disk when answered, and the round with it.
+  rdzv::StoreClientOptions options;
+  options.target = endpoint;
+  options.ns = "outlives/test";
+  options.timeout = std::chrono::seconds(20);
+  auto store = rdzv::StoreClient::Connect(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Set("persisted", "1").ok());
+
+  daemon->Signal(SIGKILL);
+  ASSERT_TRUE(daemon->Wait(std::chrono::seconds(10)));
+  std::ofstream(go) << "go\n";
+  ASSERT_TRUE(agent->ReadUntil("cannot report the failure of replica group 1",
+                               std::chrono::seconds(30)))
+      << agent->output();
+  daemon = start_daemon();
+  ASSERT_EQ(ExitCode(*agent), 0) << agent->output();
+  ExpectRan(dir, 0, "0", 1);
+  ExpectRan(dir, 1, "1", 2);
 }
 
 }  // namespace

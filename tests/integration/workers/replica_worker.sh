@@ -9,6 +9,7 @@
 #   kill       its first incarnation (MESHRUN_REPLICA_RESTARTS=0) SIGKILLs
 #              itself once every rank has started
 #   exit:CODE  the same, exiting CODE
+#   kill-on:PATH  as kill, once PATH exists too
 #   always:CODE  every incarnation exits CODE at once
 # Every other incarnation exits 0 once each of FAIL_RANKS has started twice
 # (with always:CODE it waits to be stopped). Waits give up after 60 s (exit 3).
@@ -54,6 +55,7 @@ if $failing; then
     wait_until all_started
     case "$how" in
       kill) kill -KILL $$ ;;
+      kill-on:*) wait_until test -e "${how#kill-on:}"; kill -KILL $$ ;;
       exit:*) exit "${how#exit:}" ;;
     esac
   fi
