@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <condition_variable>
@@ -236,11 +237,11 @@ class Agent {
  public:
   explicit Agent(const AgentOptions& options)
       : options_(options),
-        state_(options.nproc),
+        state_(options.nproc, options.replica_size),
         signals_(io_),
-        workers_(io_, [this](const WorkerExit& exit) { OnWorkerExit(exit); }),
         lease_timer_(io_),
         waiting_timer_(io_),
+        report_retry_timer_(io_),
         grace_(ReconnectGrace(options)),
         heartbeat_interval_(
             options.run_config.keep_alive_interval_ms() > 0
@@ -249,7 +250,18 @@ class Agent {
         join_timeout_(
             options.run_config.join_timeout_ms() > 0
                 ? std::chrono::milliseconds(options.run_config.join_timeout_ms())
-                : std::chrono::milliseconds(600000)) {}
+                : std::chrono::milliseconds(600000)) {
+    // Restart scope "replica": a group per replica group, so one can stop
+    // and start while the others run.
+    const int groups =
+        options.replica_size > 0 ? options.nproc / options.replica_size : 1;
+    for (int group = 0; group < groups; ++group) {
+      WorkerGroupOptions group_options;
+      group_options.log_setup = group == 0;
+      groups_.push_back(std::make_unique<WorkerGroup>(
+          io_, [this](const WorkerExit& exit) { OnWorkerExit(exit); }, group_options));
+    }
+  }
 
   int Run() {
     for (int number : options_.signals_to_handle) signals_.add(number);
@@ -607,6 +619,7 @@ class Agent {
     stop_cv_.notify_all();
     lease_timer_.cancel();
     waiting_timer_.cancel();
+    report_retry_timer_.cancel();
     // A heartbeat waiting on a daemon that does not answer ends now.
     heartbeat_client_->CancelCalls();
     if (heartbeat_.joinable()) heartbeat_.join();
@@ -676,6 +689,12 @@ class Agent {
   void OnRendezvousEvent(const v1::RendezvousEvent& pushed) {
     OnContact();
     heard_on_stream_ = true;
+    if (pushed.has_assigned()) {
+      // As below, for replica failures not answered yet (the agent resumes
+      // the round, which goes on).
+      for (const auto& [replica, report] : unreported_replica_failures_)
+        if (report.round() == pushed.assigned().round()) SendFailure(report);
+    }
     if (pushed.has_assigned() && unreported_failure_ &&
         pushed.assigned().round() == unreported_failure_->round) {
       // The daemon (restarted, or reached again) still runs the round whose
@@ -747,7 +766,9 @@ class Agent {
     Dispatch(event::WorkerExited{info});
     // Every local worker of the round has ended: tell the daemon how, for
     // the status page and metrics. Best effort; the run does not depend on it.
-    if (workers_.live() == 0 && round_exits_.exits_size() > 0) {
+    // (Not while a replica group restarts: its exits join the round's.)
+    if (LiveWorkers() == 0 && state_.phase() != AgentState::Phase::kRunning &&
+        round_exits_.exits_size() > 0) {
       round_exits_.set_run_id(options_.run_id);
       round_exits_.set_node_id(options_.node_id);
       round_exits_.set_host(options_.host);
@@ -806,13 +827,30 @@ class Agent {
     if (auto* start = std::get_if<action::StartWorkers>(&action)) {
       StartWorkers(start->round);
     } else if (auto* stop = std::get_if<action::StopWorkers>(&action)) {
-      workers_.Stop(stop->signal, options_.shutdown_timeout, [this] {
-        boost::asio::post(io_, [this] { Dispatch(event::WorkersStopped{}); });
-      });
+      auto left = std::make_shared<size_t>(groups_.size());
+      for (auto& group : groups_) {
+        group->Stop(stop->signal, options_.shutdown_timeout, [this, left] {
+          if (--*left == 0)
+            boost::asio::post(io_, [this] { Dispatch(event::WorkersStopped{}); });
+        });
+      }
+    } else if (auto* stop_replica = std::get_if<action::StopReplica>(&action)) {
+      groups_[stop_replica->group]->Stop(stop_replica->signal, options_.shutdown_timeout,
+                                         [this, replica = stop_replica->replica] {
+                                           boost::asio::post(io_, [this, replica] {
+                                             Dispatch(event::ReplicaStopped{replica});
+                                           });
+                                         });
+    } else if (auto* start_replica = std::get_if<action::StartReplica>(&action)) {
+      spdlog::info("restarting replica group {} (replica restart {}, restart {})",
+                   start_replica->replica, start_replica->restarts,
+                   start_replica->round.restart_count);
+      StartGroup(start_replica->round, start_replica->group, start_replica->restarts,
+                 MakeLineCopies(start_replica->round));
     } else if (auto* forward = std::get_if<action::ForwardSignal>(&action)) {
       // Not a stop (e.g. SLURM's --signal=USR1@N warning): the workers go on.
       spdlog::info("forwarding {} to the workers", SignalName(forward->number));
-      workers_.Signal(forward->number);
+      for (auto& group : groups_) group->Signal(forward->number);
     } else if (auto* failure = std::get_if<action::ReportFailure>(&action)) {
       v1::FailureReport report;
       report.set_run_id(options_.run_id);
@@ -823,6 +861,22 @@ class Agent {
       if (auto cause = failure_causes_.find(failure->exit.local_rank);
           cause != failure_causes_.end())
         *report.mutable_cause() = cause->second;
+      if (failure->replica) {
+        const ExitInfo& exit = failure->exit;
+        spdlog::warn("rank {} failed ({}); stopping its replica group {} (ranks {}..{})",
+                     exit.global_rank,
+                     exit.signal != 0 ? SignalName(exit.signal)
+                                      : "exit code " + std::to_string(exit.exit_code),
+                     *failure->replica, *failure->replica * options_.replica_size,
+                     (*failure->replica + 1) * options_.replica_size - 1);
+        // Its group restarts only on the daemon's answer: sent again until
+        // answered (the daemon counts one incarnation's failure once).
+        report.set_replica(*failure->replica);
+        report.set_replica_restarts(failure->replica_restarts);
+        unreported_replica_failures_[*failure->replica] = report;
+        SendFailure(report);
+        return;
+      }
       // Unacknowledged until the daemon answers: sent again when it re-sends
       // this round's assignment.
       unreported_failure_ = UnreportedFailure{failure->round, report};
@@ -853,7 +907,11 @@ class Agent {
   void SendFailure(const v1::FailureReport& report) {
     calls_->Post([this, report] {
       auto verdict = client_->ReportFailure(report);
-      boost::asio::post(io_, [this, verdict, round = report.round()] {
+      boost::asio::post(io_, [this, verdict, report, round = report.round()] {
+        if (report.has_replica()) {
+          OnReplicaVerdict(report, verdict);
+          return;
+        }
         if (!verdict.ok()) {
           spdlog::error("cannot report the failure to the daemon: {}",
                         std::string(verdict.status().message()));
@@ -868,15 +926,74 @@ class Agent {
     });
   }
 
-  void StartWorkers(const RoundInfo& round) {
-    round_exits_.Clear();
-    round_exits_.set_round(round.round);
-    std::vector<WorkerSpec> specs;
-    specs.reserve(options_.nproc);
+  void OnReplicaVerdict(const v1::FailureReport& report,
+                        const absl::StatusOr<v1::FailureReply>& verdict) {
+    auto pending = unreported_replica_failures_.find(report.replica());
+    // Answered already (a retry's answer), or a later failure replaced it.
+    if (pending == unreported_replica_failures_.end() ||
+        pending->second.round() != report.round() ||
+        pending->second.replica_restarts() != report.replica_restarts())
+      return;
+    if (!verdict.ok()) {
+      if (closed_ || left_) return;
+      const absl::StatusCode code = verdict.status().code();
+      // Refused for good (NOT_FOUND is not: the node re-joins or resumes,
+      // see OnNotKnown): the group can never restart.
+      if (Definitive(code) && code != absl::StatusCode::kNotFound) {
+        unreported_replica_failures_.erase(pending);
+        Dispatch(event::RendezvousLost{"the daemon refused the failure report: " +
+                                       std::string(verdict.status().message())});
+        return;
+      }
+      spdlog::warn(
+          "cannot report the failure of replica group {} to the daemon: {}; "
+          "retrying",
+          report.replica(), std::string(verdict.status().message()));
+      RetryReplicaReports();
+      return;
+    }
+    unreported_replica_failures_.erase(pending);
+    if (verdict->will_restart())
+      spdlog::warn("worker failed; restarting replica group {} alone (restart {} of {})",
+                   report.replica(), verdict->restart_count(),
+                   options_.run_config.max_restarts());
+    Dispatch(event::ReplicaVerdict{report.round(), report.replica(),
+                                   verdict->will_restart(), verdict->restart_count()});
+  }
+
+  // Re-sends the unanswered replica failure reports of the running round in
+  // a moment; those of rounds left behind are dropped.
+  void RetryReplicaReports() {
+    if (replica_retry_armed_) return;
+    replica_retry_armed_ = true;
+    report_retry_timer_.expires_after(std::chrono::seconds(1));
+    report_retry_timer_.async_wait([this](const boost::system::error_code& error) {
+      replica_retry_armed_ = false;
+      if (error || closed_ || left_) return;
+      const std::optional<uint64_t> round = state_.resumable_round();
+      for (auto it = unreported_replica_failures_.begin();
+           it != unreported_replica_failures_.end();) {
+        if (round && it->second.round() == *round) {
+          SendFailure(it->second);
+          ++it;
+        } else {
+          it = unreported_replica_failures_.erase(it);
+        }
+      }
+    });
+  }
+
+  size_t LiveWorkers() const {
+    size_t live = 0;
+    for (const auto& group : groups_) live += group->live();
+    return live;
+  }
+
+  // One copy file per stream and attempt, shared by the attempt's workers.
+  std::array<std::shared_ptr<LineCopy>, 2> MakeLineCopies(const RoundInfo& round) {
     const std::string attempt_dir =
         log_root_ + "/attempt_" + std::to_string(round.restart_count);
-    // One copy file per stream and attempt, shared by the local workers.
-    std::shared_ptr<LineCopy> copies[2];
+    std::array<std::shared_ptr<LineCopy>, 2> copies;
     for (auto [filters, name, copy] : {std::tuple(&options_.duplicate_stdout_filters,
                                                   "filtered_stdout.log", &copies[0]),
                                        std::tuple(&options_.duplicate_stderr_filters,
@@ -890,7 +1007,29 @@ class Agent {
                      std::string(created.status().message()));
       }
     }
-    for (int local_rank = 0; local_rank < options_.nproc; ++local_rank) {
+    return copies;
+  }
+
+  void StartWorkers(const RoundInfo& round) {
+    round_exits_.Clear();
+    round_exits_.set_round(round.round);
+    unreported_replica_failures_.clear();
+    const auto copies = MakeLineCopies(round);
+    for (size_t group = 0; group < groups_.size(); ++group) {
+      if (!StartGroup(round, static_cast<int>(group), 0, copies)) return;
+    }
+  }
+
+  // Starts the local ranks of `group` (all of them in restart scope job).
+  // False when they could not start (the agent then exits).
+  bool StartGroup(const RoundInfo& round, int group, uint32_t replica_restarts,
+                  const std::array<std::shared_ptr<LineCopy>, 2>& copies) {
+    const int size = options_.nproc / static_cast<int>(groups_.size());
+    std::vector<WorkerSpec> specs;
+    specs.reserve(size);
+    const std::string attempt_dir =
+        log_root_ + "/attempt_" + std::to_string(round.restart_count);
+    for (int local_rank = group * size; local_rank < (group + 1) * size; ++local_rank) {
       const int rank = static_cast<int>(round.rank_base) + local_rank;
       const std::string rank_dir = attempt_dir + "/" + std::to_string(local_rank);
       std::error_code ignored;
@@ -918,6 +1057,8 @@ class Agent {
       in.error_file = error_file;
       in.signals_to_handle = options_.signals_to_handle_text;
       in.virtual_local_rank = options_.virtual_local_rank;
+      in.replica_size = options_.replica_size;
+      in.replica_restarts = replica_restarts;
       in.has_omp_num_threads = getenv("OMP_NUM_THREADS") != nullptr;
       auto inherited = [](const char* name) -> std::optional<std::string> {
         const char* value = getenv(name);
@@ -959,11 +1100,13 @@ class Agent {
       if (shown && (tee & kStderr)) spec.stderr_copy = copies[1];
       specs.push_back(std::move(spec));
     }
-    absl::Status status = workers_.Start(std::move(specs));
+    absl::Status status = groups_[group]->Start(std::move(specs));
     if (!status.ok()) {
       spdlog::error("cannot start workers: {}", std::string(status.message()));
       Finish(action::Exit{1, "cannot start workers: " + std::string(status.message())});
+      return false;
     }
+    return true;
   }
 
   std::string ErrorFilePath(int local_rank) {
@@ -1025,7 +1168,8 @@ class Agent {
   boost::asio::io_context io_;
   AgentState state_;
   boost::asio::signal_set signals_;
-  WorkerGroup workers_;
+  // One per local replica group in restart scope "replica", else one.
+  std::vector<std::unique_ptr<WorkerGroup>> groups_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   std::unique_ptr<rdzv::RendezvousClient> heartbeat_client_;
@@ -1048,6 +1192,8 @@ class Agent {
   // The lease watchdog and what it watches (io_ thread only).
   boost::asio::steady_timer lease_timer_;
   boost::asio::steady_timer waiting_timer_;
+  boost::asio::steady_timer report_retry_timer_;
+  bool replica_retry_armed_ = false;
   const std::chrono::milliseconds grace_;
   const std::chrono::milliseconds heartbeat_interval_;
   const std::chrono::milliseconds join_timeout_;
@@ -1067,6 +1213,9 @@ class Agent {
     v1::FailureReport report;
   };
   std::optional<UnreportedFailure> unreported_failure_;
+  // Restart scope "replica": failure reports the daemon has not answered,
+  // by replica group.
+  std::map<uint32_t, v1::FailureReport> unreported_replica_failures_;
   bool closed_ = false;
   bool left_ = false;
   std::map<int, std::string> error_files_;

@@ -30,6 +30,9 @@ struct AgentOptions {
   // group rank 0).
   std::string host;
   int nproc = 1;
+  // --restart-scope=replica: workers per replica group (a divisor of nproc);
+  // a failed worker restarts its replica group only. 0: restart scope job.
+  int replica_size = 0;
   int node_rank_hint = -1;
   std::string rdzv_endpoint;  // the daemon's host:port
   // The daemon's TCPStore front-end as this node's workers reach it: their

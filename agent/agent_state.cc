@@ -36,7 +36,8 @@ const char* ToString(AgentState::Phase phase) {
   return "?";
 }
 
-AgentState::AgentState(int nproc) : nproc_(nproc) {}
+AgentState::AgentState(int nproc, int replica_size)
+    : nproc_(nproc), replica_size_(replica_size) {}
 
 std::vector<Action> AgentState::Step(const Event& event) {
   if (phase_ == Phase::kExited) return {};
@@ -108,6 +109,8 @@ std::vector<Action> AgentState::Step(const Event& event) {
             if (phase_ == Phase::kSucceeded) phase_ = Phase::kJoining;
             return {};
           },
+          [&](const event::ReplicaStopped& e) { return OnReplicaStopped(e.replica); },
+          [&](const event::ReplicaVerdict& e) { return OnReplicaVerdict(e); },
       },
       event);
 }
@@ -126,6 +129,10 @@ std::vector<Action> AgentState::OnAssigned(const RoundInfo& round) {
       live_workers_ = nproc_;
       succeeded_workers_ = 0;
       failure_reported_this_round_ = false;
+      if (replica_size_ > 0) {
+        replicas_.assign(static_cast<size_t>(nproc_ / replica_size_), Replica{});
+        rank_succeeded_.assign(static_cast<size_t>(nproc_), false);
+      }
       return {action::StartWorkers{round}};
     case Phase::kStopping:
       next_ = round;
@@ -144,6 +151,7 @@ std::vector<Action> AgentState::OnAssigned(const RoundInfo& round) {
 std::vector<Action> AgentState::OnWorkerExited(const ExitInfo& exit) {
   if (live_workers_ > 0) --live_workers_;
   if (phase_ != Phase::kRunning) return {};  // expected during a stop
+  if (replica_size_ > 0) return OnReplicaWorkerExited(exit);
   if (exit.failed()) {
     if (!first_failure_) first_failure_ = exit;
     std::vector<Action> actions = BeginStop(SIGTERM);
@@ -158,6 +166,78 @@ std::vector<Action> AgentState::OnWorkerExited(const ExitInfo& exit) {
     return {action::ReportSuccess{current_->round}};
   }
   return {};
+}
+
+std::vector<Action> AgentState::OnReplicaWorkerExited(const ExitInfo& exit) {
+  const int group = exit.local_rank / replica_size_;
+  if (exit.local_rank < 0 || group >= static_cast<int>(replicas_.size())) return {};
+  Replica& replica = replicas_[group];
+  // Its group is being stopped: expected, the failure is reported already.
+  if (replica.state != Replica::State::kRunning) return {};
+  if (!exit.failed()) {
+    rank_succeeded_[exit.local_rank] = true;
+    for (bool succeeded : rank_succeeded_)
+      if (!succeeded) return {};
+    phase_ = Phase::kSucceeded;
+    return {action::ReportSuccess{current_->round}};
+  }
+  if (!first_failure_) first_failure_ = exit;
+  replica.state = Replica::State::kStopping;
+  replica.awaiting_verdict = true;
+  replica.restart_count.reset();
+  // The whole group starts again, also members that had finished.
+  for (int rank = group * replica_size_; rank < (group + 1) * replica_size_; ++rank)
+    rank_succeeded_[rank] = false;
+  const uint32_t id = ReplicaId(group);
+  return {action::StopReplica{id, group, SIGTERM},
+          action::ReportFailure{current_->round, exit, id, replica.restarts}};
+}
+
+std::vector<Action> AgentState::OnReplicaStopped(uint32_t replica) {
+  if (phase_ != Phase::kRunning || replica_size_ == 0) return {};
+  const int group = LocalGroup(replica);
+  if (group < 0 || replicas_[group].state != Replica::State::kStopping) return {};
+  replicas_[group].state = Replica::State::kStopped;
+  return MaybeRestartReplica(group);
+}
+
+std::vector<Action> AgentState::OnReplicaVerdict(const event::ReplicaVerdict& verdict) {
+  // A verdict on a round this node has left behind (a re-form, a close).
+  if (phase_ != Phase::kRunning || replica_size_ == 0 || verdict.round != current_->round)
+    return {};
+  const int group = LocalGroup(verdict.replica);
+  if (group < 0 || !replicas_[group].awaiting_verdict) return {};
+  replicas_[group].awaiting_verdict = false;
+  // The budget is spent and the daemon closes the run as failed; its close
+  // brings the root cause, for the exit.
+  if (!verdict.will_restart) return BeginStop(SIGTERM);
+  replicas_[group].restart_count = verdict.restart_count;
+  return MaybeRestartReplica(group);
+}
+
+std::vector<Action> AgentState::MaybeRestartReplica(int group) {
+  Replica& replica = replicas_[group];
+  if (replica.state != Replica::State::kStopped || replica.awaiting_verdict ||
+      !replica.restart_count)
+    return {};
+  replica.state = Replica::State::kRunning;
+  ++replica.restarts;
+  live_workers_ += replica_size_;
+  RoundInfo round = *current_;
+  round.restart_count = *replica.restart_count;
+  replica.restart_count.reset();
+  return {action::StartReplica{round, ReplicaId(group), group, replica.restarts}};
+}
+
+int AgentState::LocalGroup(uint32_t replica) const {
+  const uint32_t first = current_->rank_base / static_cast<uint32_t>(replica_size_);
+  if (replica < first || replica - first >= replicas_.size()) return -1;
+  return static_cast<int>(replica - first);
+}
+
+uint32_t AgentState::ReplicaId(int group) const {
+  return current_->rank_base / static_cast<uint32_t>(replica_size_) +
+         static_cast<uint32_t>(group);
 }
 
 std::vector<Action> AgentState::OnStopped() {

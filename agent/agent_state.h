@@ -9,6 +9,14 @@
 // job is sequencing: a local failure stops the local workers and is
 // reported; whatever the daemon decides arrives as a re-form or a close.
 //
+// Restart scope "replica" (meshrun --restart-scope=replica): the local
+// workers form replica groups of `replica_size` consecutive local ranks. A
+// failure stops only its group and is reported with the group; the daemon's
+// verdict (ReplicaVerdict) restarts that group in the same round once it has
+// stopped, or, when the budget is spent, stops everything (the daemon
+// closes the run). Re-forms, signals and a lost daemon stop every local
+// worker, as in scope "job".
+//
 // Thread-safety: none; the owner serialises all calls.
 
 #include <cstdint>
@@ -82,11 +90,25 @@ struct RoundLost {
 struct LeaseExpired {
   std::string reason;
 };
+// Restart scope "replica": every worker of the replica group that a
+// StopReplica stopped has ended.
+struct ReplicaStopped {
+  uint32_t replica;
+};
+// Restart scope "replica": the daemon's answer to the failure report of
+// `replica` in `round`.
+struct ReplicaVerdict {
+  uint64_t round;
+  uint32_t replica;
+  bool will_restart;
+  uint32_t restart_count;  // the run's, the restarted workers' new count
+};
 }  // namespace event
 
 using Event = std::variant<event::Assigned, event::Reform, event::Closed,
                            event::WorkerExited, event::WorkersStopped, event::Signal,
-                           event::RendezvousLost, event::RoundLost, event::LeaseExpired>;
+                           event::RendezvousLost, event::RoundLost, event::LeaseExpired,
+                           event::ReplicaStopped, event::ReplicaVerdict>;
 
 // meshrun's exit code when it gave up on an unreachable daemon after its
 // lease (sysexits' EX_TEMPFAIL: the job may be retried).
@@ -105,6 +127,26 @@ struct ForwardSignal {
 struct ReportFailure {
   uint64_t round;
   ExitInfo exit;
+  // Restart scope "replica": the failed worker's replica group (global id)
+  // and how often it had been restarted in this round.
+  std::optional<uint32_t> replica = std::nullopt;
+  uint32_t replica_restarts = 0;
+};
+// Restart scope "replica": stop the running workers of one replica group.
+// `group` is its index among this node's groups (local ranks
+// [group * replica_size, (group + 1) * replica_size)); `replica` its global id.
+struct StopReplica {
+  uint32_t replica;
+  int group;
+  int signal;
+};
+// Restart scope "replica": start one replica group's workers again in
+// `round` (whose restart_count is the run's new count).
+struct StartReplica {
+  RoundInfo round;
+  uint32_t replica;
+  int group;
+  uint32_t restarts;  // MESHRUN_REPLICA_RESTARTS
 };
 struct ReportSuccess {
   uint64_t round;
@@ -116,14 +158,17 @@ struct Exit {
 };
 }  // namespace action
 
-using Action = std::variant<action::StartWorkers, action::StopWorkers,
-                            action::ForwardSignal, action::ReportFailure,
-                            action::ReportSuccess, action::LeaveRun, action::Exit>;
+using Action =
+    std::variant<action::StartWorkers, action::StopWorkers, action::ForwardSignal,
+                 action::ReportFailure, action::ReportSuccess, action::LeaveRun,
+                 action::Exit, action::StopReplica, action::StartReplica>;
 
 class AgentState {
  public:
-  // `nproc`: local workers per round.
-  explicit AgentState(int nproc);
+  // `nproc`: local workers per round. `replica_size`: workers per replica
+  // group in restart scope "replica", 0 for scope "job". REQUIRES: nproc is
+  // a multiple of a non-zero replica_size.
+  explicit AgentState(int nproc, int replica_size = 0);
 
   std::vector<Action> Step(const Event& event);
 
@@ -145,6 +190,14 @@ class AgentState {
  private:
   std::vector<Action> OnAssigned(const RoundInfo& round);
   std::vector<Action> OnWorkerExited(const ExitInfo& exit);
+  std::vector<Action> OnReplicaWorkerExited(const ExitInfo& exit);
+  std::vector<Action> OnReplicaStopped(uint32_t replica);
+  std::vector<Action> OnReplicaVerdict(const event::ReplicaVerdict& verdict);
+  // Starts the group again once it has stopped and the daemon said so.
+  std::vector<Action> MaybeRestartReplica(int group);
+  // This node's group index of a global replica id, or -1.
+  int LocalGroup(uint32_t replica) const;
+  uint32_t ReplicaId(int group) const;
   std::vector<Action> OnStopped();
   std::vector<Action> BeginStop(int signal);
   // Stops the workers (if any) and exits with `code`.
@@ -162,6 +215,19 @@ class AgentState {
   int succeeded_workers_ = 0;
   bool failure_reported_this_round_ = false;
   std::optional<ExitInfo> first_failure_;
+
+  // Restart scope "replica" only.
+  const int replica_size_;
+  struct Replica {
+    enum class State { kRunning, kStopping, kStopped };
+    State state = State::kRunning;
+    uint32_t restarts = 0;  // in the current round
+    bool awaiting_verdict = false;
+    // The run's restart count the daemon gave for the pending restart.
+    std::optional<uint32_t> restart_count;
+  };
+  std::vector<Replica> replicas_;     // by local group
+  std::vector<bool> rank_succeeded_;  // by local rank, latest incarnation
 };
 
 const char* ToString(AgentState::Phase phase);

@@ -36,6 +36,14 @@ std::map<std::string, std::string> BuildWorkerEnv(const WorkerEnvInputs& in) {
       {"MESHRUN_STORE_ENDPOINT", in.store_endpoint},
       {"MESHRUN_STORE_PREFIX", in.round.store_prefix},
   };
+  if (in.replica_size > 0) {
+    // For the worker library's step quorum; TORCHELASTIC_RESTART_COUNT stays
+    // the run's count.
+    env["MESHRUN_RESTART_SCOPE"] = "replica";
+    env["MESHRUN_REPLICA_SIZE"] = std::to_string(in.replica_size);
+    env["MESHRUN_REPLICA_ID"] = std::to_string(rank / in.replica_size);
+    env["MESHRUN_REPLICA_RESTARTS"] = std::to_string(in.replica_restarts);
+  }
   // Several workers each using every core oversubscribe the node.
   if (!in.has_omp_num_threads && in.local_world_size > 1) env["OMP_NUM_THREADS"] = "1";
   if (in.virtual_local_rank) {

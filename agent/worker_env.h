@@ -34,6 +34,11 @@ struct WorkerEnvInputs {
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   // --virtual-local-rank.
   bool virtual_local_rank = false;
+  // --restart-scope=replica: workers per replica group (0: restart scope
+  // job, none of the MESHRUN_REPLICA_* variables), and how often this
+  // worker's replica group has been restarted in this round.
+  int replica_size = 0;
+  uint32_t replica_restarts = 0;
   // The agent's own environment, where it matters.
   bool has_omp_num_threads = false;
   std::optional<std::string> torch_nccl_async_error_handling;

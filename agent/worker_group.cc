@@ -444,17 +444,19 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io,
   if (options_.cgroups == WorkerGroupOptions::Cgroups::kOff) {
     Log().debug("workers run without cgroups");
   } else if (setting != nullptr && std::string_view(setting) == "off") {
-    Log().info(
-        "workers run without cgroups (MESHRUN_CGROUPS=off): what a worker leaves in "
-        "its process group ends with it, processes that left the group (setsid) "
-        "outlive it");
+    if (options_.log_setup)
+      Log().info(
+          "workers run without cgroups (MESHRUN_CGROUPS=off): what a worker leaves in "
+          "its process group ends with it, processes that left the group (setsid) "
+          "outlive it");
   } else if (absl::StatusOr<std::string> dir = CreateGroupCgroup(); dir.ok()) {
     cgroup_parent_ = *dir;
-    Log().info(
-        "each worker runs in a cgroup of its own under {}: whatever it leaves running "
-        "ends with it",
-        cgroup_parent_);
-  } else {
+    if (options_.log_setup)
+      Log().info(
+          "each worker runs in a cgroup of its own under {}: whatever it leaves running "
+          "ends with it",
+          cgroup_parent_);
+  } else if (options_.log_setup) {
     Log().info(
         "workers run without cgroups ({}): what a worker leaves in its process group "
         "ends with it, processes that left the group (setsid) outlive it",

@@ -92,6 +92,9 @@ struct WorkerGroupOptions {
   // unless the environment has MESHRUN_CGROUPS=off.
   enum class Cgroups { kAuto, kOff };
   Cgroups cgroups = Cgroups::kAuto;
+  // Whether the constructor logs how workers are contained (cgroups or not):
+  // once per agent is enough when it has several groups.
+  bool log_setup = true;
   // Tests: behave as on a kernel where close_range(CLOSE_RANGE_CLOEXEC) fails
   // (before 5.11).
   bool simulate_no_close_range_cloexec = false;

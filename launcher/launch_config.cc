@@ -53,6 +53,8 @@ enum FlagId {
   kRdzvConf,
   kStandalone,
   kMaxRestarts,
+  kRestartScope,
+  kReplicaSize,
   kMonitorInterval,
   kStartMethod,
   kEventLogHandler,
@@ -126,6 +128,15 @@ constexpr FlagDef kFlags[] = {
      "rendezvous flags and --nnodes."},
     {"--max-restarts", "", true, "INT", "0",
      "Restarts of the worker group before the job fails."},
+    {"--restart-scope", "", true, "job|replica", "job",
+     "What a worker failure restarts: job (torchrun's way) stops and restarts every "
+     "worker on every node; replica restarts only the failed worker's replica group "
+     "(--replica-size), the others keep running. Each restart counts against "
+     "--max-restarts."},
+    {"--replica-size", "", true, "INT", "1",
+     "With --restart-scope=replica: workers per replica group; global ranks "
+     "[r*N, (r+1)*N) form group r, which must lie within one node "
+     "(--nproc-per-node a multiple of N)."},
     {"--monitor-interval", "", true, "SECONDS", "0.1",
      "No effect: meshrun reacts to worker exits at once instead of polling."},
     {"--start-method", "", true, "METHOD", "spawn",
@@ -1013,6 +1024,36 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
                      Got("a non-negative integer", restarts.text));
   }
   config->max_restarts = *max_restarts;
+
+  Given scope = flags.GetOr(kRestartScope);
+  if (scope.text == "job") {
+    config->restart_scope = RestartScope::kJob;
+  } else if (scope.text == "replica") {
+    config->restart_scope = RestartScope::kReplica;
+  } else {
+    return FlagError(kRestartScope, scope, Got("job or replica", scope.text));
+  }
+  Given replica_size = flags.GetOr(kReplicaSize);
+  std::optional<int> size = ParseInt(replica_size.text);
+  if (!size || *size < 1) {
+    return FlagError(kReplicaSize, replica_size,
+                     Got("a positive integer", replica_size.text));
+  }
+  // A size that silently does nothing would hide a forgotten scope.
+  if (config->restart_scope == RestartScope::kJob && flags.Get(kReplicaSize)) {
+    return FlagError(kReplicaSize, replica_size,
+                     "needs --restart-scope=replica (the default scope, job, restarts "
+                     "every worker)");
+  }
+  if (config->restart_scope == RestartScope::kReplica &&
+      config->nproc_per_node % *size != 0) {
+    return FlagError(
+        kReplicaSize, replica_size,
+        absl::StrCat(*size, " does not divide --nproc-per-node=", config->nproc_per_node,
+                     ": a replica group lives within one node, so each "
+                     "node runs whole replica groups"));
+  }
+  config->replica_size = *size;
 
   for (auto [id, field] : {std::pair{kMonitorInterval, &config->monitor_interval},
                            std::pair{kShutdownTimeout, &config->shutdown_timeout}}) {

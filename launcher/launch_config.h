@@ -54,6 +54,15 @@ struct StdStreamsSpec {
   }
 };
 
+// What a worker failure restarts (--restart-scope).
+enum class RestartScope {
+  // Every worker on every node: the run re-forms (torchrun's behaviour).
+  kJob,
+  // Only the failed worker's replica group (--replica-size); the others keep
+  // running and the run does not re-form.
+  kReplica,
+};
+
 // A host and a port as given on the command line, brackets of an IPv6 literal
 // removed ("[::1]:29400" -> host "::1").
 struct HostPort {
@@ -121,6 +130,11 @@ struct LaunchConfig {
 
   // --max-restarts: restarts of the worker group before the run fails; >= 0.
   int max_restarts = 0;
+  // --restart-scope. With kReplica, --replica-size: workers per replica group
+  // (global ranks [r*N, (r+1)*N) form group r); nproc_per_node is a multiple
+  // of it. Given without kReplica, --replica-size is refused.
+  RestartScope restart_scope = RestartScope::kJob;
+  int replica_size = 1;
   // --monitor-interval. meshrun supervises on events, not by polling; kept so
   // torchrun command lines parse and for anything that must poll.
   std::chrono::milliseconds monitor_interval{100};

@@ -251,6 +251,8 @@ int Main(int argc, char** argv) {
                  : IsLoopback(rdzv.host) || config.standalone ? "127.0.0.1"
                                                               : LocalHostName();
   options.nproc = config.nproc_per_node;
+  if (config.restart_scope == RestartScope::kReplica)
+    options.replica_size = config.replica_size;
   options.node_rank_hint = config.node_rank_given ? config.node_rank : -1;
   options.rdzv_endpoint = endpoint;
   // Workers use the daemon's TCPStore front-end as torchrun's agent store,

@@ -265,6 +265,9 @@ struct RendezvousState::Run {
   // Participants expired mid-round (a stall, a partition) that have not come
   // back: when one rejoins, its workers restart, which counts as a restart.
   std::set<std::string> expelled;
+  // Restart scope "replica", this round: by replica group, the latest
+  // incarnation whose failure was counted, so a retried report is not.
+  std::map<uint32_t, uint32_t> replica_failures;
 };
 
 bool RendezvousState::Deadline::operator<(const Deadline& other) const {
@@ -554,6 +557,7 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
   run.store_prefix = absl::StrCat(run.id, "/e", run.epoch, ".r", run.round);
   run.round_epoch = run.epoch;
   run.succeeded = 0;
+  run.replica_failures.clear();
   run.phase = Phase::kActive;
   ++stats_.rounds_completed;
   run.gathering.clear();
@@ -772,6 +776,7 @@ void RendezvousState::StartIncarnation(Run& run, const RunOptions& options,
   run.previous_members = std::move(run.members);
   run.members.clear();
   run.expelled.clear();
+  run.replica_failures.clear();
   for (auto& [id, node] : run.nodes) DropLease(run, node);
   run.nodes.clear();
   run.gathering.clear();
@@ -883,6 +888,21 @@ absl::StatusOr<HeartbeatStatus> RendezvousState::Heartbeat(const std::string& ru
 absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
     const std::string& run_id, const std::string& node_id, uint64_t round,
     const std::string& detail, RdzvTime now, std::vector<NodeEvent>* events) {
+  return OnFailure(run_id, node_id, round, std::nullopt, std::nullopt, detail, now,
+                   events);
+}
+
+absl::StatusOr<FailureVerdict> RendezvousState::ReportReplicaFailure(
+    const std::string& run_id, const std::string& node_id, uint64_t round,
+    uint32_t replica, std::optional<uint32_t> incarnation, const std::string& detail,
+    RdzvTime now, std::vector<NodeEvent>* events) {
+  return OnFailure(run_id, node_id, round, replica, incarnation, detail, now, events);
+}
+
+absl::StatusOr<FailureVerdict> RendezvousState::OnFailure(
+    const std::string& run_id, const std::string& node_id, uint64_t round,
+    std::optional<uint32_t> replica, std::optional<uint32_t> incarnation,
+    const std::string& detail, RdzvTime now, std::vector<NodeEvent>* events) {
   std::vector<NodeEvent> scratch;
   if (events == nullptr) events = &scratch;
   auto it = runs_.find(run_id);
@@ -905,27 +925,49 @@ absl::StatusOr<FailureVerdict> RendezvousState::ReportFailure(
   // Any message from the node proves it alive.
   if (!node.departed) SetLease(run, node, now + run.options.lease());
 
-  // Only the first report of the active round counts: its re-form moves the
-  // run to a new round, so the other nodes' reports of the same failure are
-  // stale by the time they arrive.
+  // Only reports of the active round count: a re-form moves the run to a
+  // new round, so the other nodes' reports of the same failure are stale by
+  // the time they arrive.
   if (run.phase != Phase::kActive || round != run.round ||
       node.role != Role::kParticipant) {
     return FailureVerdict{true, run.restart_count};
   }
-  ++run.restart_count;
-  run.last_failure = detail.empty()
-                         ? absl::StrCat("node ", node_id, " on host ", node.info.host,
-                                        " reported a worker failure in round ", round)
-                         : detail;
-  if (run.restart_count <= run.options.max_restarts) {
-    const std::string reason = run.last_failure;
-    Reform(run, ReformReason::kWorkerFailure, reason, now, events);
-    return FailureVerdict{true, run.restart_count, /*counted=*/true};
+  if (replica) {
+    // A replica group has at least one worker.
+    if (*replica >= run.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "failure.replica: ", *replica, " is not below round ", round, "'s world size ",
+          run.world_size, " (replica group = global rank / replica size)"));
+    }
+    if (incarnation) {
+      auto counted = run.replica_failures.find(*replica);
+      if (counted != run.replica_failures.end() && *incarnation <= counted->second) {
+        return FailureVerdict{true, run.restart_count};  // a retry
+      }
+      run.replica_failures[*replica] = *incarnation;
+    }
   }
+  ++run.restart_count;
+  run.last_failure = !detail.empty() ? detail
+                     : replica
+                         ? absl::StrCat("node ", node_id, " on host ", node.info.host,
+                                        " reported a failure of replica group ", *replica,
+                                        " in round ", round)
+                         : absl::StrCat("node ", node_id, " on host ", node.info.host,
+                                        " reported a worker failure in round ", round);
   const std::string reason = run.last_failure;
-  const uint32_t restart_count = run.restart_count;
-  CloseRun(run, Outcome::kFailed, reason, now, events);
-  return FailureVerdict{false, restart_count, /*counted=*/true};
+  if (run.restart_count > run.options.max_restarts) {
+    const uint32_t restart_count = run.restart_count;
+    CloseRun(run, Outcome::kFailed, reason, now, events);
+    return FailureVerdict{false, restart_count, /*counted=*/true};
+  }
+  if (replica) {
+    // The group restarts alone; the others train on.
+    ++stats_.replica_restarts;
+  } else {
+    Reform(run, ReformReason::kWorkerFailure, reason, now, events);
+  }
+  return FailureVerdict{true, run.restart_count, /*counted=*/true};
 }
 
 absl::Status RendezvousState::ReportSuccess(const std::string& run_id,
@@ -1211,7 +1253,8 @@ namespace {
 // Bumped when the layout changes; a daemon refuses state it cannot read.
 // 2 added the epoch, incarnations, the abandon timer and the passed join
 // deadline; format 1 still reads (as a first incarnation).
-constexpr uint32_t kRunFormat = 2;
+// 3 added the counted replica failures (restart scope "replica").
+constexpr uint32_t kRunFormat = 3;
 
 void WriteRemaining(codec::ByteWriter& w, const std::optional<RdzvTime>& at,
                     RdzvTime now) {
@@ -1308,6 +1351,12 @@ std::optional<std::string> RendezvousState::EncodeRun(const std::string& run_id,
   }
   w.U32(static_cast<uint32_t>(run.expelled.size()));
   for (const std::string& id : run.expelled) w.Str(id);
+  // Format 3.
+  w.U32(static_cast<uint32_t>(run.replica_failures.size()));
+  for (const auto& [replica, incarnation] : run.replica_failures) {
+    w.U32(replica);
+    w.U32(incarnation);
+  }
   return w.Take();
 }
 
@@ -1317,7 +1366,7 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
     return absl::DataLossError("damaged run record: " + why);
   };
   const uint32_t format = r.U32();
-  if (format != 1 && format != kRunFormat) {
+  if (format < 1 || format > kRunFormat) {
     return damaged(
         absl::StrCat("format ", format, ", this daemon reads 1 to ", kRunFormat));
   }
@@ -1417,6 +1466,13 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
     }
     const uint32_t expelled = r.U32();
     for (uint32_t i = 0; i < expelled && r.ok(); ++i) run->expelled.insert(r.Str());
+    if (format >= 3) {
+      const uint32_t replicas = r.U32();
+      for (uint32_t i = 0; i < replicas && r.ok(); ++i) {
+        const uint32_t replica = r.U32();
+        run->replica_failures[replica] = r.U32();
+      }
+    }
   } else {
     // Format 1 kept no members apart from the nodes.
     for (const auto& [id, node] : run->nodes)

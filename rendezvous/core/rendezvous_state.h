@@ -163,7 +163,9 @@ struct RendezvousStats {
   // a beat was missed, the lease has not run out yet.
   uint64_t heartbeats_late = 0;
   uint64_t leases_expired = 0;
-  uint64_t failure_reports = 0;           // every report, stale ones included
+  uint64_t failure_reports = 0;  // every report, stale ones included
+  // Replica groups restarted alone (restart scope "replica"; not re-forms).
+  uint64_t replica_restarts = 0;
   std::array<uint64_t, 4> reforms{};      // by ReformReason
   std::array<uint64_t, 3> runs_closed{};  // by Outcome
 };
@@ -206,6 +208,20 @@ class RendezvousState {
                                                const std::string& node_id, uint64_t round,
                                                const std::string& detail, RdzvTime now,
                                                std::vector<NodeEvent>* events);
+
+  // Restart scope "replica": replica group `replica` (global rank / replica
+  // size) of a participant failed in `round` and restarts alone. Counts one
+  // restart against the run's budget without re-forming (no event for
+  // anyone) while the budget lasts, else closes the run as kFailed with
+  // `detail` as the root cause. `incarnation` (the failed incarnation's
+  // MESHRUN_REPLICA_RESTARTS), when given, makes a retried report of one
+  // failure count once. A report for another round than the active one is
+  // acknowledged without a restart, as in ReportFailure. INVALID_ARGUMENT
+  // when `replica` is not below the round's world size.
+  absl::StatusOr<FailureVerdict> ReportReplicaFailure(
+      const std::string& run_id, const std::string& node_id, uint64_t round,
+      uint32_t replica, std::optional<uint32_t> incarnation, const std::string& detail,
+      RdzvTime now, std::vector<NodeEvent>* events);
 
   // A participant's workers all succeeded in `round`. When every participant
   // of the round has succeeded, the run closes as kSucceeded.
@@ -278,6 +294,13 @@ class RendezvousState {
     bool operator<(const Deadline& other) const;
   };
 
+  // ReportFailure, or with `replica` ReportReplicaFailure.
+  absl::StatusOr<FailureVerdict> OnFailure(const std::string& run_id,
+                                           const std::string& node_id, uint64_t round,
+                                           std::optional<uint32_t> replica,
+                                           std::optional<uint32_t> incarnation,
+                                           const std::string& detail, RdzvTime now,
+                                           std::vector<NodeEvent>* events);
   absl::Status CheckResume(const Run* run, const std::string& run_id,
                            const NodeInfo& node) const;
   absl::Status JoinChecked(const std::string& run_id, const NodeInfo& node,

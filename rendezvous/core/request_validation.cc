@@ -180,6 +180,9 @@ absl::Status ValidateFailureReport(const v1::FailureReport& request,
       !s.ok())
     return s;
   if (auto s = Text("failure.cause.message", cause.message(), limits); !s.ok()) return s;
+  // The replica's bound is the round's world size, which the core checks.
+  if (request.has_replica_restarts() && !request.has_replica())
+    return Invalid("failure.replica_restarts", "is set without failure.replica");
   return Text("failure.cause.traceback", cause.traceback(), limits);
 }
 

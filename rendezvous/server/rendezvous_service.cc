@@ -402,8 +402,16 @@ grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
   std::vector<NodeEvent> events;
   std::lock_guard<std::mutex> lock(mu_);
   auto verdict =
-      state_.ReportFailure(request->run_id(), request->node_id(), request->round(),
-                           request->detail(), RdzvClock::now(), &events);
+      request->has_replica()
+          ? state_.ReportReplicaFailure(
+                request->run_id(), request->node_id(), request->round(),
+                request->replica(),
+                request->has_replica_restarts()
+                    ? std::optional<uint32_t>(request->replica_restarts())
+                    : std::nullopt,
+                request->detail(), RdzvClock::now(), &events)
+          : state_.ReportFailure(request->run_id(), request->node_id(), request->round(),
+                                 request->detail(), RdzvClock::now(), &events);
   if (verdict.ok()) {
     reply->set_will_restart(verdict->will_restart);
     reply->set_restart_count(verdict->restart_count);
@@ -415,6 +423,8 @@ grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
     failure.host = request->cause().host();
     failure.detail = request->detail();
     if (request->has_cause()) failure.cause = FromProto(request->cause());
+    if (request->has_replica())
+      ReplicaFailedLocked(request->run_id(), request->replica());
   }
   DispatchLocked(events);
   PokeTimerLocked();
@@ -640,13 +650,17 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
           "Leases that ran out (a node missed keep_alive_max_attempt heartbeats).",
           stats.leases_expired);
   MetricFamily restarts{"meshrun_restarts_total",
-                        "Re-forms of a running round, by cause (only worker failures "
-                        "count against --max-restarts).",
+                        "Re-forms of a running round, by cause, and replica groups "
+                        "restarted alone (replica failure; --restart-scope=replica); "
+                        "only worker and replica failures count against "
+                        "--max-restarts.",
                         "counter"};
   for (ReformReason reason : {ReformReason::kWorkerFailure, ReformReason::kNodeExpired,
                               ReformReason::kNodeLeft, ReformReason::kNodesWaiting})
     restarts.Add({{"cause", ToString(reason)}},
                  static_cast<double>(stats.reforms[static_cast<size_t>(reason)]));
+  restarts.Add({{"cause", "replica failure"}},
+               static_cast<double>(stats.replica_restarts));
   out->push_back(std::move(restarts));
   counter("meshrun_failure_reports_total",
           "Worker-failure reports from agents (several nodes may report one failure).",

@@ -126,8 +126,8 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   void StreamBroken(const NodeKey& node, JoinStream* stream);
   std::optional<DeadlineTimer::TimePoint> Tick(DeadlineTimer::TimePoint now);
   void PokeTimerLocked();
-  // A replica group of `run_id` failed and restarts alone (restart scope
-  // replica): the step quorum stops waiting for it.
+  // A counted failure of replica group `replica` (restart scope replica): it
+  // restarts alone, and the step quorum stops waiting for it. REQUIRES: mu_ held.
   void ReplicaFailedLocked(const std::string& run_id, uint32_t replica);
   // OK when `run_id` is in progress; REQUIRES: mu_ held.
   absl::Status RunInProgressLocked(const std::string& run_id) const;

@@ -100,8 +100,19 @@ class Sequence {
           (void)client_.Heartbeat(RunId(run), NodeId(node));
           break;
         case 3:
-          (void)client_.ReportFailure(RunId(run), NodeId(node), Round(in),
-                                      in.ConsumeRandomLengthString(128));
+          if (in.ConsumeBool()) {
+            (void)client_.ReportFailure(RunId(run), NodeId(node), Round(in),
+                                        in.ConsumeRandomLengthString(128));
+          } else {
+            // Restart scope "replica": counted without a re-form.
+            v1::FailureReport report;
+            report.set_run_id(RunId(run));
+            report.set_node_id(NodeId(node));
+            report.set_round(Round(in));
+            report.set_replica(Hostile32(in, 8));
+            if (in.ConsumeBool()) report.set_replica_restarts(Hostile32(in, 3));
+            (void)client_.ReportFailure(report);
+          }
           break;
         case 4:
           (void)client_.ReportSuccess(RunId(run), NodeId(node), Round(in));

@@ -130,6 +130,57 @@ TEST_F(RendezvousDaemonTest, WorkerFailureRestartsUntilTheBudgetIsSpent) {
   }
 }
 
+// Restart scope "replica" (issue 18): a replica failure counts against the
+// budget and re-forms nobody; a retried report counts once; a replica group
+// beyond the world is refused and the daemon serves on.
+TEST_F(RendezvousDaemonTest, ReplicaFailureCountsWithoutReforming) {
+  auto a = client_.Join(MakeJoin("a", 2, 2));
+  auto b = client_.Join(MakeJoin("b", 2, 2));
+  const uint64_t round = NextNonWaiting(*a).assigned().round();
+  NextNonWaiting(*b);
+  v1::FailureReport report;
+  report.set_run_id("job");
+  report.set_node_id("b");
+  report.set_round(round);
+  report.set_detail("rank 3 exited with code 1");
+  report.set_replica(4);  // the world has 4 workers
+  auto verdict = client_.ReportFailure(report);
+  EXPECT_EQ(verdict.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(verdict.status().message().find("failure.replica: 4"), std::string::npos)
+      << verdict.status();
+  report.set_replica(3);
+  report.set_replica_restarts(0);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    verdict = client_.ReportFailure(report);
+    ASSERT_TRUE(verdict.ok()) << verdict.status();
+    EXPECT_TRUE(verdict->will_restart());
+    EXPECT_EQ(verdict->restart_count(), 1u);
+  }
+  // The status page counts the restart and shows its cause; the round stays.
+  v1::StatusRequest request;
+  request.set_run_id("job");
+  auto status = client_.Status(request);
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->runs_size(), 1);
+  EXPECT_EQ(status->runs(0).restart_count(), 1u);
+  EXPECT_EQ(status->runs(0).round(), round);
+  EXPECT_EQ(status->runs(0).state(), "active");
+  EXPECT_EQ(status->runs(0).last_failure().detail(), "rank 3 exited with code 1");
+  // max_restarts is 1: the restarted group's failure closes the run, and
+  // that close is the first event either stream carries since the round.
+  report.set_replica_restarts(1);
+  verdict = client_.ReportFailure(report);
+  ASSERT_TRUE(verdict.ok()) << verdict.status();
+  EXPECT_FALSE(verdict->will_restart());
+  EXPECT_EQ(verdict->restart_count(), 2u);
+  for (auto* s : {a.get(), b.get()}) {
+    auto closed = NextNonWaiting(*s);
+    ASSERT_TRUE(closed.has_closed()) << closed.DebugString();
+    EXPECT_EQ(closed.closed().outcome(), v1::OUTCOME_FAILED);
+    EXPECT_NE(closed.closed().reason().find("rank 3"), std::string::npos);
+  }
+}
+
 TEST_F(RendezvousDaemonTest, SuccessOfEveryNodeClosesTheRun) {
   auto a = client_.Join(MakeJoin("a", 2, 2));
   auto b = client_.Join(MakeJoin("b", 2, 2));

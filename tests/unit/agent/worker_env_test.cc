@@ -111,5 +111,24 @@ TEST(AgentWorkerEnvTest, VirtualLocalRank) {
   EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u);
 }
 
+// --restart-scope=replica (issue 18): the replica group and its restarts;
+// TORCHELASTIC_RESTART_COUNT stays the run's count.
+TEST(AgentWorkerEnvTest, ReplicaScopeNamesTheReplicaGroup) {
+  WorkerEnvInputs in = Inputs(3, 4);  // rank 7
+  in.replica_size = 2;
+  in.replica_restarts = 1;
+  std::map<std::string, std::string> env = BuildWorkerEnv(in);
+  EXPECT_EQ(env["MESHRUN_RESTART_SCOPE"], "replica");
+  EXPECT_EQ(env["MESHRUN_REPLICA_SIZE"], "2");
+  EXPECT_EQ(env["MESHRUN_REPLICA_ID"], "3");
+  EXPECT_EQ(env["MESHRUN_REPLICA_RESTARTS"], "1");
+  EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "2");
+  // Scope job: none of them.
+  env = BuildWorkerEnv(Inputs(3, 4));
+  for (const char* name : {"MESHRUN_RESTART_SCOPE", "MESHRUN_REPLICA_SIZE",
+                           "MESHRUN_REPLICA_ID", "MESHRUN_REPLICA_RESTARTS"})
+    EXPECT_EQ(env.count(name), 0u) << name;
+}
+
 }  // namespace
 }  // namespace meshrun::agent

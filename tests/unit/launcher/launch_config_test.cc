@@ -183,6 +183,16 @@ std::vector<FlagCase> FlagCases() {
        "4",
        {},
        [](const LaunchConfig& c) { EXPECT_EQ(c.max_restarts, 3); }},
+      {"--restart-scope",
+       "replica",
+       "job",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.restart_scope, RestartScope::kReplica); }},
+      {"--replica-size",
+       "2",
+       "4",
+       {"--restart-scope=replica", "--nproc-per-node=4"},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.replica_size, 2); }},
       {"--monitor-interval",
        "0.5",
        "2",
@@ -1036,6 +1046,50 @@ TEST(LaunchConfigTest, FlagSyntaxErrors) {
   }
 }
 
+// --- Restart scope (issue 18) --------------------------------------------------
+
+TEST(LaunchConfigTest, RestartScopeDefaultsToTheWholeJob) {
+  LaunchConfig config = MustParse({"train.py"});
+  EXPECT_EQ(config.restart_scope, RestartScope::kJob);
+  EXPECT_EQ(config.replica_size, 1);
+  config = MustParse({"--restart-scope=replica", "--nproc-per-node=3", "train.py"});
+  EXPECT_EQ(config.restart_scope, RestartScope::kReplica);
+  EXPECT_EQ(config.replica_size, 1);
+}
+
+TEST(LaunchConfigTest, RestartScopeAndReplicaSizeErrors) {
+  EXPECT_EQ(ErrorOf({"--restart-scope=node", "train.py"}),
+            "--restart-scope: expected job or replica, got 'node'");
+  EXPECT_EQ(ErrorOf({"--restart-scope=replica", "--replica-size=0", "train.py"}),
+            "--replica-size: expected a positive integer, got '0'");
+  EXPECT_EQ(ErrorOf({"--restart-scope=replica", "--replica-size=-2", "train.py"}),
+            "--replica-size: expected a positive integer, got '-2'");
+  EXPECT_EQ(ErrorOf({"--replica-size=2", "--nproc-per-node=4", "train.py"}),
+            "--replica-size: needs --restart-scope=replica (the default scope, job, "
+            "restarts every worker)");
+  EXPECT_EQ(ErrorOf({"--restart-scope=job", "--replica-size=1", "train.py"}),
+            "--replica-size: needs --restart-scope=replica (the default scope, job, "
+            "restarts every worker)");
+  EXPECT_EQ(ErrorOf({"--restart-scope=replica", "--replica-size=3", "--nproc-per-node=4",
+                     "train.py"}),
+            "--replica-size: 3 does not divide --nproc-per-node=4: a replica group "
+            "lives within one node, so each node runs whole replica groups");
+  // From the environment, the variable is named.
+  EXPECT_EQ(ErrorOf({"--nproc-per-node=4", "train.py"},
+                    {{"PET_RESTART_SCOPE", "replica"}, {"PET_REPLICA_SIZE", "3"}}),
+            "--replica-size: 3 does not divide --nproc-per-node=4: a replica group "
+            "lives within one node, so each node runs whole replica groups (from "
+            "PET_REPLICA_SIZE)");
+  // Resolved counts are checked too (8 CPUs here).
+  EXPECT_EQ(MustParse({"--restart-scope=replica", "--replica-size=4",
+                       "--nproc-per-node=cpu", "train.py"})
+                .replica_size,
+            4);
+  EXPECT_NE(ErrorOf({"--restart-scope=replica", "--replica-size=3",
+                     "--nproc-per-node=cpu", "train.py"}),
+            "<ok>");
+}
+
 TEST(LaunchConfigTest, EveryErrorIsOneLineStartingWithTheFlag) {
   const std::vector<Args> bad = {
       {"--nnodes=0", "t.py"},
@@ -1044,6 +1098,10 @@ TEST(LaunchConfigTest, EveryErrorIsOneLineStartingWithTheFlag) {
       {"--rdzv-endpoint=a:b", "t.py"},
       {"--rdzv-conf=x=1", "t.py"},
       {"--max-restarts=x", "t.py"},
+      {"--restart-scope=node", "t.py"},
+      {"--replica-size=0", "--restart-scope=replica", "t.py"},
+      {"--replica-size=2", "t.py"},
+      {"--replica-size=3", "--restart-scope=replica", "--nproc-per-node=4", "t.py"},
       {"--monitor-interval=x", "t.py"},
       {"--start-method=x", "t.py"},
       {"-r", "9", "t.py"},

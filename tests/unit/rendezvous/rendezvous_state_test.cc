@@ -828,6 +828,111 @@ TEST_F(RendezvousStateTest, FailureRestartsOncePerRoundJobGlobally) {
   EXPECT_EQ(Summary().last_failure, "oom");
 }
 
+// Restart scope "replica" (issue 18): the group restarts alone; the run
+// keeps its round and its nodes hear nothing.
+TEST_F(RendezvousStateTest, ReplicaFailureCountsARestartWithoutReforming) {
+  options_ = Opts(2, 2);
+  options_.max_restarts = 3;
+  JoinAll({Node("a", 2), Node("b", 2)});
+  Take();
+  auto v =
+      state_.ReportReplicaFailure(kRun, "b", 1, 3, 0, "rank 3 exited 1", At(1), &events_);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->will_restart);
+  EXPECT_TRUE(v->counted);
+  EXPECT_EQ(v->restart_count, 1u);
+  EXPECT_TRUE(Take().empty());
+  EXPECT_EQ(Summary().round, 1u);
+  EXPECT_TRUE(Summary().round_active);
+  EXPECT_EQ(Summary().restart_count, 1u);
+  EXPECT_EQ(Summary().last_failure, "rank 3 exited 1");
+  EXPECT_EQ(state_.stats().replica_restarts, 1u);
+  EXPECT_EQ(state_.stats().reforms[static_cast<size_t>(ReformReason::kWorkerFailure)],
+            0u);
+  // The retried report of that incarnation does not count again; the next
+  // incarnation's failure, and another group's, do.
+  v = state_.ReportReplicaFailure(kRun, "b", 1, 3, 0, "rank 3 exited 1", At(2), &events_);
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->will_restart);
+  EXPECT_FALSE(v->counted);
+  EXPECT_EQ(v->restart_count, 1u);
+  v = state_.ReportReplicaFailure(kRun, "b", 1, 3, 1, "again", At(3), &events_);
+  EXPECT_EQ(v->restart_count, 2u);
+  v = state_.ReportReplicaFailure(kRun, "a", 1, 0, 0, "rank 0", At(4), &events_);
+  EXPECT_EQ(v->restart_count, 3u);
+  // Without an incarnation, every report counts: the budget (3) is spent.
+  v = state_.ReportReplicaFailure(kRun, "a", 1, 0, std::nullopt, "rank 0 again", At(5),
+                                  &events_);
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->will_restart);
+  EXPECT_TRUE(v->counted);
+  EXPECT_EQ(v->restart_count, 4u);
+  auto closed = Of(Take(), Kind::kClosed);
+  EXPECT_EQ(Ids(closed), (std::vector<std::string>{"a", "b"}));
+  for (const auto& e : closed) {
+    EXPECT_EQ(e.outcome, Outcome::kFailed);
+    EXPECT_EQ(e.detail, "rank 0 again");
+  }
+  // After the close, a report is told so.
+  v = state_.ReportReplicaFailure(kRun, "b", 1, 2, 0, "late", At(6), &events_);
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->will_restart);
+}
+
+TEST_F(RendezvousStateTest, ReplicaFailureOutOfRangeOrStaleDoesNotCount) {
+  options_ = Opts(2, 2);
+  options_.max_restarts = 3;
+  JoinAll({Node("a", 2), Node("b", 2)});
+  Take();
+  auto v = state_.ReportReplicaFailure(kRun, "a", 1, 4, 0, "", At(1), &events_);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(v.status().message().find("failure.replica: 4 is not below"),
+            std::string::npos)
+      << v.status();
+  EXPECT_EQ(Summary().restart_count, 0u);
+  // A round the run has left behind.
+  ASSERT_TRUE(state_.ReportFailure(kRun, "a", 1, "job-wide", At(2), &events_).ok());
+  Take();
+  v = state_.ReportReplicaFailure(kRun, "b", 1, 2, 0, "", At(3), &events_);
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->will_restart);
+  EXPECT_FALSE(v->counted);
+  EXPECT_EQ(Summary().restart_count, 1u);
+  // A retry guard of round 1 does not carry into round 2.
+  v = state_.ReportReplicaFailure(kRun, "b", 2, 2, 0, "", At(4), &events_);
+  EXPECT_TRUE(v->counted);
+  v = state_.ReportReplicaFailure(kRun, "b", 2, 2, 0, "", At(5), &events_);
+  EXPECT_FALSE(v->counted);
+  // Unknown nodes and runs, as for ReportFailure.
+  EXPECT_EQ(state_.ReportReplicaFailure(kRun, "zz", 2, 0, 0, "", At(6), &events_)
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(state_.ReportReplicaFailure("nope", "a", 2, 0, 0, "", At(6), &events_)
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+  // The default root cause names the group.
+  v = state_.ReportReplicaFailure(kRun, "a", 2, 1, 0, "", At(7), &events_);
+  EXPECT_NE(Summary().last_failure.find("replica group 1"), std::string::npos)
+      << Summary().last_failure;
+}
+
+TEST_F(RendezvousStateTest, CountedReplicaFailuresSurviveEncodeAndRestore) {
+  options_ = Opts(1, 1);
+  options_.max_restarts = 5;
+  JoinAll({Node("a", 4)});
+  ASSERT_TRUE(state_.ReportReplicaFailure(kRun, "a", 1, 2, 0, "x", At(1), &events_).ok());
+  RendezvousState restored;
+  ASSERT_TRUE(restored.RestoreRun(*state_.EncodeRun(kRun, At(2)), At(2)).ok());
+  EXPECT_EQ(restored.Summary(kRun)->restart_count, 1u);
+  // The agent retries its report against the restarted daemon: counted once.
+  auto v = restored.ReportReplicaFailure(kRun, "a", 1, 2, 0, "x", At(3), &events_);
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->counted);
+  EXPECT_EQ(v->restart_count, 1u);
+}
+
 TEST_F(RendezvousStateTest, FailureWhileGatheringDoesNotRestart) {
   options_ = Opts(2, 2);
   options_.max_restarts = 3;

@@ -131,6 +131,12 @@ TEST(ValidateRendezvousTest, OtherRequests) {
   failure.set_round(0);
   EXPECT_EQ(Message(ValidateFailureReport(failure, kLimits)),
             "failure.round: must be at least 1");
+  failure.set_round(1);
+  failure.set_replica_restarts(2);
+  EXPECT_EQ(Message(ValidateFailureReport(failure, kLimits)),
+            "failure.replica_restarts: is set without failure.replica");
+  failure.set_replica(0);  // its bound (the world size) is the core's to check
+  EXPECT_TRUE(ValidateFailureReport(failure, kLimits).ok());
 
   v1::SuccessReport success;
   success.set_run_id("r");
