@@ -60,7 +60,8 @@ absl::Status ReplicaQuorum::Arrive(const QuorumArrival& arrival, QuorumWaiter wa
     out->push_back(
         {it->second.waiter, absl::AbortedError("quorum: the same member arrived again")});
   }
-  arrived_[key] = {waiter, deadline, arrival.committed_steps, arrival.incarnation};
+  arrived_[key] = {waiter, deadline, arrival.committed_steps, arrival.incarnation,
+                   arrival.finished};
   TryForm(/*overdue=*/false, out);
   return absl::OkStatus();
 }
@@ -69,14 +70,16 @@ void ReplicaQuorum::TryForm(bool overdue, std::vector<QuorumAnswer>* out) {
   if (arrived_.empty()) return;
   std::map<uint32_t, uint32_t> members_here;  // replica -> members arrived
   for (const auto& [key, arrived] : arrived_) ++members_here[key.first];
+  bool finishing = false;
+  for (const auto& [key, arrived] : arrived_) finishing = finishing || arrived.finished;
   std::vector<uint32_t> complete;
-  bool all_live_complete = true;
+  bool all_expected_complete = true;
   for (const auto& [id, replica] : replicas_) {
     const bool is_complete = members_here[id] == replica_size_;
     if (is_complete) complete.push_back(id);
-    if (!replica.failed && !is_complete) all_live_complete = false;
+    if ((!replica.failed || finishing) && !is_complete) all_expected_complete = false;
   }
-  if (complete.empty() || !(all_live_complete || overdue)) return;
+  if (complete.empty() || !(all_expected_complete || overdue)) return;
 
   QuorumFormed formed;
   formed.quorum_id = next_quorum_id_++;

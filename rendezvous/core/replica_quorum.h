@@ -5,8 +5,10 @@
 // inside the daemon that already sees every failure.
 //
 // Before a step, every member of every replica group arrives. The quorum
-// forms once every live replica group has all its members here, or at the
-// earliest arrival's deadline with the groups that are complete by then;
+// forms once every live replica group has all its members here (every group,
+// failed ones too, once someone arrives having finished training, so that a
+// restarting group gets the final state), or at the earliest arrival's
+// deadline with the groups that are complete by then;
 // everyone waiting is told the participants (a late group is not among
 // them and arrives again). A group is live unless reported failed
 // (ReplicaFailed, from its agent); it becomes live again when a new
@@ -52,6 +54,8 @@ struct QuorumArrival {
   uint32_t num_replicas = 1;
   uint64_t committed_steps = 0;
   uint32_t incarnation = 0;
+  // Trained every step: wait for failed groups as well (QuorumRequest.finished).
+  bool finished = false;
 };
 
 struct QuorumFormed {
@@ -121,6 +125,7 @@ class ReplicaQuorum {
     RdzvTime deadline;
     uint64_t committed_steps;
     uint32_t incarnation;
+    bool finished;
   };
   struct Step {
     std::vector<uint32_t> participants;

@@ -66,7 +66,8 @@ void QuorumServer::Quorum(grpc::ServerUnaryReactor* reactor,
                                        .replica_size = request.replica_size(),
                                        .num_replicas = request.num_replicas(),
                                        .committed_steps = request.committed_steps(),
-                                       .incarnation = request.incarnation()},
+                                       .incarnation = request.incarnation(),
+                                       .finished = request.finished()},
                                       waiter, DeadlineIn(request.timeout_ms()), &answers);
     if (!status.ok()) answers.push_back({waiter, status});
     DeliverLocked(answers, &finishes);

@@ -14,9 +14,11 @@ struct MeshrunRun {
   std::string output;  // launcher and workers, stdout and stderr
 };
 
-// `program` is a file name in BinDir() or an absolute path.
+// `program` is a file name in BinDir() or an absolute path; `launcher_flags`
+// go to meshrun before it.
 MeshrunRun RunUnderMeshrun(int nproc, const std::string& program,
                            const std::vector<std::string>& args,
-                           std::chrono::milliseconds timeout = std::chrono::seconds(240));
+                           std::chrono::milliseconds timeout = std::chrono::seconds(240),
+                           const std::vector<std::string>& launcher_flags = {});
 
 }  // namespace meshrun::testing

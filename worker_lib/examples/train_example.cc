@@ -123,6 +123,7 @@ int RunFaultTolerant(TrainOptions options,
       " incarnation " + std::to_string(id->incarnation));
 
   FaultToleranceOptions ft_options;
+  ft_options.steps = static_cast<uint64_t>(steps);
   const bool kills_here = kill.step >= 0 && rank == kill.rank && id->incarnation == 0 &&
                           env->restart_count == 0;
   if (kills_here) {

@@ -127,6 +127,7 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(
   request.set_committed_steps(committed_steps_);
   request.set_incarnation(id_.incarnation);
   request.set_timeout_ms(static_cast<uint32_t>(options_.quorum_timeout.count()));
+  request.set_finished(options_.steps > 0 && committed_steps_ >= options_.steps);
   // A daemon restarting, or a quorum no group completed: try again for a
   // while (the agent's lease bounds how long a daemon may be away).
   const auto give_up = std::chrono::steady_clock::now() + 3 * options_.quorum_timeout;

@@ -80,6 +80,10 @@ absl::StatusOr<std::shared_ptr<World>> InitReplicaGroupWorld(const ReplicaIdenti
                                                              InitOptions options = {});
 
 struct FaultToleranceOptions {
+  // The training's length: a group that has committed this many steps waits
+  // at its last quorum for failed groups that are restarting, and heals
+  // them, before it leaves. 0: no end.
+  uint64_t steps = 0;
   // How long the daemon waits for missing live groups before a quorum forms
   // without them, and for the votes of a step.
   std::chrono::milliseconds quorum_timeout = std::chrono::seconds(30);

@@ -191,6 +191,32 @@ TEST(ReplicaQuorumTest, ARestartedReplicaJoinsAtTheNextStepAndIsHealedFromALiveP
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(ReplicaQuorumTest, ReplicasThatFinishedWaitForAFailedOneToBeHealedBeforeLeaving) {
+  QuorumDriver d;
+  uint64_t group = 0;
+  CommitStep(d, 0, &group);
+  d.quorum().ReplicaFailed(2, &d.out());
+  d.Collect();
+  // The survivors have trained every step: they wait for the restarting one.
+  std::vector<QuorumAnswer>& out = d.out();
+  for (uint32_t r : {0u, 1u}) {
+    ASSERT_TRUE(d.quorum()
+                    .Arrive({.replica = r,
+                             .replica_size = 1,
+                             .num_replicas = 3,
+                             .committed_steps = 1,
+                             .finished = true},
+                            200 + r, RdzvTime{} + seconds(10), &out)
+                    .ok());
+  }
+  d.Collect();
+  EXPECT_FALSE(d.Answered(200));
+  const QuorumWaiter restarted = d.Arrive(2, 0, /*incarnation=*/1);
+  EXPECT_TRUE(d.Formed(restarted).heal);
+  EXPECT_EQ(d.Formed(200).participants, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(d.Formed(200).max_committed_steps, 1u);
+}
+
 TEST(ReplicaQuorumTest, AtTheDeadlineTheCompleteReplicasGoOnAndTheLateOneArrivesAgain) {
   QuorumDriver d;
   const QuorumWaiter a = d.Arrive(0, 0), b = d.Arrive(1, 0);
