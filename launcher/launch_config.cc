@@ -762,8 +762,9 @@ struct CliApp {
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     app.set_help_flag("-h,--help", "Print this help and exit.");
     // Listed here; taken by SplitCommandLine, as --help is.
-    app.add_flag("--version")->description(
-        "Print meshrun's version and the git commit it was built from, and exit.");
+    app.add_flag("--version")
+        ->description(
+            "Print meshrun's version and the git commit it was built from, and exit.");
     for (int id = 0; id < kNumFlags; ++id) {
       const FlagDef& def = kFlags[id];
       std::string names(def.name);

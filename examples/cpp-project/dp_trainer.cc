@@ -61,8 +61,8 @@ int main(int argc, char** argv) {
   double last_loss = 0;
   for (int step = 0; step < steps; ++step) {
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
-    at::Tensor x = at::randn({kGlobalBatch, 8}, generator).narrow(0, rank * local_batch,
-                                                                   local_batch);
+    at::Tensor x = at::randn({kGlobalBatch, 8}, generator)
+                       .narrow(0, rank * local_batch, local_batch);
     at::Tensor y = x.sum(1, /*keepdim=*/true);
     at::Tensor loss = at::mse_loss(model.Forward(x), y);
     loss.backward();
@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
     if (step == 0) first_loss = value;
     last_loss = value;
     if (rank == 0 && (step % 10 == 0 || step + 1 == steps))
-      std::cout << "step " + std::to_string(step) + " loss " + std::to_string(value) + "\n"
+      std::cout << "step " + std::to_string(step) + " loss " + std::to_string(value) +
+                       "\n"
                 << std::flush;
   }
   if (absl::Status same = dp.VerifyParamsEqual(); !same.ok())

@@ -181,7 +181,8 @@ std::string Daemon::MetricsText() {
   // Prometheus' convention for what a process runs: a constant 1 with labels.
   const BuildInfo build = GetBuildInfo();
   families.emplace_back("meshrun_build_info",
-                        "The daemon's version and the git commit it was built from", "gauge");
+                        "The daemon's version and the git commit it was built from",
+                        "gauge");
   families.back().Add({{"version", build.version}, {"commit", build.commit}}, 1);
   return RenderPrometheusText(families);
 }

@@ -1092,8 +1092,9 @@ TEST(LaunchConfigTest, HelpBeforeTheScript) {
 
 // --version as --help: before the script, over other mistakes; --help wins.
 TEST(LaunchConfigTest, VersionBeforeTheScript) {
-  for (const Args& args : std::vector<Args>{
-           {"--version"}, {"--nnodes", "2", "--version", "train.py"}, {"--bogus", "--version"}}) {
+  for (const Args& args : std::vector<Args>{{"--version"},
+                                            {"--nnodes", "2", "--version", "train.py"},
+                                            {"--bogus", "--version"}}) {
     SCOPED_TRACE(absl::StrJoin(args, " "));
     absl::StatusOr<LaunchConfig> config = Parse(args);
     ASSERT_TRUE(config.ok()) << config.status();

@@ -69,8 +69,9 @@ TEST(StatusRenderTest, JsonCarriesTheDaemonsVersion) {
   snapshot.now_unix_ms = 5;
   snapshot.version = "0.1.0";
   snapshot.commit = "0123456789ab-dirty";
-  EXPECT_EQ(RenderStatusJson(snapshot),
-            R"({"now_unix_ms":5,"version":"0.1.0","commit":"0123456789ab-dirty","runs":[]})");
+  EXPECT_EQ(
+      RenderStatusJson(snapshot),
+      R"({"now_unix_ms":5,"version":"0.1.0","commit":"0123456789ab-dirty","runs":[]})");
 }
 
 TEST(StatusRenderTest, JsonEscapesControlBytesAndInvalidUtf8) {
