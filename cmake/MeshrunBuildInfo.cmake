@@ -10,13 +10,22 @@
 if(GIT_COMMIT)
   set(MESHRUN_GIT_COMMIT "${GIT_COMMIT}")
 else()
-  # --exclude '*': the commit itself even where tags exist.
-  execute_process(
-    COMMAND git -C "${SOURCE_DIR}" describe --always --dirty --abbrev=12 --exclude "*"
-    OUTPUT_VARIABLE MESHRUN_GIT_COMMIT RESULT_VARIABLE _rc ERROR_QUIET
-    OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(NOT _rc EQUAL 0 OR MESHRUN_GIT_COMMIT STREQUAL "")
-    set(MESHRUN_GIT_COMMIT "unknown")
+  set(MESHRUN_GIT_COMMIT "unknown")
+  # Only SOURCE_DIR's own checkout: a tarball unpacked inside another git
+  # tree is not that tree's commit.
+  execute_process(COMMAND git -C "${SOURCE_DIR}" rev-parse --show-toplevel
+                  OUTPUT_VARIABLE _top RESULT_VARIABLE _rc ERROR_QUIET
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  file(REAL_PATH "${SOURCE_DIR}" _source)
+  if(_rc EQUAL 0 AND _top STREQUAL _source)
+    # --exclude '*': the commit itself even where tags exist.
+    execute_process(
+      COMMAND git -C "${SOURCE_DIR}" describe --always --dirty --abbrev=12 --exclude "*"
+      OUTPUT_VARIABLE _describe RESULT_VARIABLE _rc ERROR_QUIET
+      OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(_rc EQUAL 0 AND NOT _describe STREQUAL "")
+      set(MESHRUN_GIT_COMMIT "${_describe}")
+    endif()
   endif()
 endif()
 configure_file("${TEMPLATE}" "${OUTPUT}" @ONLY)

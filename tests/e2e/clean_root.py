@@ -18,15 +18,16 @@ import sys
 
 
 def installed_packages():
-    fmt = "${Package}\t${db:Status-Abbrev}\t${Essential}\t${Pre-Depends}\t${Depends}\t${Provides}\n"
+    fmt = ("${Package}\t${binary:Package}\t${db:Status-Abbrev}\t${Essential}\t${Pre-Depends}\t"
+           "${Depends}\t${Provides}\n")
     out = subprocess.run(["dpkg-query", "-W", "-f", fmt], check=True, capture_output=True,
                          text=True).stdout
     packages, providers = {}, {}
     for line in out.splitlines():
-        name, status, essential, pre, depends, provides = line.split("\t")
+        name, arch_name, status, essential, pre, depends, provides = line.split("\t")
         if not status.startswith("ii"):
             continue
-        packages[name] = (essential == "yes", relations(pre) + relations(depends))
+        packages[name] = (essential == "yes", relations(pre) + relations(depends), arch_name)
         for virtual in relations(provides):
             providers.setdefault(virtual[0], []).append(name)
     return packages, providers
@@ -62,7 +63,7 @@ def closure(roots, packages, providers):
 def main():
     root, names = sys.argv[1], sys.argv[2:]
     packages, providers = installed_packages()
-    essential = [name for name, (is_essential, _) in packages.items() if is_essential]
+    essential = [name for name, (is_essential, _, _) in packages.items() if is_essential]
     wanted = closure(essential + names, packages, providers)
     os.makedirs(root, exist_ok=True)
     # A merged /usr, as this machine (and a fresh Debian 12) has it.
@@ -71,13 +72,18 @@ def main():
             target = os.readlink("/" + top)
             os.makedirs(os.path.join(root, target), exist_ok=True)
             os.symlink(target, os.path.join(root, top))
+    admin = os.path.join(root, "var/lib/dpkg")
+    for sub in ("info", "updates", "triggers"):
+        os.makedirs(os.path.join(admin, sub), exist_ok=True)
     paths = []
     for name in wanted:
         listing = subprocess.run(["dpkg-query", "-L", name], check=True, capture_output=True,
                                  text=True).stdout
-        for path in listing.splitlines():
-            if path.startswith("/") and path != "/." and os.path.lexists(path):
-                paths.append(path.lstrip("/"))
+        listed = [p for p in listing.splitlines() if p.startswith("/")]
+        paths.extend(p.lstrip("/") for p in listed if p != "/." and os.path.lexists(p))
+        # dpkg's list of the package's files, as on a real installation.
+        with open(os.path.join(admin, "info", packages[name][2] + ".list"), "w") as f:
+            f.write("\n".join(listed) + "\n")
     tar = subprocess.Popen(["tar", "-C", "/", "--no-recursion", "-cf", "-", "-T", "-"],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     untar = subprocess.Popen(["tar", "-C", root, "--keep-directory-symlink", "-xf", "-"],
@@ -87,9 +93,6 @@ def main():
     tar.stdin.close()
     if tar.wait() != 0 or untar.wait() != 0:
         raise SystemExit("clean_root: copying the packages' files failed")
-    admin = os.path.join(root, "var/lib/dpkg")
-    for sub in ("info", "updates", "triggers"):
-        os.makedirs(os.path.join(admin, sub), exist_ok=True)
     status = subprocess.run(["dpkg-query", "-s"] + wanted, check=True, capture_output=True,
                             text=True).stdout
     with open(os.path.join(admin, "status"), "w") as f:

@@ -100,6 +100,7 @@ install -m 0400 "$root/etc/meshrun/token" "$root/run/credentials/meshrun-rdzvd.s
 exec_start=$(sed -n 's/^ExecStart=//p' "$unit")
 # systemd's ${VAR} is one word, $VAR is split on whitespace, as in sh.
 exec_start=$(sed 's/\${\([A-Z_]*\)}/"${\1}"/g' <<< "$exec_start")
+: > "$work/rdzvd.out"  # before the daemon's shell opens it: read below at once
 STATE_DIRECTORY=/var/lib/meshrun CREDENTIALS_DIRECTORY=/run/credentials/meshrun-rdzvd.service \
   MESHRUN_RDZVD_HOST=127.0.0.1 MESHRUN_RDZVD_PORT=0 MESHRUN_RDZVD_OPTS="--metrics-port 0" \
   chroot "$root" /bin/sh -c "exec $exec_start" > "$work/rdzvd.out" 2> "$work/rdzvd.log" &
