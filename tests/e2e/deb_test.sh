@@ -42,7 +42,9 @@ start=$(date +%s)
 (cd "$build_dir" && cpack -G DEB -B "$work/pkg") > "$work/cpack.log" 2>&1 ||
   fail "cpack failed"
 debs=("$work"/pkg/meshrun_*.deb)
-[ ${#debs[@]} -eq 1 ] && [ -f "${debs[0]}" ] || fail "expected one meshrun_*.deb: ${debs[*]}"
+if [ ${#debs[@]} -ne 1 ] || [ ! -f "${debs[0]}" ]; then
+  fail "expected one meshrun_*.deb: ${debs[*]}"
+fi
 deb=${debs[0]}
 depends=$(dpkg-deb -f "$deb" Depends)
 echo "deb_test: $(basename "$deb"), Depends: $depends"
@@ -68,8 +70,8 @@ python3 "$src/tests/e2e/clean_root.py" "$root" "${packages[@]}" systemd > "$work
 dpkg --root="$root" -i "$deb" > "$work/dpkg.log" 2>&1 || fail "dpkg -i in the clean root failed"
 mkdir -p "$root/dev"
 for node in "null c 1 3" "zero c 1 5" "random c 1 8" "urandom c 1 9"; do
-  set -- $node
-  [ -e "$root/dev/$1" ] || mknod -m 666 "$root/dev/$1" "$2" "$3" "$4"
+  read -r name type major minor <<< "$node"
+  [ -e "$root/dev/$name" ] || mknod -m 666 "$root/dev/$name" "$type" "$major" "$minor"
 done
 chroot "$root" /sbin/ldconfig  # libc-bin's trigger, as on a real installation
 unit=$root/usr/lib/systemd/system/meshrun-rdzvd.service
@@ -114,7 +116,7 @@ for _ in $(seq 100); do  # up to 10 s
   kill -0 "$daemon" 2> /dev/null || fail "the daemon exited"
   sleep 0.1
 done
-[ -n "$endpoint" ] && [ -n "$metrics" ] || fail "the daemon printed no endpoint within 10 s"
+if [ -z "$endpoint" ] || [ -z "$metrics" ]; then fail "the daemon printed no endpoint within 10 s"; fi
 
 # Two agents (two "nodes"), one worker each, a worker script with no Python.
 mkdir -p "$root/opt"
@@ -161,5 +163,5 @@ code=0
 wait "$daemon" || code=$?
 pids=()
 [ "$code" -eq 0 ] || fail "the daemon exited $code on SIGTERM"
-ls "$root/var/lib/meshrun" | grep -q '^wal\.\|^snapshot$' || fail "nothing in the state dir"
+grep -q "state log: [1-9][0-9]* records" "$work/rdzvd.log" || fail "the state log was not flushed"
 echo "deb_test: package, clean root and install in $((installed - start)) s; two-agent job on the installed binaries in $(($(date +%s) - installed)) s"

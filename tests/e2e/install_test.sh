@@ -29,7 +29,7 @@ done
 # Internal headers stay internal, and every header installed includes only
 # installed ones (or absl's, libtorch's and the standard library's).
 [ ! -e "$prefix/include/meshrun/worker_lib/grpc_store.h" ] || fail "grpc_store.h installed"
-[ -z "$(cd "$prefix/include/meshrun" && ls | grep -v '^worker_lib$')" ] ||
+[ "$(cd "$prefix/include/meshrun" && echo *)" = worker_lib ] ||
   fail "include/meshrun holds more than worker_lib: $(ls "$prefix/include/meshrun")"
 while read -r header included; do
   [ -e "$prefix/include/meshrun/$included" ] ||
