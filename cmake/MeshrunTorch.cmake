@@ -51,13 +51,4 @@ endif()
 get_filename_component(_meshrun_python_dir "${MESHRUN_PYTHON}" DIRECTORY)
 set(MESHRUN_TORCHRUN "${_meshrun_python_dir}/torchrun")
 list(APPEND CMAKE_PREFIX_PATH "${_meshrun_torch_cmake}")
-# The CUDA wheel's own CUDA, NCCL and cuDNN (site-packages/nvidia/*/{lib,include}):
-# libtorch_cuda finds the libraries at run time through its RPATH, but the
-# linker must be told, or it checks libtorch_cuda against the CUDA toolkit's
-# older NCCL; and c10d's headers must see the nccl.h libtorch was built with
-# (ProcessGroupNCCL's layout depends on the NCCL version), not the toolkit's.
-get_filename_component(_meshrun_site_packages "${_meshrun_torch_cmake}/../../.." ABSOLUTE)
-file(GLOB MESHRUN_TORCH_NVIDIA_LIB_DIRS LIST_DIRECTORIES true "${_meshrun_site_packages}/nvidia/*/lib")
-file(GLOB MESHRUN_TORCH_NVIDIA_INCLUDE_DIRS LIST_DIRECTORIES true
-     "${_meshrun_site_packages}/nvidia/*/include")
 message(STATUS "meshrun: torch ${MESHRUN_TORCH_VERSION} from ${MESHRUN_PYTHON}")

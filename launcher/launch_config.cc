@@ -278,6 +278,7 @@ struct SplitArgs {
   // "--x=" as "--x" and would take the next token as the value.
   std::vector<std::string> flag_tokens;
   bool help = false;
+  bool version = false;
   std::optional<std::string> script;
   std::vector<std::string> script_args;
 };
@@ -306,6 +307,10 @@ absl::StatusOr<SplitArgs> SplitCommandLine(const std::vector<std::string>& args)
     if (!IsFlagLike(arg)) break;  // the script (or "-", stdin to python)
     if (arg == "-h" || arg == "--help") {
       out.help = true;
+      continue;
+    }
+    if (arg == "--version") {
+      out.version = true;
       continue;
     }
     const FlagDef* def = nullptr;
@@ -352,8 +357,8 @@ absl::StatusOr<SplitArgs> SplitCommandLine(const std::vector<std::string>& args)
     out.flag_tokens.emplace_back(def->name);
     out.flag_tokens.push_back(std::move(*value));
   }
-  // --help wins over other mistakes, as with argparse.
-  if (out.help) return out;
+  // --help and --version win over other mistakes, as with argparse.
+  if (out.help || out.version) return out;
   if (!first_error.ok()) return first_error;
   if (i < args.size()) {
     out.script = args[i];
@@ -767,6 +772,10 @@ struct CliApp {
     // argparse keeps the last of repeated flags; so do we.
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     app.set_help_flag("-h,--help", "Print this help and exit.");
+    // Listed here; taken by SplitCommandLine, as --help is.
+    app.add_flag("--version")
+        ->description(
+            "Print meshrun's version and the git commit it was built from, and exit.");
     for (int id = 0; id < kNumFlags; ++id) {
       const FlagDef& def = kFlags[id];
       std::string names(def.name);
@@ -1378,6 +1387,10 @@ absl::StatusOr<LaunchConfig> ParseLaunchArgs(
   LaunchConfig config;
   if (split->help) {
     config.help_text = cli.app.help();
+    return config;
+  }
+  if (split->version) {
+    config.version_requested = true;
     return config;
   }
   try {

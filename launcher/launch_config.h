@@ -100,6 +100,9 @@ struct LaunchConfig {
   // Non-empty iff -h/--help came before the script: main prints it and exits
   // 0. No other field is meaningful then.
   std::string help_text;
+  // --version came before the script (and no --help): main prints the
+  // version and exits 0. No other field is meaningful then.
+  bool version_requested = false;
 
   // --nnodes MIN:MAX (or N for N:N). 1 <= min_nodes <= max_nodes.
   int min_nodes = 1;

@@ -26,6 +26,7 @@
 #include "launcher/status_command.h"
 #include "rendezvous/security/security.h"
 #include "rendezvous/server/daemon.h"
+#include "rendezvous/status/build_info.h"
 
 extern char** environ;
 
@@ -140,6 +141,10 @@ int Main(int argc, char** argv) {
   LaunchConfig config = std::move(*parsed);
   if (!config.help_text.empty()) {
     std::fputs(config.help_text.c_str(), stdout);
+    return 0;
+  }
+  if (config.version_requested) {
+    std::printf("%s\n", rdzv::VersionLine("meshrun").c_str());
     return 0;
   }
   RunExecutablesDirectly(config);

@@ -23,6 +23,9 @@ packages=(
   chromium chromium-driver
   # The main job's text (fortune cookies) and its loss plot.
   fortunes gnuplot-nox
+  # Packaging (Install.* tests): man pages, dpkg-shlibdeps for the package's
+  # Depends, systemd-analyze to verify the daemon's unit, curl for /metrics.
+  help2man dpkg-dev systemd curl
 )
 
 missing=()

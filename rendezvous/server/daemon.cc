@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rendezvous/core/state_codec.h"
+#include "rendezvous/status/build_info.h"
 #include "rendezvous/status/status_http.h"
 #include "rendezvous/status/status_render.h"
 
@@ -104,6 +105,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     routes.status_json = [self](const std::string& run_id) {
       StatusSnapshot snapshot = self->rendezvous_->Snapshot(run_id);
       if (!run_id.empty() && snapshot.runs.empty()) return std::string();
+      const BuildInfo build = GetBuildInfo();
+      snapshot.version = build.version;
+      snapshot.commit = build.commit;
       return RenderStatusJson(snapshot);
     };
     auto server = HttpServer::Start(
@@ -174,6 +178,12 @@ std::string Daemon::MetricsText() {
   store_->CollectMetrics(&families);
   if (tcpstore_) tcpstore_->CollectMetrics(&families);
   if (http_) http_->CollectMetrics(&families);
+  // Prometheus' convention for what a process runs: a constant 1 with labels.
+  const BuildInfo build = GetBuildInfo();
+  families.emplace_back("meshrun_build_info",
+                        "The daemon's version and the git commit it was built from",
+                        "gauge");
+  families.back().Add({{"version", build.version}, {"commit", build.commit}}, 1);
   return RenderPrometheusText(families);
 }
 

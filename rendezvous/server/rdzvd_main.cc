@@ -14,6 +14,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "rendezvous/server/daemon.h"
+#include "rendezvous/status/build_info.h"
 
 int main(int argc, char** argv) {
   // Debian builds absl with debug deadlock detection on; its bookkeeping was
@@ -26,6 +27,8 @@ int main(int argc, char** argv) {
   meshrun::rdzv::ServerSecurityFiles security_files;
 
   CLI::App app{"meshrun-rdzvd: rendezvous and key-value store daemon for meshrun"};
+  app.set_version_flag("--version", meshrun::rdzv::VersionLine("meshrun-rdzvd"),
+                       "Print the version and the git commit built from, and exit");
   app.add_option("--host", options.host, "Address to listen on")->capture_default_str();
   app.add_option("--port", options.port, "Port to listen on (0: kernel-assigned)")
       ->check(CLI::Range(0, 65535))
@@ -88,7 +91,7 @@ int main(int argc, char** argv) {
     options.tcpstore = tcpstore == "on"    ? meshrun::rdzv::TcpStoreMode::kOn
                        : tcpstore == "off" ? meshrun::rdzv::TcpStoreMode::kOff
                                            : meshrun::rdzv::TcpStoreMode::kAuto;
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "meshrun-rdzvd: " << e.what() << " (see --help)\n";

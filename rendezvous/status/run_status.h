@@ -74,6 +74,9 @@ struct RunStatusRecord {
 
 struct StatusSnapshot {
   int64_t now_unix_ms = 0;
+  // The daemon's build (build_info.h); empty: not shown.
+  std::string version;
+  std::string commit;
   std::vector<RunStatusRecord> runs;  // by run id
 };
 

@@ -72,6 +72,7 @@ const std::string& StatusPageHtml() {
 <body>
 <header>
   <h1>meshrun</h1><span class="sub">rendezvous daemon status</span>
+  <span id="version" class="sub"></span>
   <span class="live"><span id="dot" class="dot"></span><span id="updated">connecting...</span></span>
 </header>
 <main id="runs"><div class="empty">loading...</div></main>
@@ -199,6 +200,9 @@ async function refresh() {
     for (const run of data.runs) main.append(renderRun(run));
     document.getElementById("dot").className = "dot";
     document.getElementById("updated").textContent = "updated " + when(data.now_unix_ms);
+    if (data.version)
+      document.getElementById("version").textContent =
+          data.version + " (commit " + data.commit + ")";
   } catch (e) {
     document.getElementById("dot").className = "dot stale";
     document.getElementById("updated").textContent = "cannot show the status: " + e.message;

@@ -300,6 +300,10 @@ std::string RenderStatusJson(const StatusSnapshot& snapshot) {
   Json json;
   json.BeginObject();
   json.Field("now_unix_ms", snapshot.now_unix_ms);
+  if (!snapshot.version.empty()) {
+    json.Field("version", snapshot.version);
+    json.Field("commit", snapshot.commit);
+  }
   json.Key("runs");
   json.BeginArray();
   for (const RunStatusRecord& run : snapshot.runs) WriteRun(run, &json);

@@ -14,6 +14,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,7 +32,8 @@ const runs = [...document.querySelectorAll('[data-run]')].map(r => ({
       tr => [...tr.children].map(td => td.textContent)),
   failure: (r.querySelector('[data-field="last-failure"]') || {}).textContent || ''
 }));
-return {runs: runs, updated: document.getElementById('updated').textContent};
+return {runs: runs, updated: document.getElementById('updated').textContent,
+        version: document.getElementById('version').textContent};
 """
 
 
@@ -153,6 +155,11 @@ def main():
         if before:
             ranks = sorted(n[4] for n in participants(run_of(before)))
             print(f"ok: global ranks shown {ranks}", flush=True)
+            # The daemon's build in the header: "0.1.0 (commit 0123456789ab)".
+            version_ok = re.fullmatch(r"\d+\.\d+\.\d+ \(commit [0-9a-z-]+\)",
+                                      before["version"]) is not None
+            print(f"{'ok' if version_ok else 'FAIL'}: daemon build shown "
+                  f"'{before['version']}'", flush=True)
             with open(args.fail_file, "w") as f:
                 f.write("fail\n")
             after = wait_for(
@@ -167,7 +174,7 @@ def main():
                 driver.screenshot(args.screenshot)
                 print(f"ok: screenshot {args.screenshot} "
                       f"({os.path.getsize(args.screenshot)} bytes)", flush=True)
-                ok = ranks == ["0 - 1", "2 - 3"]
+                ok = ranks == ["0 - 1", "2 - 3"] and version_ok
                 if not ok:
                     print(f"FAILED: ranks {ranks}", flush=True)
     finally:

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "rendezvous/status/build_info.h"
 #include "tests/support/child_process.h"
 #include "tests/support/http_client.h"
 
@@ -99,6 +100,13 @@ TEST(ObservabilityTest, MetricsAndStatusFollowARealRunThroughARestart) {
   std::string metrics = testing::HttpGet(port, "/metrics").body;
   EXPECT_EQ(testing::MetricSample(metrics, "meshrun_joins_total"), 0);
   EXPECT_EQ(testing::MetricSample(metrics, "meshrun_store_ops_total{op=\"set\"}"), 0);
+  // The daemon's build, as this test's (one build made both).
+  const rdzv::BuildInfo build = rdzv::GetBuildInfo();
+  EXPECT_EQ(testing::MetricSample(metrics, std::string("meshrun_build_info{version=\"") +
+                                               build.version + "\",commit=\"" +
+                                               build.commit + "\"}"),
+            1)
+      << metrics;
 
   auto a = Agent(daemon.endpoint(), dir);
   auto b = Agent(daemon.endpoint(), dir);

@@ -1148,6 +1148,22 @@ TEST(LaunchConfigTest, HelpBeforeTheScript) {
   EXPECT_TRUE(MustParse({"train.py", "--help"}).help_text.empty());
 }
 
+// --version as --help: before the script, over other mistakes; --help wins.
+TEST(LaunchConfigTest, VersionBeforeTheScript) {
+  for (const Args& args : std::vector<Args>{{"--version"},
+                                            {"--nnodes", "2", "--version", "train.py"},
+                                            {"--bogus", "--version"}}) {
+    SCOPED_TRACE(absl::StrJoin(args, " "));
+    absl::StatusOr<LaunchConfig> config = Parse(args);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_TRUE(config->version_requested);
+    EXPECT_TRUE(config->help_text.empty());
+  }
+  EXPECT_FALSE(MustParse({"train.py", "--version"}).version_requested);
+  EXPECT_FALSE(MustParse({"--version", "--help"}).version_requested);
+  EXPECT_TRUE(absl::StrContains(MustParse({"--help"}).help_text, "--version"));
+}
+
 // --- torchrun 2's rendezvous defaults ----------------------------------------------
 
 // run.py: static (the default backend, or named) on one node with neither an

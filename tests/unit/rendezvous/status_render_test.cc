@@ -63,6 +63,17 @@ TEST(StatusRenderTest, Json) {
       R"("time_unix_ms":1700000000123}]}]}]})");
 }
 
+// The daemon's build, when it names one, beside the time.
+TEST(StatusRenderTest, JsonCarriesTheDaemonsVersion) {
+  StatusSnapshot snapshot;
+  snapshot.now_unix_ms = 5;
+  snapshot.version = "0.1.0";
+  snapshot.commit = "0123456789ab-dirty";
+  EXPECT_EQ(
+      RenderStatusJson(snapshot),
+      R"({"now_unix_ms":5,"version":"0.1.0","commit":"0123456789ab-dirty","runs":[]})");
+}
+
 TEST(StatusRenderTest, JsonEscapesControlBytesAndInvalidUtf8) {
   StatusSnapshot snapshot;
   RunStatusRecord& run = snapshot.runs.emplace_back();
