@@ -13,6 +13,11 @@ trainer.cc: data-parallel rank i (dp-major, then fsdp) takes the i-th
 contiguous block of rows; TP ranks share rows; pipeline microbatches are
 contiguous chunks.
 
+--sizes bench trains layouts.py's larger models; --time-steps times each
+step as train_example --time-steps does (a barrier first; per step the
+slowest rank) and prints `timing step_ms=... max_rss_mb=... rss_growth_mb=...`
+on rank 0 (scripts/bench-parallel.sh --layouts).
+
 Writes OUT_DIR/torch-rank<R>.pt ({"params": {name: full tensor}} from the
 first rank of each pipeline stage, and "losses" on rank 0: each step's
 global-batch mean loss). Layouts: tests/parity/layouts.py.
@@ -22,7 +27,9 @@ import argparse
 import glob
 import math
 import os
+import resource
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -185,6 +192,18 @@ def loss_context(model, tp):
 
 # --- Training. -----------------------------------------------------------------
 
+def rss_mb():
+    """This process's resident set now (MiB), from /proc/self/statm."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * resource.getpagesize() / 2**20
+
+
+def peak_rss_mb():
+    """The peak resident set since the process started (MiB; ru_maxrss is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def full_value(t):
     from torch.distributed.tensor import DTensor
 
@@ -203,7 +222,12 @@ def main():
     parser.add_argument("--trace-collectives", metavar="DIR",
                         help="write the flight recorder's collectives before and after the "
                         "steps to DIR/rank<R>.{before,after}.json")
+    parser.add_argument("--sizes", default="parity", choices=list(layouts.SIZES),
+                        help="model sizes and batch (layouts.SIZES)")
+    parser.add_argument("--time-steps", action="store_true",
+                        help="time each step and print the times and peak RSS at the end")
     args = parser.parse_args()
+    layouts.use_sizes(args.sizes)
     layout = layouts.BY_NAME[args.layout]
 
     dist.init_process_group("gloo")
@@ -217,6 +241,7 @@ def main():
     mesh = init_device_mesh("cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
     coord = {n: mesh.get_local_rank(n) for n, _ in dims}
     pp_rank, dp_rank, fsdp_rank, tp_rank = (coord.get(n, 0) for n in ("pp", "dp", "fsdp", "tp"))
+    rss_before_model = rss_mb()
 
     named = make_layers(args.model)
     init = load_meshrun_checkpoint(args.init)
@@ -308,11 +333,15 @@ def main():
             f.write(trace if isinstance(trace, bytes) else trace.encode())
 
     dump_collectives("before")
+    step_ms = []
     for step in range(steps):
         x, y = batches[step]
         rows = x.shape[0] // data_parts
         x = x[data_index * rows:(data_index + 1) * rows]
         y = y[data_index * rows:(data_index + 1) * rows]
+        if args.time_steps:
+            dist.barrier()
+        start = time.perf_counter()
         optimizer.zero_grad()
         with loss_context(args.model, layout.tp):
             if schedule is None:
@@ -330,8 +359,18 @@ def main():
         total = torch.tensor([local / data_parts if reports else 0.0], dtype=torch.float64)
         dist.all_reduce(total)
         losses.append(total.item())
+        step_ms.append((time.perf_counter() - start) * 1e3)
 
     dump_collectives("after")
+    if args.time_steps and steps:
+        # Per step the slowest rank; the largest rank's memory.
+        peak = peak_rss_mb()
+        timing = torch.tensor(step_ms + [peak, peak - rss_before_model], dtype=torch.float64)
+        dist.all_reduce(timing, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            print(f"timing step_ms={','.join(f'{t:.6f}' for t in timing[:steps].tolist())} "
+                  f"max_rss_mb={timing[steps].item():.1f} "
+                  f"rss_growth_mb={timing[steps + 1].item():.1f}", flush=True)
 
     # Full parameter values (collective), written by each stage's first rank.
     full = {}
