@@ -21,6 +21,10 @@ over its RSS before the model was built (Python's includes the interpreter
 and torch's modules: compare growth). The two sides' losses are compared
 as well (the largest relative difference over the steps): the same training.
 
+--baseline PATH also runs another train_example (say, built before a change)
+in the same turn ("baseline" columns); --meshrun-flags adds flags to
+train_example's (both binaries), e.g. to switch an option off.
+
 Stdlib and torch (the parity driver's data); progress on stderr, Markdown on
 stdout.
 """
@@ -28,6 +32,7 @@ stdout.
 import argparse
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -75,9 +80,11 @@ def launch(args, work, layout, model, side, init, data, raw):
     steps = args.warmup + args.steps
     tag = f"{layout.name}-{model}-{side}"
     cmd = [args.meshrun, "--standalone", f"--nproc-per-node={layout.world}", "--no-python"]
-    if side == "meshrun":
-        cmd += [args.train_example, *layouts.cpp_flags(layout, model), "--steps", str(steps),
-                "--data", data, "--load", init, "--time-steps"]
+    if side != "torch":
+        binary = args.baseline if side == "baseline" else args.train_example
+        cmd += [binary, *layouts.cpp_flags(layout, model), "--steps", str(steps),
+                "--data", data, "--load", init, "--time-steps",
+                *shlex.split(args.meshrun_flags)]
     else:
         cmd += [args.python, os.path.join(PARITY, "torch_parallel.py"), "--layout",
                 layout.name, "--model", model, "--sizes", args.sizes, "--init", init,
@@ -93,7 +100,7 @@ def launch(args, work, layout, model, side, init, data, raw):
     raw.append(f"{tag}: median_ms={result.median:.3f} max_rss_mb={result.peak} "
                f"rss_growth_mb={result.growth} step_ms="
                + ",".join(f"{t:.2f}" for t in result.steps))
-    if side == "meshrun":
+    if side != "torch":
         result.losses = [float(v) for v in LOSS_RE.findall(output)]
     else:
         import torch
@@ -110,6 +117,8 @@ def main():
                         help="LAYOUT or LAYOUT:MODEL (default: every parity layout)")
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--train-example", required=True)
+    parser.add_argument("--baseline", help="another train_example to time alongside")
+    parser.add_argument("--meshrun-flags", default="", help="more train_example flags")
     parser.add_argument("--python", default=sys.executable,
                         help="runs torch_parallel.py (the venv's python3)")
     parser.add_argument("--models", default="transformer,mlp")
@@ -137,7 +146,7 @@ def main():
     prep = parity.Parity(argparse.Namespace(
         work=work, meshrun=args.meshrun, train_example=args.train_example,
         timeout=args.timeout, steps=args.warmup + args.steps))
-    results = {(l.name, m): {"meshrun": [], "torch": []} for l, m in runs}
+    results = {(l.name, m): {"meshrun": [], "torch": [], "baseline": []} for l, m in runs}
     failures, raw = {}, []
     try:
         for r in range(args.rounds):
@@ -145,7 +154,9 @@ def main():
                 if (layout.name, model) in failures:
                     continue
                 init, data = prep.prepare(model)
-                sides = ["meshrun", "torch"] if (r + i) % 2 == 0 else ["torch", "meshrun"]
+                sides = ["meshrun", "torch"] + (["baseline"] if args.baseline else [])
+                shift = (r + i) % len(sides)
+                sides = sides[shift:] + sides[:shift]
                 try:
                     for side in sides:
                         result = launch(args, work, layout, model, side, init, data, raw)
@@ -173,9 +184,11 @@ def main():
           "built, MiB. Loss diff: largest relative difference of the two sides' per-step "
           "losses.")
     print()
+    base_head = " baseline ms | baseline ratio | now / baseline |" if args.baseline else ""
     print("| layout | world | model | PyTorch control | meshrun ms | PyTorch ms | ratio "
-          "| meshrun RSS (growth) | PyTorch RSS (growth) | loss diff |")
-    print("|---|---:|---|---|---:|---:|---:|---|---|---:|")
+          "| meshrun RSS (growth) | PyTorch RSS (growth) | loss diff |" + base_head)
+    print("|---|---:|---|---|---:|---:|---:|---|---|---:|" +
+          ("---:|---:|---:|" if args.baseline else ""))
     verdicts = []
     for layout, model in runs:
         key = (layout.name, model)
@@ -191,11 +204,15 @@ def main():
         growth = statistics.median(s.growth for s in mine)
         tpeak = statistics.median(s.peak for s in theirs)
         tgrowth = statistics.median(s.growth for s in theirs)
+        base_cells = ""
+        if args.baseline:
+            bs = statistics.median(s.median for s in results[key]["baseline"])
+            base_cells = f" {bs:.2f} | {bs / ts:.2f} | {ms / bs:.2f} |"
         diff = max((abs(a - b) / abs(b) if b else abs(a))
                    for a, b in zip(mine[-1].losses, theirs[-1].losses))
         print(f"| {layout.name} | {layout.world} | {model} | {layout.control} | {ms:.2f} "
               f"| {ts:.2f} | {ms / ts:.2f} | {peak:.0f} ({growth:.1f}) "
-              f"| {tpeak:.0f} ({tgrowth:.1f}) | {diff:.1g} |")
+              f"| {tpeak:.0f} ({tgrowth:.1f}) | {diff:.1g} |" + base_cells)
         verdicts.append(f"- {layout.name} {model}: meshrun / PyTorch = {ms / ts:.2f} "
                         f"({'MET' if ms <= ts else 'NOT MET'})"
                         + (f"; RSS growth {growth:.1f} vs FSDP2's {tgrowth:.1f} MiB "

@@ -103,6 +103,9 @@ int main(int argc, char** argv) {
   app.add_option("--schedule", schedule, "pipeline schedule: gpipe, 1f1b or interleaved");
   app.add_option("--virtual-stages", options.virtual_stages,
                  "model chunks per pipeline rank (> 1 with --schedule interleaved)");
+  app.add_option(
+      "--dp-first-bucket-bytes", options.dp_first_bucket_bytes,
+      "DataParallel's first gradient bucket (DDP's 1 MiB; 0: 25 MiB as the rest)");
   app.add_flag("--no-reshard", no_reshard,
                "FSDP keeps gathered params from forward to backward");
   app.add_option("--steps", steps, "training steps");
@@ -202,9 +205,9 @@ int main(int argc, char** argv) {
     if (time_steps) (*world)->group()->barrier()->wait();
     const auto start = std::chrono::steady_clock::now();
     auto loss = (*trainer)->Step(input, target);
-    step_ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count());
+    step_ms.push_back(std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start)
+                          .count());
     if (!loss.ok()) return Fail(rank, std::string(loss.status().message()));
     char line[96];
     std::snprintf(line, sizeof line, "step %lld loss %.9g", static_cast<long long>(step),
@@ -227,9 +230,9 @@ int main(int argc, char** argv) {
     c10d::AllreduceOptions max;
     max.reduceOp = c10d::ReduceOp::MAX;
     const double peak = examples::PeakRssMb();
-    std::vector<at::Tensor> all{at::cat(
-        {at::tensor(step_ms, at::kDouble),
-         at::tensor({peak, peak - rss_before_model}, at::kDouble)})};
+    std::vector<at::Tensor> all{
+        at::cat({at::tensor(step_ms, at::kDouble),
+                 at::tensor({peak, peak - rss_before_model}, at::kDouble)})};
     (*world)->group()->allreduce(all, max)->wait();
     const auto* values = all[0].data_ptr<double>();
     std::vector<std::string> formatted;

@@ -46,7 +46,8 @@ c10::intrusive_ptr<c10d::Work> AllReduce(c10d::ProcessGroup& group, at::Tensor& 
 }  // namespace
 
 DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
-                           ProcessGroupPtr group, size_t bucket_bytes)
+                           ProcessGroupPtr group, size_t bucket_bytes,
+                           size_t first_bucket_bytes)
     : params_(std::move(params)), group_(std::move(group)) {
   TORCH_CHECK(bucket_bytes >= 1, "DataParallel: bucket_bytes must be >= 1");
   std::vector<int64_t> numels, element_sizes;
@@ -58,7 +59,7 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
     dtypes.push_back(static_cast<int>(data.scalar_type()));
   }
   std::vector<BucketLayout> layouts =
-      MakeBuckets(numels, element_sizes, dtypes, bucket_bytes);
+      MakeBuckets(numels, element_sizes, dtypes, bucket_bytes, first_bucket_bytes);
   slots_ = SlotsOf(layouts, params_.size());
   for (BucketLayout& layout : layouts) {
     Bucket bucket;

@@ -58,13 +58,17 @@ namespace meshrun::worker::parallel {
 class DataParallel {
  public:
   static constexpr size_t kDefaultBucketBytes = size_t{25} << 20;  // DDP's 25 MiB
+  // DDP's _DEFAULT_FIRST_BUCKET_BYTES (MakeBuckets' first_bucket_bytes).
+  static constexpr size_t kDefaultFirstBucketBytes = size_t{1} << 20;
 
   // `params` must stay alive while this object is used; their data() must not
   // be replaced afterwards (shard with TP / FSDP first). bucket_bytes >= 1; a
-  // param larger than a bucket gets a bucket of its own. Registers the
-  // grad-ready hooks (removed by the destructor).
+  // param larger than a bucket gets a bucket of its own; the first bucket
+  // closes at first_bucket_bytes when that is smaller (flat_layout.h).
+  // Registers the grad-ready hooks (removed by the destructor).
   DataParallel(std::vector<std::shared_ptr<Param>> params, ProcessGroupPtr group,
-               size_t bucket_bytes = kDefaultBucketBytes);
+               size_t bucket_bytes = kDefaultBucketBytes,
+               size_t first_bucket_bytes = kDefaultFirstBucketBytes);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
