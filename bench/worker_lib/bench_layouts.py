@@ -23,7 +23,8 @@ as well (the largest relative difference over the steps): the same training.
 
 --baseline PATH also runs another train_example (say, built before a change)
 in the same turn ("baseline" columns); --meshrun-flags adds flags to
-train_example's (both binaries), e.g. to switch an option off.
+train_example's (both binaries), --baseline-flags to the baseline's only
+(e.g. the same binary with an option switched off).
 
 Stdlib and torch (the parity driver's data); progress on stderr, Markdown on
 stdout.
@@ -85,6 +86,8 @@ def launch(args, work, layout, model, side, init, data, raw):
         cmd += [binary, *layouts.cpp_flags(layout, model), "--steps", str(steps),
                 "--data", data, "--load", init, "--time-steps",
                 *shlex.split(args.meshrun_flags)]
+        if side == "baseline":
+            cmd += shlex.split(args.baseline_flags)
     else:
         cmd += [args.python, os.path.join(PARITY, "torch_parallel.py"), "--layout",
                 layout.name, "--model", model, "--sizes", args.sizes, "--init", init,
@@ -119,6 +122,7 @@ def main():
     parser.add_argument("--train-example", required=True)
     parser.add_argument("--baseline", help="another train_example to time alongside")
     parser.add_argument("--meshrun-flags", default="", help="more train_example flags")
+    parser.add_argument("--baseline-flags", default="", help="more flags for --baseline")
     parser.add_argument("--python", default=sys.executable,
                         help="runs torch_parallel.py (the venv's python3)")
     parser.add_argument("--models", default="transformer,mlp")
