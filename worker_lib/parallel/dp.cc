@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker_lib/parallel/fsdp.h"
 
 namespace meshrun::worker::parallel {
 
@@ -73,6 +74,12 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
   for (size_t k = 0; k < params_.size(); ++k) {
     const at::Tensor& data = params_[k]->data();
     if (!data.requires_grad()) continue;
+    // An FSDP shard's grad is written by its group, not by autograd (HSDP).
+    if (FsdpParam* fsdp = FsdpStateOf(*params_[k])) {
+      fsdp->set_shard_grad_hook([this, k] { OnGradReady(k); });
+      fsdp_hooked_.push_back(fsdp);
+      continue;
+    }
     c10::intrusive_ptr<torch::autograd::Node> accumulator =
         torch::autograd::impl::grad_accumulator(data);
     // inputs[0]: the gradient AccumulateGrad received; undefined when none
@@ -91,6 +98,7 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
 DataParallel::~DataParallel() {
   for (size_t i = 0; i < accumulators_.size(); ++i)
     accumulators_[i]->del_post_hook(hook_keys_[i]);
+  for (FsdpParam* fsdp : fsdp_hooked_) fsdp->set_shard_grad_hook(nullptr);
 }
 
 size_t DataParallel::bucket_bytes_allocated() const {

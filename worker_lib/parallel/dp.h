@@ -35,7 +35,9 @@
 //
 // Works on whatever data() holds: whole params, TP shards, FSDP shards (that
 // is HSDP: FullyShard over the shard dimension, then DataParallel over the
-// replicate dimension on the shard grads).
+// replicate dimension on the shard grads). An FSDP shard is ready when its
+// group has reduce-scattered its grad (FsdpParam's shard-grad hook), so
+// HSDP's all-reduces, too, run during backward, as FSDP2's do.
 //
 // Collective: SyncGradients and BroadcastParams must be called by every rank
 // of `group`, with the same params (shapes, dtypes, order), and every rank
@@ -54,6 +56,8 @@
 #include "worker_lib/parallel/param.h"
 
 namespace meshrun::worker::parallel {
+
+class FsdpParam;
 
 class DataParallel {
  public:
@@ -124,6 +128,8 @@ class DataParallel {
   // them, as DDP's reducer does) and the hooks' keys.
   std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
+  // FSDP params whose shard-grad hook is ours (HSDP).
+  std::vector<FsdpParam*> fsdp_hooked_;
   bool sync_during_backward_ = true;
   size_t next_bucket_ = 0;  // the first bucket whose all-reduce has not started
   int started_in_backward_ = 0;
