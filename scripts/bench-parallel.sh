@@ -114,21 +114,6 @@ run_facts() {
   echo "  compare medians and ratios within this run only."
   echo "- Exit status: $status"
 }
-# Raw output and progress, the same in both results files.
-run_logs() {
-  echo
-  echo "## Raw output ($1)"
-  echo
-  echo '```'
-  cat "$tmp/raw" 2>/dev/null || true
-  echo '```'
-  echo
-  echo "## Progress log"
-  echo
-  echo '```'
-  cat "$tmp/stderr"
-  echo '```'
-}
 if [ "$layouts" = 1 ]; then
   {
     echo "# Parallel layouts benchmark: meshrun's worker library vs PyTorch 2 (step time, every parity layout)"
@@ -159,7 +144,7 @@ if [ "$layouts" = 1 ]; then
     echo "## Results"
     echo
     cat "$tmp/stdout"
-    run_logs "each launch's command and its per-step times, ms"
+    bench_logs "each launch's command and its per-step times, ms"
   } > "$results_dir/layouts_results.md"
   echo "bench-parallel: wrote $results_dir/layouts_results.md" >&2
   exit "$status"
@@ -201,7 +186,7 @@ fi
   echo "## Results"
   echo
   cat "$tmp/stdout"
-  run_logs "RESULT / STEPS lines of rank 0"
+  bench_logs "RESULT / STEPS lines of rank 0"
 } > "$results_dir/parallel_results.md"
 echo "bench-parallel: wrote $results_dir/parallel_results.md" >&2
 exit "$status"
