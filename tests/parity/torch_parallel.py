@@ -27,7 +27,6 @@ import argparse
 import glob
 import math
 import os
-import resource
 import sys
 import time
 
@@ -39,6 +38,11 @@ import torch.jit._pickle  # restore_type_tag, for meshrun checkpoints
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import layouts  # noqa: E402
+
+# --time-steps measures memory as the DDP / FSDP2 step benchmark does.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "bench", "worker_lib"))
+from ddp_step_bench import peak_rss_mb, rss_mb  # noqa: E402
 
 
 # --- The models, as worker_lib/parallel builds them. ---------------------------
@@ -191,17 +195,6 @@ def loss_context(model, tp):
 
 
 # --- Training. -----------------------------------------------------------------
-
-def rss_mb():
-    """This process's resident set now (MiB), from /proc/self/statm."""
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * resource.getpagesize() / 2**20
-
-
-def peak_rss_mb():
-    """The peak resident set since the process started (MiB; ru_maxrss is in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def full_value(t):
