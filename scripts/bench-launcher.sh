@@ -100,12 +100,7 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo "## Results"
   echo
   grep -v '^SUMMARY_JSON ' "$tmp/stdout" || true
-  echo
-  echo "## Progress log"
-  echo
-  echo '```'
-  cat "$tmp/stderr"
-  echo '```'
+  bench_logs
 } > "$results_dir/results.md"
 echo "bench-launcher: wrote $results_dir/results.md and $results_dir/results.json" >&2
 exit "$status"

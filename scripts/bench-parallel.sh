@@ -10,6 +10,16 @@
 #   scripts/bench-parallel.sh --rounds 1      # quick look
 #   scripts/bench-parallel.sh --baseline /tmp/old/dp_step_bench   # before vs after, interleaved
 #
+#   scripts/bench-parallel.sh --layouts       # every parity layout, meshrun vs PyTorch 2
+#   scripts/bench-parallel.sh --layouts tp pp_1f1b:mlp --steps 10   # some
+#
+# --layouts (first): bench/worker_lib/bench_layouts.py times train_example
+# against tests/parity/torch_parallel.py (DDP, FSDP2, TP, FSDP2 + TP, the
+# pipelining schedules, DP x TP x PP) on every layout of
+# tests/parity/layouts.py and records bench/worker_lib/layouts_results.md;
+# the arguments after it go to bench_layouts.py (layouts, --steps, --warmup,
+# --rounds, --models, --sizes, --threads).
+#
 # Extra arguments go to bench_parallel.py (--rounds, --models, --batch,
 # --steps, --impls, --world, --baseline, --baseline-impls). Environment:
 #   BUILD_DIR    build directory (default build/; configured with benchmarks if missing)
@@ -26,9 +36,16 @@ build_dir=${BUILD_DIR:-build}
 results_dir=${RESULTS_DIR:-bench/worker_lib}
 jobs=${JOBS:-2}
 wait_quiet=${WAIT_QUIET:-60}
+layouts=0
+if [ "${1:-}" = --layouts ]; then
+  layouts=1
+  shift
+fi
+binaries=(dp_step_bench meshrun meshrun-rdzvd)
+[ "$layouts" = 1 ] && binaries=(train_example meshrun meshrun-rdzvd)
 
 if [ "${NO_BUILD:-0}" = 1 ]; then
-  for binary in dp_step_bench meshrun meshrun-rdzvd; do
+  for binary in "${binaries[@]}"; do
     [ -x "$build_dir/bin/$binary" ] ||
       { echo "bench-parallel: NO_BUILD=1 but no $build_dir/bin/$binary" >&2; exit 1; }
   done
@@ -42,8 +59,8 @@ if [ "${NO_BUILD:-0}" != 1 ]; then
     cmake -S . -B "$build_dir" -DMESHRUN_BUILD_BENCH=ON > "$build_dir.configure.log" 2>&1 ||
       { cat "$build_dir.configure.log"; exit 1; }
   fi
-  ninja -C "$build_dir" -j"$jobs" dp_step_bench meshrun meshrun-rdzvd >&2 ||
-    { echo "bench-parallel: cannot build dp_step_bench (configured with MESHRUN_BUILD_BENCH=ON?)" >&2; exit 1; }
+  ninja -C "$build_dir" -j"$jobs" "${binaries[@]}" >&2 ||
+    { echo "bench-parallel: cannot build ${binaries[*]} (configured with MESHRUN_BUILD_BENCH=ON?)" >&2; exit 1; }
 fi
 
 source scripts/lib/bench-common.sh
@@ -56,10 +73,17 @@ wait_for_quiet bench-parallel "$wait_quiet"
 mkdir -p "$results_dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cmd=("$venv_python" bench/worker_lib/bench_parallel.py
-     --meshrun "$build_dir/bin/meshrun" --dp-step-bench "$build_dir/bin/dp_step_bench"
-     --ddp-script bench/worker_lib/ddp_step_bench.py --python "$python_exec" --raw "$tmp/raw" "$@")
-invocation="scripts/bench-parallel.sh${*:+ $*}"
+if [ "$layouts" = 1 ]; then
+  cmd=("$venv_python" bench/worker_lib/bench_layouts.py
+       --meshrun "$build_dir/bin/meshrun" --train-example "$build_dir/bin/train_example"
+       --python "$python_exec" --raw "$tmp/raw" "$@")
+  invocation="scripts/bench-parallel.sh --layouts${*:+ $*}"
+else
+  cmd=("$venv_python" bench/worker_lib/bench_parallel.py
+       --meshrun "$build_dir/bin/meshrun" --dp-step-bench "$build_dir/bin/dp_step_bench"
+       --ddp-script bench/worker_lib/ddp_step_bench.py --python "$python_exec" --raw "$tmp/raw" "$@")
+  invocation="scripts/bench-parallel.sh${*:+ $*}"
+fi
 for var in PYTHON_EXEC MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET NO_BUILD; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
@@ -77,22 +101,61 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
 mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+# The run's facts, the same in both results files.
+run_facts() {
+  echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
+  echo "- Date: $started (took ${elapsed} s)"
+  echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
+  echo "- meshrun: $tree, built in $build_dir"
+  echo "- libtorch: torch $torch_version's (the venv's wheel); PyTorch: torch $ddp_torch" \
+       "($python_exec, $("$python_exec" --version 2>&1)); Gloo on CPU"
+  echo "- Load average (1/5/15 min) before: $load_before; after: $load_after. The machine is"
+  echo "  shared with other engineers' builds and tests: absolute times are inflated and noisy;"
+  echo "  compare medians and ratios within this run only."
+  echo "- Exit status: $status"
+}
+if [ "$layouts" = 1 ]; then
+  {
+    echo "# Parallel layouts benchmark: meshrun's worker library vs PyTorch 2 (step time, every parity layout)"
+    echo
+    echo "Produced by \`scripts/bench-parallel.sh --layouts\` (bench/worker_lib/bench_layouts.py,"
+    echo "train_example --time-steps, tests/parity/torch_parallel.py --time-steps); do not edit by hand."
+    echo
+    run_facts
+    echo
+    echo "## Method"
+    echo
+    echo "- Layouts and models: tests/parity/layouts.py, as scripts/parity-torch.sh runs them"
+    echo "  (world 4; dp_tp_pp world 8, pp 2 x dp 2 x tp 2), at the \"bench\" sizes unless --sizes says"
+    echo "  otherwise. The same initial weights (train_example's) and batches on both sides."
+    echo "- Every launch: \`meshrun --standalone --nproc-per-node=WORLD --no-python\` of either"
+    echo "  \`train_example --time-steps\` (meshrun's Trainer: dp.h, fsdp.h, tp.h, pp.h) or"
+    echo "  \`PYTHON tests/parity/torch_parallel.py --time-steps\` (DistributedDataParallel,"
+    echo "  fully_shard, parallelize_module + loss_parallel, PipelineStage + ScheduleGPipe /"
+    echo "  Schedule1F1B / ScheduleInterleaved1F1B, replicate), same launcher for both sides,"
+    echo "  OMP_NUM_THREADS the same for every rank; the two sides alternate who goes first."
+    echo "- A step: barrier, then zero_grad + forward + loss + backward + gradient sync + SGD"
+    echo "  step + the global loss's all-reduce; per step the slowest rank; per launch the median"
+    echo "  of the steps after warm-up; over rounds the median of the launch medians."
+    echo "- Memory: the largest rank's peak RSS (getrusage) and its growth over the RSS before"
+    echo "  the model was built; Python's peak includes the interpreter and torch's modules, so"
+    echo "  for FSDP2 compare growth."
+    echo
+    echo "## Results"
+    echo
+    cat "$tmp/stdout"
+    bench_logs "each launch's command and its per-step times, ms"
+  } > "$results_dir/layouts_results.md"
+  echo "bench-parallel: wrote $results_dir/layouts_results.md" >&2
+  exit "$status"
+fi
 {
   echo "# Parallel training benchmark: meshrun DP / FSDP / DP x TP vs PyTorch DDP / FSDP2 (step time, world 4)"
   echo
   echo "Produced by \`scripts/bench-parallel.sh\` (bench/worker_lib/bench_parallel.py,"
   echo "dp_step_bench.cc, ddp_step_bench.py); do not edit by hand."
   echo
-  echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
-  echo "- Date: $started (took ${elapsed} s)"
-  echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
-  echo "- meshrun: $tree, built in $build_dir"
-  echo "- libtorch: torch $torch_version's (the venv's wheel); PyTorch DDP: torch $ddp_torch" \
-       "($python_exec, $("$python_exec" --version 2>&1)); Gloo on CPU"
-  echo "- Load average (1/5/15 min) before: $load_before; after: $load_after. The machine is"
-  echo "  shared with other engineers' builds and tests: absolute times are inflated and noisy;"
-  echo "  compare medians and ratios within this run only."
-  echo "- Exit status: $status"
+  run_facts
   echo
   echo "## Method"
   echo
@@ -123,18 +186,7 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo "## Results"
   echo
   cat "$tmp/stdout"
-  echo
-  echo "## Raw output (RESULT / STEPS lines of rank 0)"
-  echo
-  echo '```'
-  cat "$tmp/raw" 2>/dev/null || true
-  echo '```'
-  echo
-  echo "## Progress log"
-  echo
-  echo '```'
-  cat "$tmp/stderr"
-  echo '```'
+  bench_logs "RESULT / STEPS lines of rank 0"
 } > "$results_dir/parallel_results.md"
 echo "bench-parallel: wrote $results_dir/parallel_results.md" >&2
 exit "$status"

@@ -96,18 +96,7 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo "## Results"
   echo
   grep -v '^SUMMARY_JSON ' "$tmp/stdout" || true
-  echo
-  echo "## Raw output (workers' RESULT lines, rank 0)"
-  echo
-  echo '```'
-  cat "$tmp/raw" 2>/dev/null || true
-  echo '```'
-  echo
-  echo "## Progress log"
-  echo
-  echo '```'
-  cat "$tmp/stderr"
-  echo '```'
+  bench_logs "workers' RESULT lines, rank 0"
 } > "$results_dir/results.md"
 echo "bench-worker-lib: wrote $results_dir/results.md and $results_dir/results.json" >&2
 exit "$status"

@@ -19,15 +19,12 @@
 // fsdp_noreshard, dptp (mesh (world/2, 2) ["dp", "tp"]: ParallelizeMlp over
 // tp, DataParallel over dp; tp ranks share their dp rank's rows).
 
-#include <sys/resource.h>
 #include <torch/optim/sgd.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -36,6 +33,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "worker_lib/device_mesh.h"
+#include "worker_lib/examples/memory_usage.h"
 #include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/dp.h"
 #include "worker_lib/parallel/fsdp.h"
@@ -60,21 +58,8 @@ double Percentile(std::vector<double> values, double q) {
          (values[high] - values[low]) * (position - static_cast<double>(low));
 }
 
-// This process's resident set now (MiB), from /proc/self/statm.
-double RssMb() {
-  std::ifstream statm("/proc/self/statm");
-  long size = 0, resident = 0;
-  statm >> size >> resident;
-  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) /
-         (1 << 20);
-}
-
-// The peak resident set since the process started (MiB; ru_maxrss is in KiB).
-double PeakRssMb() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024;
-}
+using examples::PeakRssMb;
+using examples::RssMb;
 
 int Main(int argc, char** argv) {
   CLI::App app("dp_step_bench");

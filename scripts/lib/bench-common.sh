@@ -35,3 +35,23 @@ find_torch() {
     { echo "$name: $venv_python cannot import torch" >&2; exit 1; }
   python_version=$("$venv_python" --version 2>&1)
 }
+
+# bench_logs [RAW_TITLE]: the results file's tail: "## Raw output (RAW_TITLE)"
+# with $tmp/raw (left out without a title), then "## Progress log" with
+# $tmp/stderr.
+bench_logs() {
+  if [ -n "${1:-}" ]; then
+    echo
+    echo "## Raw output ($1)"
+    echo
+    echo '```'
+    cat "$tmp/raw" 2>/dev/null || true
+    echo '```'
+  fi
+  echo
+  echo "## Progress log"
+  echo
+  echo '```'
+  cat "$tmp/stderr"
+  echo '```'
+}

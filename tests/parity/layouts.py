@@ -53,12 +53,31 @@ LAYOUTS = [
 ]
 BY_NAME = {layout.name: layout for layout in LAYOUTS}
 
-# The models both sides train. Sizes divide by 4 (TP at 4); the transformer
-# has enough blocks for 4 x 2 virtual pipeline stages.
-MLP_SIZES = [32, 64, 64, 64, 8]
-TRANSFORMER = dict(vocab=64, d_model=32, heads=4, d_ff=64, layers=6, seq=8)
-BATCH = 32
+# The models both sides train, and the global batch. Sizes divide by 4 (TP at
+# 4); the transformer has enough blocks for 4 x 2 virtual pipeline stages.
+# "parity": small, for the loss comparison; "bench": larger, so that a timed
+# step (scripts/bench-parallel.sh --layouts) is more compute than overhead.
+SIZES = {
+    "parity": dict(mlp=[32, 64, 64, 64, 8],
+                   transformer=dict(vocab=64, d_model=32, heads=4, d_ff=64, layers=6, seq=8),
+                   batch=32),
+    "bench": dict(mlp=[256, 1024, 1024, 1024, 256],
+                  transformer=dict(vocab=256, d_model=128, heads=4, d_ff=512, layers=6,
+                                   seq=32),
+                  batch=32),
+}
+MLP_SIZES = SIZES["parity"]["mlp"]
+TRANSFORMER = SIZES["parity"]["transformer"]
+BATCH = SIZES["parity"]["batch"]
 LR = 0.05
+
+
+def use_sizes(name):
+    """Makes MLP_SIZES, TRANSFORMER and BATCH those of SIZES[name]."""
+    global MLP_SIZES, TRANSFORMER, BATCH
+    MLP_SIZES = SIZES[name]["mlp"]
+    TRANSFORMER = SIZES[name]["transformer"]
+    BATCH = SIZES[name]["batch"]
 
 
 def cpp_flags(layout, model):
@@ -67,7 +86,8 @@ def cpp_flags(layout, model):
     if model == "mlp":
         flags += ["--sizes", ",".join(map(str, MLP_SIZES))]
     else:
-        flags += ["--layers", str(TRANSFORMER["layers"])]
+        for key in ("vocab", "d_model", "heads", "d_ff", "layers", "seq"):
+            flags += [f"--{key.replace('_', '-')}", str(TRANSFORMER[key])]
     for dim in ("pp", "dp", "fsdp", "tp"):
         if getattr(layout, dim) > 1:
             flags += [f"--{dim}", str(getattr(layout, dim))]

@@ -13,6 +13,11 @@ trainer.cc: data-parallel rank i (dp-major, then fsdp) takes the i-th
 contiguous block of rows; TP ranks share rows; pipeline microbatches are
 contiguous chunks.
 
+--sizes bench trains layouts.py's larger models; --time-steps times each
+step as train_example --time-steps does (a barrier first; per step the
+slowest rank) and prints `timing step_ms=... max_rss_mb=... rss_growth_mb=...`
+on rank 0 (scripts/bench-parallel.sh --layouts).
+
 Writes OUT_DIR/torch-rank<R>.pt ({"params": {name: full tensor}} from the
 first rank of each pipeline stage, and "losses" on rank 0: each step's
 global-batch mean loss). Layouts: tests/parity/layouts.py.
@@ -23,6 +28,7 @@ import glob
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -32,6 +38,11 @@ import torch.jit._pickle  # restore_type_tag, for meshrun checkpoints
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import layouts  # noqa: E402
+
+# --time-steps measures memory as the DDP / FSDP2 step benchmark does.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "bench", "worker_lib"))
+from ddp_step_bench import peak_rss_mb, rss_mb  # noqa: E402
 
 
 # --- The models, as worker_lib/parallel builds them. ---------------------------
@@ -185,6 +196,7 @@ def loss_context(model, tp):
 
 # --- Training. -----------------------------------------------------------------
 
+
 def full_value(t):
     from torch.distributed.tensor import DTensor
 
@@ -203,7 +215,12 @@ def main():
     parser.add_argument("--trace-collectives", metavar="DIR",
                         help="write the flight recorder's collectives before and after the "
                         "steps to DIR/rank<R>.{before,after}.json")
+    parser.add_argument("--sizes", default="parity", choices=list(layouts.SIZES),
+                        help="model sizes and batch (layouts.SIZES)")
+    parser.add_argument("--time-steps", action="store_true",
+                        help="time each step and print the times and peak RSS at the end")
     args = parser.parse_args()
+    layouts.use_sizes(args.sizes)
     layout = layouts.BY_NAME[args.layout]
 
     dist.init_process_group("gloo")
@@ -217,6 +234,7 @@ def main():
     mesh = init_device_mesh("cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
     coord = {n: mesh.get_local_rank(n) for n, _ in dims}
     pp_rank, dp_rank, fsdp_rank, tp_rank = (coord.get(n, 0) for n in ("pp", "dp", "fsdp", "tp"))
+    rss_before_model = rss_mb()
 
     named = make_layers(args.model)
     init = load_meshrun_checkpoint(args.init)
@@ -308,11 +326,15 @@ def main():
             f.write(trace if isinstance(trace, bytes) else trace.encode())
 
     dump_collectives("before")
+    step_ms = []
     for step in range(steps):
         x, y = batches[step]
         rows = x.shape[0] // data_parts
         x = x[data_index * rows:(data_index + 1) * rows]
         y = y[data_index * rows:(data_index + 1) * rows]
+        if args.time_steps:
+            dist.barrier()
+        start = time.perf_counter()
         optimizer.zero_grad()
         with loss_context(args.model, layout.tp):
             if schedule is None:
@@ -330,8 +352,18 @@ def main():
         total = torch.tensor([local / data_parts if reports else 0.0], dtype=torch.float64)
         dist.all_reduce(total)
         losses.append(total.item())
+        step_ms.append((time.perf_counter() - start) * 1e3)
 
     dump_collectives("after")
+    if args.time_steps and steps:
+        # Per step the slowest rank; the largest rank's memory.
+        peak = peak_rss_mb()
+        timing = torch.tensor(step_ms + [peak, peak - rss_before_model], dtype=torch.float64)
+        dist.all_reduce(timing, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            print(f"timing step_ms={','.join(f'{t:.6f}' for t in timing[:steps].tolist())} "
+                  f"max_rss_mb={timing[steps].item():.1f} "
+                  f"rss_growth_mb={timing[steps + 1].item():.1f}", flush=True)
 
     # Full parameter values (collective), written by each stage's first rank.
     full = {}

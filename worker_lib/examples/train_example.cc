@@ -22,7 +22,11 @@
 // rank's collectives of the training steps (c10d's flight recorder, as
 // torch._C._distributed_c10d._dump_fr_trace_json gives it in Python) before
 // and after the steps to DIR/rank<R>.{before,after}.json, so they can be
-// counted against PyTorch's.
+// counted against PyTorch's. --time-steps times each step (after a barrier;
+// the slowest rank's wall time) and rank 0 prints one `timing step_ms=...
+// max_rss_mb=... rss_growth_mb=...` line at the end, measured as
+// tests/parity/torch_parallel.py --time-steps measures PyTorch's side
+// (scripts/bench-parallel.sh --layouts).
 //
 // --fault-tolerant: the --dp replicas are fault-tolerant replica groups
 // (worker_lib/parallel/fault_tolerant.h; run under `meshrun
@@ -40,6 +44,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -53,6 +58,7 @@
 
 #include "absl/strings/str_join.h"
 #include "worker_lib/examples/example_output.h"
+#include "worker_lib/examples/memory_usage.h"
 #include "worker_lib/parallel/batch_file.h"
 #include "worker_lib/parallel/checkpoint.h"
 #include "worker_lib/parallel/data.h"
@@ -234,6 +240,7 @@ int main(int argc, char** argv) {
   int64_t batch = 32;
   uint64_t seed = 0;
   bool verify = false;
+  bool time_steps = false;
   double rtol = 1e-5;
   std::string save_dir, load_dir, data_file, trace_dir;
   bool fault_tolerant = false;
@@ -243,6 +250,11 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", sizes, "MLP layer sizes (default: seed 003's 50,50,50,50,4)")
       ->delimiter(',');
   app.add_option("--layers", lm.layers, "transformer blocks");
+  app.add_option("--vocab", lm.vocab, "transformer vocabulary");
+  app.add_option("--d-model", lm.d_model, "transformer width");
+  app.add_option("--heads", lm.heads, "transformer attention heads");
+  app.add_option("--d-ff", lm.d_ff, "transformer MLP hidden size");
+  app.add_option("--seq", lm.seq, "transformer sequence length");
   app.add_option("--dp", options.layout.dp, "data-parallel replicas");
   app.add_option("--fsdp", options.layout.fsdp, "FSDP shards (with --dp > 1: HSDP)");
   app.add_option("--tp", options.layout.tp, "tensor-parallel ranks");
@@ -251,6 +263,9 @@ int main(int argc, char** argv) {
   app.add_option("--schedule", schedule, "pipeline schedule: gpipe, 1f1b or interleaved");
   app.add_option("--virtual-stages", options.virtual_stages,
                  "model chunks per pipeline rank (> 1 with --schedule interleaved)");
+  app.add_option(
+      "--dp-first-bucket-bytes", options.dp_first_bucket_bytes,
+      "DataParallel's first gradient bucket (DDP's 1 MiB; 0: 25 MiB as the rest)");
   app.add_flag("--no-reshard", no_reshard,
                "FSDP keeps gathered params from forward to backward");
   app.add_option("--steps", steps, "training steps");
@@ -260,6 +275,9 @@ int main(int argc, char** argv) {
   app.add_option("--lr", options.lr, "SGD learning rate");
   app.add_option("--seed", seed, "model and data seed");
   app.add_flag("--verify", verify, "check against single-process training");
+  app.add_flag("--time-steps", time_steps,
+               "time each step (barrier first; the slowest rank) and print them with the "
+               "peak RSS at the end");
   app.add_option("--rtol", rtol, "--verify's relative tolerance");
   app.add_option("--save", save_dir, "write a sharded checkpoint here at the end");
   app.add_option("--load", load_dir, "start from this sharded checkpoint");
@@ -287,9 +305,10 @@ int main(int argc, char** argv) {
     std::cerr << "--kill-at-step needs --fault-tolerant\n";
     return 2;
   }
-  if (fault_tolerant && (!save_dir.empty() || !load_dir.empty() || !trace_dir.empty())) {
-    std::cerr << "--fault-tolerant does not combine with --save, --load or "
-                 "--trace-collectives\n";
+  if (fault_tolerant &&
+      (!save_dir.empty() || !load_dir.empty() || !trace_dir.empty() || time_steps)) {
+    std::cerr << "--fault-tolerant does not combine with --save, --load, "
+                 "--trace-collectives or --time-steps\n";
     return 2;
   }
   auto parsed_schedule = ParseSchedule(schedule);
@@ -315,8 +334,9 @@ int main(int argc, char** argv) {
   std::function<std::unique_ptr<TrainModel>()> make_model = [&]() {
     return model_name == "mlp" ? MlpModel(sizes, seed) : TransformerModel(lm, seed);
   };
-  // The global batch of a step: the file's, or synthetic.
-  const auto data_model = make_model();
+  // The global batch of a step: the file's, or synthetic (a whole model only
+  // for its data: not built with a file, and before the RSS baseline).
+  const auto data_model = file_batches.empty() ? make_model() : nullptr;
   std::function<InputTarget(int64_t)> batch_of = [&](int64_t step) -> InputTarget {
     if (!file_batches.empty()) return file_batches[step];
     return data_model->SyntheticData(seed, step, batch);
@@ -333,6 +353,7 @@ int main(int argc, char** argv) {
   auto world = InitProcessGroup("gloo");
   if (!world.ok()) return Fail(-1, std::string(world.status().message()));
   const int rank = (*world)->rank();
+  const double rss_before_model = examples::RssMb();
 
   auto trainer = Trainer::Create(*world, make_model(), options);
   if (!trainer.ok()) return Fail(rank, std::string(trainer.status().message()));
@@ -367,10 +388,16 @@ int main(int argc, char** argv) {
                                     "gloo");
   };
   dump_collectives("before");
+  std::vector<double> step_ms;
   for (int i = 0; i < steps; ++i) {
     const int64_t step = first_step + i;
     auto [input, target] = batch_of(step);
+    if (time_steps) (*world)->group()->barrier()->wait();
+    const auto start = std::chrono::steady_clock::now();
     auto loss = (*trainer)->Step(input, target);
+    step_ms.push_back(std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start)
+                          .count());
     if (!loss.ok()) return Fail(rank, std::string(loss.status().message()));
     char line[96];
     std::snprintf(line, sizeof line, "step %lld loss %.9g", static_cast<long long>(step),
@@ -388,6 +415,23 @@ int main(int argc, char** argv) {
   }
 
   dump_collectives("after");
+  if (time_steps && steps > 0) {
+    // Per step the slowest rank; the largest rank's memory.
+    c10d::AllreduceOptions max;
+    max.reduceOp = c10d::ReduceOp::MAX;
+    const double peak = examples::PeakRssMb();
+    std::vector<at::Tensor> all{
+        at::cat({at::tensor(step_ms, at::kDouble),
+                 at::tensor({peak, peak - rss_before_model}, at::kDouble)})};
+    (*world)->group()->allreduce(all, max)->wait();
+    const auto* values = all[0].data_ptr<double>();
+    std::vector<std::string> formatted;
+    for (int i = 0; i < steps; ++i) formatted.push_back(std::to_string(values[i]));
+    char memory[96];
+    std::snprintf(memory, sizeof memory, " max_rss_mb=%.1f rss_growth_mb=%.1f",
+                  values[steps], values[steps + 1]);
+    if (rank == 0) Say("timing step_ms=" + absl::StrJoin(formatted, ",") + memory);
+  }
 
   if (verify) {
     auto checked = CompareParams(**trainer, *reference, rtol);

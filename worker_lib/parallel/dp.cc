@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker_lib/parallel/fsdp.h"
 
 namespace meshrun::worker::parallel {
 
@@ -46,7 +47,8 @@ c10::intrusive_ptr<c10d::Work> AllReduce(c10d::ProcessGroup& group, at::Tensor& 
 }  // namespace
 
 DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
-                           ProcessGroupPtr group, size_t bucket_bytes)
+                           ProcessGroupPtr group, size_t bucket_bytes,
+                           size_t first_bucket_bytes)
     : params_(std::move(params)), group_(std::move(group)) {
   TORCH_CHECK(bucket_bytes >= 1, "DataParallel: bucket_bytes must be >= 1");
   std::vector<int64_t> numels, element_sizes;
@@ -58,7 +60,7 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
     dtypes.push_back(static_cast<int>(data.scalar_type()));
   }
   std::vector<BucketLayout> layouts =
-      MakeBuckets(numels, element_sizes, dtypes, bucket_bytes);
+      MakeBuckets(numels, element_sizes, dtypes, bucket_bytes, first_bucket_bytes);
   slots_ = SlotsOf(layouts, params_.size());
   for (BucketLayout& layout : layouts) {
     Bucket bucket;
@@ -72,6 +74,12 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
   for (size_t k = 0; k < params_.size(); ++k) {
     const at::Tensor& data = params_[k]->data();
     if (!data.requires_grad()) continue;
+    // An FSDP shard's grad is written by its group, not by autograd (HSDP).
+    if (FsdpParam* fsdp = FsdpStateOf(*params_[k])) {
+      fsdp->set_shard_grad_hook([this, k] { OnGradReady(k); });
+      fsdp_hooked_.push_back(fsdp);
+      continue;
+    }
     c10::intrusive_ptr<torch::autograd::Node> accumulator =
         torch::autograd::impl::grad_accumulator(data);
     // inputs[0]: the gradient AccumulateGrad received; undefined when none
@@ -90,6 +98,7 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
 DataParallel::~DataParallel() {
   for (size_t i = 0; i < accumulators_.size(); ++i)
     accumulators_[i]->del_post_hook(hook_keys_[i]);
+  for (FsdpParam* fsdp : fsdp_hooked_) fsdp->set_shard_grad_hook(nullptr);
 }
 
 size_t DataParallel::bucket_bytes_allocated() const {

@@ -35,7 +35,9 @@
 //
 // Works on whatever data() holds: whole params, TP shards, FSDP shards (that
 // is HSDP: FullyShard over the shard dimension, then DataParallel over the
-// replicate dimension on the shard grads).
+// replicate dimension on the shard grads). An FSDP shard is ready when its
+// group has reduce-scattered its grad (FsdpParam's shard-grad hook), so
+// HSDP's all-reduces, too, run during backward, as FSDP2's do.
 //
 // Collective: SyncGradients and BroadcastParams must be called by every rank
 // of `group`, with the same params (shapes, dtypes, order), and every rank
@@ -55,16 +57,22 @@
 
 namespace meshrun::worker::parallel {
 
+class FsdpParam;
+
 class DataParallel {
  public:
   static constexpr size_t kDefaultBucketBytes = size_t{25} << 20;  // DDP's 25 MiB
+  // DDP's _DEFAULT_FIRST_BUCKET_BYTES (MakeBuckets' first_bucket_bytes).
+  static constexpr size_t kDefaultFirstBucketBytes = size_t{1} << 20;
 
   // `params` must stay alive while this object is used; their data() must not
   // be replaced afterwards (shard with TP / FSDP first). bucket_bytes >= 1; a
-  // param larger than a bucket gets a bucket of its own. Registers the
-  // grad-ready hooks (removed by the destructor).
+  // param larger than a bucket gets a bucket of its own; the first bucket
+  // closes at first_bucket_bytes when that is smaller (flat_layout.h).
+  // Registers the grad-ready hooks (removed by the destructor).
   DataParallel(std::vector<std::shared_ptr<Param>> params, ProcessGroupPtr group,
-               size_t bucket_bytes = kDefaultBucketBytes);
+               size_t bucket_bytes = kDefaultBucketBytes,
+               size_t first_bucket_bytes = kDefaultFirstBucketBytes);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -120,6 +128,8 @@ class DataParallel {
   // them, as DDP's reducer does) and the hooks' keys.
   std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
+  // FSDP params whose shard-grad hook is ours (HSDP).
+  std::vector<FsdpParam*> fsdp_hooked_;
   bool sync_during_backward_ = true;
   size_t next_bucket_ = 0;  // the first bucket whose all-reduce has not started
   int started_in_backward_ = 0;

@@ -39,13 +39,17 @@ std::vector<std::vector<size_t>> GroupByKey(const std::vector<int>& keys) {
 std::vector<BucketLayout> MakeBuckets(const std::vector<int64_t>& numels,
                                       const std::vector<int64_t>& element_sizes,
                                       const std::vector<int>& dtype_keys,
-                                      size_t bucket_bytes) {
+                                      size_t bucket_bytes, size_t first_bucket_bytes) {
   std::vector<BucketLayout> buckets;
   int bucket_key = 0;
   size_t bytes = 0;
+  const bool small_first = first_bucket_bytes > 0 && first_bucket_bytes < bucket_bytes;
   for (size_t k = numels.size(); k-- > 0;) {
     const size_t size = static_cast<size_t>(numels[k] * element_sizes[k]);
-    if (buckets.empty() || bytes + size > bucket_bytes || bucket_key != dtype_keys[k]) {
+    const bool first_full =
+        small_first && buckets.size() == 1 && bytes >= first_bucket_bytes;
+    if (buckets.empty() || first_full || bytes + size > bucket_bytes ||
+        bucket_key != dtype_keys[k]) {
       buckets.emplace_back();
       bucket_key = dtype_keys[k];
       bytes = 0;

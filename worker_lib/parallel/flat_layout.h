@@ -85,11 +85,14 @@ struct BucketSlot {
 // next param would take it over `bucket_bytes` (a param larger than that gets
 // a bucket of its own) or has another dtype (`dtype_keys`). `numels`,
 // `element_sizes`, `dtype_keys` are per param, of one length.
+// first_bucket_bytes, when below bucket_bytes: the first bucket closes as soon
+// as it holds at least that much, as DDP's first bucket (1 MiB) does, so the
+// first all-reduce starts early in backward instead of with the rest.
 // REQUIRES: bucket_bytes >= 1.
 std::vector<BucketLayout> MakeBuckets(const std::vector<int64_t>& numels,
                                       const std::vector<int64_t>& element_sizes,
                                       const std::vector<int>& dtype_keys,
-                                      size_t bucket_bytes);
+                                      size_t bucket_bytes, size_t first_bucket_bytes = 0);
 
 // slots[param] for every param of `buckets` (of `num_params` params).
 std::vector<BucketSlot> SlotsOf(const std::vector<BucketLayout>& buckets,

@@ -320,8 +320,11 @@ void FsdpParamGroup::FinishReduceScatter() {
   }
   scatter_work_.reset();
   scatter_input_ = at::Tensor();
-  scatter_output_ = at::Tensor();
   scatter_pending_ = false;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (scatter_members_[i]) params_[i]->RunShardGradHook();
+  }
+  scatter_output_ = at::Tensor();
 }
 
 namespace {

@@ -74,6 +74,7 @@
 // layer live and die together.
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -126,6 +127,16 @@ class FsdpParam : public ParamMaterializer {
   // A new tensor over the unsharded storage, unpadded (no autograd history).
   at::Tensor UnshardedAlias() const;
 
+  // Called (during backward) once the group has written this param's shard
+  // grad, since autograd's AccumulateGrad hooks never see it: HSDP's
+  // DataParallel starts its replicate all-reduce from here. Empty: none.
+  void set_shard_grad_hook(std::function<void()> hook) {
+    shard_grad_hook_ = std::move(hook);
+  }
+  void RunShardGradHook() const {
+    if (shard_grad_hook_) shard_grad_hook_();
+  }
+
  private:
   Param& param_;
   int64_t rows_;
@@ -133,6 +144,7 @@ class FsdpParam : public ParamMaterializer {
   size_t index_ = 0;
   at::Tensor buffer_;
   size_t buffer_nbytes_ = 0;
+  std::function<void()> shard_grad_hook_;
 };
 
 // The params of one FSDP unit (a layer's, of one dtype): one flat all-gather,

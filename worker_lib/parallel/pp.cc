@@ -37,8 +37,10 @@ int64_t ParamCount(const Layer& layer) {
 // a layer) on failure; RunStep converts.
 class StepRunner {
  public:
+  // headers: whether this step sends activation headers (pp.h); otherwise
+  // the shapes come from stage.shape_cache().
   StepRunner(PipelineStage& stage, int microbatches, std::vector<at::Tensor> inputs,
-             std::vector<at::Tensor> targets, const LossFn& loss_fn)
+             std::vector<at::Tensor> targets, const LossFn& loss_fn, bool headers)
       : stage_(stage),
         group_(*stage.group()),
         pp_(stage.pp_size()),
@@ -47,6 +49,8 @@ class StepRunner {
         inputs_(std::move(inputs)),
         targets_(std::move(targets)),
         loss_fn_(loss_fn),
+        headers_(headers),
+        cache_(stage.shape_cache()),
         state_(stage.virtual_stages(), std::vector<Microbatch>(microbatches)) {}
 
   // Returns the sum of the microbatches' (unscaled) losses on the rank
@@ -133,18 +137,36 @@ class StepRunner {
   void SendActivation(const at::Tensor& activation, int peer, const Tags& tags) {
     TORCH_CHECK(activation.dim() <= kMaxDims, "pipeline activations have at most ",
                 kMaxDims, " dims, got ", activation.dim());
-    at::Tensor header = at::zeros({kHeaderLength}, at::kLong);
-    auto h = header.accessor<int64_t, 1>();
+    std::vector<int64_t> h(kHeaderLength, 0);
     h[0] = activation.dim();
     h[1] = static_cast<int64_t>(activation.scalar_type());
     for (int64_t d = 0; d < activation.dim(); ++d) h[2 + d] = activation.size(d);
-    Send(header, peer, tags.header);
+    if (headers_) {
+      Send(at::tensor(h, at::kLong), peer, tags.header);
+      cache_.sent[tags.header] = h;
+    } else {
+      // The receiver expects the shape sent in an earlier step.
+      auto sent = cache_.sent.find(tags.header);
+      TORCH_CHECK(sent != cache_.sent.end() && sent->second == h, "pipeline rank ", rank_,
+                  ": activation ", activation.sizes(),
+                  " differs from an earlier step's with the same input shape (stages' "
+                  "output shapes must follow the input's shape)");
+    }
     Send(activation.contiguous(), peer, tags.activation);
   }
 
   at::Tensor RecvActivation(int peer, const Tags& tags) {
-    at::Tensor header = Recv(at::empty({kHeaderLength}, at::kLong), peer, tags.header);
-    auto h = header.accessor<int64_t, 1>();
+    std::vector<int64_t> h;
+    if (headers_) {
+      at::Tensor header = Recv(at::empty({kHeaderLength}, at::kLong), peer, tags.header);
+      h.assign(header.data_ptr<int64_t>(), header.data_ptr<int64_t>() + kHeaderLength);
+      cache_.received[tags.header] = h;
+    } else {
+      auto received = cache_.received.find(tags.header);
+      TORCH_CHECK(received != cache_.received.end(), "pipeline rank ", rank_,
+                  ": no activation shape from rank ", peer, " for tag ", tags.header);
+      h = received->second;
+    }
     TORCH_CHECK(h[0] >= 0 && h[0] <= kMaxDims, "pipeline rank ", rank_,
                 ": bad activation header from rank ", peer);
     std::vector<int64_t> sizes(h.data() + 2, h.data() + 2 + h[0]);
@@ -172,6 +194,8 @@ class StepRunner {
   const std::vector<at::Tensor> inputs_;
   const std::vector<at::Tensor> targets_;
   const LossFn& loss_fn_;
+  const bool headers_;
+  PipelineStage::ShapeCache& cache_;
   std::vector<std::vector<Microbatch>> state_;  // [chunk][microbatch]
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_sends_;
   double loss_sum_ = 0;
@@ -185,11 +209,12 @@ int64_t Rows(const at::Tensor& batch) {
 // Every stage's StepArgs, `mine` included (index = stage): one small
 // all-gather over the pp group. Throws c10::Error on a c10d failure.
 std::vector<StepArgs> ExchangeStepArgs(c10d::ProcessGroup& group, const StepArgs& mine) {
-  constexpr int kFields = 6;
+  constexpr int kFields = 8;
   at::Tensor packed = at::tensor(
       {static_cast<int64_t>(mine.schedule), static_cast<int64_t>(mine.microbatches),
        mine.input_rows, mine.target_rows, static_cast<int64_t>(mine.has_loss_fn),
-       static_cast<int64_t>(mine.virtual_stages)},
+       static_cast<int64_t>(mine.virtual_stages), mine.input_shape_key,
+       mine.cached_shape_key},
       at::kLong);
   std::vector<at::Tensor> input{packed};
   std::vector<std::vector<at::Tensor>> output(1);
@@ -209,9 +234,26 @@ std::vector<StepArgs> ExchangeStepArgs(c10d::ProcessGroup& group, const StepArgs
     args.target_rows = f[3];
     args.has_loss_fn = f[4] != 0;
     args.virtual_stages = static_cast<int>(f[5]);
+    args.input_shape_key = f[6];
+    args.cached_shape_key = f[7];
     all.push_back(args);
   }
   return all;
+}
+
+// The first stage's input shape, dtype, microbatches and schedule as one
+// nonzero number (FNV-1a): what the activation shapes of a step follow.
+int64_t InputShapeKey(const at::Tensor& input, int microbatches, Schedule schedule) {
+  std::vector<int64_t> fields{input.dim(), static_cast<int64_t>(input.scalar_type()),
+                              microbatches, static_cast<int64_t>(schedule)};
+  for (int64_t size : input.sizes()) fields.push_back(size);
+  uint64_t hash = 14695981039346656037ULL;
+  for (int64_t field : fields) {
+    hash ^= static_cast<uint64_t>(field);
+    hash *= 1099511628211ULL;
+  }
+  const auto key = static_cast<int64_t>(hash);
+  return key == 0 ? 1 : key;
 }
 
 }  // namespace
@@ -300,15 +342,24 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
     mine.schedule = schedule;
     mine.microbatches = microbatches;
     mine.virtual_stages = stage.virtual_stages();
-    if (stage.is_first()) mine.input_rows = Rows(input);
+    if (stage.is_first()) {
+      mine.input_rows = Rows(input);
+      if (input.defined())
+        mine.input_shape_key = InputShapeKey(input, microbatches, schedule);
+    }
+    PipelineStage::ShapeCache& cache = stage.shape_cache();
+    mine.cached_shape_key = cache.key;
     if (stage.is_last()) {
       mine.target_rows = Rows(target);
       mine.has_loss_fn = static_cast<bool>(loss_fn);
     }
-    if (absl::Status status = ValidateStep(ExchangeStepArgs(*stage.group(), mine));
-        !status.ok()) {
-      return status;
-    }
+    const std::vector<StepArgs> all = ExchangeStepArgs(*stage.group(), mine);
+    if (absl::Status status = ValidateStep(all); !status.ok()) return status;
+    // Headers unless every stage holds the shapes for this input shape.
+    const int64_t key = all.front().input_shape_key;
+    bool headers = key == 0;
+    for (const StepArgs& args : all) headers = headers || args.cached_shape_key != key;
+    if (headers) cache = {};
     absl::StatusOr<std::vector<Action>> actions = RankActions(
         schedule, stage.pp_size(), stage.rank(), stage.virtual_stages(), microbatches);
     if (!actions.ok()) return actions.status();
@@ -317,9 +368,10 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
     if (stage.is_first()) inputs = input.split(input.size(0) / microbatches, 0);
     if (stage.is_last()) targets = target.split(target.size(0) / microbatches, 0);
 
-    StepRunner runner(stage, microbatches, std::move(inputs), std::move(targets),
-                      loss_fn);
+    StepRunner runner(stage, microbatches, std::move(inputs), std::move(targets), loss_fn,
+                      headers);
     const double loss_sum = runner.Run(*actions);
+    cache.key = key;
     // The step's loss lives on the last stage's rank; every rank returns it.
     at::Tensor loss = at::full({1}, loss_sum / microbatches, at::kDouble);
     std::vector<at::Tensor> tensors{loss};
@@ -328,8 +380,10 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
     stage.group()->broadcast(tensors, options)->wait();
     return loss.item<double>();
   } catch (const c10::Error& error) {
+    stage.shape_cache() = {};  // the next step sends headers
     return internal(error.what_without_backtrace());
   } catch (const std::exception& error) {
+    stage.shape_cache() = {};
     return internal(error.what());
   }
 }

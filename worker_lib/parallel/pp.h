@@ -34,8 +34,15 @@
 // microbatch, so messages match by (peer, tag), never by arrival order:
 //   forward:  a header (int64 [2 + kMaxDims]: ndim, dtype, sizes) with tag
 //             3 (k M + m), then the activation with tag 3 (k M + m) + 1. The
-//             header is sent for every microbatch, so stages need not know
-//             each other's output shapes.
+//             headers are sent in a step only when some stage has not seen
+//             them for this input shape (and microbatches, schedule): each
+//             stage keeps the shapes it received, and the step-argument
+//             all-gather tells every stage whether all of them hold the
+//             shapes for the first stage's input, so a stage need not know
+//             its neighbours' output shapes, but those must be a function of
+//             the input's shape (a layer whose output shape depends on the
+//             values fails the step with a shape error). A message fewer a
+//             microbatch, which 1F1B pays on its critical path.
 //   backward: the gradient of the activation, tag 3 (k M + m) + 2; its shape
 //             is that of the activation the receiver sent, so it has no
 //             header.
@@ -50,6 +57,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -78,6 +86,14 @@ class PipelineStage {
   bool is_first() const { return rank_ == 0; }
   bool is_last() const { return rank_ == pp_size_ - 1; }
   const ProcessGroupPtr& group() const { return group_; }
+
+  // For RunStep (pp.cc): the activation shapes this rank received (by header
+  // tag) and sent, valid for the input shape key `key` (0: none).
+  struct ShapeCache {
+    int64_t key = 0;
+    std::map<int, std::vector<int64_t>> received, sent;
+  };
+  ShapeCache& shape_cache() { return shape_cache_; }
 
   // A chunk's layers: layers [layer_begin(c), layer_end(c)) of the model
   // given to MakeStage; the other ranks' layers were dropped.
@@ -117,6 +133,7 @@ class PipelineStage {
   ProcessGroupPtr group_;
   std::vector<Chunk> chunks_;
   std::vector<int> boundaries_;
+  ShapeCache shape_cache_;
 };
 
 // Cuts `model` (whole, built identically on every rank) into

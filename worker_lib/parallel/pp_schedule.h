@@ -101,6 +101,11 @@ struct StepArgs {
   int64_t input_rows = kNotABatch;   // dim 0 of the input; read on the first stage
   int64_t target_rows = kNotABatch;  // dim 0 of the target; read on the last stage
   bool has_loss_fn = false;          // read on the last stage
+  // The input's shape and dtype as one number (first stage), and the one
+  // whose activation shapes this stage holds from earlier steps (0: none).
+  // pp.cc's header skipping; ValidateStep ignores them.
+  int64_t input_shape_key = 0;
+  int64_t cached_shape_key = 0;
 };
 
 // Judges one step from every stage's StepArgs (`stages[s]` from pp rank s):

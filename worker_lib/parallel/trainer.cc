@@ -239,7 +239,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   if (state->dp) {
     state->dp_sync = std::make_unique<DataParallel>(state->Params(), state->dp,
-                                                    options.dp_bucket_bytes);
+                                                    options.dp_bucket_bytes,
+                                                    options.dp_first_bucket_bytes);
     // A pipeline schedule runs several backwards per step: they accumulate,
     // and SyncGradients does the whole sync after them.
     if (state->stage) state->dp_sync->set_sync_during_backward(false);

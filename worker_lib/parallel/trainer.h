@@ -110,6 +110,8 @@ struct TrainOptions {
   int virtual_stages = 1;
   bool reshard_after_forward = true;
   size_t dp_bucket_bytes = size_t{25} << 20;
+  // DataParallel's first bucket (dp.h); 0: as big as the others.
+  size_t dp_first_bucket_bytes = size_t{1} << 20;
   // Not owned; null: none. Then the world is one replica group, and Step
   // returns ABORTED for a step the replicas discarded.
   ReplicaGradientSync* replica_sync = nullptr;

@@ -61,6 +61,10 @@ TEST(HsdpTest, Mesh2x2MatchesSingleProcess) {
       Contains(run.output,
                "LOCAL 3 dp 1 fsdp 1 fc3.weight [4, 50] Shard(dim=0)@fsdp local [2, 50]"))
       << run.output;
+  // The replicate all-reduce starts in backward, once FSDP has the shard grads.
+  EXPECT_TRUE(
+      Contains(run.output, "OVERLAP at least 1 of 1 buckets started during backward"))
+      << run.output;
 }
 
 TEST(HsdpTest, Mesh2x2WithoutReshardAfterForwardMatchesSingleProcess) {

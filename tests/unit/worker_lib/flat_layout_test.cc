@@ -92,6 +92,23 @@ TEST(MakeBuckets, DefaultSizeKeepsASmallModelInOneBucket) {
   EXPECT_EQ(buckets[0].offsets, (std::vector<int64_t>{0, 50, 2550, 2600}));
 }
 
+// DDP's small first bucket: it closes once it holds at least the first
+// limit (here fc3's 1 KiB bias and 1 MiB weight), the rest share 25 MiB.
+TEST(MakeBuckets, SmallFirstBucketClosesOnceFull) {
+  auto buckets = MakeBuckets({1 << 18, 1024, 1 << 18, 256}, {4, 4, 4, 4}, {0, 0, 0, 0},
+                             25 << 20, 1 << 20);
+  ASSERT_EQ(buckets.size(), 2u);
+  EXPECT_EQ(buckets[0].members, (std::vector<size_t>{3, 2}));
+  EXPECT_EQ(buckets[1].members, (std::vector<size_t>{1, 0}));
+}
+
+TEST(MakeBuckets, FirstBucketLimitAboveTheBucketSizeIsIgnored) {
+  auto buckets =
+      MakeBuckets({100, 10, 100, 10}, {4, 4, 4, 4}, {0, 0, 0, 0}, 440, 1 << 20);
+  ASSERT_EQ(buckets.size(), 2u);
+  EXPECT_EQ(buckets[0].members, (std::vector<size_t>{3, 2}));
+}
+
 TEST(SlotsOf, FindsEveryParamsBucketAndPosition) {
   auto buckets = MakeBuckets({100, 10, 100, 10}, {4, 4, 4, 4}, {0, 0, 0, 0}, 440);
   auto slots = SlotsOf(buckets, 4);
