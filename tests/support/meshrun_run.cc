@@ -10,13 +10,12 @@ MeshrunRun RunUnderMeshrun(int nproc, const std::string& program,
                            const std::vector<std::string>& args,
                            std::chrono::milliseconds timeout,
                            const std::vector<std::string>& launcher_flags) {
-  std::vector<std::string> argv{
-      "/usr/bin/env",
-      "PYTHON_EXEC=" MESHRUN_PYTHON,
-      BinDir() + "/meshrun",
-      "--standalone",
-      "--nproc-per-node=" + std::to_string(nproc),
-      "--no-python"};
+  std::vector<std::string> argv{"/usr/bin/env",
+                                "PYTHON_EXEC=" MESHRUN_PYTHON,
+                                BinDir() + "/meshrun",
+                                "--standalone",
+                                "--nproc-per-node=" + std::to_string(nproc),
+                                "--no-python"};
   argv.insert(argv.end(), launcher_flags.begin(), launcher_flags.end());
   argv.push_back(program.front() == '/' ? program : BinDir() + "/" + program);
   argv.insert(argv.end(), args.begin(), args.end());

@@ -54,8 +54,8 @@ std::map<int, std::string> VerifiedPids(const std::string& output) {
 }
 
 struct Failure {
-  std::string args;       // train_example's, after --fault-tolerant --verify
-  int replica_size;       // meshrun --replica-size
+  std::string args;         // train_example's, after --fault-tolerant --verify
+  int replica_size;         // meshrun --replica-size
   std::set<int> restarted;  // the ranks that must start twice
 };
 
@@ -70,8 +70,8 @@ TEST_P(ReplicaFailures, SurvivorsTrainOnAndTheFailedGroupIsHealed) {
   MeshrunRun run = RunUnderMeshrun(
       4, "train_example", Args(failure.args + " --fault-tolerant --verify"),
       std::chrono::seconds(240),
-      {"--restart-scope=replica", "--replica-size=" + std::to_string(failure.replica_size),
-       "--max-restarts=3"});
+      {"--restart-scope=replica",
+       "--replica-size=" + std::to_string(failure.replica_size), "--max-restarts=3"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(CountLines(run.output, "SIGKILLs itself"), 1) << run.output;
   EXPECT_EQ(CountLines(run.output, "equal single-process training of"), 4) << run.output;
@@ -79,7 +79,8 @@ TEST_P(ReplicaFailures, SurvivorsTrainOnAndTheFailedGroupIsHealed) {
   const auto started = StartedPids(run.output);
   const auto verified = VerifiedPids(run.output);
   for (int rank = 0; rank < 4; ++rank) {
-    ASSERT_TRUE(started.count(rank) && verified.count(rank)) << rank << "\n" << run.output;
+    ASSERT_TRUE(started.count(rank) && verified.count(rank)) << rank << "\n"
+                                                             << run.output;
     const std::vector<std::string>& pids = started.at(rank);
     if (failure.restarted.count(rank)) {
       ASSERT_EQ(pids.size(), 2u) << rank << "\n" << run.output;
@@ -100,18 +101,21 @@ INSTANTIATE_TEST_SUITE_P(
         // The run: one of four replicas killed near step 30 of 100.
         Failure{"--dp 4 --steps 100 --kill-at-step 30 --kill-rank 2", 1, {2}},
         // In the middle of the gradient all-reduce, and after voting ok.
-        Failure{"--dp 4 --steps 40 --kill-at-step 10 --kill-rank 1 --kill-point allreduce", 1,
-                {1}},
-        Failure{"--dp 4 --steps 40 --kill-at-step 10 --kill-rank 3 --kill-point voted", 1,
+        Failure{
+            "--dp 4 --steps 40 --kill-at-step 10 --kill-rank 1 --kill-point allreduce",
+            1,
+            {1}},
+        Failure{"--dp 4 --steps 40 --kill-at-step 10 --kill-rank 3 --kill-point voted",
+                1,
                 {3}},
         // Replica groups of two tensor-parallel ranks: rank 3's group (2, 3)
         // restarts, rank 2 with it.
         Failure{"--dp 2 --tp 2 --steps 40 --kill-at-step 10 --kill-rank 3", 2, {2, 3}}));
 
 TEST(FaultTolerantReplicas, WithoutFailuresTrainExactlyAsOneProcess) {
-  MeshrunRun run =
-      RunUnderMeshrun(4, "train_example", Args("--dp 4 --steps 20 --fault-tolerant --verify"),
-                      std::chrono::seconds(240), {"--restart-scope=replica"});
+  MeshrunRun run = RunUnderMeshrun(
+      4, "train_example", Args("--dp 4 --steps 20 --fault-tolerant --verify"),
+      std::chrono::seconds(240), {"--restart-scope=replica"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(CountSteps(run.output), 20) << run.output;
   EXPECT_EQ(CountLines(run.output, "committed steps (0 without every replica)"), 4)
@@ -127,7 +131,8 @@ TEST(FaultTolerantReplicas, BadCombinationsAreRefused) {
   run = RunUnderMeshrun(4, "train_example", Args("--dp 4 --kill-at-step 3"),
                         std::chrono::seconds(120));
   EXPECT_NE(run.exit_code, 0) << run.output;
-  EXPECT_TRUE(Contains(run.output, "--kill-at-step needs --fault-tolerant")) << run.output;
+  EXPECT_TRUE(Contains(run.output, "--kill-at-step needs --fault-tolerant"))
+      << run.output;
 }
 
 }  // namespace
