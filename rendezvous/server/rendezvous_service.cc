@@ -431,12 +431,14 @@ grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
   return Done(context, verdict.status());
 }
 
-absl::Status RendezvousService::RunInProgressLocked(const std::string& run_id) const {
-  if (!state_.Summary(run_id))
+absl::StatusOr<uint64_t> RendezvousService::RoundInProgress(const std::string& run_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<RunSummary> run = state_.Summary(run_id);
+  if (!run)
     return absl::NotFoundError("run '" + run_id + "' is not known to this daemon");
   if (state_.IsClosed(run_id))
     return absl::FailedPreconditionError("run '" + run_id + "' has ended");
-  return absl::OkStatus();
+  return run->round;
 }
 
 void RendezvousService::ReplicaFailedLocked(const std::string& run_id, uint32_t replica) {
@@ -449,15 +451,10 @@ grpc::ServerUnaryReactor* RendezvousService::Quorum(grpc::CallbackServerContext*
   if (absl::Status invalid = ValidateQuorumRequest(*request, RequestLimits());
       !invalid.ok())
     return Done(context, invalid);
-  uint64_t round;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status open = RunInProgressLocked(request->run_id()); !open.ok())
-      return Done(context, open);
-    round = state_.Summary(request->run_id())->round;
-  }
+  absl::StatusOr<uint64_t> round = RoundInProgress(request->run_id());
+  if (!round.ok()) return Done(context, round.status());
   auto* reactor = context->DefaultReactor();
-  quorum_.Quorum(reactor, *request, round, reply);
+  quorum_.Quorum(reactor, *request, *round, reply);
   return reactor;
 }
 
@@ -467,15 +464,10 @@ grpc::ServerUnaryReactor* RendezvousService::Commit(grpc::CallbackServerContext*
   if (absl::Status invalid = ValidateCommitRequest(*request, RequestLimits());
       !invalid.ok())
     return Done(context, invalid);
-  uint64_t round;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status open = RunInProgressLocked(request->run_id()); !open.ok())
-      return Done(context, open);
-    round = state_.Summary(request->run_id())->round;
-  }
+  absl::StatusOr<uint64_t> round = RoundInProgress(request->run_id());
+  if (!round.ok()) return Done(context, round.status());
   auto* reactor = context->DefaultReactor();
-  quorum_.Commit(reactor, *request, round, reply);
+  quorum_.Commit(reactor, *request, *round, reply);
   return reactor;
 }
 

@@ -129,8 +129,9 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   // A counted failure of replica group `replica` (restart scope replica): it
   // restarts alone, and the step quorum stops waiting for it. REQUIRES: mu_ held.
   void ReplicaFailedLocked(const std::string& run_id, uint32_t replica);
-  // OK when `run_id` is in progress; REQUIRES: mu_ held.
-  absl::Status RunInProgressLocked(const std::string& run_id) const;
+  // The round of `run_id` when it is in progress (NOT_FOUND, FAILED_PRECONDITION
+  // otherwise). REQUIRES: mu_ not held.
+  absl::StatusOr<uint64_t> RoundInProgress(const std::string& run_id);
 
   const RendezvousServiceOptions options_;
   std::mutex mu_;
