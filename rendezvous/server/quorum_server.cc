@@ -60,15 +60,17 @@ void QuorumServer::Quorum(grpc::ServerUnaryReactor* reactor,
     const QuorumWaiter waiter = next_waiter_++;
     parked_[waiter] = {reactor, reply, nullptr};
     std::vector<QuorumAnswer> answers;
-    absl::Status status = RunLocked(request.run_id(), round, &answers)
-                              .Arrive({.replica = request.replica(),
-                                       .member = request.member(),
-                                       .replica_size = request.replica_size(),
-                                       .num_replicas = request.num_replicas(),
-                                       .committed_steps = request.committed_steps(),
-                                       .incarnation = request.incarnation(),
-                                       .finished = request.finished()},
-                                      waiter, DeadlineIn(request.timeout_ms()), &answers);
+    QuorumArrival arrival;
+    arrival.replica = request.replica();
+    arrival.member = request.member();
+    arrival.replica_size = request.replica_size();
+    arrival.num_replicas = request.num_replicas();
+    arrival.committed_steps = request.committed_steps();
+    arrival.incarnation = request.incarnation();
+    arrival.finished = request.finished();
+    absl::Status status =
+        RunLocked(request.run_id(), round, &answers)
+            .Arrive(arrival, waiter, DeadlineIn(request.timeout_ms()), &answers);
     if (!status.ok()) answers.push_back({waiter, status});
     DeliverLocked(answers, &finishes);
     PokeLocked();
