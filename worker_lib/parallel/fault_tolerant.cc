@@ -180,11 +180,14 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(
       group_.reset();
       group_id_ = 0;
       last_discard_reason_ = std::string(healed.message());
+      if (quorum.healed) {
+        // Our params may be half copied: arrive as the least advanced, so
+        // that the next quorum heals us again. (A replica as advanced as
+        // the source received its own values, if anything.)
+        committed_steps_ = 0;
+        history_.clear();
+      }
       quorum.healed = false;
-      // Our state may be half copied: arrive as the least advanced, so
-      // that the next quorum heals us again.
-      committed_steps_ = 0;
-      history_.clear();
     }
   }
   return quorum;
