@@ -7,7 +7,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "rendezvous/client/rendezvous_client.h"
 #include "rendezvous/client/store_client.h"
 #include "rendezvous/security/security.h"
