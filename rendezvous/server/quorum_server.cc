@@ -2,17 +2,13 @@
 
 #include <utility>
 
+#include "rendezvous/server/grpc_status.h"
+
 namespace meshrun::rdzv {
 
 namespace v1 = meshrun::v1;
 
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
 
 uint64_t FirstId() {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -54,43 +50,44 @@ ReplicaQuorum& QuorumServer::RunLocked(const std::string& run_id, uint64_t round
 void QuorumServer::Quorum(grpc::ServerUnaryReactor* reactor,
                           const v1::QuorumRequest& request, uint64_t round,
                           v1::QuorumReply* reply) {
-  Finishes finishes;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const QuorumWaiter waiter = next_waiter_++;
-    parked_[waiter] = {reactor, reply, nullptr};
-    std::vector<QuorumAnswer> answers;
-    QuorumArrival arrival;
-    arrival.replica = request.replica();
-    arrival.member = request.member();
-    arrival.replica_size = request.replica_size();
-    arrival.num_replicas = request.num_replicas();
-    arrival.committed_steps = request.committed_steps();
-    arrival.incarnation = request.incarnation();
-    arrival.finished = request.finished();
-    absl::Status status =
-        RunLocked(request.run_id(), round, &answers)
-            .Arrive(arrival, waiter, DeadlineIn(request.timeout_ms()), &answers);
-    if (!status.ok()) answers.push_back({waiter, status});
-    DeliverLocked(answers, &finishes);
-    PokeLocked();
-  }
-  Finish(finishes);
+  QuorumArrival arrival;
+  arrival.replica = request.replica();
+  arrival.member = request.member();
+  arrival.replica_size = request.replica_size();
+  arrival.num_replicas = request.num_replicas();
+  arrival.committed_steps = request.committed_steps();
+  arrival.incarnation = request.incarnation();
+  arrival.finished = request.finished();
+  Park({reactor, reply, nullptr}, request.run_id(), round,
+       [&](ReplicaQuorum& quorum, QuorumWaiter waiter,
+           std::vector<QuorumAnswer>* answers) {
+         return quorum.Arrive(arrival, waiter, DeadlineIn(request.timeout_ms()), answers);
+       });
 }
 
 void QuorumServer::Commit(grpc::ServerUnaryReactor* reactor,
                           const v1::CommitRequest& request, uint64_t round,
                           v1::CommitReply* reply) {
+  Park({reactor, nullptr, reply}, request.run_id(), round,
+       [&](ReplicaQuorum& quorum, QuorumWaiter waiter,
+           std::vector<QuorumAnswer>* answers) {
+         return quorum.Vote(request.quorum_id(), request.replica(), request.member(),
+                            request.ok(), waiter, DeadlineIn(request.timeout_ms()),
+                            answers);
+       });
+}
+
+void QuorumServer::Park(
+    const Parked& parked, const std::string& run_id, uint64_t round,
+    const std::function<absl::Status(ReplicaQuorum&, QuorumWaiter,
+                                     std::vector<QuorumAnswer>*)>& call) {
   Finishes finishes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const QuorumWaiter waiter = next_waiter_++;
-    parked_[waiter] = {reactor, nullptr, reply};
+    parked_[waiter] = parked;
     std::vector<QuorumAnswer> answers;
-    absl::Status status =
-        RunLocked(request.run_id(), round, &answers)
-            .Vote(request.quorum_id(), request.replica(), request.member(), request.ok(),
-                  waiter, DeadlineIn(request.timeout_ms()), &answers);
+    absl::Status status = call(RunLocked(run_id, round, &answers), waiter, &answers);
     if (!status.ok()) answers.push_back({waiter, status});
     DeliverLocked(answers, &finishes);
     PokeLocked();

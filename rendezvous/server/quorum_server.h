@@ -10,6 +10,7 @@
 // rendezvous state machine.
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -59,6 +60,11 @@ class QuorumServer {
     uint64_t round = 0;
     std::unique_ptr<ReplicaQuorum> quorum;
   };
+  // Parks the caller and runs `call` (Arrive or Vote) on the run's quorum of
+  // `round`; answers whoever that answers.
+  void Park(const Parked& parked, const std::string& run_id, uint64_t round,
+            const std::function<absl::Status(ReplicaQuorum&, QuorumWaiter,
+                                             std::vector<QuorumAnswer>*)>& call);
   // The run's quorum of `round` (a new one when the round changed).
   ReplicaQuorum& RunLocked(const std::string& run_id, uint64_t round,
                            std::vector<QuorumAnswer>* answers);

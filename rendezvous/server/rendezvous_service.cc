@@ -5,6 +5,7 @@
 
 #include "rendezvous/core/request_validation.h"
 #include "rendezvous/core/state_codec.h"
+#include "rendezvous/server/grpc_status.h"
 #include "rendezvous/status/status_proto.h"
 
 namespace meshrun::rdzv {
@@ -12,12 +13,6 @@ namespace meshrun::rdzv {
 namespace v1 = meshrun::v1;
 
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
-}
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
                                const absl::Status& status) {
