@@ -713,6 +713,10 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
 
 void TcpStoreServer::Stop() {
   if (!impl_) return;
+  // A server whose Start failed (its port in use) never ran its io threads:
+  // Impl::Stop's posted close would stay queued in the io_context the Impl
+  // owns, holding the Impl alive, a leak.
+  if (threads_.empty()) return;
   impl_->Stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
