@@ -82,6 +82,11 @@ meshrun::v1::RunConfig ToRunConfig(const LaunchConfig& config) {
   run.set_join_timeout_ms(static_cast<uint32_t>(conf.join_timeout.count()));
   run.set_keep_alive_interval_ms(static_cast<uint32_t>(conf.keep_alive_interval.count()));
   run.set_keep_alive_max_attempt(static_cast<uint32_t>(conf.keep_alive_max_attempt));
+  // Nodes of one run must agree on it (the daemon refuses a node that does
+  // not): a replica group restarting alone on one node while another node
+  // restarts the world would leave the groups out of step.
+  if (config.restart_scope == RestartScope::kReplica)
+    run.set_replica_size(static_cast<uint32_t>(config.replica_size));
   return run;
 }
 

@@ -97,6 +97,11 @@ absl::Status ValidateJoin(const std::string& run_id, const NodeInfo& node,
         absl::StrCat("keep_alive_interval * keep_alive_max_attempt exceeds the limit of ",
                      kMaxTimeout.count(), "ms"));
   }
+  if (o.replica_size > 0 && node.nproc % o.replica_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nproc ", node.nproc, " is not a multiple of the replica size ",
+                     o.replica_size, " (restart scope replica)"));
+  }
   if (node.node_rank_hint < -1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "node_rank_hint must be -1 (none) or a rank, got ", node.node_rank_hint));
@@ -136,6 +141,15 @@ std::string DescribeOptionDiff(const RunOptions& run, const RunOptions& asked) {
     diffs.push_back(
         absl::StrCat("uniform_nproc: run has ", run.uniform_nproc ? "true" : "false",
                      ", node asked for ", asked.uniform_nproc ? "true" : "false"));
+  }
+  if (run.replica_size != asked.replica_size) {
+    auto scope = [](uint32_t replica_size) {
+      return replica_size == 0
+                 ? std::string("job")
+                 : absl::StrCat("replica (groups of ", replica_size, " workers)");
+    };
+    diffs.push_back(absl::StrCat("restart scope: run has ", scope(run.replica_size),
+                                 ", node asked for ", scope(asked.replica_size)));
   }
   return absl::StrJoin(diffs, "; ");
 }
@@ -1254,7 +1268,8 @@ namespace {
 // 2 added the epoch, incarnations, the abandon timer and the passed join
 // deadline; format 1 still reads (as a first incarnation).
 // 3 added the counted replica failures (restart scope "replica").
-constexpr uint32_t kRunFormat = 3;
+// 4 added the restart scope's replica size (earlier formats: scope "job").
+constexpr uint32_t kRunFormat = 4;
 
 void WriteRemaining(codec::ByteWriter& w, const std::optional<RdzvTime>& at,
                     RdzvTime now) {
@@ -1357,6 +1372,8 @@ std::optional<std::string> RendezvousState::EncodeRun(const std::string& run_id,
     w.U32(replica);
     w.U32(incarnation);
   }
+  // Format 4.
+  w.U32(o.replica_size);
   return w.Take();
 }
 
@@ -1473,6 +1490,7 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
         run->replica_failures[replica] = r.U32();
       }
     }
+    if (format >= 4) o.replica_size = r.U32();
   } else {
     // Format 1 kept no members apart from the nodes.
     for (const auto& [id, node] : run->nodes)

@@ -62,6 +62,9 @@ struct RunOptions {
   Millis keep_alive_interval{5000};
   uint32_t keep_alive_max_attempt = 3;
   bool uniform_nproc = false;
+  // Restart scope: 0 "job"; N "replica", groups of N workers (a node's nproc
+  // a multiple of it).
+  uint32_t replica_size = 0;
 
   Millis lease() const { return keep_alive_interval * keep_alive_max_attempt; }
 };

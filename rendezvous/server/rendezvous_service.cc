@@ -73,6 +73,7 @@ RunOptions FromProto(const v1::RunConfig& config) {
   if (config.keep_alive_max_attempt() > 0)
     options.keep_alive_max_attempt = config.keep_alive_max_attempt();
   options.uniform_nproc = config.uniform_nproc();
+  options.replica_size = config.replica_size();
   return options;
 }
 

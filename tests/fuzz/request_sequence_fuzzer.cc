@@ -166,6 +166,7 @@ class Sequence {
     config->set_keep_alive_interval_ms(Hostile32(in, 10));
     config->set_keep_alive_max_attempt(Hostile32(in, 3));
     config->set_uniform_nproc(in.ConsumeBool());
+    config->set_replica_size(Hostile32(in, 2));
     sessions_[{run, node}] = client_.Join(join);
   }
 

@@ -8,11 +8,13 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rendezvous/client/store_client.h"
@@ -203,6 +205,47 @@ TEST_F(ReplicaRestartTest, TwoNodesOnlyTheFailedReplicaRestarts) {
   }
   for (int rank : {0, 1, 2}) ExpectRan(dir, rank, std::to_string(rank), 1);
   ExpectRan(dir, 3, "3", 2);
+}
+
+// Nodes of one run that disagree on the restart scope would restart their
+// workers differently: whichever joins second is refused, with one line
+// naming the difference, while the other waits for a node that agrees.
+TEST_F(ReplicaRestartTest, NodesThatDisagreeOnTheRestartScopeAreRefused) {
+  TempDir dir;
+  DaemonProcess daemon;
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int node = 0; node < 2; ++node) {
+    std::vector<std::string> args{"--nnodes=2",
+                                  "--nproc-per-node=2",
+                                  "--rdzv-backend=c10d",
+                                  "--rdzv-endpoint=" + daemon.endpoint(),
+                                  "--rdzv-id=scopes",
+                                  "--node-rank=" + std::to_string(node),
+                                  "--no-python",
+                                  kWorker,
+                                  dir.path(),
+                                  "-1",
+                                  "ok"};
+    if (node == 0) args.insert(args.begin(), "--restart-scope=replica");
+    agents.push_back(Launch(args));
+  }
+  // The refused one ends on its own; the other waits (ended below by pid).
+  ChildProcess* refused = nullptr;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (refused == nullptr && std::chrono::steady_clock::now() < deadline) {
+    for (auto& agent : agents)
+      if (!agent->Running()) refused = agent.get();
+    if (refused == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_NE(refused, nullptr) << "neither agent was refused";
+  const int code = ExitCode(*refused);
+  EXPECT_NE(code, 0) << refused->output();
+  EXPECT_NE(refused->output().find("restart scope: run has"), std::string::npos)
+      << refused->output();
+  EXPECT_EQ(Count(refused->output(), "restart scope"), 1u) << refused->output();
+  for (auto& agent : agents) EXPECT_TRUE(agent.get() == refused || agent->Running());
+  // No worker started anywhere.
+  for (int rank = 0; rank < 4; ++rank) EXPECT_TRUE(Records(dir, rank).empty());
 }
 
 // The daemon (--state-dir) restarts while a replica group's failure is

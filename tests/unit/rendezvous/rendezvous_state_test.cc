@@ -382,13 +382,15 @@ TEST_F(RendezvousStateTest, MismatchedOptionsListEveryDifference) {
   other.max_nodes = 5;
   other.last_call_timeout = Millis(250);
   other.uniform_nproc = true;
+  other.replica_size = 1;
   absl::Status s = Join(Node("b"), other, kT0);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(s.message(),
             "run job was started with different options: min_nodes: run has "
             "2, node asked for 3; max_nodes: run has 4, node asked for 5; "
             "last_call_timeout: run has 1000ms, node asked for 250ms; "
-            "uniform_nproc: run has false, node asked for true");
+            "uniform_nproc: run has false, node asked for true; restart scope: run "
+            "has job, node asked for replica (groups of 1 workers)");
 }
 
 TEST_F(RendezvousStateTest, InvalidInputIsRefused) {
@@ -413,6 +415,8 @@ TEST_F(RendezvousStateTest, InvalidInputIsRefused) {
       {"long host", "r", NodeInfo{"a", long_id, 1, -1}, Opts(1, 4), "host is 257 bytes"},
       {"nproc 0", "r", Node("a", 0), Opts(1, 4), "nproc must be at least 1"},
       {"nproc big", "r", Node("a", 65537), Opts(1, 4), "nproc 65537"},
+      {"replica size", "r", Node("a", 4), opts([](RunOptions& o) { o.replica_size = 3; }),
+       "nproc 4 is not a multiple of the replica size 3"},
       {"max 0", "r", Node("a"), opts([](RunOptions& o) { o.max_nodes = 0; }),
        "max_nodes must be at least 1"},
       {"max big", "r", Node("a"), opts([](RunOptions& o) { o.max_nodes = 100001; }),
@@ -921,11 +925,17 @@ TEST_F(RendezvousStateTest, ReplicaFailureOutOfRangeOrStaleDoesNotCount) {
 TEST_F(RendezvousStateTest, CountedReplicaFailuresSurviveEncodeAndRestore) {
   options_ = Opts(1, 1);
   options_.max_restarts = 5;
+  options_.replica_size = 2;
   JoinAll({Node("a", 4)});
   ASSERT_TRUE(state_.ReportReplicaFailure(kRun, "a", 1, 2, 0, "x", At(1), &events_).ok());
   RendezvousState restored;
   ASSERT_TRUE(restored.RestoreRun(*state_.EncodeRun(kRun, At(2)), At(2)).ok());
   EXPECT_EQ(restored.Summary(kRun)->restart_count, 1u);
+  // The restart scope came back too: a node of the other scope is refused.
+  RunOptions job_scope = options_;
+  job_scope.replica_size = 0;
+  absl::Status s = restored.Join(kRun, Node("b", 4), job_scope, At(2), &events_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   // The agent retries its report against the restarted daemon: counted once.
   auto v = restored.ReportReplicaFailure(kRun, "a", 1, 2, 0, "x", At(3), &events_);
   ASSERT_TRUE(v.ok());
