@@ -9,7 +9,17 @@
 # and parameters, and gnuplot draws the losses with the failure marked.
 # Installs and builds first.
 #
+# --fault-tolerant shows restart-free recovery instead: the two dp replicas
+# (of 2 tp workers each) are fault-tolerant replica groups under
+# `meshrun --restart-scope=replica --replica-size=2`; when the worker dies,
+# only its replica group restarts and copies the parameters from the live
+# one, which trains on alone meanwhile, keeping its processes. The check is
+# then a reference run that replays every committed step with exactly the
+# replicas that took part in it (--replay-history), against both replicas'
+# final parameters.
+#
 #   bash scripts/main-job.sh                 # about 3 minutes once built
+#   bash scripts/main-job.sh --fault-tolerant
 #   bash scripts/main-job.sh --no-failure    # no worker is killed
 #   bash scripts/main-job.sh --no-verify     # no uninterrupted reference run
 #   bash scripts/main-job.sh --steps 60      # extra arguments go to train_text
@@ -22,6 +32,7 @@ cd "$(dirname "$0")/.."
 
 failure=1
 verify=1
+fault_tolerant=0
 steps=300
 kill_at=-1
 extra=()
@@ -29,6 +40,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --no-failure) failure=0 ;;
     --no-verify) verify=0 ;;
+    --fault-tolerant) fault_tolerant=1 ;;
     --steps) steps=$2; shift ;;
     --steps=*) steps=${1#--steps=} ;;
     *) extra+=("$1") ;;
@@ -50,15 +62,23 @@ mkdir -p "$run_dir"
 run_dir=$(cd "$run_dir" && pwd)
 rm -rf "$run_dir/ckpt" "$run_dir/healed" "$run_dir/uninterrupted" "$run_dir/loss.csv"
 
-common=(--steps "$steps" --checkpoint-every $(( steps / 6 > 0 ? steps / 6 : 1 )) "${extra[@]}")
-launch=("$bin/meshrun" --standalone --nproc-per-node=4 --no-python)
+common=(--steps "$steps" "${extra[@]}")
+launch=("$bin/meshrun" --standalone --no-python)
+if [ "$fault_tolerant" = 1 ]; then
+  recovery=(--restart-scope=replica --replica-size=2 "$bin/train_text" --fault-tolerant)
+  how="fault-tolerant replicas: only the failed worker's replica group restarts"
+else
+  recovery=("$bin/train_text" --checkpoint-dir "$run_dir/ckpt"
+            --checkpoint-every $(( steps / 6 > 0 ? steps / 6 : 1 )))
+  how="the world restarts from the last checkpoint"
+fi
 
 echo "== main job: 4 workers, dp=2 x tp=2, $steps steps; run directory $run_dir"
-[ "$failure" = 1 ] && echo "== a worker will be killed before step $kill_at (--no-failure: no failure)"
+[ "$failure" = 1 ] && echo "== a worker will be killed before step $(( kill_at + 1 )); $how (--no-failure: no failure)"
 started=$(date +%s)
 set +e
-"${launch[@]}" --max-restarts=2 --metrics-port 0 \
-  "$bin/train_text" "${common[@]}" --checkpoint-dir "$run_dir/ckpt" \
+"${launch[@]}" --nproc-per-node=4 --max-restarts=2 --metrics-port 0 \
+  "${recovery[@]}" "${common[@]}" \
   --kill-at-step "$kill_at" --log "$run_dir/loss.csv" --save-final "$run_dir/healed" \
   2>&1 | tee "$run_dir/job.log" |
   grep --line-buffered -v -E '^\[[0-9:.]+\] \[(agent|rdzvd)\]|OMP_NUM_THREADS'
@@ -66,12 +86,29 @@ status=${PIPESTATUS[0]}
 set -e
 [ "$status" = 0 ] || { echo "main job: the training run failed (exit $status; see $run_dir/job.log)"; exit "$status"; }
 restarts=$(grep -c "restarting the run" "$run_dir/job.log" || true)
-echo "== training took $(( $(date +%s) - started )) s with $restarts restart(s)"
+echo "== training took $(( $(date +%s) - started )) s with $restarts restart(s) of the world"
+if [ "$fault_tolerant" = 1 ]; then
+  # Each worker printed "rank R pid P: ..." once per process it ran in.
+  awk '/^rank [0-9]+ pid [0-9]+: replica/ { n[$2]++; p = $4; sub(":", "", p); pid[$2] = pid[$2] " " p }
+    END { for (r = 0; r < 4; r++) printf "== rank %d: %s (pid%s)\n", r,
+          (n[r] > 1 ? "restarted " (n[r] - 1) " time(s)" : "one process from start to end"), pid[r] }' \
+    "$run_dir/job.log"
+fi
 
 if [ "$verify" = 1 ]; then
-  echo "== verifying: the same training without a failure (log: $run_dir/uninterrupted.log)"
+  if [ "$fault_tolerant" = 1 ]; then
+    # Every committed step replayed on one replica's worth of workers: each
+    # replica that trained it on its rows, their gradients averaged as the
+    # replicas' all-reduce does (train_text --replay-history).
+    echo "== verifying: the committed steps replayed by one replica group (log: $run_dir/uninterrupted.log)"
+    reference=(--nproc-per-node=2 "$bin/train_text" --dp 1 --tp 2
+               --replay-history "$run_dir/healed/history")
+  else
+    echo "== verifying: the same training without a failure (log: $run_dir/uninterrupted.log)"
+    reference=(--nproc-per-node=4 "$bin/train_text")
+  fi
   set +e
-  "${launch[@]}" "$bin/train_text" "${common[@]}" --sample 0 --progress-every 1000000 \
+  "${launch[@]}" "${reference[@]}" "${common[@]}" --sample 0 --progress-every 1000000 \
     --save-final "$run_dir/uninterrupted" --compare-with "$run_dir/healed" \
     > "$run_dir/uninterrupted.log" 2>&1
   status=$?

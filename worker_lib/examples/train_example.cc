@@ -39,6 +39,14 @@
 // [--kill-point start|allreduce|voted] makes rank R SIGKILL itself at step
 // N, in its first incarnation only.
 //
+// --checkpoint-dir DIR --checkpoint-every C (without --fault-tolerant): a
+// sharded checkpoint every C steps (checkpoint_series.h), and a start
+// resumes from the latest, as a job restarted by meshrun's default
+// restart-everything does; --verify then checks the resumed steps against
+// an uninterrupted single-process run. --kill-at-step works there too (the
+// first attempt only). --kill-every N, in either mode, fails a worker again
+// and again (scripts/bench-recovery.sh): see KillStep.
+//
 // Exit codes: 0 done (and verified), 1 a failure or a mismatch, 2 bad flags.
 
 #include <unistd.h>
@@ -61,6 +69,7 @@
 #include "worker_lib/examples/memory_usage.h"
 #include "worker_lib/parallel/batch_file.h"
 #include "worker_lib/parallel/checkpoint.h"
+#include "worker_lib/parallel/checkpoint_series.h"
 #include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/fault_tolerant.h"
 #include "worker_lib/parallel/trainer.h"
@@ -84,12 +93,39 @@ double RelativeError(const at::Tensor& got, const at::Tensor& want) {
   return scale == 0 ? diff : diff / scale;
 }
 
-// Where and when --kill-at-step strikes.
+// Where and when --kill-at-step / --kill-every strike.
 struct KillPlan {
-  int64_t step = -1;
-  int rank = -1;
+  int64_t step = -1;  // --kill-at-step
+  int64_t every = 0;  // --kill-every
+  int rank = -1;      // --kill-rank (--kill-at-step's)
   std::string point = "start";
 };
+
+// The step at which this process SIGKILLs itself, or -1. `lives`: how often
+// it was started before (fault-tolerant: its replica group's restarts;
+// otherwise the world's). --kill-at-step: rank kill.rank in its first life.
+// --kill-every N: failure j = 1, 2, ... strikes at step j * N, on the last
+// rank of replica (j - 1) mod `replicas` (of `replica_size` ranks each) when
+// fault-tolerant, so that every replica fails in turn and replica r's k-th
+// restart met failure k * replicas + r + 1; otherwise on rank world - 1 -
+// (j - 1) mod world, the world's j-th attempt meeting failure j.
+int64_t KillStep(const KillPlan& kill, int rank, int world_size, int replica,
+                 int replicas, int lives, bool fault_tolerant) {
+  if (kill.every <= 0) return lives == 0 && rank == kill.rank ? kill.step : -1;
+  if (fault_tolerant) {
+    const int replica_size = world_size / replicas;
+    if (rank != replica * replica_size + replica_size - 1) return -1;
+    return kill.every * (static_cast<int64_t>(lives) * replicas + replica + 1);
+  }
+  if (rank != world_size - 1 - lives % world_size) return -1;
+  return kill.every * (lives + 1);
+}
+
+void KillSelf(int rank, int64_t step, const std::string& point) {
+  Say("rank " + std::to_string(rank) + " SIGKILLs itself at step " +
+      std::to_string(step) + " (" + point + ")");
+  raise(SIGKILL);
+}
 
 // Checks `trainer`'s gathered params against `reference` (relative error <=
 // rtol); returns the number checked, or the first mismatch.
@@ -130,14 +166,17 @@ int RunFaultTolerant(TrainOptions options,
 
   FaultToleranceOptions ft_options;
   ft_options.steps = static_cast<uint64_t>(steps);
-  const bool kills_here = kill.step >= 0 && rank == kill.rank && id->incarnation == 0 &&
-                          env->restart_count == 0;
+  // A failure of the whole world (restart count > 0) is not this plan's.
+  const int64_t kill_step = env->restart_count == 0
+                                ? KillStep(kill, rank, env->world_size, id->replica,
+                                           num_replicas, id->incarnation, true)
+                                : -1;
+  const bool kills_here = kill_step >= 0;
   if (kills_here) {
-    ft_options.fault_injection = [&kill, rank](const std::string& point, uint64_t step) {
-      if (point != kill.point || static_cast<int64_t>(step) != kill.step) return;
-      Say("rank " + std::to_string(rank) + " SIGKILLs itself at step " +
-          std::to_string(step) + " (" + point + ")");
-      raise(SIGKILL);
+    ft_options.fault_injection = [&kill, rank, kill_step](const std::string& point,
+                                                          uint64_t step) {
+      if (point == kill.point && static_cast<int64_t>(step) == kill_step)
+        KillSelf(rank, kill_step, point);
     };
   }
   auto replicas = FaultTolerantReplicas::Create(*world, *id, ft_options);
@@ -174,7 +213,7 @@ int RunFaultTolerant(TrainOptions options,
     if (static_cast<int64_t>(quorum->step) >= steps) break;
     const int64_t step = first_step + static_cast<int64_t>(quorum->step);
     if (kills_here && kill.point == "start" &&
-        static_cast<int64_t>(quorum->step) == kill.step)
+        static_cast<int64_t>(quorum->step) == kill_step)
       ft_options.fault_injection("start", quorum->step);
     auto [input, target] = batch_of(step);
     auto loss = (*trainer)->Step(DataShard(input, num_replicas, id->replica),
@@ -242,7 +281,8 @@ int main(int argc, char** argv) {
   bool verify = false;
   bool time_steps = false;
   double rtol = 1e-5;
-  std::string save_dir, load_dir, data_file, trace_dir;
+  std::string save_dir, load_dir, data_file, trace_dir, checkpoint_dir;
+  int64_t checkpoint_every = 0;
   bool fault_tolerant = false;
   KillPlan kill;
   app.add_option("--model", model_name, "mlp or transformer")
@@ -296,19 +336,38 @@ int main(int argc, char** argv) {
       "rank --kill-rank SIGKILLs itself at this step (first incarnation only)");
   app.add_option("--kill-rank", kill.rank,
                  "the rank --kill-at-step kills (default: the last)");
+  app.add_option("--kill-every", kill.every,
+                 "a worker SIGKILLs itself every N steps, each replica in turn");
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "sharded checkpoints here; a start resumes from the latest");
+  app.add_option("--checkpoint-every", checkpoint_every,
+                 "with --checkpoint-dir: a checkpoint every N steps");
   app.add_option("--kill-point", kill.point,
                  "where in the step: start, allreduce or voted")
       ->check(CLI::IsMember({"start", "allreduce", "voted"}));
   CLI11_PARSE(app, argc, argv);
   options.reshard_after_forward = !no_reshard;
-  if (kill.step >= 0 && !fault_tolerant) {
-    std::cerr << "--kill-at-step needs --fault-tolerant\n";
+  if ((kill.step >= 0 || kill.every > 0) && !fault_tolerant && checkpoint_dir.empty()) {
+    std::cerr << "--kill-at-step and --kill-every need --fault-tolerant or "
+                 "--checkpoint-dir (to resume from)\n";
     return 2;
   }
-  if (fault_tolerant &&
-      (!save_dir.empty() || !load_dir.empty() || !trace_dir.empty() || time_steps)) {
+  if (kill.step >= 0 && kill.every > 0) {
+    std::cerr << "--kill-at-step and --kill-every do not go together\n";
+    return 2;
+  }
+  if (kill.every < 0) {
+    std::cerr << "--kill-every must be positive\n";
+    return 2;
+  }
+  if (fault_tolerant && (!save_dir.empty() || !load_dir.empty() || !trace_dir.empty() ||
+                         time_steps || !checkpoint_dir.empty())) {
     std::cerr << "--fault-tolerant does not combine with --save, --load, "
-                 "--trace-collectives or --time-steps\n";
+                 "--trace-collectives, --time-steps or --checkpoint-dir\n";
+    return 2;
+  }
+  if (!checkpoint_dir.empty() && (checkpoint_every <= 0 || time_steps)) {
+    std::cerr << "--checkpoint-dir needs --checkpoint-every N > 0, and no --time-steps\n";
     return 2;
   }
   auto parsed_schedule = ParseSchedule(schedule);
@@ -362,6 +421,18 @@ int main(int argc, char** argv) {
     if (auto status = (*trainer)->Load(load_dir); !status.ok())
       return Fail(rank, std::string(status.message()));
   }
+  // Steps done before this start (a restart resumes from its checkpoint).
+  int64_t resumed = 0;
+  if (!checkpoint_dir.empty()) {
+    auto latest = ResumeFromLatestCheckpoint(**trainer, checkpoint_dir);
+    if (!latest.ok()) return Fail(rank, std::string(latest.status().message()));
+    resumed = *latest;
+    if (rank == 0 && resumed > 0)
+      Say("resumed from the checkpoint after step " + std::to_string(resumed));
+  }
+  if (kill.rank < 0) kill.rank = (*world)->size() - 1;
+  const int64_t kill_step =
+      KillStep(kill, rank, (*world)->size(), 0, 1, (*world)->env().restart_count, false);
 
   // The reference: the same model, whole, in this process (from the same
   // checkpoint when loading).
@@ -389,8 +460,9 @@ int main(int argc, char** argv) {
   };
   dump_collectives("before");
   std::vector<double> step_ms;
-  for (int i = 0; i < steps; ++i) {
+  for (int i = static_cast<int>(resumed); i < steps; ++i) {
     const int64_t step = first_step + i;
+    if (i == kill_step) KillSelf(rank, i, "start");
     auto [input, target] = batch_of(step);
     if (time_steps) (*world)->group()->barrier()->wait();
     const auto start = std::chrono::steady_clock::now();
@@ -403,6 +475,11 @@ int main(int argc, char** argv) {
     std::snprintf(line, sizeof line, "step %lld loss %.9g", static_cast<long long>(step),
                   *loss);
     if (rank == 0) Say(line);
+    if (!checkpoint_dir.empty() && (i + 1) % checkpoint_every == 0 && i + 1 < steps) {
+      if (auto status = SaveCheckpointStep(**trainer, rank, checkpoint_dir, i + 1);
+          !status.ok())
+        return Fail(rank, std::string(status.message()));
+    }
     if (verify) {
       const double want = reference_losses[i];
       const double error = std::abs(*loss - want) / std::max(std::abs(want), 1e-30);
@@ -436,7 +513,7 @@ int main(int argc, char** argv) {
   if (verify) {
     auto checked = CompareParams(**trainer, *reference, rtol);
     if (!checked.ok()) return Fail(rank, std::string(checked.status().message()));
-    Say("verified rank " + std::to_string(rank) + ": " + std::to_string(steps) +
+    Say("verified rank " + std::to_string(rank) + ": " + std::to_string(steps - resumed) +
         " losses and " + std::to_string(*checked) +
         " parameters equal single-process training");
   }

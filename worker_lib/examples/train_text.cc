@@ -17,27 +17,49 @@
 // that claim: a run that was healed ends with the final loss and parameters
 // of one that was not.
 //
-// Rank 0 prints progress lines, validation losses and the sample, and
-// appends one CSV row per step to --log (attempt, step, loss, validation
-// loss where evaluated, seconds into the attempt) for the loss plot.
+// --fault-tolerant (under `meshrun --restart-scope=replica
+// --replica-size=<tp>`): the --dp replicas are fault-tolerant replica groups
+// (worker_lib/parallel/fault_tolerant.h). A killed worker's group restarts
+// alone and copies the parameters from a live replica, while the others
+// keep training without a restart or a checkpoint; each step's gradients
+// are averaged over the replicas that took part. --save-final then writes
+// each replica's parameters (DIR/replica-<r>) and the participants of every
+// committed step (DIR/history), and a reference run with --replay-history
+// DIR/history (no --fault-tolerant, --dp 1) trains each step on the rows of
+// exactly those replicas, so that --compare-with DIR checks every replica.
+//
+// Rank 0 (fault-tolerant: member 0 of the lowest participating replica)
+// prints progress lines, validation losses and the sample, and appends one
+// CSV row per step to --log (attempt, step, loss, validation loss where
+// evaluated, seconds into the attempt, replicas that trained the step) for
+// the loss plot.
 //
 // Exit codes: 0 done (and verified), 1 a failure or a mismatch, 2 bad flags.
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "worker_lib/examples/example_output.h"
 #include "worker_lib/parallel/checkpoint.h"
+#include "worker_lib/parallel/checkpoint_series.h"
+#include "worker_lib/parallel/data.h"
+#include "worker_lib/parallel/fault_tolerant.h"
 #include "worker_lib/parallel/text_corpus.h"
 #include "worker_lib/parallel/trainer.h"
 #include "worker_lib/parallel/transformer.h"
@@ -69,36 +91,50 @@ std::string Duration(double seconds) {
                  : absl::StrFormat("%ds", s);
 }
 
-// The latest complete checkpoint's step (the file rank 0 writes after every
-// rank's shards are in), if any.
-std::optional<int64_t> LatestCheckpoint(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / "latest");
-  int64_t step;
-  if (in >> step) return step;
-  return std::nullopt;
-}
-
-std::string CheckpointPath(const std::string& dir, int64_t step) {
-  return (fs::path(dir) / absl::StrFormat("step-%06d", step)).string();
-}
-
-bool WriteAtomically(const fs::path& path, const std::string& text) {
-  const fs::path partial = path.string() + ".partial";
-  {
-    std::ofstream out(partial, std::ios::trunc);
-    out << text;
-    if (!out.good()) return false;
-  }
-  std::error_code error;
-  fs::rename(partial, path, error);
-  return !error;
-}
-
 // Max over the world of a local double.
 double MaxOverWorld(World& world, double value) {
   std::vector<at::Tensor> tensors{at::full({1}, value, at::kDouble)};
   world.group()->allreduce(tensors, {c10d::ReduceOp::MAX})->wait();
   return tensors[0].item<double>();
+}
+
+// Which replicas trained each committed step of a fault-tolerant run: its
+// --save-final DIR/history, read back by --replay-history. Text: "replicas
+// N", then a line per step with its participants ("0,1").
+struct StepHistory {
+  int replicas = 1;
+  std::vector<std::vector<uint32_t>> steps;
+};
+
+bool WriteHistory(const fs::path& path, const StepHistory& history) {
+  std::ofstream out(path, std::ios::trunc);
+  out << "replicas " << history.replicas << '\n';
+  for (const auto& participants : history.steps)
+    out << absl::StrJoin(participants, ",") << '\n';
+  out.flush();
+  return out.good();
+}
+
+absl::StatusOr<StepHistory> ReadHistory(const std::string& path) {
+  std::ifstream in(path);
+  std::string word;
+  StepHistory history;
+  if (!(in >> word >> history.replicas) || word != "replicas" || history.replicas < 1)
+    return absl::InvalidArgumentError(path + ": not a step history (no \"replicas N\")");
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::vector<uint32_t> participants;
+    for (absl::string_view field : absl::StrSplit(line, ',')) {
+      uint32_t replica = 0;
+      if (!absl::SimpleAtoi(field, &replica) ||
+          replica >= static_cast<uint32_t>(history.replicas))
+        return absl::InvalidArgumentError(path + ": bad line \"" + line + "\"");
+      participants.push_back(replica);
+    }
+    history.steps.push_back(std::move(participants));
+  }
+  return history;
 }
 
 }  // namespace
@@ -127,7 +163,9 @@ int main(int argc, char** argv) {
   int64_t checkpoint_every = 50;
   int64_t kill_at_step = -1;
   int kill_rank = -1;
-  std::string log_path, save_final, compare_with;
+  bool fault_tolerant = false;
+  std::string log_path, save_final, compare_with, replay_history;
+  double compare_rtol = 1e-6;
   int sample_chars = 300;
   app.add_option("--corpus", corpus_paths,
                  "text files, or a fortunes directory (default: Debian's fortunes)");
@@ -156,6 +194,9 @@ int main(int argc, char** argv) {
                  "on the first attempt, one rank SIGKILLs itself before this step");
   app.add_option("--kill-rank", kill_rank,
                  "the rank --kill-at-step kills (default: the last)");
+  app.add_flag("--fault-tolerant", fault_tolerant,
+               "the --dp replicas survive each other's failures (run under meshrun "
+               "--restart-scope=replica --replica-size=<tp x fsdp>)");
   app.add_option("--log", log_path, "rank 0 appends a CSV row per step here");
   // The last one counts: scripts/main-job.sh overrides what it passed before.
   app.add_option("--sample", sample_chars, "characters of text to sample at the end")
@@ -164,26 +205,86 @@ int main(int argc, char** argv) {
                  "write the final parameters and losses here (a reference run)");
   app.add_option("--compare-with", compare_with,
                  "check the final loss and parameters against a --save-final directory");
+  app.add_option("--compare-rtol", compare_rtol,
+                 "--compare-with's relative tolerance (parameters and final loss)");
+  app.add_option("--replay-history", replay_history,
+                 "train each step on the rows of the replicas a fault-tolerant run's "
+                 "--save-final DIR/history names");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is 0; any bad flag is 2
   }
-  if (kill_at_step >= 0 && checkpoint_dir.empty()) {
-    std::cerr << "--kill-at-step needs --checkpoint-dir (the restart resumes from it)\n";
+  if (kill_at_step >= 0 && checkpoint_dir.empty() && !fault_tolerant) {
+    std::cerr << "--kill-at-step needs --checkpoint-dir (the restart resumes from it) or "
+                 "--fault-tolerant\n";
+    return 2;
+  }
+  if (fault_tolerant && (!checkpoint_dir.empty() || !replay_history.empty())) {
+    std::cerr << "--fault-tolerant recovers from live replicas: it takes no "
+                 "--checkpoint-dir or --replay-history\n";
+    return 2;
+  }
+  if (fault_tolerant && batch % options.layout.dp != 0) {
+    std::cerr << "--fault-tolerant: --batch " << batch << " does not split into --dp "
+              << options.layout.dp << " replicas\n";
     return 2;
   }
   if (options.layout.pp != 1) {
     std::cerr << "train_text evaluates and samples, which pipeline parallelism lacks\n";
     return 2;
   }
+  std::optional<StepHistory> replay;
+  if (!replay_history.empty()) {
+    auto read = ReadHistory(replay_history);
+    if (!read.ok()) {
+      std::cerr << read.status().message() << "\n";
+      return 2;
+    }
+    if (static_cast<int64_t>(read->steps.size()) < steps || batch % read->replicas != 0) {
+      std::cerr << replay_history << ": " << read->steps.size() << " steps of "
+                << read->replicas << " replicas; --steps " << steps << " and --batch "
+                << batch << " do not fit it\n";
+      return 2;
+    }
+    replay = *std::move(read);
+  }
 
-  auto world_or = InitProcessGroup("gloo");
-  if (!world_or.ok()) return Fail(-1, std::string(world_or.status().message()));
-  std::shared_ptr<World> world = *world_or;
-  const int rank = world->rank();
-  const int attempt = world->env().restart_count;
-  if (kill_rank < 0) kill_rank = world->size() - 1;
+  auto env = WorkerEnvFromProcessEnvironment();
+  if (!env.ok()) return Fail(-1, std::string(env.status().message()));
+  const int rank = env->rank;
+  const int attempt = env->restart_count;
+  if (kill_rank < 0) kill_rank = env->world_size - 1;
+
+  // The world this process trains in: the job's, or (fault-tolerant) its
+  // replica group's, with the replicas as the data-parallel dimension.
+  std::shared_ptr<World> world;
+  std::optional<ReplicaIdentity> id;
+  std::unique_ptr<FaultTolerantReplicas> replicas;
+  const int num_replicas = options.layout.dp;
+  if (fault_tolerant) {
+    auto identity = ReplicaIdentityFromEnv(*env, num_replicas);
+    if (!identity.ok()) return Fail(rank, std::string(identity.status().message()));
+    id = *std::move(identity);
+    auto group_world = InitReplicaGroupWorld(*id);
+    if (!group_world.ok()) return Fail(rank, std::string(group_world.status().message()));
+    world = *std::move(group_world);
+    FaultToleranceOptions ft_options;
+    ft_options.steps = static_cast<uint64_t>(steps);
+    auto created = FaultTolerantReplicas::Create(world, *id, ft_options);
+    if (!created.ok()) return Fail(rank, std::string(created.status().message()));
+    replicas = *std::move(created);
+    options.layout.dp = 1;
+    options.replica_sync = replicas.get();
+    Say(absl::StrFormat("rank %d pid %d: replica %d member %d, incarnation %d", rank,
+                        getpid(), id->replica, id->member, id->incarnation));
+  } else {
+    auto world_or = InitProcessGroup("gloo");
+    if (!world_or.ok()) return Fail(-1, std::string(world_or.status().message()));
+    world = *std::move(world_or);
+  }
+  ReplayedReplicaSync replayed;
+  if (replay) options.replica_sync = &replayed;
 
   // The corpus: a directory is read as fortunes, anything else as text files.
   CorpusOptions corpus_options;
@@ -203,41 +304,46 @@ int main(int argc, char** argv) {
   auto trainer_or = Trainer::Create(world, TransformerModel(lm, seed), options);
   if (!trainer_or.ok()) return Fail(rank, std::string(trainer_or.status().message()));
   Trainer& trainer = **trainer_or;
-  if (rank == 0) {
-    int64_t params = 0;
+  {
+    int64_t params = 0;  // gathering is collective: every rank counts
     for (const auto& [name, value] : trainer.GatherFullParams()) params += value.numel();
-    Say(absl::StrFormat(
-        "main job: a character-level GPT (%d blocks, d_model %d, %d heads, context %d, "
-        "vocabulary %d, %.2f M parameters) on %.1f MB of text (%.1f MB held out), "
-        "global batch %d x %d characters, layout %s, attempt %d",
-        lm.layers, lm.d_model, lm.heads, lm.seq, lm.vocab, params / 1e6,
-        (corpus->size(Split::kTrain) + corpus->size(Split::kValidation)) / 1e6,
-        corpus->size(Split::kValidation) / 1e6, batch, lm.seq, trainer.Describe(),
-        attempt));
-  } else {
-    // Only rank 0 gathers for the count above; the others take part.
-    trainer.GatherFullParams();
+    if (rank == 0) {
+      Say(absl::StrFormat(
+          "main job: a character-level GPT (%d blocks, d_model %d, %d heads, context %d, "
+          "vocabulary %d, %.2f M parameters) on %.1f MB of text (%.1f MB held out), "
+          "global batch %d x %d characters, layout %s%s, attempt %d",
+          lm.layers, lm.d_model, lm.heads, lm.seq, lm.vocab, params / 1e6,
+          (corpus->size(Split::kTrain) + corpus->size(Split::kValidation)) / 1e6,
+          corpus->size(Split::kValidation) / 1e6, batch, lm.seq, trainer.Describe(),
+          replicas ? absl::StrFormat(" x %d fault-tolerant replicas", num_replicas) : "",
+          attempt));
+    }
   }
 
   int64_t first_step = 0;
   if (!checkpoint_dir.empty()) {
-    if (auto latest = LatestCheckpoint(checkpoint_dir)) {
-      if (auto status = trainer.Load(CheckpointPath(checkpoint_dir, *latest));
-          !status.ok())
-        return Fail(rank, std::string(status.message()));
-      first_step = *latest;
-      if (rank == 0)
-        Say(absl::StrFormat("resumed from the checkpoint after step %d (%s)", first_step,
-                            CheckpointPath(checkpoint_dir, first_step)));
-    }
+    auto resumed = ResumeFromLatestCheckpoint(trainer, checkpoint_dir);
+    if (!resumed.ok()) return Fail(rank, std::string(resumed.status().message()));
+    first_step = *resumed;
+    if (rank == 0 && first_step > 0)
+      Say(absl::StrFormat("resumed from the checkpoint after step %d (%s)", first_step,
+                          CheckpointStepPath(checkpoint_dir, first_step)));
   }
 
   std::ofstream log;
-  if (rank == 0 && !log_path.empty()) {
-    const bool fresh = !fs::exists(log_path) || fs::file_size(log_path) == 0;
-    log.open(log_path, std::ios::app);
-    if (fresh) log << "attempt,step,loss,val_loss,seconds\n";
-  }
+  auto append_log_row = [&](int64_t done, double loss, std::optional<double> validation,
+                            double seconds, size_t trained_by) {
+    if (log_path.empty()) return;
+    if (!log.is_open()) {
+      const bool fresh = !fs::exists(log_path) || fs::file_size(log_path) == 0;
+      log.open(log_path, std::ios::app);
+      if (fresh) log << "attempt,step,loss,val_loss,seconds,replicas\n";
+    }
+    log << attempt << ',' << done << ',' << absl::StrFormat("%.9g", loss) << ','
+        << (validation ? absl::StrFormat("%.9g", *validation) : "") << ','
+        << absl::StrFormat("%.3f", seconds) << ',' << trained_by << '\n'
+        << std::flush;
+  };
 
   auto validation_loss = [&]() -> absl::StatusOr<double> {
     double sum = 0;
@@ -254,20 +360,78 @@ int main(int argc, char** argv) {
   const auto start = Clock::now();
   double loss = 0;
   double last_validation = -1;
-  for (int64_t step = first_step; step < steps; ++step) {
-    if (attempt == 0 && step == kill_at_step && rank == kill_rank) {
+  int64_t trained = 0;  // by this process, for its pace
+  // Who reports: rank 0; fault-tolerant, member 0 of the lowest participant.
+  bool reports = rank == 0;
+  std::vector<uint32_t> participants;  // the step's replicas (fault-tolerant)
+  int64_t step = first_step;
+  while (true) {
+    if (replicas) {
+      auto quorum = replicas->BeginStep(trainer.Params());
+      if (!quorum.ok()) return Fail(rank, std::string(quorum.status().message()));
+      if (!quorum->participating) continue;  // arrived late: the next quorum
+      reports =
+          id->member == 0 && id->replica == static_cast<int>(quorum->participants[0]);
+      if (quorum->healed) {
+        Say(absl::StrFormat(
+            "replica %d member %d (rank %d) healed: the parameters after %d steps "
+            "copied from replica %d",
+            id->replica, id->member, rank, quorum->step, quorum->source_replica));
+      }
+      if (reports && quorum->participants != participants &&
+          static_cast<int64_t>(quorum->step) < steps) {
+        Say(absl::StrFormat("step %d: %d of %d replicas train (%s)", quorum->step + 1,
+                            quorum->participants.size(), num_replicas,
+                            absl::StrJoin(quorum->participants, ",")));
+      }
+      participants = quorum->participants;
+      step = static_cast<int64_t>(quorum->step);
+    }
+    if (step >= steps) break;
+    if (attempt == 0 && (!id || id->incarnation == 0) && step == kill_at_step &&
+        rank == kill_rank) {
       Say(absl::StrFormat(
           "main job: rank %d kills itself (SIGKILL) before step %d, as --kill-at-step "
-          "asks; "
-          "meshrun restarts the world and training resumes from the last checkpoint",
-          rank, step));
+          "asks; %s",
+          rank, step + 1,
+          replicas ? "meshrun restarts its replica group alone, which heals from a live "
+                     "replica while the others train on"
+                   : "meshrun restarts the world and training resumes from the last "
+                     "checkpoint"));
       std::raise(SIGKILL);
     }
     auto [input, target] =
         ToTensors(corpus->Windows(Split::kTrain, seed, step, batch, lm.seq));
-    auto step_loss = trainer.Step(input, target);
+    size_t trained_by = static_cast<size_t>(num_replicas);
+    absl::StatusOr<double> step_loss;
+    if (replicas) {
+      trained_by = participants.size();
+      step_loss = trainer.Step(DataShard(input, num_replicas, id->replica),
+                               DataShard(target, num_replicas, id->replica));
+    } else if (replay) {
+      // Each replica that trained the step on its rows, as they did; the
+      // last one applies their average (ReplayedReplicaSync).
+      const auto& who = replay->steps[static_cast<size_t>(step)];
+      trained_by = who.size();
+      replayed.BeginStep(who.size());
+      for (uint32_t r : who) {
+        step_loss = trainer.Step(DataShard(input, replay->replicas, r),
+                                 DataShard(target, replay->replicas, r));
+        if (r != who.back() && absl::IsAborted(step_loss.status())) continue;
+        break;
+      }
+    } else {
+      step_loss = trainer.Step(input, target);
+    }
+    if (replicas && absl::IsAborted(step_loss.status())) {
+      if (reports)
+        Say(absl::StrFormat("step %d discarded: %s", step + 1,
+                            replicas->last_discard_reason()));
+      continue;  // trained again by whoever takes part in the next quorum
+    }
     if (!step_loss.ok()) return Fail(rank, std::string(step_loss.status().message()));
     loss = *step_loss;
+    ++trained;
     const int64_t done = step + 1;
     std::optional<double> validation;
     if ((eval_every > 0 && done % eval_every == 0) || done == steps) {
@@ -276,15 +440,10 @@ int main(int argc, char** argv) {
       validation = last_validation = *v;
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    if (rank == 0) {
-      if (log.is_open()) {
-        log << attempt << ',' << done << ',' << absl::StrFormat("%.9g", loss) << ','
-            << (validation ? absl::StrFormat("%.9g", *validation) : "") << ','
-            << absl::StrFormat("%.3f", seconds) << '\n'
-            << std::flush;
-      }
+    if (reports) {
+      append_log_row(done, loss, validation, seconds, trained_by);
       if (done % progress_every == 0 || validation || done == steps) {
-        const double per_step = seconds / static_cast<double>(done - first_step);
+        const double per_step = seconds / static_cast<double>(trained);
         Say(absl::StrFormat(
             "step %4d/%d | loss %.4f%s | %.0f tokens/s | elapsed %s | eta %s", done,
             steps, loss, validation ? absl::StrFormat(" | val %.4f", *validation) : "",
@@ -294,16 +453,19 @@ int main(int argc, char** argv) {
     }
     if (!checkpoint_dir.empty() && checkpoint_every > 0 && done % checkpoint_every == 0 &&
         done < steps) {
-      // Shards first (Save ends with a barrier), then the marker that makes
-      // them the latest: a crash in between resumes from the one before.
-      if (auto status = trainer.Save(CheckpointPath(checkpoint_dir, done)); !status.ok())
+      if (auto status = SaveCheckpointStep(trainer, rank, checkpoint_dir, done);
+          !status.ok())
         return Fail(rank, std::string(status.message()));
-      if (rank == 0 && !WriteAtomically(fs::path(checkpoint_dir) / "latest",
-                                        std::to_string(done) + "\n"))
-        return Fail(rank, "cannot write " + checkpoint_dir + "/latest");
     }
+    if (!replicas) step = done;
   }
-  if (rank == 0)
+  if (replicas && !replicas->history().empty()) {
+    // The final words come from a replica that trained the last step (one
+    // healed only at the end has no loss of its own).
+    reports = id->member == 0 &&
+              id->replica == static_cast<int>(replicas->history().back().front());
+  }
+  if (reports)
     Say(absl::StrFormat("final: step %d, train loss %.9g, validation loss %.9g", steps,
                         loss, last_validation));
 
@@ -325,46 +487,70 @@ int main(int argc, char** argv) {
       context.push_back(next);
       text += corpus->Decode({next});
     }
-    if (rank == 0)
-      Say("sampled text (temperature 0.8):\n" + text + "\n--- end of sample");
+    if (reports) Say("sampled text (temperature 0.8):\n" + text + "\n--- end of sample");
   }
 
   if (!save_final.empty()) {
-    if (auto status = trainer.Save(save_final); !status.ok())
+    // Fault-tolerant: every replica its own parameters, and which replicas
+    // trained each step, for a --replay-history reference.
+    const std::string params_dir =
+        replicas
+            ? (fs::path(save_final) / absl::StrFormat("replica-%d", id->replica)).string()
+            : save_final;
+    if (auto status = trainer.Save(params_dir); !status.ok())
       return Fail(rank, std::string(status.message()));
-    if (rank == 0 &&
-        !WriteAtomically(fs::path(save_final) / "final_loss",
-                         absl::StrFormat("%.9g %.9g\n", loss, last_validation)))
-      return Fail(rank, "cannot write " + save_final + "/final_loss");
+    if (reports) {
+      std::ofstream out(fs::path(save_final) / "final_loss", std::ios::trunc);
+      out << absl::StrFormat("%.9g %.9g\n", loss, last_validation);
+      out.flush();
+      if (!out.good()) return Fail(rank, "cannot write " + save_final + "/final_loss");
+      if (replicas && !WriteHistory(fs::path(save_final) / "history",
+                                    StepHistory{num_replicas, replicas->history()}))
+        return Fail(rank, "cannot write " + save_final + "/history");
+    }
   }
   if (!compare_with.empty()) {
     // The reference's parameters loaded over this rank's own (the run is
-    // over), compared with a copy of them taken first.
+    // over), compared with a copy of them taken first; a fault-tolerant
+    // run's, every replica's.
+    std::vector<std::string> references;
+    for (const auto& entry : fs::directory_iterator(compare_with))
+      if (entry.is_directory() &&
+          entry.path().filename().string().rfind("replica-", 0) == 0)
+        references.push_back(entry.path().string());
+    std::sort(references.begin(), references.end());
+    if (references.empty()) references.push_back(compare_with);
     std::vector<at::Tensor> mine;
     for (const auto& param : trainer.Params())
       mine.push_back(param->LocalValues().clone());
     world->group()->barrier()->wait();
-    if (auto status = LoadShards(compare_with, trainer.Params()); !status.ok())
-      return Fail(rank, "--compare-with: " + std::string(status.message()));
     double max_relative = 0;
     auto params = trainer.Params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const at::Tensor want = params[i]->LocalValues().to(at::kDouble);
-      const double scale = want.norm().item<double>();
-      const double diff = (mine[i].to(at::kDouble) - want).norm().item<double>();
-      max_relative = std::max(max_relative, scale == 0 ? diff : diff / scale);
+    for (const std::string& reference : references) {
+      if (auto status = LoadShards(reference, params); !status.ok())
+        return Fail(rank, "--compare-with: " + std::string(status.message()));
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor want = params[i]->LocalValues().to(at::kDouble);
+        const double scale = want.norm().item<double>();
+        const double diff = (mine[i].to(at::kDouble) - want).norm().item<double>();
+        max_relative = std::max(max_relative, scale == 0 ? diff : diff / scale);
+      }
     }
     max_relative = MaxOverWorld(*world, max_relative);
     double want_loss = 0, want_validation = 0;
     std::ifstream(fs::path(compare_with) / "final_loss") >> want_loss >> want_validation;
-    const bool same =
-        max_relative <= 1e-6 && std::abs(loss - want_loss) <= 1e-6 * std::abs(want_loss);
+    const bool same = max_relative <= compare_rtol &&
+                      std::abs(loss - want_loss) <= compare_rtol * std::abs(want_loss);
     if (rank == 0) {
       Say(absl::StrFormat(
-          "%s: final train loss %.9g vs %.9g uninterrupted; %d parameter tensors, max "
-          "relative "
-          "difference %.3g",
-          same ? "verified" : "MISMATCH", loss, want_loss, params.size(), max_relative));
+          "%s: final train loss %.9g vs %.9g %s; %d parameter tensors%s, max relative "
+          "difference %.3g (tolerance %.3g)",
+          same ? "verified" : "MISMATCH", loss, want_loss,
+          replay ? "in the fault-tolerant run" : "uninterrupted", params.size(),
+          references.size() > 1
+              ? absl::StrFormat(" of each of %d replicas", references.size())
+              : "",
+          max_relative, compare_rtol));
     }
     if (!same) return 1;
   }

@@ -34,6 +34,41 @@ std::string FirstLine(const std::exception& e) {
   return what.substr(0, what.find('\n'));
 }
 
+// Every param's grad (zeros where none) and the loss, in one flat buffer of
+// the grads' dtype: what the replicas all-reduce.
+at::Tensor FlattenGradsAndLoss(const std::vector<std::shared_ptr<Param>>& params,
+                               double loss) {
+  std::vector<at::Tensor> parts;
+  for (const auto& param : params) {
+    const at::Tensor& grad = param->data().grad();
+    parts.push_back(grad.defined()
+                        ? grad.detach().flatten()
+                        : at::zeros({param->data().numel()}, param->data().options()));
+  }
+  const auto dtype = parts.empty() ? at::kFloat : parts.front().scalar_type();
+  parts.push_back(at::tensor({loss}, at::TensorOptions().dtype(dtype)));
+  return at::cat(parts);
+}
+
+// The reverse: `flat` into every param's grad and *loss.
+void UnflattenGradsAndLoss(const at::Tensor& flat,
+                           const std::vector<std::shared_ptr<Param>>& params,
+                           double* loss) {
+  int64_t offset = 0;
+  for (const auto& param : params) {
+    at::Tensor data = param->data();
+    const int64_t n = data.numel();
+    at::Tensor value = flat.narrow(0, offset, n).view(data.sizes());
+    if (data.grad().defined()) {
+      data.mutable_grad().copy_(value);
+    } else {
+      data.mutable_grad() = value.clone();
+    }
+    offset += n;
+  }
+  *loss = flat[offset].item<double>();
+}
+
 bool Retryable(const absl::Status& status) {
   // The daemon restarting, or no group complete in time: arrive again.
   return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status);
@@ -240,16 +275,7 @@ absl::StatusOr<bool> FaultTolerantReplicas::Sync(
         "FaultTolerantReplicas::Sync without a quorum: call BeginStep first");
   }
   // Every grad and the loss in one buffer: one all-reduce a step.
-  std::vector<at::Tensor> parts;
-  for (const auto& param : params) {
-    const at::Tensor& grad = param->data().grad();
-    parts.push_back(grad.defined()
-                        ? grad.detach().flatten()
-                        : at::zeros({param->data().numel()}, param->data().options()));
-  }
-  const auto dtype = parts.empty() ? at::kFloat : parts.front().scalar_type();
-  parts.push_back(at::tensor({*loss}, at::TensorOptions().dtype(dtype)));
-  at::Tensor flat = at::cat(parts);
+  at::Tensor flat = FlattenGradsAndLoss(params, *loss);
 
   bool reduced = group_ != nullptr;
   std::string failure = last_discard_reason_;
@@ -291,21 +317,29 @@ absl::StatusOr<bool> FaultTolerantReplicas::Sync(
   }
   last_discard_reason_.clear();
   flat.div_(static_cast<double>(participants.size()));
-  int64_t offset = 0;
-  for (const auto& param : params) {
-    at::Tensor data = param->data();
-    const int64_t n = data.numel();
-    at::Tensor mean = flat.narrow(0, offset, n).view(data.sizes());
-    if (data.grad().defined()) {
-      data.mutable_grad().copy_(mean);
-    } else {
-      data.mutable_grad() = mean.clone();
-    }
-    offset += n;
-  }
-  *loss = flat[offset].item<double>();
+  UnflattenGradsAndLoss(flat, params, loss);
   ++committed_steps_;
   history_.push_back(participants);
+  return true;
+}
+
+void ReplayedReplicaSync::BeginStep(size_t participants) {
+  participants_ = participants;
+  seen_ = 0;
+  sum_ = at::Tensor();
+}
+
+absl::StatusOr<bool> ReplayedReplicaSync::Sync(
+    const std::vector<std::shared_ptr<Param>>& params, double* loss) {
+  if (seen_ >= participants_) {
+    return absl::FailedPreconditionError(
+        "ReplayedReplicaSync: more Steps than participants; call BeginStep first");
+  }
+  at::Tensor flat = FlattenGradsAndLoss(params, *loss);
+  sum_ = seen_ == 0 ? flat.clone() : sum_.add_(flat);
+  if (++seen_ < participants_) return false;
+  sum_.div_(static_cast<double>(participants_));
+  UnflattenGradsAndLoss(sum_, params, loss);
   return true;
 }
 

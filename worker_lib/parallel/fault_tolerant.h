@@ -149,4 +149,25 @@ class FaultTolerantReplicas final : public ReplicaGradientSync {
   std::string last_discard_reason_;
 };
 
+// Replays a fault-tolerant run's committed steps in one replica group with
+// the arithmetic of FaultTolerantReplicas::Sync, to check such a run
+// (train_text --replay-history). Per step: BeginStep(n), then one
+// Trainer::Step per participant, in participant order, on that
+// participant's rows; the first n - 1 are held back (Step answers ABORTED,
+// nothing applied) and the n-th applies the n gradients and losses summed
+// in that order and divided by n. That is the replicas' all-reduce bit for
+// bit with up to two participants (a + b == b + a); with more, Gloo may sum
+// in another order, which differs in the last bits.
+class ReplayedReplicaSync final : public ReplicaGradientSync {
+ public:
+  void BeginStep(size_t participants);
+  absl::StatusOr<bool> Sync(const std::vector<std::shared_ptr<Param>>& params,
+                            double* loss) override;
+
+ private:
+  size_t participants_ = 0;
+  size_t seen_ = 0;
+  at::Tensor sum_;
+};
+
 }  // namespace meshrun::worker::parallel

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "tests/integration/parallel/driver_support.h"
 #include "tests/support/meshrun_run.h"
+#include "tests/support/temp_dir.h"
 
 namespace meshrun {
 namespace {
@@ -131,8 +132,62 @@ TEST(FaultTolerantReplicas, BadCombinationsAreRefused) {
   run = RunUnderMeshrun(4, "train_example", Args("--dp 4 --kill-at-step 3"),
                         std::chrono::seconds(120));
   EXPECT_NE(run.exit_code, 0) << run.output;
-  EXPECT_TRUE(Contains(run.output, "--kill-at-step needs --fault-tolerant"))
+  EXPECT_TRUE(Contains(run.output,
+                       "--kill-at-step and --kill-every need --fault-tolerant or "
+                       "--checkpoint-dir"))
       << run.output;
+  run = RunUnderMeshrun(4, "train_example",
+                        Args("--dp 4 --fault-tolerant --checkpoint-dir /nonexistent"),
+                        std::chrono::seconds(120), {"--restart-scope=replica"});
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(Contains(run.output, "--fault-tolerant does not combine with"))
+      << run.output;
+}
+
+// --kill-every (scripts/bench-recovery.sh's repeated failures): every
+// replica fails in turn, each restarts once and heals, and the committed
+// steps still verify.
+TEST(FaultTolerantReplicas, EveryReplicaFailingInTurnIsHealedEachTime) {
+  MeshrunRun run = RunUnderMeshrun(
+      4, "train_example",
+      Args("--dp 4 --steps 50 --kill-every 10 --fault-tolerant --verify"),
+      std::chrono::seconds(240), {"--restart-scope=replica", "--max-restarts=4"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (int step : {10, 20, 30, 40}) {
+    EXPECT_EQ(CountLines(run.output,
+                         "SIGKILLs itself at step " + std::to_string(step) + " (start)"),
+              1)
+        << step << "\n"
+        << run.output;
+  }
+  const auto started = StartedPids(run.output);
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(started.count(rank)) << run.output;
+    EXPECT_EQ(started.at(rank).size(), 2u) << rank << "\n" << run.output;
+  }
+  EXPECT_EQ(CountLines(run.output, "equal single-process training of 50 committed steps"),
+            4)
+      << run.output;
+}
+
+// The default recovery the fault-tolerant mode is measured against: a
+// failure restarts the world, which resumes from the latest checkpoint and
+// trains on exactly as an uninterrupted run (--verify compares each resumed
+// step's loss and the final parameters with single-process training).
+TEST(FullRestart, TheWorldResumesFromTheLatestCheckpoint) {
+  testing::TempDir checkpoints;
+  MeshrunRun run = RunUnderMeshrun(
+      4, "train_example",
+      Args("--dp 2 --tp 2 --steps 20 --checkpoint-every 5 --kill-at-step 12 --verify "
+           "--checkpoint-dir " +
+           checkpoints.path()),
+      std::chrono::seconds(240), {"--max-restarts=1"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(CountLines(run.output, "SIGKILLs itself at step 12 (start)"), 1)
+      << run.output;
+  EXPECT_EQ(CountLines(run.output, "resumed from the checkpoint after step 10"), 1)
+      << run.output;
+  EXPECT_EQ(CountLines(run.output, ": 10 losses and"), 4) << run.output;
 }
 
 }  // namespace

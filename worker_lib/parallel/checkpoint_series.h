@@ -1,0 +1,40 @@
+#pragma once
+
+// Periodic checkpoints of one training run, for a job that restarts from the
+// newest one after a failure (torchrun's restart-everything recovery):
+// DIR/step-NNNNNN is the sharded checkpoint (checkpoint.h) taken after that
+// many steps, and DIR/latest names the newest complete one. The marker is
+// written only after every rank's shards are in, and atomically, so a crash
+// mid-save resumes from the checkpoint before.
+//
+// A checkpoint holds the parameters only: the trainers' SGD keeps no other
+// state, and a step's batch depends on the step alone, so a run resumed from
+// step N continues exactly as an uninterrupted one would.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker_lib/parallel/trainer.h"
+
+namespace meshrun::worker::parallel {
+
+// DIR/step-NNNNNN.
+std::string CheckpointStepPath(const std::string& dir, int64_t step);
+
+// The newest complete checkpoint's step in DIR, if any.
+std::optional<int64_t> LatestCheckpointStep(const std::string& dir);
+
+// Collective over `trainer`'s world: saves the params after `step` steps,
+// then `rank` 0 marks the checkpoint the latest.
+absl::Status SaveCheckpointStep(Trainer& trainer, int rank, const std::string& dir,
+                                int64_t step);
+
+// Collective: loads DIR's latest checkpoint into `trainer` and returns its
+// step; 0, loading nothing, when DIR has none (a fresh start).
+absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(Trainer& trainer,
+                                                   const std::string& dir);
+
+}  // namespace meshrun::worker::parallel
