@@ -191,7 +191,8 @@ int RunFaultTolerant(TrainOptions options,
 
   std::vector<uint32_t> last_participants;
   while (true) {
-    auto quorum = (*replicas)->BeginStep((*trainer)->Params());
+    auto quorum =
+        (*replicas)->BeginStep((*trainer)->Params(), (*trainer)->OptimizerState());
     if (!quorum.ok()) return Fail(rank, std::string(quorum.status().message()));
     if (!quorum->participating) continue;
     // The lowest participant reports, so somebody always does.
@@ -249,7 +250,7 @@ int RunFaultTolerant(TrainOptions options,
       return {at::cat(inputs), at::cat(targets)};
     };
     TrainSingleProcess(*reference, committed_batch, 0, static_cast<int>(history.size()),
-                       options.lr);
+                       options.lr, options.momentum);
     auto checked = CompareParams(**trainer, *reference, rtol);
     if (!checked.ok()) return Fail(rank, std::string(checked.status().message()));
     size_t partial = 0;
@@ -313,6 +314,8 @@ int main(int argc, char** argv) {
                  "number of the first step (data of that step)");
   app.add_option("--batch", batch, "global batch size");
   app.add_option("--lr", options.lr, "SGD learning rate");
+  app.add_option("--momentum", options.momentum,
+                 "SGD momentum (its buffers: the optimizer state a heal copies)");
   app.add_option("--seed", seed, "model and data seed");
   app.add_flag("--verify", verify, "check against single-process training");
   app.add_flag("--time-steps", time_steps,
@@ -366,8 +369,10 @@ int main(int argc, char** argv) {
                  "--trace-collectives, --time-steps or --checkpoint-dir\n";
     return 2;
   }
-  if (!checkpoint_dir.empty() && (checkpoint_every <= 0 || time_steps)) {
-    std::cerr << "--checkpoint-dir needs --checkpoint-every N > 0, and no --time-steps\n";
+  if (!checkpoint_dir.empty() &&
+      (checkpoint_every <= 0 || time_steps || options.momentum != 0)) {
+    std::cerr << "--checkpoint-dir needs --checkpoint-every N > 0, and no --time-steps "
+                 "or --momentum (checkpoints hold parameters only)\n";
     return 2;
   }
   auto parsed_schedule = ParseSchedule(schedule);
@@ -444,8 +449,8 @@ int main(int argc, char** argv) {
       if (auto status = LoadShards(load_dir, reference->Layers().Params()); !status.ok())
         return Fail(rank, "reference: " + std::string(status.message()));
     }
-    reference_losses =
-        TrainSingleProcess(*reference, batch_of, first_step, steps, options.lr);
+    reference_losses = TrainSingleProcess(*reference, batch_of, first_step, steps,
+                                          options.lr, options.momentum);
   }
 
   // Gloo records every collective in c10d's flight recorder (a ring buffer of

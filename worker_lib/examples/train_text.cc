@@ -180,6 +180,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "training steps");
   app.add_option("--batch", batch, "global batch (sequences)");
   app.add_option("--lr", options.lr, "SGD learning rate");
+  app.add_option("--momentum", options.momentum,
+                 "SGD momentum (fault-tolerant: a heal copies its buffers too)");
   app.add_option("--seed", seed, "model and data seed");
   app.add_option("--validation-fraction", validation_fraction,
                  "the corpus's tail held out for validation");
@@ -223,6 +225,11 @@ int main(int argc, char** argv) {
   if (fault_tolerant && (!checkpoint_dir.empty() || !replay_history.empty())) {
     std::cerr << "--fault-tolerant recovers from live replicas: it takes no "
                  "--checkpoint-dir or --replay-history\n";
+    return 2;
+  }
+  if (options.momentum != 0 && !checkpoint_dir.empty()) {
+    std::cerr << "--momentum does not go with --checkpoint-dir: checkpoints hold "
+                 "parameters only, a resumed run would lose the momentum\n";
     return 2;
   }
   if (fault_tolerant && batch % options.layout.dp != 0) {
@@ -367,7 +374,7 @@ int main(int argc, char** argv) {
   int64_t step = first_step;
   while (true) {
     if (replicas) {
-      auto quorum = replicas->BeginStep(trainer.Params());
+      auto quorum = replicas->BeginStep(trainer.Params(), trainer.OptimizerState());
       if (!quorum.ok()) return Fail(rank, std::string(quorum.status().message()));
       if (!quorum->participating) continue;  // arrived late: the next quorum
       reports =

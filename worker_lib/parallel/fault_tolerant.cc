@@ -151,7 +151,8 @@ absl::StatusOr<std::unique_ptr<FaultTolerantReplicas>> FaultTolerantReplicas::Cr
 }
 
 absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(
-    const std::vector<std::shared_ptr<Param>>& params) {
+    const std::vector<std::shared_ptr<Param>>& params,
+    const std::vector<at::Tensor>& optimizer_state) {
   v1::QuorumRequest request;
   request.set_run_id(id_.run_id);
   request.set_replica(id_.replica);
@@ -210,7 +211,7 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(
     const int source_index = static_cast<int>(source - quorum.participants.begin());
     quorum.healed = committed_steps_ < reply->max_committed_steps();
     quorum.source_replica = static_cast<int>(reply->source_replica());
-    if (absl::Status healed = Heal(params, source_index); !healed.ok()) {
+    if (absl::Status healed = Heal(params, optimizer_state, source_index); !healed.ok()) {
       group_.reset();
       group_id_ = 0;
       last_discard_reason_ = std::string(healed.message());
@@ -228,7 +229,8 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(
 }
 
 absl::Status FaultTolerantReplicas::Heal(
-    const std::vector<std::shared_ptr<Param>>& params, int source_index) {
+    const std::vector<std::shared_ptr<Param>>& params,
+    const std::vector<at::Tensor>& optimizer_state, int source_index) {
   // The step count and history, flattened as [steps, n, p0..p(n-1), n, ...].
   std::vector<int64_t> state{static_cast<int64_t>(committed_steps_)};
   for (const auto& participants : history_) {
@@ -247,6 +249,10 @@ absl::Status FaultTolerantReplicas::Heal(
     group_->broadcast(state_tensors, from_source)->wait();
     for (const auto& param : params) {
       std::vector<at::Tensor> data{param->data().detach()};
+      group_->broadcast(data, from_source)->wait();
+    }
+    for (const at::Tensor& tensor : optimizer_state) {
+      std::vector<at::Tensor> data{tensor.detach()};
       group_->broadcast(data, from_source)->wait();
     }
     const int64_t* values = flat.data_ptr<int64_t>();

@@ -14,7 +14,8 @@
 //   auto replicas = FaultTolerantReplicas::Create(world, id, {}).value();
 //   auto trainer = Trainer::Create(world, model, {.replica_sync = replicas.get()});
 //   while (true) {
-//     StepQuorum q = replicas->BeginStep(trainer->Params()).value();
+//     StepQuorum q =
+//         replicas->BeginStep(trainer->Params(), trainer->OptimizerState()).value();
 //     if (!q.participating) continue;          // arrived late: the next one
 //     if (q.step >= steps) break;
 //     auto loss = trainer->Step(my rows of batch(q.step));  // kAborted: discarded
@@ -25,13 +26,13 @@
 // changed (or the last step was discarded); when someone is behind (a
 // restarted group, or one that missed steps), every participant takes part
 // in copying the training state from the most advanced one (params, the
-// committed step count and history). After backward, the gradients and the
-// loss are averaged over the participants in one all-reduce; every member
-// votes, and the step is applied only when the daemon says all votes were
-// ok. A step a failure interrupts is discarded everywhere and trained again
-// by the survivors (the failed group's rows left out); the survivors keep
-// their processes and never reload a checkpoint. Only SGD without momentum
-// is supported: the optimizer keeps no state to copy.
+// optimizer's state, the committed step count and history). After backward,
+// the gradients and the loss are averaged over the participants in one
+// all-reduce; every member votes, and the step is applied only when the
+// daemon says all votes were ok. A step a failure interrupts is discarded
+// everywhere and trained again by the survivors (the failed group's rows
+// left out); the survivors keep their processes and never reload a
+// checkpoint.
 //
 // Needs meshrun's daemon (MESHRUN_STORE_ENDPOINT): the groups rendezvous in
 // the round's namespace, which outlives any one group's restart.
@@ -111,9 +112,12 @@ class FaultTolerantReplicas final : public ReplicaGradientSync {
       std::shared_ptr<World> world, ReplicaIdentity id, FaultToleranceOptions options);
   ~FaultTolerantReplicas() override;
 
-  // Joins the next step's quorum (see above). `params`: what this member
-  // trains (its shards), the state a heal copies.
-  absl::StatusOr<StepQuorum> BeginStep(const std::vector<std::shared_ptr<Param>>& params);
+  // Joins the next step's quorum (see above). `params` (what this member
+  // trains, its shards) and `optimizer_state` (Trainer::OptimizerState: the
+  // same tensors on every replica) are the state a heal copies, in place.
+  absl::StatusOr<StepQuorum> BeginStep(
+      const std::vector<std::shared_ptr<Param>>& params,
+      const std::vector<at::Tensor>& optimizer_state = {});
 
   // Averages grads and *loss over the step's participants and votes; true
   // when the step commits (the caller applies it). Called by Trainer::Step.
@@ -131,7 +135,8 @@ class FaultTolerantReplicas final : public ReplicaGradientSync {
  private:
   FaultTolerantReplicas(std::shared_ptr<World> world, ReplicaIdentity id,
                         FaultToleranceOptions options);
-  absl::Status Heal(const std::vector<std::shared_ptr<Param>>& params, int source_index);
+  absl::Status Heal(const std::vector<std::shared_ptr<Param>>& params,
+                    const std::vector<at::Tensor>& optimizer_state, int source_index);
 
   std::shared_ptr<World> world_;
   ReplicaIdentity id_;

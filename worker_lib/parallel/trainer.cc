@@ -99,8 +99,10 @@ std::vector<double> TrainSingleProcess(TrainModel& model, uint64_t data_seed,
 }
 
 std::vector<double> TrainSingleProcess(TrainModel& model, const BatchFn& batch_of,
-                                       int64_t first_step, int steps, double lr) {
-  torch::optim::SGD optimizer(model.Layers().Leaves(), torch::optim::SGDOptions(lr));
+                                       int64_t first_step, int steps, double lr,
+                                       double momentum) {
+  torch::optim::SGD optimizer(model.Layers().Leaves(),
+                              torch::optim::SGDOptions(lr).momentum(momentum));
   std::vector<double> losses;
   for (int64_t step = first_step; step < first_step + steps; ++step) {
     auto [input, target] = batch_of(step);
@@ -246,7 +248,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     if (state->stage) state->dp_sync->set_sync_during_backward(false);
   }
   state->optimizer = std::make_unique<torch::optim::SGD>(
-      state->Leaves(), torch::optim::SGDOptions(options.lr));
+      state->Leaves(), torch::optim::SGDOptions(options.lr).momentum(options.momentum));
   return std::unique_ptr<Trainer>(new Trainer(std::move(state)));
 }
 
@@ -300,6 +302,27 @@ absl::StatusOr<double> Trainer::Step(const at::Tensor& input, const at::Tensor& 
   }
   s.optimizer->step();
   return loss;
+}
+
+std::vector<at::Tensor> Trainer::OptimizerState() {
+  State& s = *state_;
+  std::vector<at::Tensor> buffers;
+  if (s.options.momentum == 0) return buffers;
+  auto& state = s.optimizer->state();
+  for (const at::Tensor& leaf : s.optimizer->param_groups().front().params()) {
+    void* key = leaf.unsafeGetTensorImpl();
+    auto it = state.find(key);
+    if (it == state.end()) {
+      // SGD's first step sets the buffer to the grad; from zeros, with no
+      // dampening, it computes 0 * momentum + grad: the same.
+      auto fresh = std::make_unique<torch::optim::SGDParamState>();
+      fresh->momentum_buffer(at::zeros_like(leaf));
+      it = state.emplace(key, std::move(fresh)).first;
+    }
+    buffers.push_back(
+        static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer());
+  }
+  return buffers;
 }
 
 absl::StatusOr<double> Trainer::Evaluate(const at::Tensor& input,

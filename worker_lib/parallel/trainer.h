@@ -70,10 +70,12 @@ std::unique_ptr<TrainModel> TransformerModel(const TransformerConfig& config,
 std::vector<double> TrainSingleProcess(TrainModel& model, uint64_t data_seed,
                                        int64_t first_step, int steps, int64_t batch,
                                        double lr);
-// The same on the (input, target) global batch `batch_of(step)` returns.
+// The same on the (input, target) global batch `batch_of(step)` returns,
+// with SGD's momentum as TrainOptions::momentum.
 using BatchFn = std::function<std::pair<at::Tensor, at::Tensor>(int64_t step)>;
 std::vector<double> TrainSingleProcess(TrainModel& model, const BatchFn& batch_of,
-                                       int64_t first_step, int steps, double lr);
+                                       int64_t first_step, int steps, double lr,
+                                       double momentum = 0);
 
 // Gradient averaging across data-parallel replicas outside the trainer's
 // world (fault-tolerant replicas, fault_tolerant.h): after the world's own
@@ -100,6 +102,10 @@ struct ParallelLayout {
 struct TrainOptions {
   ParallelLayout layout;
   double lr = 0.05;
+  // SGD's momentum (torch.optim.SGD's, no dampening or Nesterov); its
+  // buffers are the optimizer state (OptimizerState). Checkpoints hold
+  // parameters only.
+  double momentum = 0;
   // Pipeline microbatches and schedule (pp > 1); 1F1B needs microbatches >= pp.
   int microbatches = 1;
   Schedule schedule = Schedule::kGPipe;
@@ -147,6 +153,12 @@ class Trainer {
   std::vector<std::pair<std::string, at::Tensor>> GatherFullParams();
   // The stage's params (sharded), e.g. for checkpoints or inspection.
   std::vector<std::shared_ptr<Param>> Params() const;
+  // The optimizer's state: with momentum, one buffer per optimized tensor
+  // (this rank's shards, in the optimizer's order; where no step has made
+  // one yet, zeros, which SGD without dampening treats as none). Writing
+  // into them writes the optimizer's state, e.g. to copy it from a replica.
+  // Empty without momentum.
+  std::vector<at::Tensor> OptimizerState();
 
   // Sharded checkpoint of the stage's params (checkpoint.h): only the first
   // data-parallel replica (dp coordinate 0) writes; a load reshards from any
