@@ -12,8 +12,12 @@
 // everyone waiting is told the participants (a late group is not among
 // them and arrives again). A group is live unless reported failed
 // (ReplicaFailed, from its agent); it becomes live again when a new
-// incarnation arrives. The participant with the most committed steps is
-// the source of a heal when any participant has fewer.
+// incarnation arrives. A live group that was incomplete when a quorum formed
+// at its deadline (hung, or slow) is a straggler: later quorums do not wait
+// for it, so that a group that hangs without dying costs one deadline, not
+// one per step; it is waited for again once all its members are here. The
+// participant with the most committed steps is the source of a heal when
+// any participant has fewer.
 //
 // After its all-reduce, every member of every participant votes. The step
 // commits when all voted ok; it is discarded at the first failed vote, when
@@ -119,6 +123,7 @@ class ReplicaQuorum {
   struct Replica {
     uint32_t incarnation = 0;
     bool failed = false;
+    bool straggling = false;  // missed an overdue quorum, not complete since
   };
   struct Arrived {
     QuorumWaiter waiter;

@@ -233,6 +233,35 @@ TEST(ReplicaQuorumTest, AtTheDeadlineTheCompleteReplicasGoOnAndTheLateOneArrives
   EXPECT_EQ(d.Formed(late).participants, (std::vector<uint32_t>{0, 1, 2}));
 }
 
+TEST(ReplicaQuorumTest, AReplicaThatMissedAQuorumIsNotWaitedForUntilItIsBack) {
+  QuorumDriver d;
+  QuorumWaiter a = d.Arrive(0, 0);
+  d.Arrive(1, 0);
+  d.Advance(seconds(11));  // replica 2 hangs
+  uint64_t q = d.Formed(a).quorum_id;
+  d.Vote(q, 0, true), d.Vote(q, 1, true);
+  // The next steps form as soon as the others are here: no deadline each.
+  a = d.Arrive(0, 1);
+  d.Arrive(1, 1);
+  EXPECT_EQ(d.Formed(a).participants, (std::vector<uint32_t>{0, 1}));
+  q = d.Formed(a).quorum_id;
+  d.Vote(q, 0, true), d.Vote(q, 1, true);
+  // Back (all its members here): waited for, and healed.
+  const QuorumWaiter back = d.Arrive(2, 0);
+  EXPECT_FALSE(d.Answered(back));
+  d.Arrive(0, 2), a = d.Arrive(1, 2);
+  EXPECT_EQ(d.Formed(back).participants, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_TRUE(d.Formed(back).heal);
+  q = d.Formed(a).quorum_id;
+  d.Vote(q, 0, true), d.Vote(q, 1, true), d.Vote(q, 2, true);
+  // A full member again: the next quorum waits for it.
+  a = d.Arrive(0, 3);
+  d.Arrive(1, 3);
+  EXPECT_FALSE(d.Answered(a));
+  d.Arrive(2, 3);
+  EXPECT_EQ(d.Formed(a).participants, (std::vector<uint32_t>{0, 1, 2}));
+}
+
 TEST(ReplicaQuorumTest, AVoterWhosePeerVanishedIsAnsweredAtItsDeadline) {
   QuorumDriver d;
   d.Arrive(0, 0), d.Arrive(1, 0);
