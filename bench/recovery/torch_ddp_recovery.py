@@ -61,14 +61,14 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 import layouts  # noqa: E402
 import torch_parallel  # noqa: E402
 
-if os.environ.get("RANK") == "0":
-    print("torch imported", flush=True)
-
 CHECKPOINT_RE = re.compile(r"^step-(\d+)$")
 
 
 def say(line):
-    print(line, flush=True)
+    # One write a line: torchrun's workers share its stdout, and print()'s
+    # separate write of the newline lets another rank's line in between.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def batch_of(step, seed):
@@ -101,6 +101,8 @@ def kill_step(args, rank, world, attempt):
 
 
 def main():
+    if os.environ.get("RANK") == "0":
+        say("torch imported")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="bench", choices=list(layouts.SIZES),
                         help="the transformer's sizes and the global batch (layouts.SIZES)")
