@@ -52,13 +52,15 @@ for var in TORCHRUN MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET NO_BUILD;
 done
 # The tree's state now: the results file this run rewrites is dirty later.
 tree="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)')"
+# Where the binaries come from: another tree's build (NO_BUILD=1) may be older
+# than that tree's HEAD, so their times are recorded too.
 built="$build_dir"
-if [ -d "$build_dir" ]; then
-  source_tree=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
-  if [ -n "$source_tree" ] && [ "$(cd "$source_tree" && pwd -P)" != "$(pwd -P)" ]; then
-    built="$build_dir from $source_tree at $(git -C "$source_tree" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$source_tree" diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
-  fi
+source_tree=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
+if [ -n "$source_tree" ] && [ "$(cd "$source_tree" && pwd -P)" != "$(pwd -P)" ]; then
+  built="$build_dir of $source_tree, whose HEAD is $(TZ=UTC git -C "$source_tree" log -1 --format='%h (committed %cd)' --date=format-local:'%H:%M:%S UTC' 2>/dev/null || echo '?')$(git -C "$source_tree" diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
 fi
+built="$built; built at $(for binary in train_example meshrun meshrun-rdzvd; do
+  TZ=UTC date -r "$build_dir/bin/$binary" "+$binary %H:%M:%S UTC"; done | paste -sd, - | sed 's/,/, /g')"
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 uptime_before=$(uptime)
 t0=$(date +%s)

@@ -67,6 +67,12 @@ across setups: FT steps are slower, as each holds a quorum and a commit
 vote). FT steps trained while a replica was missing count as steps (on 3/4
 of the batch), and are counted in their own column.
 
+A worker that dies without a kill line of its own (meshrun's `rank R failed
+(WHY)` with no kill before it; seen: a fault-tolerant survivor killed by
+SIGPIPE as a peer's socket closed) is listed under "Workers that died without
+being killed", and its launch may hold fewer injected failures than planned
+(its replica restarts as a new incarnation, whose planned failure is later).
+
 Stdlib only (torch runs in the workers); progress on stderr, Markdown on
 stdout. Exit 0 when every launch finished, 1 otherwise, 2 for bad flags.
 """
@@ -103,6 +109,8 @@ LAYOUT_RE = re.compile(r"(^|\]:? ?)layout ")
 TORCH_IMPORTED_RE = re.compile(r"^torch imported$")
 # The launcher's own word that it saw the failure: meshrun's warning,
 # torchrun's error line.
+# meshrun's word that a worker died (fault-tolerant scope: one line each).
+DEATH_RE = re.compile(r"\[meshrun\] \[warning\] rank (\d+) failed \(([^)]*)\)")
 LAUNCHER_RE = re.compile(r"\[meshrun\] \[warning\] worker failed; restarting|"
                          r"\bfailed \(exitcode: -?\d+\) local_rank: \d+")
 
@@ -242,6 +250,10 @@ class Analysis:
         self.setup = setup
         ft = setup == "ft"
         self.failures = []
+        # Workers that died without a kill line of theirs: (rank, why, s after
+        # the last kill).
+        self.unplanned = []
+        planned = []  # ranks whose kill line has not met its death line yet
         steps = []  # (t, step, trained by every replica?)
         participants = WORLD
         seen = set()
@@ -257,6 +269,7 @@ class Analysis:
             latest = self.failures[-1] if self.failures else None
             m = KILL_RE.search(line)
             if m:
+                planned.append(int(m.group(1)))
                 failure = Failure(int(m.group(2)), t)
                 self.failures.append(failure)
                 pending.append(failure)
@@ -276,6 +289,14 @@ class Analysis:
                     if int(m.group(1)) == latest.step and not latest.discarded:
                         latest.discarded = 1
                 continue
+            m = DEATH_RE.search(line)
+            if m:
+                rank, why = int(m.group(1)), m.group(2)
+                if why == "SIGKILL" and rank in planned:
+                    planned.remove(rank)
+                else:
+                    self.unplanned.append((rank, why, t - latest.t_kill if latest else None))
+                # (no continue: it is also the launcher's word below)
             if pending and LAUNCHER_RE.search(line):
                 mark("launcher saw it", t)
                 continue
@@ -411,13 +432,17 @@ def run_one(args, work, setup, experiment, round_index, raw):
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     raw.append(f"$ {' '.join(cmd)}   # exit {rc}, {took:.1f} s")
     result = Analysis(setup, lines, args.checkpoint_every)
+    result.tag = tag
     last = result.steps[-1][1] if result.steps else None
     problem = None
     if rc != 0:
         problem = "timed out" if rc is None else f"exit {rc}"
     elif last != steps - 1:
         problem = f"last step line {last}, not {steps - 1}"
-    elif len(result.failures) != expected:
+    elif len(result.failures) != expected and not (result.unplanned and
+                                                   len(result.failures) < expected):
+        # (A worker that died unplanned restarts as a new incarnation, whose
+        # planned failure comes later: fewer of them in the run.)
         problem = f"{len(result.failures)} failures, not {expected}"
     elif any(f.lost_s is None for f in result.failures) or \
             (experiment == "one" and result.failures[0].back_s is None):
@@ -435,6 +460,10 @@ def run_one(args, work, setup, experiment, round_index, raw):
                + (f" (+{len(result.failures) - 3} more)" if len(result.failures) > 3 else "")
                + (f", wall {result.wall_s:.1f} s, efficiency "
                   f"{result.efficiency(steps):.3f}" if experiment == "every" else ""))
+    if result.unplanned:
+        summary += ", UNPLANNED: " + ", ".join(
+            f"rank {rank} {why}" + (f" {dt:.2f} s after the kill" if dt is not None else "")
+            for rank, why, dt in result.unplanned)
     raw.append(summary)
     for f in result.failures[:1]:
         raw.append(f"  {tag} breakdown: " + ", ".join(f"{k} +{v:.2f} s"
@@ -518,25 +547,40 @@ def report_every(args, setups, results):
     print(f"### A failure every N = {args.kill_every} steps: {failures} failures in "
           f"{args.every_steps} steps")
     print()
-    print("| setup | step ms | training wall s | steps lost | steps without every "
-          "replica | efficiency | throughput steps/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| setup | step ms | failures (+ unplanned) | training wall s | steps lost "
+          "| steps without every replica | efficiency | throughput steps/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = {}
     for setup in setups:
         runs = results[("every", setup)]
         if not runs:
-            print(f"| {NAMES[setup]} | FAILED | | | | | |")
+            print(f"| {NAMES[setup]} | FAILED | | | | | | |")
             continue
         row = dict(step=med(r.step_s for r in runs), wall=med(r.wall_s for r in runs),
+                   failures=med(len(r.failures) for r in runs),
+                   unplanned=med(len(r.unplanned) for r in runs),
                    lost=med(sum(f.steps_lost for f in r.failures) for r in runs),
                    partial=med(r.partial_steps for r in runs),
                    eff=med(r.efficiency(args.every_steps) for r in runs),
                    tput=med((args.every_steps - 1) / r.wall_s for r in runs))
         rows[setup] = row
-        print(f"| {NAMES[setup]} | {row['step'] * 1e3:.1f} | {row['wall']:.1f} "
+        print(f"| {NAMES[setup]} | {row['step'] * 1e3:.1f} "
+              f"| {row['failures']:g} (+ {row['unplanned']:g}) | {row['wall']:.1f} "
               f"| {row['lost']:g} | {row['partial']:g} | {row['eff']:.3f} "
               f"| {row['tput']:.2f} |")
-    ratio_rows(rows, ["step", "wall", "lost", None, "eff", "tput"])
+    ratio_rows(rows, ["step", None, "wall", "lost", None, "eff", "tput"])
+    print()
+
+
+def report_unplanned(results):
+    """The workers that died without a kill line of their own."""
+    deaths = [f"- {run.tag}: rank {rank} died ({why})"
+              + (f", {dt:.2f} s after the last kill line" if dt is not None else "")
+              for runs in results.values() for run in runs
+              for rank, why, dt in run.unplanned]
+    print("### Workers that died without being killed")
+    print()
+    print("\n".join(deaths) if deaths else "None.")
     print()
 
 
@@ -643,6 +687,7 @@ def main():
         report_one(args, setups, results)
     if "every" in experiments:
         report_every(args, setups, results)
+    report_unplanned(results)
     if args.check and "one" in experiments:
         # The checkpoint the restart setups resume from: the last one taken
         # before the failure (after N steps, N a multiple of C, N > 0).
