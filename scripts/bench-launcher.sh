@@ -48,18 +48,9 @@ for var in WAIT_QUIET TORCHRUN MESHRUN_VENV RESULTS_DIR BUILD_DIR; do
 done
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 t0=$(date +%s)
-# Progress (stderr) is shown live and kept; the tables (stdout) are shown at the end.
-# A plain pipeline, so tee has finished writing before the file is read.
-set +e
-{ "${cmd[@]}" 2>&1 1>&3 3>&- | tee "$tmp/stderr" >&2; } 3> "$tmp/stdout"
-status=${PIPESTATUS[0]}
-set -e
+run_driver "${cmd[@]}"
 cat "$tmp/stdout"
-elapsed=$(( $(date +%s) - t0 ))
-load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
-mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
 {
   echo "# Launcher benchmark: meshrun vs torchrun"
   echo
@@ -67,7 +58,7 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo
   echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
   echo "- Date: $started (took ${elapsed} s)"
-  echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
+  machine_line
   echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)'), built in $build_dir"
   echo "- Peer: torchrun of torch $torch_version ($torchrun, $python_version); its c10d" \
        "rendezvous store is torch's TCPStore with its default libuv server"

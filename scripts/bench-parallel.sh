@@ -44,26 +44,8 @@ fi
 binaries=(dp_step_bench meshrun meshrun-rdzvd)
 [ "$layouts" = 1 ] && binaries=(train_example meshrun meshrun-rdzvd)
 
-if [ "${NO_BUILD:-0}" = 1 ]; then
-  for binary in "${binaries[@]}"; do
-    [ -x "$build_dir/bin/$binary" ] ||
-      { echo "bench-parallel: NO_BUILD=1 but no $build_dir/bin/$binary" >&2; exit 1; }
-  done
-elif [ ! -f "$build_dir/build.ninja" ]; then
-  mkdir -p "$build_dir"
-  cmake -S . -B "$build_dir" -G Ninja > "$build_dir.configure.log" 2>&1 ||
-    { cat "$build_dir.configure.log"; exit 1; }
-fi
-if [ "${NO_BUILD:-0}" != 1 ]; then
-  if ! grep -q '^build dp_step_bench:\|bin/dp_step_bench:' "$build_dir/build.ninja"; then
-    cmake -S . -B "$build_dir" -DMESHRUN_BUILD_BENCH=ON > "$build_dir.configure.log" 2>&1 ||
-      { cat "$build_dir.configure.log"; exit 1; }
-  fi
-  ninja -C "$build_dir" -j"$jobs" "${binaries[@]}" >&2 ||
-    { echo "bench-parallel: cannot build ${binaries[*]} (configured with MESHRUN_BUILD_BENCH=ON?)" >&2; exit 1; }
-fi
-
 source scripts/lib/bench-common.sh
+build_binaries bench-parallel "${binaries[@]}"
 find_torch bench-parallel
 python_exec=${PYTHON_EXEC:-$venv_python}
 ddp_torch=$("$python_exec" -c 'import torch.distributed; print(torch.__version__)' 2>/dev/null) ||
@@ -91,21 +73,14 @@ done
 tree="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)')"
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 t0=$(date +%s)
-set +e
-{ "${cmd[@]}" 2>&1 1>&3 3>&- | tee "$tmp/stderr" >&2; } 3> "$tmp/stdout"
-status=${PIPESTATUS[0]}
-set -e
+run_driver "${cmd[@]}"
 cat "$tmp/stdout"
-elapsed=$(( $(date +%s) - t0 ))
-load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
-mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
 # The run's facts, the same in both results files.
 run_facts() {
   echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
   echo "- Date: $started (took ${elapsed} s)"
-  echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
+  machine_line
   echo "- meshrun: $tree, built in $build_dir"
   echo "- libtorch: torch $torch_version's (the venv's wheel); PyTorch: torch $ddp_torch" \
        "($python_exec, $("$python_exec" --version 2>&1)); Gloo on CPU"

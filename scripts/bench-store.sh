@@ -64,8 +64,6 @@ status=0
 wait
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
-mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
 {
   echo "# Store benchmark: c10d's TCPStore client against meshrun-rdzvd and against torch's libuv TCPStore server"
   echo
@@ -73,7 +71,7 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo
   echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
   echo "- Date: $started (took $(( $(date +%s) - t0 )) s)"
-  echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
+  machine_line
   echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)'), built in $build_dir;" \
        "gRPC $(dpkg-query -W -f='${Version}' libgrpc++-dev 2>/dev/null || echo '?')"
   echo "- Client and peer server: c10d::TCPStore of torch $torch_version's libtorch (the venv's" \

@@ -48,17 +48,10 @@ for var in WAIT_QUIET MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR; do
 done
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
 t0=$(date +%s)
-set +e
-{ "${cmd[@]}" 2>&1 1>&3 3>&- | tee "$tmp/stderr" >&2; } 3> "$tmp/stdout"
-status=${PIPESTATUS[0]}
-set -e
+run_driver "${cmd[@]}"
 grep -v '^SUMMARY_JSON ' "$tmp/stdout" || true
-elapsed=$(( $(date +%s) - t0 ))
-load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 sed -n 's/^SUMMARY_JSON //p' "$tmp/stdout" > "$results_dir/results.json"
 
-cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
-mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
 {
   echo "# Worker library benchmark: meshrun's store vs c10d's TCPStore"
   echo
@@ -67,7 +60,7 @@ mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
   echo
   echo "- Command: \`$invocation\`, which ran \`${cmd[*]}\`"
   echo "- Date: $started (took ${elapsed} s)"
-  echo "- Machine: nproc=$ncores, $cpu, $mem RAM, Linux $(uname -r)"
+  machine_line
   echo "- meshrun: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)'), built in $build_dir"
   echo "- libtorch: torch $torch_version's (the venv's wheel, $python_version), Gloo on CPU;"
   echo "  TCPStore is its c10d::TCPStore with the default libuv server (RESULT lines: server=)"

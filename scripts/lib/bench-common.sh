@@ -55,3 +55,56 @@ bench_logs() {
   cat "$tmp/stderr"
   echo '```'
 }
+
+# build_binaries NAME BINARY...: builds the binaries in $build_dir with ninja
+# -j$jobs, configuring it first when it has no build.ninja, and again with
+# MESHRUN_BUILD_BENCH=ON when one of them is not a target yet (the benchmark
+# binaries). With NO_BUILD=1 (another ninja may be running there) it only
+# checks that $build_dir/bin has them.
+build_binaries() {
+  local name=$1 binary
+  shift
+  if [ "${NO_BUILD:-0}" = 1 ]; then
+    for binary in "$@"; do
+      [ -x "$build_dir/bin/$binary" ] ||
+        { echo "$name: NO_BUILD=1 but no $build_dir/bin/$binary" >&2; exit 1; }
+    done
+    return
+  fi
+  if [ ! -f "$build_dir/build.ninja" ]; then
+    mkdir -p "$build_dir"
+    cmake -S . -B "$build_dir" -G Ninja > "$build_dir.configure.log" 2>&1 ||
+      { cat "$build_dir.configure.log"; exit 1; }
+  fi
+  for binary in "$@"; do
+    if ! grep -q "^build $binary:\|bin/$binary:" "$build_dir/build.ninja"; then
+      cmake -S . -B "$build_dir" -DMESHRUN_BUILD_BENCH=ON > "$build_dir.configure.log" 2>&1 ||
+        { cat "$build_dir.configure.log"; exit 1; }
+      break
+    fi
+  done
+  ninja -C "$build_dir" -j"${jobs:-2}" "$@" >&2 ||
+    { echo "$name: cannot build $*" >&2; exit 1; }
+}
+
+# run_driver COMMAND...: runs a benchmark driver from $t0 on, its progress
+# (stderr) shown live and kept in $tmp/stderr, its tables (stdout) kept in
+# $tmp/stdout for the caller to show. Sets status (its exit code), elapsed
+# (seconds since $t0) and load_after ("1 5 15" minute load averages).
+run_driver() {
+  set +e
+  # A plain pipeline, so tee has finished writing before the file is read.
+  { "$@" 2>&1 1>&3 3>&- | tee "$tmp/stderr" >&2; } 3> "$tmp/stdout"
+  status=${PIPESTATUS[0]}
+  set -e
+  elapsed=$(( $(date +%s) - t0 ))
+  load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+}
+
+# machine_line: the results file's "- Machine: ..." line.
+machine_line() {
+  local cpu mem
+  cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
+  mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+  echo "- Machine: nproc=$(nproc), $cpu, $mem RAM, Linux $(uname -r)"
+}
