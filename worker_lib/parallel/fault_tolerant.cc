@@ -1,5 +1,7 @@
 #include "worker_lib/parallel/fault_tolerant.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <thread>
@@ -140,6 +142,16 @@ FaultTolerantReplicas::~FaultTolerantReplicas() = default;
 
 absl::StatusOr<std::unique_ptr<FaultTolerantReplicas>> FaultTolerantReplicas::Create(
     std::shared_ptr<World> world, ReplicaIdentity id, FaultToleranceOptions options) {
+  // A survivor writing to a dead replica's socket must get EPIPE (a Gloo
+  // error: the step is discarded), not die of SIGPIPE, as it did in the
+  // recovery benchmark (Gloo sends without MSG_NOSIGNAL; Python ignores
+  // SIGPIPE, a C++ program may not). A handler of the program's own stays.
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ignore, nullptr);
+  }
   auto security = rdzv::ClientSecurityFromEnvironment(std::getenv);
   if (!security.ok()) return security.status();
   std::unique_ptr<FaultTolerantReplicas> replicas(

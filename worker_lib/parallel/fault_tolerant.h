@@ -107,7 +107,9 @@ struct StepQuorum {
 
 class FaultTolerantReplicas final : public ReplicaGradientSync {
  public:
-  // `world`: the replica group's (InitReplicaGroupWorld).
+  // `world`: the replica group's (InitReplicaGroupWorld). Sets SIGPIPE to
+  // be ignored unless the program handles it: a peer's death must be an
+  // error here, not this process's end.
   static absl::StatusOr<std::unique_ptr<FaultTolerantReplicas>> Create(
       std::shared_ptr<World> world, ReplicaIdentity id, FaultToleranceOptions options);
   ~FaultTolerantReplicas() override;
