@@ -73,21 +73,22 @@ void ReplicaQuorum::TryForm(bool overdue, std::vector<QuorumAnswer>* out) {
   bool finishing = false;
   for (const auto& [key, arrived] : arrived_) finishing = finishing || arrived.finished;
   std::vector<uint32_t> complete;
+  std::vector<Replica*> live_incomplete;  // stragglers if the quorum is overdue
   bool all_expected_complete = true;
   for (auto& [id, replica] : replicas_) {
     const bool is_complete = members_here[id] == replica_size_;
     if (is_complete) {
       complete.push_back(id);
       replica.straggling = false;
+    } else if (!replica.failed) {
+      live_incomplete.push_back(&replica);
     }
     const bool expected = finishing || (!replica.failed && !replica.straggling);
     if (expected && !is_complete) all_expected_complete = false;
   }
   if (complete.empty() || !(all_expected_complete || overdue)) return;
-  if (overdue) {
-    for (auto& [id, replica] : replicas_)
-      if (!replica.failed && members_here[id] != replica_size_) replica.straggling = true;
-  }
+  if (overdue)
+    for (Replica* replica : live_incomplete) replica->straggling = true;
 
   QuorumFormed formed;
   formed.quorum_id = next_quorum_id_++;

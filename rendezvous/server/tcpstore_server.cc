@@ -696,10 +696,13 @@ void TcpStoreServer::Impl::CollectMetrics(std::vector<MetricFamily>* out) {
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     TcpStoreServerOptions options, StoreService& store) {
-  std::unique_ptr<TcpStoreServer> server(new TcpStoreServer());
   const int threads = std::max(1, options.io_threads);
-  server->impl_ = std::make_shared<Impl>(std::move(options), store);
-  if (absl::Status s = server->impl_->Bind(); !s.ok()) return s;
+  auto impl = std::make_shared<Impl>(std::move(options), store);
+  // Bound before a server exists: one that failed here has nothing to stop
+  // (a Stop would queue its close in an io_context no thread ever runs).
+  if (absl::Status s = impl->Bind(); !s.ok()) return s;
+  std::unique_ptr<TcpStoreServer> server(new TcpStoreServer());
+  server->impl_ = std::move(impl);
   server->port_ = server->impl_->port();
   server->impl_->Accept();
   for (int i = 0; i < threads; ++i) {
@@ -713,10 +716,6 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
 
 void TcpStoreServer::Stop() {
   if (!impl_) return;
-  // A server whose Start failed (its port in use) never ran its io threads:
-  // Impl::Stop's posted close would stay queued in the io_context the Impl
-  // owns, holding the Impl alive, a leak.
-  if (threads_.empty()) return;
   impl_->Stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();

@@ -19,14 +19,15 @@ read -r failed resumed < <(awk -F, 'NR > 1 && $1 == 0 { last0 = $2 }
   END { print (last0 == "" ? -1 : last0), (first1 == "" ? -1 : first1 - 1) }' "$csv")
 attempts=$(awk -F, 'NR > 1 { a[$1] = 1 } END { print length(a) }' "$csv")
 # Fault-tolerant runs: the last step before one trained by fewer replicas
-# than the most, and the last before all of them trained again.
-read -r degraded healed < <(awk -F, 'NR > 1 && $6 != "" { r[NR] = $6; s[NR] = $2; if ($6 > most) most = $6 }
+# than the most, and the last before all of them trained again (-1: never),
+# and where the shading of those steps ends.
+read -r degraded healed shade_end < <(awk -F, 'NR > 1 && $6 != "" { r[NR] = $6; s[NR] = $2; if ($6 > most) most = $6 }
   END { d = -1; h = -1
         for (i = 2; i <= NR; i++) {
           if (d < 0 && r[i] < most) d = s[i] - 1
           else if (d >= 0 && h < 0 && r[i] == most) h = s[i] - 1
         }
-        print d, h }' "$csv")
+        print d, h, (h >= 0 ? h : s[NR]) }' "$csv")
 {
   echo "set terminal pngcairo size 900,500 font 'sans,10'"
   echo "set output '$png'"
@@ -36,7 +37,7 @@ read -r degraded healed < <(awk -F, 'NR > 1 && $6 != "" { r[NR] = $6; s[NR] = $2
   echo "set grid; set key top right"
   if [ "$degraded" -ge 0 ]; then
     echo "set title 'meshrun main job: character-level GPT on fortunes, 2 fault-tolerant replicas x tp=2, 4 workers'"
-    echo "set object 1 rect from $degraded, graph 0 to ${healed/#-1/$degraded}, graph 1 fc rgb '#ffdddd' fs solid 0.5 noborder behind"
+    echo "set object 1 rect from $degraded, graph 0 to $shade_end, graph 1 fc rgb '#ffdddd' fs solid 0.5 noborder behind"
     echo "set label 'a worker killed after step $degraded: its replica restarts, the other trains on' at $degraded, graph 0.95 right offset -0.5,0 tc rgb 'red'"
     if [ "$healed" -ge 0 ]; then
       echo "set label 'healed from the live replica: both train again from step $(( healed + 1 ))' at $healed, graph 0.88 right offset -0.5,0 tc rgb 'dark-green'"

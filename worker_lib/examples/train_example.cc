@@ -191,8 +191,7 @@ int RunFaultTolerant(TrainOptions options,
 
   std::vector<uint32_t> last_participants;
   while (true) {
-    auto quorum =
-        (*replicas)->BeginStep((*trainer)->Params(), (*trainer)->OptimizerState());
+    auto quorum = (*replicas)->BeginStep(**trainer);
     if (!quorum.ok()) return Fail(rank, std::string(quorum.status().message()));
     if (!quorum->participating) continue;
     // The lowest participant reports, so somebody always does.

@@ -81,20 +81,26 @@ absl::Status SaveShards(const std::string& dir, const std::string& tag,
          param->LocalValues().detach().contiguous().clone()}));
   }
   std::vector<char> bytes = torch::pickle_save(c10::IValue(entries));
-  // Written under a temporary name and renamed, so a crash never leaves a
-  // half-written shard that a later load would trust.
-  const fs::path path = fs::path(dir) / absl::StrCat("shard-", tag, ".pt");
-  const fs::path partial = fs::path(dir) / absl::StrCat(".shard-", tag, ".pt.partial");
+  return WriteFileAtomically(
+      (fs::path(dir) / absl::StrCat("shard-", tag, ".pt")).string(),
+      std::string_view(bytes.data(), bytes.size()));
+}
+
+absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
+  const fs::path target(path);
+  const fs::path partial =
+      target.parent_path() / absl::StrCat(".", target.filename().string(), ".partial");
   {
     std::ofstream out(partial, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     if (!out.good())
       return absl::UnavailableError(absl::StrCat("cannot write ", partial.string()));
   }
-  fs::rename(partial, path, error);
+  std::error_code error;
+  fs::rename(partial, target, error);
   if (error)
     return absl::UnavailableError(
-        absl::StrCat("cannot rename to ", path.string(), ": ", error.message()));
+        absl::StrCat("cannot rename to ", path, ": ", error.message()));
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,5 +34,10 @@ absl::Status SaveShards(const std::string& dir, const std::string& tag,
 // global shape differs from the checkpoint's.
 absl::Status LoadShards(const std::string& dir,
                         const std::vector<std::shared_ptr<Param>>& params);
+
+// Writes `bytes` to `path` under a hidden temporary name (".<name>.partial"
+// beside it) and renames it, so that a crash never leaves a half-written
+// file that a later reader would trust.
+absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes);
 
 }  // namespace meshrun::worker::parallel

@@ -2,32 +2,12 @@
 
 #include <filesystem>
 #include <fstream>
-#include <system_error>
 
 #include "absl/strings/str_format.h"
+#include "worker_lib/parallel/checkpoint.h"
 
 namespace meshrun::worker::parallel {
-namespace {
-
 namespace fs = std::filesystem;
-
-absl::Status WriteAtomically(const fs::path& path, const std::string& text) {
-  const fs::path partial = path.string() + ".partial";
-  {
-    std::ofstream out(partial, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out.good()) return absl::InternalError("cannot write " + partial.string());
-  }
-  std::error_code error;
-  fs::rename(partial, path, error);
-  if (error)
-    return absl::InternalError("cannot rename " + partial.string() + ": " +
-                               error.message());
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 std::string CheckpointStepPath(const std::string& dir, int64_t step) {
   return (fs::path(dir) / absl::StrFormat("step-%06d", step)).string();
@@ -46,7 +26,8 @@ absl::Status SaveCheckpointStep(Trainer& trainer, int rank, const std::string& d
   if (absl::Status status = trainer.Save(CheckpointStepPath(dir, step)); !status.ok())
     return status;
   if (rank != 0) return absl::OkStatus();
-  return WriteAtomically(fs::path(dir) / "latest", std::to_string(step) + "\n");
+  return WriteFileAtomically((fs::path(dir) / "latest").string(),
+                             std::to_string(step) + "\n");
 }
 
 absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(Trainer& trainer,

@@ -7,9 +7,10 @@
 // written only after every rank's shards are in, and atomically, so a crash
 // mid-save resumes from the checkpoint before.
 //
-// A checkpoint holds the parameters only: the trainers' SGD keeps no other
-// state, and a step's batch depends on the step alone, so a run resumed from
-// step N continues exactly as an uninterrupted one would.
+// A checkpoint holds the parameters only: SGD without momentum keeps no
+// other state, and a step's batch depends on the step alone, so such a run
+// resumed from step N continues exactly as an uninterrupted one would (the
+// example trainers refuse --momentum with checkpoints).
 
 #include <cstdint>
 #include <optional>

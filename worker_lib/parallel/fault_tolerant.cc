@@ -162,9 +162,7 @@ absl::StatusOr<std::unique_ptr<FaultTolerantReplicas>> FaultTolerantReplicas::Cr
   return replicas;
 }
 
-absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(
-    const std::vector<std::shared_ptr<Param>>& params,
-    const std::vector<at::Tensor>& optimizer_state) {
+absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(Trainer& trainer) {
   v1::QuorumRequest request;
   request.set_run_id(id_.run_id);
   request.set_replica(id_.replica);
@@ -223,7 +221,7 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(
     const int source_index = static_cast<int>(source - quorum.participants.begin());
     quorum.healed = committed_steps_ < reply->max_committed_steps();
     quorum.source_replica = static_cast<int>(reply->source_replica());
-    if (absl::Status healed = Heal(params, optimizer_state, source_index); !healed.ok()) {
+    if (absl::Status healed = Heal(trainer, source_index); !healed.ok()) {
       group_.reset();
       group_id_ = 0;
       last_discard_reason_ = std::string(healed.message());
@@ -240,9 +238,7 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(
   return quorum;
 }
 
-absl::Status FaultTolerantReplicas::Heal(
-    const std::vector<std::shared_ptr<Param>>& params,
-    const std::vector<at::Tensor>& optimizer_state, int source_index) {
+absl::Status FaultTolerantReplicas::Heal(Trainer& trainer, int source_index) {
   // The step count and history, flattened as [steps, n, p0..p(n-1), n, ...].
   std::vector<int64_t> state{static_cast<int64_t>(committed_steps_)};
   for (const auto& participants : history_) {
@@ -259,12 +255,12 @@ absl::Status FaultTolerantReplicas::Heal(
     if (group_->getRank() == source_index) flat.copy_(at::tensor(state, at::kLong));
     std::vector<at::Tensor> state_tensors{flat};
     group_->broadcast(state_tensors, from_source)->wait();
-    for (const auto& param : params) {
-      std::vector<at::Tensor> data{param->data().detach()};
-      group_->broadcast(data, from_source)->wait();
-    }
-    for (const at::Tensor& tensor : optimizer_state) {
-      std::vector<at::Tensor> data{tensor.detach()};
+    std::vector<at::Tensor> copied;
+    for (const auto& param : trainer.Params()) copied.push_back(param->data().detach());
+    for (const at::Tensor& buffer : trainer.OptimizerState())
+      copied.push_back(buffer.detach());
+    for (at::Tensor& tensor : copied) {
+      std::vector<at::Tensor> data{tensor};
       group_->broadcast(data, from_source)->wait();
     }
     const int64_t* values = flat.data_ptr<int64_t>();
@@ -353,8 +349,8 @@ absl::StatusOr<bool> ReplayedReplicaSync::Sync(
     return absl::FailedPreconditionError(
         "ReplayedReplicaSync: more Steps than participants; call BeginStep first");
   }
-  at::Tensor flat = FlattenGradsAndLoss(params, *loss);
-  sum_ = seen_ == 0 ? flat.clone() : sum_.add_(flat);
+  at::Tensor flat = FlattenGradsAndLoss(params, *loss);  // a new tensor
+  sum_ = seen_ == 0 ? flat : sum_.add_(flat);
   if (++seen_ < participants_) return false;
   sum_.div_(static_cast<double>(participants_));
   UnflattenGradsAndLoss(sum_, params, loss);

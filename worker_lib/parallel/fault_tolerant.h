@@ -14,8 +14,7 @@
 //   auto replicas = FaultTolerantReplicas::Create(world, id, {}).value();
 //   auto trainer = Trainer::Create(world, model, {.replica_sync = replicas.get()});
 //   while (true) {
-//     StepQuorum q =
-//         replicas->BeginStep(trainer->Params(), trainer->OptimizerState()).value();
+//     StepQuorum q = replicas->BeginStep(*trainer).value();
 //     if (!q.participating) continue;          // arrived late: the next one
 //     if (q.step >= steps) break;
 //     auto loss = trainer->Step(my rows of batch(q.step));  // kAborted: discarded
@@ -114,12 +113,10 @@ class FaultTolerantReplicas final : public ReplicaGradientSync {
       std::shared_ptr<World> world, ReplicaIdentity id, FaultToleranceOptions options);
   ~FaultTolerantReplicas() override;
 
-  // Joins the next step's quorum (see above). `params` (what this member
-  // trains, its shards) and `optimizer_state` (Trainer::OptimizerState: the
-  // same tensors on every replica) are the state a heal copies, in place.
-  absl::StatusOr<StepQuorum> BeginStep(
-      const std::vector<std::shared_ptr<Param>>& params,
-      const std::vector<at::Tensor>& optimizer_state = {});
+  // Joins the next step's quorum (see above). A heal copies `trainer`'s
+  // state in place: its params (this member's shards) and its optimizer's
+  // (Trainer::OptimizerState).
+  absl::StatusOr<StepQuorum> BeginStep(Trainer& trainer);
 
   // Averages grads and *loss over the step's participants and votes; true
   // when the step commits (the caller applies it). Called by Trainer::Step.
@@ -137,8 +134,7 @@ class FaultTolerantReplicas final : public ReplicaGradientSync {
  private:
   FaultTolerantReplicas(std::shared_ptr<World> world, ReplicaIdentity id,
                         FaultToleranceOptions options);
-  absl::Status Heal(const std::vector<std::shared_ptr<Param>>& params,
-                    const std::vector<at::Tensor>& optimizer_state, int source_index);
+  absl::Status Heal(Trainer& trainer, int source_index);
 
   std::shared_ptr<World> world_;
   ReplicaIdentity id_;
