@@ -479,6 +479,15 @@ void RendezvousState::Enrol(Run& run, const NodeInfo& info, RdzvTime now,
     return;
   }
 
+  // Restart scope "replica": the round's workers survive each other, so a
+  // newcomer's replica groups join them where they are instead of
+  // restarting everyone (they heal from a live replica at a step boundary).
+  if (run.options.replica_size > 0 && run.participants.size() < run.options.max_nodes &&
+      run.succeeded == 0) {
+    AdmitIntoActiveRound(run, node, events);
+    return;
+  }
+
   node.role = Role::kWaiting;
   run.waiting.emplace(node.seq, info.node_id);
   Emit(events, run.id, info.node_id, NodeEvent::Kind::kWaiting, run.round + 1);
@@ -585,6 +594,28 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
                             NodeEvent::Kind::kAssigned, run.round);
     event.assignment = AssignmentFor(run, rank);
   }
+}
+
+void RendezvousState::AdmitIntoActiveRound(Run& run, Node& node,
+                                           std::vector<NodeEvent>* events) {
+  const auto group_rank = static_cast<uint32_t>(run.participants.size());
+  // The roster is shared with the events already sent: a new one.
+  auto roster = std::make_shared<std::vector<ParticipantView>>(*run.roster);
+  roster->push_back(ParticipantView{node.info.node_id, node.info.host, group_rank,
+                                    node.info.nproc, run.world_size,
+                                    node.info.master_port});
+  run.roster = std::move(roster);
+  run.participants.push_back(node.info.node_id);
+  // Bounded by kMaxWorldSize at join.
+  run.world_size += node.info.nproc;
+  run.members[node.info.node_id] = true;
+  node.role = Role::kParticipant;
+  node.group_rank = group_rank;
+  node.succeeded = false;
+  ++stats_.joins_into_active_round;
+  NodeEvent& event =
+      Emit(events, run.id, node.info.node_id, NodeEvent::Kind::kAssigned, run.round);
+  event.assignment = AssignmentFor(run, group_rank);
 }
 
 Assignment RendezvousState::AssignmentFor(const Run& run, uint32_t group_rank) const {

@@ -8,7 +8,10 @@
 // one job-global restart counter and the run's outcome. A round completes when
 // max_nodes have joined, or when min_nodes have joined and last_call_timeout
 // has passed since. While a round is active, a new node waits and the
-// participants are told to re-form (scale-up); a participant that expires,
+// participants are told to re-form (scale-up), except under restart scope
+// "replica", whose workers survive each other: there the newcomer joins the
+// active round at once (the next group rank, ranks after the world's, which
+// grows) and nobody else hears of it. A participant that expires,
 // leaves or reports a worker failure also makes the round re-form, the last
 // one counting against max_restarts.
 //
@@ -169,6 +172,9 @@ struct RendezvousStats {
   uint64_t failure_reports = 0;  // every report, stale ones included
   // Replica groups restarted alone (restart scope "replica"; not re-forms).
   uint64_t replica_restarts = 0;
+  // Nodes admitted into an active round without a re-form (restart scope
+  // "replica").
+  uint64_t joins_into_active_round = 0;
   std::array<uint64_t, 4> reforms{};      // by ReformReason
   std::array<uint64_t, 3> runs_closed{};  // by Outcome
 };
@@ -314,6 +320,9 @@ class RendezvousState {
   void Enrol(Run& run, const NodeInfo& info, RdzvTime now,
              std::vector<NodeEvent>* events);
   void OnGatheringGrew(Run& run, RdzvTime now, std::vector<NodeEvent>* events);
+  // Restart scope "replica": `node` becomes the active round's last
+  // participant, its ranks appended to the world.
+  void AdmitIntoActiveRound(Run& run, Node& node, std::vector<NodeEvent>* events);
   void CompleteRound(Run& run, std::vector<NodeEvent>* events);
   void Reform(Run& run, ReformReason reason, const std::string& detail, RdzvTime now,
               std::vector<NodeEvent>* events);

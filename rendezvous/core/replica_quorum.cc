@@ -39,9 +39,10 @@ absl::Status ReplicaQuorum::Arrive(const QuorumArrival& arrival, QuorumWaiter wa
         "quorum: replica ", arrival.replica, " incarnation ", arrival.incarnation,
         " was replaced by incarnation ", replica.incarnation));
   }
-  if (arrival.incarnation > replica.incarnation || replica.failed) {
+  if (arrival.incarnation > replica.incarnation || replica.failed || replica.done) {
     replica.incarnation = arrival.incarnation;
     replica.failed = false;
+    replica.done = false;
     group_healthy_ = false;  // a new process: the group must be rebuilt with it
     // Members of the replaced incarnation that were still waiting are gone.
     for (auto it = arrived_.begin(); it != arrived_.end();) {
@@ -80,28 +81,54 @@ void ReplicaQuorum::TryForm(bool overdue, std::vector<QuorumAnswer>* out) {
     if (is_complete) {
       complete.push_back(id);
       replica.straggling = false;
-    } else if (!replica.failed) {
+    } else if (!replica.failed && !replica.done) {
       live_incomplete.push_back(&replica);
     }
-    const bool expected = finishing || (!replica.failed && !replica.straggling);
+    const bool expected =
+        !replica.done && (finishing || (!replica.failed && !replica.straggling));
     if (expected && !is_complete) all_expected_complete = false;
   }
   if (complete.empty() || !(all_expected_complete || overdue)) return;
   if (overdue)
     for (Replica* replica : live_incomplete) replica->straggling = true;
 
-  QuorumFormed formed;
-  formed.quorum_id = next_quorum_id_++;
-  formed.participants = complete;
   // A group's committed steps are its least advanced member's.
   std::map<uint32_t, uint64_t> steps_of;
   for (const auto& [key, arrived] : arrived_) {
     auto [it, inserted] = steps_of.emplace(key.first, arrived.committed_steps);
     if (!inserted) it->second = std::min(it->second, arrived.committed_steps);
   }
-  formed.max_committed_steps = 0;
-  for (uint32_t r : complete)
-    formed.max_committed_steps = std::max(formed.max_committed_steps, steps_of[r]);
+  uint64_t max_committed = 0;
+  for (uint32_t r : complete) max_committed = std::max(max_committed, steps_of[r]);
+  if (max_committed < finished_steps_) {
+    // Whoever finished training has left: nobody can hand these groups the
+    // final state, and training on from where they are would make another.
+    for (auto it = arrived_.begin(); it != arrived_.end();) {
+      if (std::binary_search(complete.begin(), complete.end(), it->first.first)) {
+        out->push_back(
+            {it->second.waiter, absl::OutOfRangeError(absl::StrCat(
+                                    "quorum: training finished (", finished_steps_,
+                                    " steps) and its replicas left before replica ",
+                                    it->first.first, " could join them"))});
+        it = arrived_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return;
+  }
+  if (finishing) {
+    // Everyone here leaves with the final state after this quorum.
+    for (const auto& [key, arrived] : arrived_)
+      if (arrived.finished)
+        finished_steps_ = std::max(finished_steps_, arrived.committed_steps);
+    for (uint32_t r : complete) replicas_[r].done = true;
+  }
+
+  QuorumFormed formed;
+  formed.quorum_id = next_quorum_id_++;
+  formed.participants = complete;
+  formed.max_committed_steps = max_committed;
   for (uint32_t r : complete) {
     if (steps_of[r] == formed.max_committed_steps) {
       formed.source_replica = r;

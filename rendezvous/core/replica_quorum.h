@@ -17,7 +17,9 @@
 // for it, so that a group that hangs without dying costs one deadline, not
 // one per step; it is waited for again once all its members are here. The
 // participant with the most committed steps is the source of a heal when
-// any participant has fewer.
+// any participant has fewer. Groups that arrive after the ones that finished
+// training have left (a restart or a joining node, too late) are told
+// OUT_OF_RANGE: nobody is left to give them the final state.
 //
 // After its all-reduce, every member of every participant votes. The step
 // commits when all voted ok; it is discarded at the first failed vote, when
@@ -124,6 +126,7 @@ class ReplicaQuorum {
     uint32_t incarnation = 0;
     bool failed = false;
     bool straggling = false;  // missed an overdue quorum, not complete since
+    bool done = false;        // left with the final state (trained every step)
   };
   struct Arrived {
     QuorumWaiter waiter;
@@ -155,6 +158,10 @@ class ReplicaQuorum {
   uint64_t group_id_ = 0;  // the last quorum's; 0: none yet
   std::vector<uint32_t> group_participants_;
   bool group_healthy_ = false;  // the last quorum's step committed
+  // The most committed steps of a group that arrived having finished
+  // training: a quorum whose groups have fewer is refused (OUT_OF_RANGE),
+  // since the finished ones, the only holders of the final state, have left.
+  uint64_t finished_steps_ = 0;
 };
 
 }  // namespace meshrun::rdzv

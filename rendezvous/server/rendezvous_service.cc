@@ -650,6 +650,10 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
   restarts.Add({{"cause", "replica failure"}},
                static_cast<double>(stats.replica_restarts));
   out->push_back(std::move(restarts));
+  counter("meshrun_joins_into_active_round_total",
+          "Nodes whose replica groups joined a running round without a re-form "
+          "(--restart-scope=replica).",
+          stats.joins_into_active_round);
   counter("meshrun_failure_reports_total",
           "Worker-failure reports from agents (several nodes may report one failure).",
           stats.failure_reports);

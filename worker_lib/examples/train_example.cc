@@ -37,7 +37,11 @@
 // single-process training of the committed steps, each on the rows of the
 // replicas that took part in it. --kill-at-step N [--kill-rank R]
 // [--kill-point start|allreduce|voted] makes rank R SIGKILL itself at step
-// N, in its first incarnation only.
+// N, in its first incarnation only. With meshrun's replica scope the world
+// may start with fewer groups than --dp: a node that joins later brings the
+// others, which heal from a live one and train on (--hold-at-step N
+// --hold-file F, a test's hook: a replica that has committed N steps waits
+// for F to exist before going on, so that a test can bring a node in).
 //
 // --checkpoint-dir DIR --checkpoint-every C (without --fault-tolerant): a
 // sharded checkpoint every C steps (checkpoint_series.h), and a start
@@ -61,6 +65,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <thread>
 #include <torch/csrc/distributed/c10d/FlightRecorder.hpp>
 #include <vector>
 
@@ -110,15 +115,31 @@ struct KillPlan {
 // restart met failure k * replicas + r + 1; otherwise on rank world - 1 -
 // (j - 1) mod world, the world's j-th attempt meeting failure j.
 int64_t KillStep(const KillPlan& kill, int rank, int world_size, int replica,
-                 int replicas, int lives, bool fault_tolerant) {
+                 int replicas, int replica_size, int lives, bool fault_tolerant) {
   if (kill.every <= 0) return lives == 0 && rank == kill.rank ? kill.step : -1;
   if (fault_tolerant) {
-    const int replica_size = world_size / replicas;
     if (rank != replica * replica_size + replica_size - 1) return -1;
     return kill.every * (static_cast<int64_t>(lives) * replicas + replica + 1);
   }
   if (rank != world_size - 1 - lives % world_size) return -1;
   return kill.every * (lives + 1);
+}
+
+// --hold-at-step / --hold-file (see the top of this file).
+struct HoldPlan {
+  int64_t step = -1;
+  std::string file;
+};
+
+// Waits up to two minutes for `path` to exist.
+absl::Status WaitForFile(const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!std::filesystem::exists(path)) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return absl::DeadlineExceededError("--hold-file " + path + " never appeared");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return absl::OkStatus();
 }
 
 void KillSelf(int rank, int64_t step, const std::string& point) {
@@ -151,7 +172,7 @@ int RunFaultTolerant(TrainOptions options,
                      const std::function<std::unique_ptr<TrainModel>()>& make_model,
                      const std::function<InputTarget(int64_t)>& batch_of,
                      int64_t first_step, int steps, bool verify, double rtol,
-                     const KillPlan& kill) {
+                     const KillPlan& kill, const HoldPlan& hold) {
   auto env = WorkerEnvFromProcessEnvironment();
   if (!env.ok()) return Fail(-1, std::string(env.status().message()));
   const int rank = env->rank;
@@ -167,10 +188,11 @@ int RunFaultTolerant(TrainOptions options,
   FaultToleranceOptions ft_options;
   ft_options.steps = static_cast<uint64_t>(steps);
   // A failure of the whole world (restart count > 0) is not this plan's.
-  const int64_t kill_step = env->restart_count == 0
-                                ? KillStep(kill, rank, env->world_size, id->replica,
-                                           num_replicas, id->incarnation, true)
-                                : -1;
+  const int64_t kill_step =
+      env->restart_count == 0
+          ? KillStep(kill, rank, env->world_size, id->replica, num_replicas,
+                     id->replica_size, id->incarnation, true)
+          : -1;
   const bool kills_here = kill_step >= 0;
   if (kills_here) {
     ft_options.fault_injection = [&kill, rank, kill_step](const std::string& point,
@@ -185,13 +207,28 @@ int RunFaultTolerant(TrainOptions options,
   options.replica_sync = replicas->get();
   auto trainer = Trainer::Create(*world, make_model(), options);
   if (!trainer.ok()) return Fail(rank, std::string(trainer.status().message()));
-  if (rank == 0)
+  if (rank == 0) {
     Say("layout " + (*trainer)->Describe() + " x " + std::to_string(num_replicas) +
-        " fault-tolerant replicas");
+        " fault-tolerant replicas" +
+        (id->replicas_in_world < num_replicas
+             ? " (" + std::to_string(id->replicas_in_world) +
+                   " in the world so far: joining nodes bring the others)"
+             : ""));
+  }
 
   std::vector<uint32_t> last_participants;
   while (true) {
+    if (static_cast<int64_t>((*replicas)->committed_steps()) == hold.step) {
+      if (auto held = WaitForFile(hold.file); !held.ok())
+        return Fail(rank, std::string(held.message()));
+    }
     auto quorum = (*replicas)->BeginStep(**trainer);
+    if (absl::IsOutOfRange(quorum.status())) {
+      // Came (back) after training ended: the result is the others'.
+      Say("rank " + std::to_string(rank) +
+          ": nothing left to train: " + std::string(quorum.status().message()));
+      return 0;
+    }
     if (!quorum.ok()) return Fail(rank, std::string(quorum.status().message()));
     if (!quorum->participating) continue;
     // The lowest participant reports, so somebody always does.
@@ -285,6 +322,7 @@ int main(int argc, char** argv) {
   int64_t checkpoint_every = 0;
   bool fault_tolerant = false;
   KillPlan kill;
+  HoldPlan hold;
   app.add_option("--model", model_name, "mlp or transformer")
       ->check(CLI::IsMember({"mlp", "transformer"}));
   app.add_option("--sizes", sizes, "MLP layer sizes (default: seed 003's 50,50,50,50,4)")
@@ -347,8 +385,16 @@ int main(int argc, char** argv) {
   app.add_option("--kill-point", kill.point,
                  "where in the step: start, allreduce or voted")
       ->check(CLI::IsMember({"start", "allreduce", "voted"}));
+  app.add_option("--hold-at-step", hold.step,
+                 "test hook (--fault-tolerant): a replica that has committed this many "
+                 "steps waits for --hold-file to exist");
+  app.add_option("--hold-file", hold.file, "see --hold-at-step");
   CLI11_PARSE(app, argc, argv);
   options.reshard_after_forward = !no_reshard;
+  if ((hold.step >= 0) != !hold.file.empty() || (hold.step >= 0 && !fault_tolerant)) {
+    std::cerr << "--hold-at-step and --hold-file go together, with --fault-tolerant\n";
+    return 2;
+  }
   if ((kill.step >= 0 || kill.every > 0) && !fault_tolerant && checkpoint_dir.empty()) {
     std::cerr << "--kill-at-step and --kill-every need --fault-tolerant or "
                  "--checkpoint-dir (to resume from)\n";
@@ -410,7 +456,7 @@ int main(int argc, char** argv) {
       kill.rank = env.ok() ? env->world_size - 1 : 0;
     }
     return RunFaultTolerant(options, make_model, batch_of, first_step, steps, verify,
-                            rtol, kill);
+                            rtol, kill, hold);
   }
 
   auto world = InitProcessGroup("gloo");
@@ -435,8 +481,8 @@ int main(int argc, char** argv) {
       Say("resumed from the checkpoint after step " + std::to_string(resumed));
   }
   if (kill.rank < 0) kill.rank = (*world)->size() - 1;
-  const int64_t kill_step =
-      KillStep(kill, rank, (*world)->size(), 0, 1, (*world)->env().restart_count, false);
+  const int64_t kill_step = KillStep(kill, rank, (*world)->size(), 0, 1, 1,
+                                     (*world)->env().restart_count, false);
 
   // The reference: the same model, whole, in this process (from the same
   // checkpoint when loading).

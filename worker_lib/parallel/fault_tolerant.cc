@@ -85,11 +85,11 @@ absl::StatusOr<ReplicaIdentity> ReplicaIdentityFromEnv(const WorkerEnv& env,
         "the fault-tolerant mode needs meshrun's daemon (MESHRUN_STORE_ENDPOINT): start "
         "this program with meshrun");
   }
-  if (num_replicas < 1 || env.world_size % num_replicas != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("WORLD_SIZE ", env.world_size,
-                                                   " does not split into ", num_replicas,
-                                                   " replica groups"));
-  }
+  auto size = IntFromEnv("MESHRUN_REPLICA_SIZE");
+  auto replica = IntFromEnv("MESHRUN_REPLICA_ID");
+  auto restarts = IntFromEnv("MESHRUN_REPLICA_RESTARTS");
+  for (const auto* parsed : {&size, &replica, &restarts})
+    if (!parsed->ok()) return parsed->status();
   ReplicaIdentity id;
   id.env = env;
   id.run_id = env.run_id.value_or("");
@@ -97,21 +97,32 @@ absl::StatusOr<ReplicaIdentity> ReplicaIdentityFromEnv(const WorkerEnv& env,
     return absl::FailedPreconditionError(
         "TORCHELASTIC_RUN_ID is not set: the daemon's quorum is per run");
   }
+  if (num_replicas < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the number of replica groups is ", num_replicas));
+  }
   id.num_replicas = num_replicas;
-  id.replica_size = env.world_size / num_replicas;
+  if (*size > 0) {
+    // meshrun's groups: the world holds up to num_replicas of them (fewer
+    // while an elastic job has not yet reached its full size).
+    id.replica_size = *size;
+    if (env.world_size % *size != 0 || env.world_size / *size > num_replicas) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("meshrun runs replica groups of ", *size,
+                       " workers (--replica-size), but a world of ", env.world_size,
+                       " does not hold ", num_replicas, " or fewer of them"));
+    }
+  } else {
+    if (env.world_size % num_replicas != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("WORLD_SIZE ", env.world_size,
+                                                     " does not split into ",
+                                                     num_replicas, " replica groups"));
+    }
+    id.replica_size = env.world_size / num_replicas;
+  }
+  id.replicas_in_world = env.world_size / id.replica_size;
   id.replica = env.rank / id.replica_size;
   id.member = env.rank % id.replica_size;
-  auto size = IntFromEnv("MESHRUN_REPLICA_SIZE");
-  auto replica = IntFromEnv("MESHRUN_REPLICA_ID");
-  auto restarts = IntFromEnv("MESHRUN_REPLICA_RESTARTS");
-  for (const auto* parsed : {&size, &replica, &restarts})
-    if (!parsed->ok()) return parsed->status();
-  if (*size >= 0 && *size != id.replica_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "meshrun runs replica groups of ", *size, " workers (--replica-size) but ",
-        num_replicas, " replicas of a world of ", env.world_size, " have ",
-        id.replica_size));
-  }
   if (*replica >= 0 && *replica != id.replica) {
     return absl::InvalidArgumentError(absl::StrCat("MESHRUN_REPLICA_ID=", *replica,
                                                    " but rank ", env.rank,
@@ -168,7 +179,7 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(Trainer& trainer) {
   request.set_replica(id_.replica);
   request.set_member(id_.member);
   request.set_replica_size(id_.replica_size);
-  request.set_num_replicas(id_.num_replicas);
+  request.set_num_replicas(id_.replicas_in_world);
   request.set_committed_steps(committed_steps_);
   request.set_incarnation(id_.incarnation);
   request.set_timeout_ms(static_cast<uint32_t>(options_.quorum_timeout.count()));

@@ -61,15 +61,22 @@ struct ReplicaIdentity {
   std::string run_id;    // TORCHELASTIC_RUN_ID
   int replica = 0;       // MESHRUN_REPLICA_ID, else RANK / replica_size
   int member = 0;        // rank within the replica group
-  int replica_size = 1;  // WORLD_SIZE / num_replicas (MESHRUN_REPLICA_SIZE must agree)
-  int num_replicas = 1;  // the job's, as started
-  int incarnation = 0;   // MESHRUN_REPLICA_RESTARTS, else 0
-  WorkerEnv env;         // the worker's
+  int replica_size = 1;  // MESHRUN_REPLICA_SIZE, else WORLD_SIZE / num_replicas
+  // The groups at full strength (the data is split among them: --dp).
+  int num_replicas = 1;
+  // The groups in this process's world (WORLD_SIZE / replica_size): fewer
+  // than num_replicas while an elastic job has not reached its full size;
+  // a node joining later brings the next ones (replica ids from here on).
+  int replicas_in_world = 1;
+  int incarnation = 0;  // MESHRUN_REPLICA_RESTARTS, else 0
+  WorkerEnv env;        // the worker's
 };
 
 // From the worker's environment (meshrun --restart-scope=replica sets
-// MESHRUN_REPLICA_*). INVALID_ARGUMENT when WORLD_SIZE does not split into
-// `num_replicas` groups or MESHRUN_REPLICA_SIZE disagrees; FAILED_PRECONDITION
+// MESHRUN_REPLICA_*). `num_replicas`: the groups at full strength. Under
+// meshrun's replica scope the world may hold fewer (an elastic job that
+// grows as nodes join); otherwise it must split into exactly that many.
+// INVALID_ARGUMENT when it does not, or holds more; FAILED_PRECONDITION
 // without meshrun's store.
 absl::StatusOr<ReplicaIdentity> ReplicaIdentityFromEnv(const WorkerEnv& env,
                                                        int num_replicas);
@@ -115,7 +122,9 @@ class FaultTolerantReplicas final : public ReplicaGradientSync {
 
   // Joins the next step's quorum (see above). A heal copies `trainer`'s
   // state in place: its params (this member's shards) and its optimizer's
-  // (Trainer::OptimizerState).
+  // (Trainer::OptimizerState). OUT_OF_RANGE when this group came (back)
+  // after the groups that finished training left: nobody can hand it the
+  // final state, so it has nothing to do.
   absl::StatusOr<StepQuorum> BeginStep(Trainer& trainer);
 
   // Averages grads and *loss over the step's participants and votes; true

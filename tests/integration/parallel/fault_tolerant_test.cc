@@ -10,7 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
+#include <memory>
 #include <ostream>
 #include <regex>
 #include <set>
@@ -19,6 +21,7 @@
 
 #include "absl/strings/str_split.h"
 #include "tests/integration/parallel/driver_support.h"
+#include "tests/support/child_process.h"
 #include "tests/support/meshrun_run.h"
 #include "tests/support/temp_dir.h"
 
@@ -195,6 +198,74 @@ TEST(FullRestart, TheWorldResumesFromTheLatestCheckpoint) {
   EXPECT_EQ(CountLines(run.output, "resumed from the checkpoint after step 10"), 1)
       << run.output;
   EXPECT_EQ(CountLines(run.output, ": 10 losses and"), 4) << run.output;
+}
+
+// A node joining a running fault-tolerant job (elastic, --nnodes=1:2):
+// its replica groups enter the running round without a re-form, are healed
+// from a live replica at a step boundary and train on with the others; the
+// first node's workers keep their pids, and every rank verifies the
+// committed steps (the first ones trained by two replicas of four, the
+// rest by all four). --max-restarts=0: any restart would fail the run.
+TEST(ElasticReplicas, ANodeJoiningBringsItsReplicaGroupsWithoutRestartingAnyone) {
+  testing::TempDir dir;
+  const std::string go = dir / "go";
+  testing::DaemonProcess daemon;
+  auto launch = [&] {
+    return std::make_unique<testing::ChildProcess>(
+        std::vector<std::string>{
+            "/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON, testing::BinDir() + "/meshrun",
+            "--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+            "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=grow",
+            "--rdzv-conf=last_call_timeout=1", "--restart-scope=replica",
+            "--max-restarts=0", "--no-python", testing::BinDir() + "/train_example",
+            "--dp", "4", "--fault-tolerant", "--steps", "60", "--verify",
+            // The first node's replicas wait after step 9 until the second
+            // node's workers are up, so that they join mid-training.
+            "--hold-at-step", "10", "--hold-file", go},
+        /*merge_stderr=*/true);
+  };
+  auto first = launch();
+  ASSERT_TRUE(first->ReadUntil("step 9 loss", std::chrono::seconds(120)))
+      << first->output();
+  auto second = launch();
+  ASSERT_TRUE(second->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
+                                std::chrono::seconds(60)))
+      << second->output();
+  // (Either may come first.) Held longer than the quorum timeout (30 s),
+  // the first node's groups would count as stragglers.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(25);
+  while (!(Contains(second->output(), "rank 2 pid") &&
+           Contains(second->output(), "rank 3 pid"))) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << second->output();
+    second->ReadLine(std::chrono::seconds(1));
+  }
+  std::ofstream(go) << "go\n";
+  ASSERT_EQ(testing::ExitCode(*second, std::chrono::seconds(240)), 0) << second->output();
+  ASSERT_EQ(testing::ExitCode(*first, std::chrono::seconds(240)), 0) << first->output();
+  const std::string output = first->output() + second->output();
+
+  EXPECT_EQ(CountLines(output, "re-form"), 0) << output;
+  EXPECT_EQ(CountLines(output, "restarting"), 0) << output;
+  EXPECT_TRUE(Contains(first->output(), "round 1: group rank 0/1, ranks 0..1 of 2"))
+      << first->output();
+  // Both of the second node's groups were healed from a live replica, and
+  // all four replicas trained together afterwards.
+  for (int replica : {2, 3}) {
+    EXPECT_EQ(CountLines(second->output(), "replica " + std::to_string(replica) +
+                                               " member 0 healed from replica"),
+              1)
+        << second->output();
+  }
+  EXPECT_GE(CountLines(first->output(), ": replicas 0,1,2,3"), 1) << first->output();
+  const auto started = StartedPids(output);
+  const auto verified = VerifiedPids(output);
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(started.count(rank) && verified.count(rank)) << rank << "\n" << output;
+    ASSERT_EQ(started.at(rank).size(), 1u) << rank << "\n" << output;
+    EXPECT_EQ(verified.at(rank), started.at(rank).front()) << output;
+  }
+  EXPECT_EQ(CountLines(output, "equal single-process training of 60 committed steps"), 4)
+      << output;
 }
 
 }  // namespace

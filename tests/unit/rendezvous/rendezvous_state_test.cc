@@ -943,6 +943,68 @@ TEST_F(RendezvousStateTest, CountedReplicaFailuresSurviveEncodeAndRestore) {
   EXPECT_EQ(v->restart_count, 1u);
 }
 
+// Restart scope "replica": a newcomer's replica groups join the running
+// ones (which survive each other) without a re-form; the world grows.
+TEST_F(RendezvousStateTest, ReplicaScopeAdmitsANewNodeIntoTheActiveRound) {
+  options_ = Opts(1, 3);
+  options_.replica_size = 2;
+  JoinAll({Node("a", 2)});
+  state_.Tick(At(1000), &events_);
+  ASSERT_EQ(Of(Take(), Kind::kAssigned).size(), 1u);
+
+  JoinAll({Node("b", 4)}, At(2000));
+  auto events = Take();
+  ASSERT_EQ(events.size(), 1u) << "nobody else hears of it";
+  ASSERT_EQ(events[0].kind, Kind::kAssigned);
+  EXPECT_EQ(events[0].node_id, "b");
+  const Assignment& b = events[0].assignment;
+  EXPECT_EQ(b.round, 1u);
+  EXPECT_EQ(b.store_prefix, "job/e1.r1");
+  EXPECT_EQ(b.group_rank, 1u);
+  EXPECT_EQ(b.group_world_size, 2u);
+  EXPECT_EQ(b.rank_base, 2u);
+  EXPECT_EQ(b.world_size, 6u);
+  ASSERT_EQ(b.participants.size(), 2u);
+  EXPECT_EQ(b.participants[1].rank_base, 2u);
+  EXPECT_EQ(ParticipantIds(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(state_.stats().joins_into_active_round, 1u);
+  EXPECT_EQ(state_.stats().reforms[static_cast<size_t>(ReformReason::kNodesWaiting)], 0u);
+
+  // The grown round survives a restore, and succeeds when both nodes do.
+  RendezvousState restored;
+  ASSERT_TRUE(restored.RestoreRun(*state_.EncodeRun(kRun, At(2100)), At(2100)).ok());
+  EXPECT_EQ(restored.Summary(kRun)->participants.size(), 2u);
+  EXPECT_EQ(restored.Summary(kRun)->participants[1].rank_base, 2u);
+  ASSERT_TRUE(state_.ReportSuccess(kRun, "a", 1, At(3000), &events_).ok());
+  EXPECT_TRUE(Of(Take(), Kind::kClosed).empty());
+
+  // Once a participant has succeeded, a newcomer waits instead (and
+  // learns the end).
+  JoinAll({Node("c", 2)}, At(3100));
+  events = Take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, Kind::kWaiting);
+  ASSERT_TRUE(state_.ReportSuccess(kRun, "b", 1, At(3200), &events_).ok());
+  auto closed = Of(Take(), Kind::kClosed);
+  ASSERT_EQ(closed.size(), 3u);
+  for (const NodeEvent& e : closed) {
+    EXPECT_EQ(e.outcome, e.node_id == "c" ? Outcome::kAborted : Outcome::kSucceeded)
+        << e.node_id;
+  }
+}
+
+TEST_F(RendezvousStateTest, ReplicaScopeAtMaxNodesStillWaits) {
+  options_ = Opts(1, 1);
+  options_.replica_size = 1;
+  JoinAll({Node("a", 2)});
+  Take();
+  JoinAll({Node("b", 2)}, At(10));
+  auto events = Take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, Kind::kWaiting);
+  EXPECT_EQ(ParticipantIds(), (std::vector<std::string>{"a"}));
+}
+
 TEST_F(RendezvousStateTest, FailureWhileGatheringDoesNotRestart) {
   options_ = Opts(2, 2);
   options_.max_restarts = 3;

@@ -20,7 +20,8 @@ class QuorumDriver {
 
   // Member `member` of `replica` arrives; returns its waiter.
   QuorumWaiter Arrive(uint32_t replica, uint64_t steps, uint32_t incarnation = 0,
-                      uint32_t member = 0, uint32_t size = 1, uint32_t num = 3) {
+                      uint32_t member = 0, uint32_t size = 1, uint32_t num = 3,
+                      bool finished = false) {
     const QuorumWaiter waiter = next_++;
     EXPECT_TRUE(quorum_
                     .Arrive({.replica = replica,
@@ -28,11 +29,16 @@ class QuorumDriver {
                              .replica_size = size,
                              .num_replicas = num,
                              .committed_steps = steps,
-                             .incarnation = incarnation},
+                             .incarnation = incarnation,
+                             .finished = finished},
                             waiter, now_ + seconds(10), &out_)
                     .ok());
     Collect();
     return waiter;
+  }
+  // A group of one that has trained every step (`steps`) arrives.
+  QuorumWaiter ArriveFinished(uint32_t replica, uint64_t steps, uint32_t num = 3) {
+    return Arrive(replica, steps, 0, 0, 1, num, /*finished=*/true);
   }
   QuorumWaiter Vote(uint64_t quorum_id, uint32_t replica, bool ok, uint32_t member = 0) {
     const QuorumWaiter waiter = next_++;
@@ -198,23 +204,57 @@ TEST(ReplicaQuorumTest, ReplicasThatFinishedWaitForAFailedOneToBeHealedBeforeLea
   d.quorum().ReplicaFailed(2, &d.out());
   d.Collect();
   // The survivors have trained every step: they wait for the restarting one.
-  std::vector<QuorumAnswer>& out = d.out();
-  for (uint32_t r : {0u, 1u}) {
-    ASSERT_TRUE(d.quorum()
-                    .Arrive({.replica = r,
-                             .replica_size = 1,
-                             .num_replicas = 3,
-                             .committed_steps = 1,
-                             .finished = true},
-                            200 + r, RdzvTime{} + seconds(10), &out)
-                    .ok());
-  }
-  d.Collect();
-  EXPECT_FALSE(d.Answered(200));
+  const QuorumWaiter survivor = d.ArriveFinished(0, 1);
+  d.ArriveFinished(1, 1);
+  EXPECT_FALSE(d.Answered(survivor));
   const QuorumWaiter restarted = d.Arrive(2, 0, /*incarnation=*/1);
   EXPECT_TRUE(d.Formed(restarted).heal);
-  EXPECT_EQ(d.Formed(200).participants, (std::vector<uint32_t>{0, 1, 2}));
-  EXPECT_EQ(d.Formed(200).max_committed_steps, 1u);
+  EXPECT_EQ(d.Formed(survivor).participants, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(d.Formed(survivor).max_committed_steps, 1u);
+}
+
+// An elastic job that started with two groups: a node joining brings a
+// third, which is waited for once it is here and healed from a live one.
+TEST(ReplicaQuorumTest, AGroupOfAJoiningNodeIsWaitedForOnceHereAndHealed) {
+  QuorumDriver d;
+  const QuorumWaiter a = d.Arrive(0, 0, 0, 0, 1, /*num=*/2);
+  EXPECT_EQ(d.Formed(d.Arrive(1, 0, 0, 0, 1, 2)).participants,
+            (std::vector<uint32_t>{0, 1}));
+  const uint64_t q = d.Formed(a).quorum_id;
+  d.Vote(q, 0, true), d.Vote(q, 1, true);
+  // The newcomer's world holds three groups.
+  const QuorumWaiter joined = d.Arrive(2, 0, 0, 0, 1, /*num=*/3);
+  EXPECT_FALSE(d.Answered(joined));
+  const QuorumWaiter b = d.Arrive(0, 1, 0, 0, 1, 2);
+  EXPECT_FALSE(d.Answered(b));
+  d.Arrive(1, 1, 0, 0, 1, 2);
+  const QuorumFormed& formed = d.Formed(joined);
+  EXPECT_EQ(formed.participants, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_TRUE(formed.heal);
+  EXPECT_EQ(formed.source_replica, 0u);
+  EXPECT_EQ(formed.max_committed_steps, 1u);
+  EXPECT_NE(formed.group_id, d.Formed(a).group_id);
+}
+
+// A group that arrives after the ones that finished training have left (a
+// restart or a joining node, too late) would train from where it is, alone:
+// it is told OUT_OF_RANGE instead.
+TEST(ReplicaQuorumTest, AGroupArrivingAfterTheFinishedOnesLeftIsRefused) {
+  QuorumDriver d;
+  const QuorumWaiter a = d.Arrive(0, 0, 0, 0, 1, 2);
+  d.Arrive(1, 0, 0, 0, 1, 2);
+  const uint64_t q = d.Formed(a).quorum_id;
+  d.Vote(q, 0, true), d.Vote(q, 1, true);
+  const QuorumWaiter finished = d.ArriveFinished(0, 1, 2);
+  d.ArriveFinished(1, 1, 2);
+  EXPECT_EQ(d.Formed(finished).participants, (std::vector<uint32_t>{0, 1}));
+  // They left; a newcomer arrives.
+  const QuorumWaiter late = d.Arrive(2, 0, 0, 0, 1, 3);
+  ASSERT_TRUE(d.Answered(late));
+  EXPECT_EQ(d.Error(late).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(d.Error(late).message().find("training finished (1 steps)"),
+            std::string::npos)
+      << d.Error(late);
 }
 
 TEST(ReplicaQuorumTest, AtTheDeadlineTheCompleteReplicasGoOnAndTheLateOneArrivesAgain) {
