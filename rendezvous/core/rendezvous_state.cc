@@ -282,6 +282,10 @@ struct RendezvousState::Run {
   // Restart scope "replica", this round: by replica group, the latest
   // incarnation whose failure was counted, so a retried report is not.
   std::map<uint32_t, uint32_t> replica_failures;
+  // Restart scope "replica": slots of the active round whose node was lost
+  // (its id is in `participants` but no longer in `nodes`), until a
+  // newcomer takes one.
+  uint32_t vacant = 0;
 };
 
 bool RendezvousState::Deadline::operator<(const Deadline& other) const {
@@ -482,8 +486,8 @@ void RendezvousState::Enrol(Run& run, const NodeInfo& info, RdzvTime now,
   // Restart scope "replica": the round's workers survive each other, so a
   // newcomer's replica groups join them where they are instead of
   // restarting everyone (they heal from a live replica at a step boundary).
-  if (run.options.replica_size > 0 && run.participants.size() < run.options.max_nodes &&
-      run.succeeded == 0) {
+  if (run.options.replica_size > 0 && run.succeeded == 0 &&
+      run.participants.size() - run.vacant < run.options.max_nodes) {
     AdmitIntoActiveRound(run, node, events);
     return;
   }
@@ -580,6 +584,7 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
   run.store_prefix = absl::StrCat(run.id, "/e", run.epoch, ".r", run.round);
   run.round_epoch = run.epoch;
   run.succeeded = 0;
+  run.vacant = 0;
   run.replica_failures.clear();
   run.phase = Phase::kActive;
   ++stats_.rounds_completed;
@@ -598,16 +603,34 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
 
 void RendezvousState::AdmitIntoActiveRound(Run& run, Node& node,
                                            std::vector<NodeEvent>* events) {
-  const auto group_rank = static_cast<uint32_t>(run.participants.size());
+  // A lost node's slot of the same size, so that its replica groups (ids
+  // from the ranks) come back; else new ranks after the world's.
+  auto group_rank = static_cast<uint32_t>(run.participants.size());
+  for (uint32_t g = 0; run.vacant > 0 && g < run.participants.size(); ++g) {
+    if (!run.nodes.count(run.participants[g]) &&
+        (*run.roster)[g].nproc == node.info.nproc) {
+      group_rank = g;
+      break;
+    }
+  }
   // The roster is shared with the events already sent: a new one.
   auto roster = std::make_shared<std::vector<ParticipantView>>(*run.roster);
-  roster->push_back(ParticipantView{node.info.node_id, node.info.host, group_rank,
-                                    node.info.nproc, run.world_size,
-                                    node.info.master_port});
+  if (group_rank < run.participants.size()) {
+    ParticipantView& slot = (*roster)[group_rank];
+    slot.node_id = node.info.node_id;
+    slot.host = node.info.host;
+    slot.master_port = node.info.master_port;
+    run.participants[group_rank] = node.info.node_id;
+    --run.vacant;
+  } else {
+    roster->push_back(ParticipantView{node.info.node_id, node.info.host, group_rank,
+                                      node.info.nproc, run.world_size,
+                                      node.info.master_port});
+    run.participants.push_back(node.info.node_id);
+    // Bounded by kMaxWorldSize at join.
+    run.world_size += node.info.nproc;
+  }
   run.roster = std::move(roster);
-  run.participants.push_back(node.info.node_id);
-  // Bounded by kMaxWorldSize at join.
-  run.world_size += node.info.nproc;
   run.members[node.info.node_id] = true;
   node.role = Role::kParticipant;
   node.group_rank = group_rank;
@@ -670,6 +693,7 @@ void RendezvousState::Reform(Run& run, ReformReason reason, const std::string& d
   run.store_prefix.clear();
   run.world_size = 0;
   run.succeeded = 0;
+  run.vacant = 0;
   // Waiting nodes beyond max_nodes keep waiting, in join order.
   while (run.gathering.size() < run.options.max_nodes && !run.waiting.empty()) {
     auto first = run.waiting.begin();
@@ -709,6 +733,13 @@ void RendezvousState::RemoveNode(Run& run, const std::string& node_id,
                              "ms")
               : absl::StrCat("node ", node_id, " on host ", node.info.host, " left");
       if (reason == ReformReason::kNodeExpired) run.expelled.insert(node_id);
+      // Restart scope "replica": the other nodes' workers survive the loss
+      // of this one's, as they survive a failed group, while min_nodes stay.
+      if (run.options.replica_size > 0 &&
+          run.participants.size() - run.vacant - 1 >= run.options.min_nodes) {
+        VacateSlot(run, node, detail);
+        return;
+      }
       Forget(run, node_id);
       Reform(run, reason, detail, now, events);
       return;
@@ -735,6 +766,25 @@ void RendezvousState::RemoveNode(Run& run, const std::string& node_id,
       Forget(run, node_id);
       return;
   }
+}
+
+void RendezvousState::VacateSlot(Run& run, Node& node, const std::string& detail) {
+  const ParticipantView& slot = (*run.roster)[*node.group_rank];
+  const uint32_t size = run.options.replica_size;
+  for (uint32_t replica = slot.rank_base / size;
+       replica < (slot.rank_base + slot.nproc) / size; ++replica) {
+    lost_replica_groups_.push_back({run.id, replica});
+    // Whoever takes the slot counts its groups' failures afresh.
+    run.replica_failures.erase(replica);
+  }
+  run.last_failure = detail;
+  ++run.vacant;
+  ++stats_.nodes_dropped_from_active_round;
+  Forget(run, node.info.node_id);
+}
+
+std::vector<LostReplicaGroup> RendezvousState::TakeLostReplicaGroups() {
+  return std::exchange(lost_replica_groups_, {});
 }
 
 void RendezvousState::Depart(Run& run, Node& node) {
@@ -831,6 +881,7 @@ void RendezvousState::StartIncarnation(Run& run, const RunOptions& options,
   run.store_prefix.clear();
   run.world_size = 0;
   run.succeeded = 0;
+  run.vacant = 0;
   run.live_nproc = 0;
   run.min_reached_at.reset();
   SetRunTimer(run, DeadlineKind::kLastCall, std::nullopt);
@@ -1042,10 +1093,10 @@ absl::Status RendezvousState::ReportSuccess(const std::string& run_id,
     return absl::OkStatus();
   }
   node.succeeded = true;
-  if (++run.succeeded == run.participants.size()) {
+  // (A slot whose node was lost has nothing left to succeed.)
+  if (++run.succeeded + run.vacant == run.participants.size()) {
     CloseRun(run, Outcome::kSucceeded,
-             absl::StrCat("all ", run.participants.size(), " nodes succeeded in round ",
-                          run.round),
+             absl::StrCat("all ", run.succeeded, " nodes succeeded in round ", run.round),
              now, events);
   }
   return absl::OkStatus();
@@ -1547,6 +1598,12 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
         (!node->second.group_rank || *node->second.group_rank >= num_participants)) {
       return damaged(absl::StrCat("participant ", id, " has no valid rank"));
     }
+    // A participant that is no node of the run is a lost node's slot.
+    if (run->phase == Phase::kActive && node == run->nodes.end()) ++run->vacant;
+  }
+  if (run->phase == Phase::kActive && run->succeeded + run->vacant > num_participants) {
+    return damaged(
+        absl::StrCat("run ", run->id, " has more successes than participants"));
   }
 
   RemoveRun(run->id);

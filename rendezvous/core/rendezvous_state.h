@@ -11,7 +11,12 @@
 // participants are told to re-form (scale-up), except under restart scope
 // "replica", whose workers survive each other: there the newcomer joins the
 // active round at once (the next group rank, ranks after the world's, which
-// grows) and nobody else hears of it. A participant that expires,
+// grows) and nobody else hears of it. There, too, a participant that
+// expires or leaves (while min_nodes others remain) leaves its slot vacant
+// instead of re-forming the round: its replica groups are reported lost
+// (TakeLostReplicaGroups), the run can succeed without it, and the next
+// newcomer with the same nproc takes the slot, ranks and all, so that its
+// groups take the lost ones' places. Otherwise a participant that expires,
 // leaves or reports a worker failure also makes the round re-form, the last
 // one counting against max_restarts.
 //
@@ -148,6 +153,13 @@ struct HeartbeatStatus {
   bool closed = false;
 };
 
+// Restart scope "replica": a replica group whose node was lost (its slot
+// vacated) while the round went on.
+struct LostReplicaGroup {
+  std::string run_id;
+  uint32_t replica = 0;
+};
+
 struct FailureVerdict {
   bool will_restart = false;
   uint32_t restart_count = 0;
@@ -175,6 +187,9 @@ struct RendezvousStats {
   // Nodes admitted into an active round without a re-form (restart scope
   // "replica").
   uint64_t joins_into_active_round = 0;
+  // Participants lost (expired or left) whose slot was vacated without a
+  // re-form (restart scope "replica").
+  uint64_t nodes_dropped_from_active_round = 0;
   std::array<uint64_t, 4> reforms{};      // by ReformReason
   std::array<uint64_t, 3> runs_closed{};  // by Outcome
 };
@@ -260,6 +275,9 @@ class RendezvousState {
   // worker exits and structured failure causes are the adapter's to add.
   std::vector<RunStatusRecord> Status(RdzvTime now, const std::string& run_id = {}) const;
   const RendezvousStats& stats() const { return stats_; }
+  // The replica groups lost with vacated slots since the last call, for the
+  // step quorum (which must stop waiting for them).
+  std::vector<LostReplicaGroup> TakeLostReplicaGroups();
   // Whether the run exists and has ended (its latest incarnation).
   bool IsClosed(const std::string& run_id) const;
   // Whether the run has this node (live or departed).
@@ -323,6 +341,9 @@ class RendezvousState {
   // Restart scope "replica": `node` becomes the active round's last
   // participant, its ranks appended to the world.
   void AdmitIntoActiveRound(Run& run, Node& node, std::vector<NodeEvent>* events);
+  // Restart scope "replica": the lost participant `node` leaves its slot
+  // vacant (and the run) without a re-form.
+  void VacateSlot(Run& run, Node& node, const std::string& detail);
   void CompleteRound(Run& run, std::vector<NodeEvent>* events);
   void Reform(Run& run, ReformReason reason, const std::string& detail, RdzvTime now,
               std::vector<NodeEvent>* events);
@@ -356,6 +377,7 @@ class RendezvousState {
   std::set<Deadline> deadlines_;
   bool track_changes_ = false;
   std::set<std::string> changed_;
+  std::vector<LostReplicaGroup> lost_replica_groups_;
   RendezvousStats stats_;
 
  public:

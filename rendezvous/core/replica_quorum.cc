@@ -208,7 +208,8 @@ void ReplicaQuorum::Decide(Step& step, CommitDecision decision,
   if (&step == &steps_.rbegin()->second) group_healthy_ = decision.commit;
 }
 
-void ReplicaQuorum::ReplicaFailed(uint32_t replica_id, std::vector<QuorumAnswer>* out) {
+void ReplicaQuorum::ReplicaFailed(uint32_t replica_id, Loss loss,
+                                  std::vector<QuorumAnswer>* out) {
   Replica& replica = replicas_[replica_id];
   replica.failed = true;
   group_healthy_ = false;
@@ -234,6 +235,7 @@ void ReplicaQuorum::ReplicaFailed(uint32_t replica_id, std::vector<QuorumAnswer>
              out);
     }
   }
+  if (loss == Loss::kNodeLost) replicas_.erase(replica_id);
   TryForm(/*overdue=*/false, out);
 }
 

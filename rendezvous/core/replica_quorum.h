@@ -106,7 +106,11 @@ class ReplicaQuorum {
   // The replica group failed (its agent said so): the quorum no longer waits
   // for it, its parked members are answered UNAVAILABLE, and an undecided
   // step it takes part in is discarded unless all its members voted ok.
-  void ReplicaFailed(uint32_t replica, std::vector<QuorumAnswer>* out);
+  // kNodeLost (its node left the run, rendezvous_state.h's vacated slot):
+  // the group is forgotten too, so that whoever takes its place later (a
+  // node with incarnations of its own, from 0) arrives as a new group.
+  enum class Loss { kRestarting, kNodeLost };
+  void ReplicaFailed(uint32_t replica, Loss loss, std::vector<QuorumAnswer>* out);
 
   // Forms overdue quorums, decides overdue votes.
   void Tick(RdzvTime now, std::vector<QuorumAnswer>* out);

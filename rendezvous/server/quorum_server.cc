@@ -58,7 +58,7 @@ void QuorumServer::Quorum(grpc::ServerUnaryReactor* reactor,
   arrival.committed_steps = request.committed_steps();
   arrival.incarnation = request.incarnation();
   arrival.finished = request.finished();
-  Park({reactor, reply, nullptr}, request.run_id(), round,
+  Park({reactor, reply, nullptr, request.run_id()}, request.run_id(), round,
        [&](ReplicaQuorum& quorum, QuorumWaiter waiter,
            std::vector<QuorumAnswer>* answers) {
          return quorum.Arrive(arrival, waiter, DeadlineIn(request.timeout_ms()), answers);
@@ -68,7 +68,7 @@ void QuorumServer::Quorum(grpc::ServerUnaryReactor* reactor,
 void QuorumServer::Commit(grpc::ServerUnaryReactor* reactor,
                           const v1::CommitRequest& request, uint64_t round,
                           v1::CommitReply* reply) {
-  Park({reactor, nullptr, reply}, request.run_id(), round,
+  Park({reactor, nullptr, reply, request.run_id()}, request.run_id(), round,
        [&](ReplicaQuorum& quorum, QuorumWaiter waiter,
            std::vector<QuorumAnswer>* answers) {
          return quorum.Vote(request.quorum_id(), request.replica(), request.member(),
@@ -95,14 +95,15 @@ void QuorumServer::Park(
   Finish(finishes);
 }
 
-void QuorumServer::ReplicaFailed(const std::string& run_id, uint32_t replica) {
+void QuorumServer::ReplicaFailed(const std::string& run_id, uint32_t replica,
+                                 ReplicaQuorum::Loss loss) {
   Finishes finishes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(run_id);
     if (it == runs_.end()) return;  // not a fault-tolerant run (yet)
     std::vector<QuorumAnswer> answers;
-    it->second.quorum->ReplicaFailed(replica, &answers);
+    it->second.quorum->ReplicaFailed(replica, loss, &answers);
     DeliverLocked(answers, &finishes);
   }
   Finish(finishes);
@@ -131,6 +132,16 @@ void QuorumServer::CancelAll() {
     DeliverLocked(answers, &finishes);
   }
   Finish(finishes);
+}
+
+std::map<std::string, QuorumServer::Waiting> QuorumServer::WaitingByRun() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, Waiting> waiting;
+  for (const auto& [waiter, parked] : parked_) {
+    Waiting& run = waiting[parked.run_id];
+    ++(parked.quorum_reply ? run.quorum : run.commit);
+  }
+  return waiting;
 }
 
 void QuorumServer::DeliverLocked(std::vector<QuorumAnswer>& answers, Finishes* finishes) {

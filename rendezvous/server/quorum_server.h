@@ -41,17 +41,27 @@ class QuorumServer {
               const meshrun::v1::CommitRequest& request, uint64_t round,
               meshrun::v1::CommitReply* reply);
 
-  void ReplicaFailed(const std::string& run_id, uint32_t replica);
+  void ReplicaFailed(const std::string& run_id, uint32_t replica,
+                     ReplicaQuorum::Loss loss);
   // The run is over or forgotten: its parked calls are answered, its state dropped.
   void DropRun(const std::string& run_id);
   // The daemon is stopping: every parked call is answered UNAVAILABLE.
   void CancelAll();
+
+  // Calls parked now, by run: workers waiting for a step's quorum to form,
+  // and for a step's commit decision (metrics).
+  struct Waiting {
+    size_t quorum = 0;
+    size_t commit = 0;
+  };
+  std::map<std::string, Waiting> WaitingByRun();
 
  private:
   struct Parked {
     grpc::ServerUnaryReactor* reactor;
     meshrun::v1::QuorumReply* quorum_reply;  // one of these two
     meshrun::v1::CommitReply* commit_reply;
+    std::string run_id;
   };
   // The calls to finish, filled under mu_ and finished outside it.
   using Finishes = std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>>;

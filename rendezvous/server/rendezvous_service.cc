@@ -263,6 +263,10 @@ grpc::ServerWriteReactor<v1::RendezvousEvent>* RendezvousService::Join(
 }
 
 void RendezvousService::DispatchLocked(std::vector<NodeEvent>& events) {
+  // Whatever call lost a node's slot, the step quorum stops waiting for its
+  // replica groups at once.
+  for (const LostReplicaGroup& lost : state_.TakeLostReplicaGroups())
+    quorum_.ReplicaFailed(lost.run_id, lost.replica, ReplicaQuorum::Loss::kNodeLost);
   for (const NodeEvent& event : events) {
     auto it = streams_.find({event.run_id, event.node_id});
     if (it == streams_.end()) continue;  // the node's stream is already gone
@@ -438,7 +442,7 @@ absl::StatusOr<uint64_t> RendezvousService::RoundInProgress(const std::string& r
 }
 
 void RendezvousService::ReplicaFailedLocked(const std::string& run_id, uint32_t replica) {
-  quorum_.ReplicaFailed(run_id, replica);
+  quorum_.ReplicaFailed(run_id, replica, ReplicaQuorum::Loss::kRestarting);
 }
 
 grpc::ServerUnaryReactor* RendezvousService::Quorum(grpc::CallbackServerContext* context,
@@ -654,6 +658,10 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
           "Nodes whose replica groups joined a running round without a re-form "
           "(--restart-scope=replica).",
           stats.joins_into_active_round);
+  counter("meshrun_nodes_dropped_from_active_round_total",
+          "Nodes lost (expired or left) whose replica groups dropped out of a running "
+          "round without a re-form (--restart-scope=replica).",
+          stats.nodes_dropped_from_active_round);
   counter("meshrun_failure_reports_total",
           "Worker-failure reports from agents (several nodes may report one failure).",
           stats.failure_reports);
@@ -663,6 +671,19 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
   for (size_t i = 0; i < worker_exits_.size(); ++i)
     exits.Add({{"result", kResults[i]}}, static_cast<double>(worker_exits_[i].value()));
   out->push_back(std::move(exits));
+  MetricFamily quorum{
+      "meshrun_run_step_quorum_waiting",
+      "Workers of the run's fault-tolerant replicas waiting now for a step's "
+      "quorum to form (call=quorum) or for its commit decision "
+      "(call=commit).",
+      "gauge"};
+  for (const auto& [run_id, waiting] : quorum_.WaitingByRun()) {
+    quorum.Add({{"run", run_id}, {"call", "quorum"}},
+               static_cast<double>(waiting.quorum));
+    quorum.Add({{"run", run_id}, {"call", "commit"}},
+               static_cast<double>(waiting.commit));
+  }
+  out->push_back(std::move(quorum));
   MetricFamily open{"meshrun_join_streams_open",
                     "Agents' Join streams open now (nodes connected).", "gauge"};
   open.Add({}, static_cast<double>(streams));

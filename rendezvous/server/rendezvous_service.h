@@ -151,7 +151,8 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   std::unique_ptr<DeadlineTimer> timer_;
   StateLog* log_ = nullptr;
   QuorumServer quorum_;  // its own lock; never called with mu_ held but from
-                         // ReplicaFailedLocked (quorum_ never calls back)
+                         // ReplicaFailedLocked and DispatchLocked (quorum_
+                         // never calls back)
 };
 
 }  // namespace meshrun::rdzv

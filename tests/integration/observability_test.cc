@@ -82,19 +82,11 @@ std::string TempDir() {
   return pattern;
 }
 
-// The daemon's second stdout line: MESHRUN_RDZVD_METRICS=host:port.
-int MetricsPort(DaemonProcess& daemon) {
-  auto line = daemon.process().ReadLine(seconds(20));
-  const std::string prefix = "MESHRUN_RDZVD_METRICS=";
-  if (!line || line->rfind(prefix, 0) != 0) return -1;
-  return PortOf(*line);
-}
-
 TEST(ObservabilityTest, MetricsAndStatusFollowARealRunThroughARestart) {
   const std::string dir = TempDir();
   ASSERT_FALSE(dir.empty());
   DaemonProcess daemon({"--metrics-port", "0"});
-  const int port = MetricsPort(daemon);
+  const int port = daemon.ReadMetricsPort();
   ASSERT_GT(port, 0);
 
   std::string metrics = testing::HttpGet(port, "/metrics").body;
@@ -264,7 +256,7 @@ TEST(ObservabilityTest, StatusCommandSendsTheToken) {
 
 TEST(ObservabilityTest, HttpPortRefusesBadRequests) {
   DaemonProcess daemon({"--metrics-port", "0"});
-  const int port = MetricsPort(daemon);
+  const int port = daemon.ReadMetricsPort();
   ASSERT_GT(port, 0);
   EXPECT_EQ(testing::HttpGet(port, "/nope").status, 404);
   HttpResult post = testing::HttpRequest(
@@ -293,7 +285,7 @@ TEST(ObservabilityTest, HttpPortRefusesBadRequests) {
 
 TEST(ObservabilityTest, SlowAndExcessConnectionsDoNotHarmTheDaemon) {
   DaemonProcess daemon({"--metrics-port", "0"});
-  const int port = MetricsPort(daemon);
+  const int port = daemon.ReadMetricsPort();
   ASSERT_GT(port, 0);
   // 64 slowloris clients: a request line, then nothing.
   std::vector<int> slow;

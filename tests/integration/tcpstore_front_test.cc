@@ -40,13 +40,6 @@ int PortOf(const std::string& endpoint) {
   return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
 }
 
-int MetricsPort(DaemonProcess& daemon) {
-  auto line = daemon.process().ReadLine(20s);
-  const std::string prefix = "MESHRUN_RDZVD_METRICS=";
-  if (!line || line->rfind(prefix, 0) != 0) return -1;
-  return PortOf(*line);
-}
-
 // A TCPStore client on a raw socket; every read has a deadline.
 class RawClient {
  public:
@@ -134,7 +127,7 @@ TEST(TcpStoreFrontTest, GrpcAndTcpStoreShareOnePortAndOneStore) {
 TEST(TcpStoreFrontTest, BadClientsAreClosedAndCountedAndNobodyElseNotices) {
   DaemonProcess daemon({"--metrics-port", "0", "--max-value-bytes", "1024"});
   const int port = PortOf(daemon.endpoint());
-  const int metrics_port = MetricsPort(daemon);
+  const int metrics_port = daemon.ReadMetricsPort();
   ASSERT_GT(metrics_port, 0);
   // A well-behaved client parked in a wait throughout.
   RawClient waiter(port);
@@ -192,7 +185,7 @@ TEST(TcpStoreFrontTest, BadClientsAreClosedAndCountedAndNobodyElseNotices) {
 TEST(TcpStoreFrontTest, AClientVanishingMidWaitLeavesNoWaiterBehind) {
   DaemonProcess daemon({"--metrics-port", "0"});
   const int port = PortOf(daemon.endpoint());
-  const int metrics_port = MetricsPort(daemon);
+  const int metrics_port = daemon.ReadMetricsPort();
   {
     RawClient waiter(port);
     ASSERT_TRUE(waiter.Send(MakeQuery(QueryType::kWait, {"never"})));

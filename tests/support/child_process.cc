@@ -148,6 +148,13 @@ DaemonProcess::DaemonProcess(std::vector<std::string> extra_args)
   endpoint_ = line->substr(prefix.size());
 }
 
+int DaemonProcess::ReadMetricsPort() {
+  const std::string prefix = "MESHRUN_RDZVD_METRICS=";
+  auto line = process_.ReadLine(std::chrono::seconds(20));
+  if (!line || line->rfind(prefix, 0) != 0) return -1;
+  return std::stoi(line->substr(line->rfind(':') + 1));
+}
+
 int ExitCode(ChildProcess& process, std::chrono::milliseconds timeout) {
   process.ReadAll(timeout);
   auto status = process.Wait(timeout);

@@ -52,6 +52,9 @@ class DaemonProcess {
   explicit DaemonProcess(std::vector<std::string> extra_args = {});
   const std::string& endpoint() const { return endpoint_; }
   ChildProcess& process() { return process_; }
+  // With --metrics-port: the port of its second stdout line
+  // (MESHRUN_RDZVD_METRICS=host:port); -1 if it does not come.
+  int ReadMetricsPort();
 
  private:
   ChildProcess process_;

@@ -39,9 +39,11 @@
 // [--kill-point start|allreduce|voted] makes rank R SIGKILL itself at step
 // N, in its first incarnation only. With meshrun's replica scope the world
 // may start with fewer groups than --dp: a node that joins later brings the
-// others, which heal from a live one and train on (--hold-at-step N
-// --hold-file F, a test's hook: a replica that has committed N steps waits
-// for F to exist before going on, so that a test can bring a node in).
+// others, which heal from a live one and train on, and a node that is lost
+// takes its groups with it while the others go on (--hold-at-step N
+// --hold-file F, repeatable, a test's hook: a replica that has committed N
+// steps waits for F to exist before going on, so that a test can bring a
+// node in or take one away at a known step).
 //
 // --checkpoint-dir DIR --checkpoint-every C (without --fault-tolerant): a
 // sharded checkpoint every C steps (checkpoint_series.h), and a start
@@ -125,10 +127,11 @@ int64_t KillStep(const KillPlan& kill, int rank, int world_size, int replica,
   return kill.every * (lives + 1);
 }
 
-// --hold-at-step / --hold-file (see the top of this file).
+// --hold-at-step / --hold-file, each given as often as the other (see the
+// top of this file): at steps[i], wait for files[i].
 struct HoldPlan {
-  int64_t step = -1;
-  std::string file;
+  std::vector<int64_t> steps;
+  std::vector<std::string> files;
 };
 
 // Waits up to two minutes for `path` to exist.
@@ -218,8 +221,9 @@ int RunFaultTolerant(TrainOptions options,
 
   std::vector<uint32_t> last_participants;
   while (true) {
-    if (static_cast<int64_t>((*replicas)->committed_steps()) == hold.step) {
-      if (auto held = WaitForFile(hold.file); !held.ok())
+    for (size_t i = 0; i < hold.steps.size(); ++i) {
+      if (static_cast<int64_t>((*replicas)->committed_steps()) != hold.steps[i]) continue;
+      if (auto held = WaitForFile(hold.files[i]); !held.ok())
         return Fail(rank, std::string(held.message()));
     }
     auto quorum = (*replicas)->BeginStep(**trainer);
@@ -385,14 +389,16 @@ int main(int argc, char** argv) {
   app.add_option("--kill-point", kill.point,
                  "where in the step: start, allreduce or voted")
       ->check(CLI::IsMember({"start", "allreduce", "voted"}));
-  app.add_option("--hold-at-step", hold.step,
+  app.add_option("--hold-at-step", hold.steps,
                  "test hook (--fault-tolerant): a replica that has committed this many "
-                 "steps waits for --hold-file to exist");
-  app.add_option("--hold-file", hold.file, "see --hold-at-step");
+                 "steps waits for the matching --hold-file to exist (repeatable)")
+      ->take_all();
+  app.add_option("--hold-file", hold.files, "see --hold-at-step")->take_all();
   CLI11_PARSE(app, argc, argv);
   options.reshard_after_forward = !no_reshard;
-  if ((hold.step >= 0) != !hold.file.empty() || (hold.step >= 0 && !fault_tolerant)) {
-    std::cerr << "--hold-at-step and --hold-file go together, with --fault-tolerant\n";
+  if (hold.steps.size() != hold.files.size() ||
+      (!hold.steps.empty() && !fault_tolerant)) {
+    std::cerr << "--hold-at-step and --hold-file go in pairs, with --fault-tolerant\n";
     return 2;
   }
   if ((kill.step >= 0 || kill.every > 0) && !fault_tolerant && checkpoint_dir.empty()) {

@@ -9,6 +9,7 @@
 // it is healed from a live peer.
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <fstream>
 #include <map>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "tests/integration/parallel/driver_support.h"
 #include "tests/support/child_process.h"
+#include "tests/support/http_client.h"
 #include "tests/support/meshrun_run.h"
 #include "tests/support/temp_dir.h"
 
@@ -200,63 +202,64 @@ TEST(FullRestart, TheWorldResumesFromTheLatestCheckpoint) {
   EXPECT_EQ(CountLines(run.output, ": 10 losses and"), 4) << run.output;
 }
 
-// A node joining a running fault-tolerant job (elastic, --nnodes=1:2):
-// its replica groups enter the running round without a re-form, are healed
-// from a live replica at a step boundary and train on with the others; the
-// first node's workers keep their pids, and every rank verifies the
-// committed steps (the first ones trained by two replicas of four, the
-// rest by all four). --max-restarts=0: any restart would fail the run.
-TEST(ElasticReplicas, ANodeJoiningBringsItsReplicaGroupsWithoutRestartingAnyone) {
-  testing::TempDir dir;
-  const std::string go = dir / "go";
-  testing::DaemonProcess daemon;
-  auto launch = [&] {
-    return std::make_unique<testing::ChildProcess>(
-        std::vector<std::string>{
-            "/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON, testing::BinDir() + "/meshrun",
-            "--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-            "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=grow",
-            "--rdzv-conf=last_call_timeout=1", "--restart-scope=replica",
-            "--max-restarts=0", "--no-python", testing::BinDir() + "/train_example",
-            "--dp", "4", "--fault-tolerant", "--steps", "60", "--verify",
-            // The first node's replicas wait after step 9 until the second
-            // node's workers are up, so that they join mid-training.
-            "--hold-at-step", "10", "--hold-file", go},
-        /*merge_stderr=*/true);
-  };
-  auto first = launch();
-  ASSERT_TRUE(first->ReadUntil("step 9 loss", std::chrono::seconds(120)))
-      << first->output();
-  auto second = launch();
-  ASSERT_TRUE(second->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
-                                std::chrono::seconds(60)))
-      << second->output();
-  // (Either may come first.) Held longer than the quorum timeout (30 s),
-  // the first node's groups would count as stragglers.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(25);
-  while (!(Contains(second->output(), "rank 2 pid") &&
-           Contains(second->output(), "rank 3 pid"))) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << second->output();
-    second->ReadLine(std::chrono::seconds(1));
+// One node of an elastic fault-tolerant job (--nnodes=1:2, two workers,
+// `--dp 4`), its replicas holding at step holds[i] until dir/hold<i> exists.
+std::unique_ptr<testing::ChildProcess> LaunchNode(const testing::DaemonProcess& daemon,
+                                                  const testing::TempDir& dir,
+                                                  const std::vector<int>& holds) {
+  std::vector<std::string> argv{
+      "/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON, testing::BinDir() + "/meshrun",
+      "--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+      "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=elastic",
+      "--rdzv-conf=last_call_timeout=1", "--restart-scope=replica",
+      // Any restart would fail the run.
+      "--max-restarts=0", "--no-python", testing::BinDir() + "/train_example", "--dp",
+      "4", "--fault-tolerant", "--steps", "80", "--verify"};
+  for (size_t i = 0; i < holds.size(); ++i) {
+    argv.insert(argv.end(), {"--hold-at-step", std::to_string(holds[i]), "--hold-file",
+                             dir / ("hold" + std::to_string(i))});
   }
-  std::ofstream(go) << "go\n";
-  ASSERT_EQ(testing::ExitCode(*second, std::chrono::seconds(240)), 0) << second->output();
-  ASSERT_EQ(testing::ExitCode(*first, std::chrono::seconds(240)), 0) << first->output();
-  const std::string output = first->output() + second->output();
+  return std::make_unique<testing::ChildProcess>(argv, /*merge_stderr=*/true);
+}
 
+// Waits until the second node's two workers wait at the step quorum
+// (the daemon's meshrun_run_step_quorum_waiting; the first node's are held),
+// so that they join exactly at the held step. Within 25 s: held longer than
+// the quorum timeout (30 s), the first node's groups would count as
+// stragglers.
+void AwaitSecondNodeAtTheQuorum(int metrics_port) {
+  const std::string sample =
+      "meshrun_run_step_quorum_waiting{run=\"elastic\",call=\"quorum\"}";
+  const std::string metrics = testing::ScrapeUntil(
+      metrics_port,
+      [&](const std::string& text) { return testing::MetricSample(text, sample) == 2; },
+      std::chrono::seconds(25));
+  ASSERT_EQ(testing::MetricSample(metrics, sample), 2) << metrics;
+}
+
+void Release(const testing::TempDir& dir, int hold) {
+  std::ofstream(dir / ("hold" + std::to_string(hold))) << "go\n";
+}
+
+// The second node's groups (replicas 2 and 3) were healed from replica 0
+// at `step`, and all four replicas trained that step together.
+void ExpectJoinedAt(const std::string& first, const std::string& second, int step) {
+  for (int replica : {2, 3}) {
+    EXPECT_EQ(CountLines(second, "replica " + std::to_string(replica) +
+                                     " member 0 healed from replica 0 at step " +
+                                     std::to_string(step)),
+              1)
+        << second;
+  }
+  EXPECT_EQ(CountLines(first, "step " + std::to_string(step) + ": replicas 0,1,2,3"), 1)
+      << first;
+}
+
+// Nobody restarted: every rank started once, and that process verified
+// the committed steps (`steps` of them).
+void ExpectNoRestartAndVerified(const std::string& output, int steps) {
   EXPECT_EQ(CountLines(output, "re-form"), 0) << output;
   EXPECT_EQ(CountLines(output, "restarting"), 0) << output;
-  EXPECT_TRUE(Contains(first->output(), "round 1: group rank 0/1, ranks 0..1 of 2"))
-      << first->output();
-  // Both of the second node's groups were healed from a live replica, and
-  // all four replicas trained together afterwards.
-  for (int replica : {2, 3}) {
-    EXPECT_EQ(CountLines(second->output(), "replica " + std::to_string(replica) +
-                                               " member 0 healed from replica"),
-              1)
-        << second->output();
-  }
-  EXPECT_GE(CountLines(first->output(), ": replicas 0,1,2,3"), 1) << first->output();
   const auto started = StartedPids(output);
   const auto verified = VerifiedPids(output);
   for (int rank = 0; rank < 4; ++rank) {
@@ -264,8 +267,88 @@ TEST(ElasticReplicas, ANodeJoiningBringsItsReplicaGroupsWithoutRestartingAnyone)
     ASSERT_EQ(started.at(rank).size(), 1u) << rank << "\n" << output;
     EXPECT_EQ(verified.at(rank), started.at(rank).front()) << output;
   }
-  EXPECT_EQ(CountLines(output, "equal single-process training of 60 committed steps"), 4)
+  EXPECT_EQ(CountLines(output, "equal single-process training of " +
+                                   std::to_string(steps) + " committed steps"),
+            4)
       << output;
+}
+
+// A node joining a running fault-tolerant job: its replica groups enter the
+// running round without a re-form, are healed from a live replica at a step
+// boundary and train on with the others; the first node's workers keep
+// their pids, and every rank verifies the committed steps (the first ones
+// trained by two replicas of four, the rest by all four).
+TEST(ElasticReplicas, ANodeJoiningBringsItsReplicaGroupsWithoutRestartingAnyone) {
+  testing::TempDir dir;
+  testing::DaemonProcess daemon({"--metrics-port", "0"});
+  const int metrics_port = daemon.ReadMetricsPort();
+  ASSERT_GT(metrics_port, 0);
+  // The first node's replicas wait after step 9 until the second node's
+  // workers are up, so that they join mid-training.
+  auto first = LaunchNode(daemon, dir, {10});
+  ASSERT_TRUE(first->ReadUntil("step 9 loss", std::chrono::seconds(120)))
+      << first->output();
+  auto second = LaunchNode(daemon, dir, {10});
+  ASSERT_TRUE(second->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
+                                std::chrono::seconds(60)))
+      << second->output();
+  AwaitSecondNodeAtTheQuorum(metrics_port);
+  Release(dir, 0);
+  ASSERT_EQ(testing::ExitCode(*second, std::chrono::seconds(240)), 0) << second->output();
+  ASSERT_EQ(testing::ExitCode(*first, std::chrono::seconds(240)), 0) << first->output();
+
+  EXPECT_TRUE(Contains(first->output(), "round 1: group rank 0/1, ranks 0..1 of 2"))
+      << first->output();
+  ExpectJoinedAt(first->output(), second->output(), 10);
+  ExpectNoRestartAndVerified(first->output() + second->output(), 80);
+}
+
+// A node lost (its agent SIGKILLed, so its workers die with it) takes its
+// replica groups out of the running round: the daemon leaves its slot
+// vacant instead of re-forming, the survivors train on alone, and the next
+// node to join takes the slot (the same ranks and replica ids), is healed
+// and trains with them. Nobody restarts.
+TEST(ElasticReplicas, ALostNodesGroupsDropOutAndANewcomerTakesTheirPlace) {
+  testing::TempDir dir;
+  testing::DaemonProcess daemon({"--metrics-port", "0"});
+  const int metrics_port = daemon.ReadMetricsPort();
+  ASSERT_GT(metrics_port, 0);
+  const std::vector<int> holds{10, 30, 50};
+  auto first = LaunchNode(daemon, dir, holds);
+  ASSERT_TRUE(first->ReadUntil("step 9 loss", std::chrono::seconds(120)))
+      << first->output();
+  auto lost = LaunchNode(daemon, dir, holds);
+  AwaitSecondNodeAtTheQuorum(metrics_port);
+  Release(dir, 0);
+  // Every replica holds at step 30: the second node dies there.
+  ASSERT_TRUE(first->ReadUntil("step 29 loss", std::chrono::seconds(120)))
+      << first->output();
+  lost->Signal(SIGKILL);
+  lost->Wait(std::chrono::seconds(30));
+  Release(dir, 1);
+  ASSERT_TRUE(first->ReadUntil("step 49 loss", std::chrono::seconds(120)))
+      << first->output();
+  auto newcomer = LaunchNode(daemon, dir, holds);
+  ASSERT_TRUE(newcomer->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
+                                  std::chrono::seconds(60)))
+      << newcomer->output();
+  AwaitSecondNodeAtTheQuorum(metrics_port);
+  Release(dir, 2);
+  ASSERT_EQ(testing::ExitCode(*newcomer, std::chrono::seconds(240)), 0)
+      << newcomer->output();
+  ASSERT_EQ(testing::ExitCode(*first, std::chrono::seconds(240)), 0) << first->output();
+
+  // Steps 30-49 by the survivors alone, then all four again.
+  EXPECT_EQ(CountLines(first->output(), "step 30: replicas 0,1"), 1) << first->output();
+  EXPECT_TRUE(
+      Contains(first->output(), "run succeeded: all 2 nodes succeeded in round 1"))
+      << first->output();
+  ExpectJoinedAt(first->output(), newcomer->output(), 50);
+  // The lost node's workers never verified; the newcomer's took their ranks.
+  EXPECT_EQ(CountLines(lost->output(), "verified rank"), 0) << lost->output();
+  ExpectNoRestartAndVerified(first->output() + newcomer->output(), 80);
+  EXPECT_TRUE(
+      Contains(first->output() + newcomer->output(), "(30 without every replica)"));
 }
 
 }  // namespace

@@ -1005,6 +1005,70 @@ TEST_F(RendezvousStateTest, ReplicaScopeAtMaxNodesStillWaits) {
   EXPECT_EQ(ParticipantIds(), (std::vector<std::string>{"a"}));
 }
 
+// Restart scope "replica": a lost participant's slot is left vacant, the
+// others go on (no re-form), its replica groups are reported lost, and the
+// next newcomer of its size takes the slot with its ranks.
+TEST_F(RendezvousStateTest, ReplicaScopeALostNodeLeavesItsSlotToTheNextNewcomer) {
+  options_ = Opts(1, 3);
+  options_.replica_size = 2;
+  JoinAll({Node("a", 2)});
+  state_.Tick(At(1000), &events_);
+  JoinAll({Node("b", 4), Node("c", 2)}, At(1000));
+  Take();
+  ASSERT_EQ(ParticipantIds(), (std::vector<std::string>{"a", "b", "c"}));
+  ASSERT_TRUE(state_.Heartbeat(kRun, "a", At(3000)).ok());
+  ASSERT_TRUE(state_.Heartbeat(kRun, "c", At(3000)).ok());
+  state_.Tick(At(4001), &events_);  // b's lease (3 s) ran out
+  EXPECT_TRUE(Take().empty()) << "nobody re-forms";
+  EXPECT_TRUE(Summary().round_active);
+  EXPECT_EQ(Summary().round, 1u);
+  EXPECT_NE(Summary().last_failure.find("node b"), std::string::npos);
+  const auto lost = state_.TakeLostReplicaGroups();
+  ASSERT_EQ(lost.size(), 2u);
+  EXPECT_EQ(lost[0].replica, 1u);
+  EXPECT_EQ(lost[1].replica, 2u);
+  EXPECT_TRUE(state_.TakeLostReplicaGroups().empty());
+  EXPECT_EQ(state_.stats().nodes_dropped_from_active_round, 1u);
+
+  // A node of another size gets new ranks; one of b's size takes its slot.
+  JoinAll({Node("d", 2)}, At(4100));
+  auto events = Take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].assignment.group_rank, 3u);
+  EXPECT_EQ(events[0].assignment.rank_base, 8u);
+  ASSERT_TRUE(state_.Leave(kRun, "d", At(4200), &events_).ok());
+  EXPECT_TRUE(Take().empty());
+  JoinAll({Node("e", 4)}, At(4300));
+  events = Take();
+  ASSERT_EQ(events.size(), 1u);
+  const Assignment& e = events[0].assignment;
+  EXPECT_EQ(e.group_rank, 1u);
+  EXPECT_EQ(e.rank_base, 2u);
+  EXPECT_EQ(e.world_size, 10u);
+  EXPECT_EQ(e.participants[1].node_id, "e");
+
+  // The grown, holed round survives a restore; the run succeeds without d.
+  RendezvousState restored;
+  ASSERT_TRUE(restored.RestoreRun(*state_.EncodeRun(kRun, At(4400)), At(4400)).ok());
+  for (const std::string id : {"a", "c", "e"}) {
+    EXPECT_TRUE(Of(events_, Kind::kClosed).empty());
+    ASSERT_TRUE(restored.ReportSuccess(kRun, id, 1, At(4500), &events_).ok());
+  }
+  EXPECT_EQ(Of(Take(), Kind::kClosed).size(), 3u);
+  EXPECT_EQ(restored.Summary(kRun)->outcome, Outcome::kSucceeded);
+}
+
+// Below min_nodes the round re-forms as in scope job.
+TEST_F(RendezvousStateTest, ReplicaScopeLosingANodeBelowMinNodesReforms) {
+  options_ = Opts(2, 2);
+  options_.replica_size = 1;
+  JoinAll({Node("a", 2), Node("b", 2)});
+  Take();
+  ASSERT_TRUE(state_.Leave(kRun, "b", At(10), &events_).ok());
+  EXPECT_EQ(Ids(Of(Take(), Kind::kReform)), (std::vector<std::string>{"a"}));
+  EXPECT_TRUE(state_.TakeLostReplicaGroups().empty());
+}
+
 TEST_F(RendezvousStateTest, FailureWhileGatheringDoesNotRestart) {
   options_ = Opts(2, 2);
   options_.max_restarts = 3;
@@ -1433,7 +1497,11 @@ class Simulation {
   static constexpr Millis kStep{100};
   static constexpr Millis kWork{15000};
 
-  Simulation(uint32_t seed, int initial, int late, int deaths) : rng_(seed) {
+  // `replica_size` > 0: restart scope "replica" (nodes join and leave the
+  // active round without re-forming it).
+  Simulation(uint32_t seed, int initial, int late, int deaths, uint32_t replica_size = 0)
+      : rng_(seed) {
+    options_.replica_size = replica_size;
     options_.min_nodes = 900;
     options_.max_nodes = 1100;
     options_.max_restarts = 5;
@@ -1540,7 +1608,9 @@ class Simulation {
   }
 
   void Deliver(std::vector<NodeEvent>* events) {
-    ExpectConsistentAssignments(*events);
+    // (Under scope replica a node admitted into the active round is
+    // assigned alone, in a later call than the round's other nodes.)
+    if (options_.replica_size == 0) ExpectConsistentAssignments(*events);
     std::set<uint64_t> rounds;
     for (const NodeEvent& e : *events) {
       ASSERT_EQ(e.run_id, kRunId);
@@ -1552,11 +1622,14 @@ class Simulation {
           a.state = SimAgent::State::kWaiting;
           break;
         case Kind::kAssigned:
-          if (rounds.insert(e.round).second) {
+          if (rounds.insert(e.round).second && e.round != last_round_) {
             EXPECT_GT(e.round, last_round_);
             last_round_ = e.round;
             ++rounds_formed_;
           }
+          EXPECT_TRUE(options_.replica_size > 0 || rounds_formed_ == 0 ||
+                      rounds.count(e.round))
+              << "scope job: a round's nodes are all assigned at once";
           EXPECT_LE(e.assignment.restart_count, options_.max_restarts + 1);
           a.state = SimAgent::State::kRunning;
           a.round = e.round;
@@ -1587,9 +1660,17 @@ class Simulation {
     if (!s) return;
     EXPECT_LE(s->restart_count, options_.max_restarts + 1);
     if (s->round_active) {
+      // (Under scope replica the roster keeps the slots of lost nodes.)
       const auto& p = s->participants;
-      EXPECT_GE(p.size(), options_.min_nodes);
-      EXPECT_LE(p.size(), options_.max_nodes);
+      size_t live = 0;
+      for (const ParticipantView& v : p) {
+        auto agent = agents_.find(v.node_id);
+        live += agent != agents_.end() && agent->second.state != SimAgent::State::kDead;
+      }
+      if (options_.replica_size == 0) {
+        EXPECT_GE(p.size(), options_.min_nodes);
+      }
+      EXPECT_LE(live, options_.max_nodes);
       uint64_t base = 0;
       for (uint32_t r = 0; r < p.size(); ++r) {
         ASSERT_EQ(p[r].group_rank, r);
@@ -1651,6 +1732,33 @@ TEST_P(RendezvousStateSimulationSeedTest, ThousandAgentsJoinDieFailAndSucceed) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RendezvousStateSimulationSeedTest,
                          ::testing::Values(42u, 1u, 2u, 3u, 2024u));
+
+// Restart scope "replica": late nodes join the running round, dead ones
+// leave their slots vacant, and the one round succeeds without re-forming.
+TEST(RendezvousStateSimulationTest, ReplicaScopeNodesComeAndGoWithoutReforming) {
+  Simulation sim(/*seed=*/5, /*initial=*/1000, /*late=*/40, /*deaths=*/25,
+                 /*replica_size=*/1);
+  sim.Run(At(600000));
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  auto s = sim.state().Summary(Simulation::kRunId);
+  ASSERT_TRUE(s.has_value());
+  ASSERT_EQ(s->outcome, Outcome::kSucceeded);
+  EXPECT_EQ(sim.rounds_formed(), 1u);
+  const RendezvousStats& stats = sim.state().stats();
+  for (uint64_t reforms : stats.reforms) EXPECT_EQ(reforms, 0u);
+  EXPECT_GT(stats.nodes_dropped_from_active_round, 0u);
+  // Late nodes that came before the first node succeeded (15 s of work)
+  // took part; the later ones waited and learnt that nothing ran on them.
+  int admitted = 0;
+  for (const auto& [id, a] : sim.agents()) {
+    if (a.state == SimAgent::State::kDead) continue;
+    EXPECT_EQ(a.outcome, a.ever_assigned ? Outcome::kSucceeded : Outcome::kAborted) << id;
+    admitted += a.ever_assigned && a.join_at > At(3000);
+  }
+  EXPECT_GT(admitted, 0);
+  EXPECT_GE(stats.joins_into_active_round,
+            static_cast<uint64_t>(admitted));  // + the dead
+}
 
 TEST(RendezvousStateSimulationTest, SpentBudgetFailsEveryAgent) {
   Simulation sim(/*seed=*/7, /*initial=*/1000, /*late=*/0, /*deaths=*/0);

@@ -139,7 +139,7 @@ TEST(ReplicaQuorumTest, AFailedReplicaIsNotWaitedForAndItsUnfinishedStepIsDiscar
   const QuorumFormed formed = d.Formed(d.Arrive(2, 0));
   const QuorumWaiter v0 = d.Vote(formed.quorum_id, 0, true);
   const QuorumWaiter v1 = d.Vote(formed.quorum_id, 1, true);
-  d.quorum().ReplicaFailed(2, &d.out());
+  d.quorum().ReplicaFailed(2, ReplicaQuorum::Loss::kRestarting, &d.out());
   d.Collect();
   EXPECT_FALSE(d.Decision(v0).commit);
   EXPECT_NE(d.Decision(v1).reason.find("replica 2 failed"), std::string::npos);
@@ -157,7 +157,7 @@ TEST(ReplicaQuorumTest, AReplicaThatFailsAfterVotingOkDoesNotUndoTheCommit) {
   const QuorumFormed formed = d.Formed(d.Arrive(2, 0));
   const QuorumWaiter v0 = d.Vote(formed.quorum_id, 0, true);
   d.Vote(formed.quorum_id, 2, true);
-  d.quorum().ReplicaFailed(2, &d.out());
+  d.quorum().ReplicaFailed(2, ReplicaQuorum::Loss::kRestarting, &d.out());
   d.Collect();
   EXPECT_FALSE(d.Answered(v0));
   d.Vote(formed.quorum_id, 1, true);
@@ -168,7 +168,7 @@ TEST(ReplicaQuorumTest, ARestartedReplicaJoinsAtTheNextStepAndIsHealedFromALiveP
   QuorumDriver d;
   uint64_t group = 0;
   CommitStep(d, 0, &group);
-  d.quorum().ReplicaFailed(1, &d.out());
+  d.quorum().ReplicaFailed(1, ReplicaQuorum::Loss::kRestarting, &d.out());
   d.Collect();
   // Its old incarnation cannot come back.
   EXPECT_EQ(d.quorum()
@@ -201,7 +201,7 @@ TEST(ReplicaQuorumTest, ReplicasThatFinishedWaitForAFailedOneToBeHealedBeforeLea
   QuorumDriver d;
   uint64_t group = 0;
   CommitStep(d, 0, &group);
-  d.quorum().ReplicaFailed(2, &d.out());
+  d.quorum().ReplicaFailed(2, ReplicaQuorum::Loss::kRestarting, &d.out());
   d.Collect();
   // The survivors have trained every step: they wait for the restarting one.
   const QuorumWaiter survivor = d.ArriveFinished(0, 1);
