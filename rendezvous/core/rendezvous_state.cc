@@ -283,7 +283,7 @@ struct RendezvousState::Run {
   // incarnation whose failure was counted, so a retried report is not.
   std::map<uint32_t, uint32_t> replica_failures;
   // Restart scope "replica": slots of the active round whose node was lost
-  // (its id is in `participants` but no longer in `nodes`), until a
+  // (an empty id in `participants`, which no node can have), until a
   // newcomer takes one.
   uint32_t vacant = 0;
 };
@@ -607,8 +607,7 @@ void RendezvousState::AdmitIntoActiveRound(Run& run, Node& node,
   // from the ranks) come back; else new ranks after the world's.
   auto group_rank = static_cast<uint32_t>(run.participants.size());
   for (uint32_t g = 0; run.vacant > 0 && g < run.participants.size(); ++g) {
-    if (!run.nodes.count(run.participants[g]) &&
-        (*run.roster)[g].nproc == node.info.nproc) {
+    if (run.participants[g].empty() && (*run.roster)[g].nproc == node.info.nproc) {
       group_rank = g;
       break;
     }
@@ -778,6 +777,7 @@ void RendezvousState::VacateSlot(Run& run, Node& node, const std::string& detail
     run.replica_failures.erase(replica);
   }
   run.last_failure = detail;
+  run.participants[*node.group_rank].clear();
   ++run.vacant;
   ++stats_.nodes_dropped_from_active_round;
   Forget(run, node.info.node_id);
@@ -1598,8 +1598,7 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
         (!node->second.group_rank || *node->second.group_rank >= num_participants)) {
       return damaged(absl::StrCat("participant ", id, " has no valid rank"));
     }
-    // A participant that is no node of the run is a lost node's slot.
-    if (run->phase == Phase::kActive && node == run->nodes.end()) ++run->vacant;
+    if (run->phase == Phase::kActive && id.empty()) ++run->vacant;
   }
   if (run->phase == Phase::kActive && run->succeeded + run->vacant > num_participants) {
     return damaged(
