@@ -182,6 +182,8 @@ int RunFaultTolerant(TrainOptions options,
   const int num_replicas = options.layout.dp;
   auto id = ReplicaIdentityFromEnv(*env, num_replicas);
   if (!id.ok()) return Fail(rank, std::string(id.status().message()));
+  if (const std::string warning = RestartScopeWarning(*id); rank == 0 && !warning.empty())
+    Say(warning);
   auto world = InitReplicaGroupWorld(*id);
   if (!world.ok()) return Fail(rank, std::string(world.status().message()));
   Say("rank " + std::to_string(rank) + " pid " + std::to_string(getpid()) + ": replica " +

@@ -271,6 +271,9 @@ int main(int argc, char** argv) {
     auto identity = ReplicaIdentityFromEnv(*env, num_replicas);
     if (!identity.ok()) return Fail(rank, std::string(identity.status().message()));
     id = *std::move(identity);
+    if (const std::string warning = RestartScopeWarning(*id);
+        rank == 0 && !warning.empty())
+      Say(warning);
     auto group_world = InitReplicaGroupWorld(*id);
     if (!group_world.ok()) return Fail(rank, std::string(group_world.status().message()));
     world = *std::move(group_world);

@@ -120,6 +120,7 @@ absl::StatusOr<ReplicaIdentity> ReplicaIdentityFromEnv(const WorkerEnv& env,
     }
     id.replica_size = env.world_size / num_replicas;
   }
+  id.replica_scope = *size > 0;
   id.replicas_in_world = env.world_size / id.replica_size;
   id.replica = env.rank / id.replica_size;
   id.member = env.rank % id.replica_size;
@@ -130,6 +131,14 @@ absl::StatusOr<ReplicaIdentity> ReplicaIdentityFromEnv(const WorkerEnv& env,
   }
   id.incarnation = std::max(0, *restarts);
   return id;
+}
+
+std::string RestartScopeWarning(const ReplicaIdentity& id) {
+  if (id.replica_scope) return "";
+  return "warning: meshrun runs this job with --restart-scope=job, so a failure restarts "
+         "every replica group and the fault-tolerant training starts over from step 0; "
+         "start it with meshrun --restart-scope=replica --replica-size=" +
+         std::to_string(id.replica_size) + " so that only the failed group restarts";
 }
 
 absl::StatusOr<std::shared_ptr<World>> InitReplicaGroupWorld(const ReplicaIdentity& id,

@@ -69,7 +69,11 @@ struct ReplicaIdentity {
   // a node joining later brings the next ones (replica ids from here on).
   int replicas_in_world = 1;
   int incarnation = 0;  // MESHRUN_REPLICA_RESTARTS, else 0
-  WorkerEnv env;        // the worker's
+  // Started by meshrun --restart-scope=replica (MESHRUN_REPLICA_SIZE set):
+  // only a failed group restarts. Otherwise a failure restarts the world,
+  // and training starts over (see RestartScopeWarning).
+  bool replica_scope = false;
+  WorkerEnv env;  // the worker's
 };
 
 // From the worker's environment (meshrun --restart-scope=replica sets
@@ -80,6 +84,11 @@ struct ReplicaIdentity {
 // without meshrun's store.
 absl::StatusOr<ReplicaIdentity> ReplicaIdentityFromEnv(const WorkerEnv& env,
                                                        int num_replicas);
+
+// Empty under meshrun's replica scope; otherwise a one-line warning that
+// a failure will restart every replica group, from step 0, for a program
+// to print (the launcher's default scope is torchrun's: the whole job).
+std::string RestartScopeWarning(const ReplicaIdentity& id);
 
 // The replica group's own world (its members only, as ranks 0..size-1),
 // rendezvousing under a store prefix of this incarnation's.
