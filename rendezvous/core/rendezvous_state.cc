@@ -736,7 +736,7 @@ void RendezvousState::RemoveNode(Run& run, const std::string& node_id,
       // of this one's, as they survive a failed group, while min_nodes stay.
       if (run.options.replica_size > 0 &&
           run.participants.size() - run.vacant - 1 >= run.options.min_nodes) {
-        VacateSlot(run, node, detail);
+        VacateSlot(run, node, detail, events);
         return;
       }
       Forget(run, node_id);
@@ -767,7 +767,8 @@ void RendezvousState::RemoveNode(Run& run, const std::string& node_id,
   }
 }
 
-void RendezvousState::VacateSlot(Run& run, Node& node, const std::string& detail) {
+void RendezvousState::VacateSlot(Run& run, Node& node, const std::string& detail,
+                                 std::vector<NodeEvent>* events) {
   const ParticipantView& slot = (*run.roster)[*node.group_rank];
   const uint32_t size = run.options.replica_size;
   for (uint32_t replica = slot.rank_base / size;
@@ -781,6 +782,13 @@ void RendezvousState::VacateSlot(Run& run, Node& node, const std::string& detail
   ++run.vacant;
   ++stats_.nodes_dropped_from_active_round;
   Forget(run, node.info.node_id);
+  // A node that waited for room (the round was at max_nodes) gets it now.
+  if (!run.waiting.empty() && run.succeeded == 0) {
+    auto first = run.waiting.begin();
+    Node& next = run.nodes.at(first->second);
+    run.waiting.erase(first);
+    AdmitIntoActiveRound(run, next, events);
+  }
 }
 
 std::vector<LostReplicaGroup> RendezvousState::TakeLostReplicaGroups() {

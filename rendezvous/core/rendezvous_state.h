@@ -342,8 +342,10 @@ class RendezvousState {
   // participant, its ranks appended to the world.
   void AdmitIntoActiveRound(Run& run, Node& node, std::vector<NodeEvent>* events);
   // Restart scope "replica": the lost participant `node` leaves its slot
-  // vacant (and the run) without a re-form.
-  void VacateSlot(Run& run, Node& node, const std::string& detail);
+  // vacant (and the run) without a re-form; the first waiting node, if
+  // any, is admitted.
+  void VacateSlot(Run& run, Node& node, const std::string& detail,
+                  std::vector<NodeEvent>* events);
   void CompleteRound(Run& run, std::vector<NodeEvent>* events);
   void Reform(Run& run, ReformReason reason, const std::string& detail, RdzvTime now,
               std::vector<NodeEvent>* events);

@@ -1005,6 +1005,24 @@ TEST_F(RendezvousStateTest, ReplicaScopeAtMaxNodesStillWaits) {
   EXPECT_EQ(ParticipantIds(), (std::vector<std::string>{"a"}));
 }
 
+TEST_F(RendezvousStateTest, ReplicaScopeAWaitingNodeTakesTheSlotOfALostOne) {
+  options_ = Opts(1, 2);
+  options_.replica_size = 1;
+  JoinAll({Node("a", 2), Node("b", 2)});
+  Take();
+  JoinAll({Node("c", 2)}, At(10));  // the round is at max: c waits
+  ASSERT_EQ(Take()[0].kind, Kind::kWaiting);
+  ASSERT_TRUE(state_.Leave(kRun, "a", At(20), &events_).ok());
+  auto events = Take();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, Kind::kAssigned);
+  EXPECT_EQ(events[0].node_id, "c");
+  EXPECT_EQ(events[0].assignment.group_rank, 0u);
+  EXPECT_EQ(events[0].assignment.rank_base, 0u);
+  EXPECT_EQ(ParticipantIds(), (std::vector<std::string>{"c", "b"}));
+  EXPECT_TRUE(Summary().waiting.empty());
+}
+
 // Restart scope "replica": a lost participant's slot is left vacant, the
 // others go on (no re-form), its replica groups are reported lost, and the
 // next newcomer of its size takes the slot with its ranks.
