@@ -496,6 +496,17 @@ def ratio_rows(rows, keys):
             print(f"| {NAMES[setup]} / torchrun | " + " | ".join(cells) + " |")
 
 
+def measured(setups, results, experiment, columns):
+    """(setup, its runs) for each setup with runs of `experiment`; the others
+    get a FAILED row of the table's `columns`."""
+    for setup in setups:
+        runs = results[(experiment, setup)]
+        if runs:
+            yield setup, runs
+        else:
+            print(f"| {NAMES[setup]} | FAILED |" + " |" * (columns - 2))
+
+
 def report_one(args, setups, results):
     """The one-failure table (Markdown on stdout)."""
     mb = parameter_bytes() / 2**20
@@ -506,11 +517,7 @@ def report_one(args, setups, results):
           "| back to full strength s | breakdown (s after the kill, medians) |")
     print("|---|---:|---:|---:|---:|---:|---|")
     rows = {}
-    for setup in setups:
-        runs = results[("one", setup)]
-        if not runs:
-            print(f"| {NAMES[setup]} | FAILED | | | | | |")
-            continue
+    for setup, runs in measured(setups, results, "one", columns=7):
         fs = [run.failures[0] for run in runs]
         row = dict(step=med(r.step_s for r in runs), ckpt=med(r.checkpoint_s for r in runs),
                    lost=med(f.steps_lost for f in fs), lost_s=med(f.lost_s for f in fs),
@@ -552,11 +559,7 @@ def report_every(args, setups, results):
           "| steps without every replica | efficiency | throughput steps/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = {}
-    for setup in setups:
-        runs = results[("every", setup)]
-        if not runs:
-            print(f"| {NAMES[setup]} | FAILED | | | | | | |")
-            continue
+    for setup, runs in measured(setups, results, "every", columns=8):
         row = dict(step=med(r.step_s for r in runs), wall=med(r.wall_s for r in runs),
                    failures=med(len(r.failures) for r in runs),
                    unplanned=med(len(r.unplanned) for r in runs),
