@@ -26,9 +26,27 @@ BlockingResult Done(absl::Status status, std::vector<std::string> values = {}) {
   return BlockingResult{true, std::move(status), std::move(values)};
 }
 
+// c10d's servers read a counter with std::stoll: leading blanks, a sign, then
+// decimal digits; whatever follows is ignored. Without a digit, or out of
+// int64's range, it is not a counter.
+bool ParseCounter(std::string_view text, int64_t* out) {
+  size_t i = 0;
+  while (i < text.size() && (text[i] == ' ' || (text[i] >= '\t' && text[i] <= '\r'))) ++i;
+  size_t end = i;
+  if (end < text.size() && (text[end] == '+' || text[end] == '-')) ++end;
+  const size_t digits_start = end;
+  while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+  if (end == digits_start) return false;
+  std::string_view number = text.substr(i, end - i);
+  if (number[0] == '+') number.remove_prefix(1);
+  return absl::SimpleAtoi(absl::string_view(number.data(), number.size()), out);
+}
+
 }  // namespace
 
-KvStore::KvStore(StoreLimits limits) : limits_(limits) {}
+KvStore::KvStore(StoreLimits limits) : limits_(limits) {
+  limits_.max_reply_bytes = std::max(limits_.max_reply_bytes, limits_.max_value_bytes);
+}
 
 absl::Status KvStore::CheckKey(const std::string& key) const {
   if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
@@ -71,7 +89,8 @@ absl::Status KvStore::CheckCapacity(const std::string& ns, const Namespace* spac
   if (added_keys > 0) {
     if (absl::Status status = CheckNewNamespace(space); !status.ok()) return status;
   }
-  const size_t keys_after = (space == nullptr ? 0 : space->data.size()) + added_keys;
+  const size_t keys_after =
+      (space == nullptr ? 0 : space->data.size() + space->queue_items) + added_keys;
   if (keys_after > limits_.max_keys_per_namespace) {
     return absl::ResourceExhaustedError(
         absl::StrCat("namespace ", Quote(ns), " would hold ", keys_after,
@@ -116,6 +135,8 @@ void KvStore::Put(const std::string& ns, const std::string& key, std::string val
   if (!space.barriers.empty()) ReleaseBarriers(space, key, ready);
   if (!created) return;
 
+  // Every waiter on the key: a wait may have been registered while the key
+  // was a queue's name only (gets always are); a value satisfies both.
   auto waiting = space.waiting_on.find(key);
   if (waiting == space.waiting_on.end()) return;
   for (WaiterId id : waiting->second) {
@@ -125,8 +146,8 @@ void KvStore::Put(const std::string& ns, const std::string& key, std::string val
   space.waiting_on.erase(waiting);
 }
 
-bool KvStore::Present(const Namespace& space, const std::string& key) {
-  return space.data.count(key) != 0 || space.queues.count(key) != 0;
+bool KvStore::Present(const Namespace& space, const std::string& key, bool wants_values) {
+  return space.data.count(key) != 0 || (!wants_values && space.queues.count(key) != 0);
 }
 
 void KvStore::ReleaseBarriers(Namespace& space, const std::string& key,
@@ -134,7 +155,7 @@ void KvStore::ReleaseBarriers(Namespace& space, const std::string& key,
   auto barrier = space.barriers.find(key);
   if (barrier == space.barriers.end()) return;
   int64_t count = 0;
-  if (!absl::SimpleAtoi(space.data.find(key)->second, &count)) return;
+  if (!ParseCounter(space.data.find(key)->second, &count)) return;
   for (auto id = barrier->second.begin(); id != barrier->second.end();) {
     if (waiters_.find(*id)->second.barrier_size <= count) {
       ready->push_back(*id);
@@ -154,7 +175,7 @@ void KvStore::Deliver(const std::vector<WaiterId>& ready, std::vector<Wakeup>* w
     // ready, and nothing deletes between that write and this call.
     Namespace& space = namespaces_.find(waiter.ns)->second;
     if (waiter.barrier_size == 0) {
-      waiter.missing = Park(space, id, waiter.keys);
+      waiter.missing = Park(space, id, waiter.keys, waiter.wants_values);
       if (waiter.missing > 0) continue;
     }
     Wakeup wake{id, absl::OkStatus(), {}};
@@ -162,36 +183,75 @@ void KvStore::Deliver(const std::vector<WaiterId>& ready, std::vector<Wakeup>* w
       size_t bytes = 0;
       for (const std::string& key : waiter.keys)
         bytes += space.data.find(key)->second.size();
-      if (bytes <= woken_value_budget_) {
+      if (bytes > limits_.max_reply_bytes) {
+        wake.status = absl::ResourceExhaustedError(
+            absl::StrCat("reply of ", bytes, " bytes exceeds the limit of ",
+                         limits_.max_reply_bytes, " bytes"));
+      } else if (bytes <= woken_value_budget_) {
         woken_value_budget_ -= bytes;
-        wake.values = ValuesOf(space, waiter.keys);
+        wake.values = *ValuesOf(&space, waiter.keys);
       } else {
         wake.reread = true;
       }
     }
     deadlines_.erase(waiter.deadline);
+    --space.num_waiters;
     waiters_.erase(it);
     woken->push_back(std::move(wake));
   }
 }
 
 size_t KvStore::Park(Namespace& space, WaiterId waiter,
-                     const std::vector<std::string>& keys) {
+                     const std::vector<std::string>& keys, bool wants_values) {
   size_t registered = 0;
   for (const std::string& key : keys) {
-    if (Present(space, key)) continue;
+    if (Present(space, key, wants_values)) continue;
     // A key named twice in one request is waited for once.
     if (space.waiting_on[key].insert(waiter).second) ++registered;
   }
   return registered;
 }
 
-std::vector<std::string> KvStore::ValuesOf(const Namespace& space,
-                                           const std::vector<std::string>& keys) {
+absl::StatusOr<std::vector<std::string>> KvStore::ValuesOf(
+    const Namespace* space, const std::vector<std::string>& keys) const {
+  std::vector<const std::string*> found(keys.size(), nullptr);
+  size_t bytes = 0;
+  if (space != nullptr) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = space->data.find(keys[i]);
+      if (it == space->data.end()) continue;
+      found[i] = &it->second;
+      bytes += it->second.size();
+    }
+  }
+  if (bytes > limits_.max_reply_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("reply of ", bytes,
+                                                     " bytes exceeds the limit of ",
+                                                     limits_.max_reply_bytes, " bytes"));
+  }
   std::vector<std::string> values;
   values.reserve(keys.size());
-  for (const std::string& key : keys) values.push_back(space.data.find(key)->second);
+  for (const std::string* value : found) values.push_back(value ? *value : std::string());
   return values;
+}
+
+absl::Status KvStore::CheckWaiterRoom(const std::string& ns,
+                                      const Namespace* space) const {
+  if (waiters_.size() >= limits_.max_waiters) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "store already holds the limit of ", limits_.max_waiters, " blocked requests"));
+  }
+  if (space != nullptr && space->num_waiters >= limits_.max_waiters_per_namespace) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("namespace ", Quote(ns), " already holds the limit of ",
+                     limits_.max_waiters_per_namespace, " blocked requests"));
+  }
+  return absl::OkStatus();
+}
+
+size_t KvStore::num_waiters(const std::string& ns) const {
+  const Namespace* space = FindNamespace(ns);
+  return space == nullptr ? 0 : space->num_waiters;
 }
 
 std::string KvStore::MissingKeysMessage(const Waiter& waiter) const {
@@ -205,7 +265,7 @@ std::string KvStore::MissingKeysMessage(const Waiter& waiter) const {
   std::vector<std::string> shown;
   size_t missing = 0;
   for (const std::string& key : waiter.keys) {
-    if (space != nullptr && Present(*space, key)) continue;
+    if (space != nullptr && Present(*space, key, waiter.wants_values)) continue;
     if (!seen.insert(key).second) continue;
     if (++missing <= kMaxKeysInMessage) shown.push_back(Quote(key));
   }
@@ -229,6 +289,7 @@ void KvStore::RemoveWaiter(WaiterId id) {
       waiting->second.erase(id);
       if (waiting->second.empty()) waiting_on.erase(waiting);
     }
+    --space->second.num_waiters;
   }
   deadlines_.erase(it->second.deadline);
   waiters_.erase(it);
@@ -298,7 +359,7 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& ns, const std::string& k
   int64_t current = 0;
   if (const Namespace* space = FindNamespace(ns); space != nullptr) {
     if (auto it = space->data.find(key); it != space->data.end()) {
-      if (!absl::SimpleAtoi(it->second, &current)) {
+      if (!ParseCounter(it->second, &current)) {
         return absl::InvalidArgumentError(
             absl::StrCat("key ", Quote(key), " holds a value that is not an integer"));
       }
@@ -393,14 +454,23 @@ absl::StatusOr<bool> KvStore::Check(const std::string& ns,
   }
   const Namespace* space = FindNamespace(ns);
   for (const std::string& key : keys) {
-    if (space == nullptr || !Present(*space, key)) return false;
+    if (space == nullptr || !Present(*space, key, /*wants_values=*/false)) return false;
   }
   return true;
 }
 
-std::vector<std::string> KvStore::ListKeys(const std::string& ns) const {
+absl::StatusOr<std::vector<std::string>> KvStore::ListKeys(const std::string& ns) const {
   std::vector<std::string> keys;
   if (const Namespace* space = FindNamespace(ns)) {
+    // Each key with its length, as both wires carry it: a reply within the
+    // budget also fits a gRPC message.
+    size_t bytes = 0;
+    for (const auto& [key, value] : space->data) bytes += key.size() + sizeof(uint64_t);
+    if (bytes > limits_.max_reply_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "list of ", space->data.size(), " keys (", bytes,
+          " bytes) exceeds the reply limit of ", limits_.max_reply_bytes, " bytes"));
+    }
     keys.reserve(space->data.size());
     for (const auto& [key, value] : space->data) keys.push_back(key);
   }
@@ -408,26 +478,49 @@ std::vector<std::string> KvStore::ListKeys(const std::string& ns) const {
   return keys;
 }
 
+absl::StatusOr<std::vector<std::string>> KvStore::PeekMany(
+    const std::string& ns, const std::vector<std::string>& keys) const {
+  if (absl::Status status = CheckRequestSize(keys.size()); !status.ok()) return status;
+  return ValuesOf(FindNamespace(ns), keys);
+}
+
 absl::Status KvStore::QueuePush(const std::string& ns, const std::string& key,
                                 std::string value, std::vector<Wakeup>* woken) {
   if (absl::Status status = CheckKey(key); !status.ok()) return status;
   if (absl::Status status = CheckValueSize(value.size()); !status.ok()) return status;
   const Namespace* existing = FindNamespace(ns);
-  if (absl::Status status = CheckNewNamespace(existing); !status.ok()) return status;
-  const size_t bytes =
-      (existing == nullptr ? 0 : existing->bytes) + key.size() + value.size();
-  if (absl::Status status = CheckCapacity(ns, existing, 0, bytes); !status.ok())
+  const size_t bytes = (existing == nullptr ? 0 : existing->bytes) + key.size() +
+                       value.size() + kQueueItemOverheadBytes;
+  if (absl::Status status = CheckCapacity(ns, existing, 1, bytes); !status.ok())
     return status;
   Namespace& space = namespaces_[ns];
   space.bytes = bytes;
   space.queues[key].push_back(std::move(value));
-  // One item, one popper: the longest-waiting waiter (lowest id) is woken.
+  ++space.queue_items;
+  // Waits only (a get waits for a value). One item, one popper: of the waits
+  // that this item completes, the longest-waiting one (lowest id) is woken,
+  // and the rest stay parked for the next item. A multi-key wait that still
+  // misses another key stops waiting on this one; if the queue is empty
+  // again when its last key comes, Deliver parks it here again.
   std::vector<WaiterId> ready;
   if (auto waiting = space.waiting_on.find(key); waiting != space.waiting_on.end()) {
-    const WaiterId id = *waiting->second.begin();
-    waiting->second.erase(waiting->second.begin());
-    if (waiting->second.empty()) space.waiting_on.erase(waiting);
-    if (--waiters_.find(id)->second.missing == 0) ready.push_back(id);
+    std::set<WaiterId>& ids = waiting->second;
+    bool completed_one = false;
+    for (auto id = ids.begin(); id != ids.end();) {
+      Waiter& waiter = waiters_.find(*id)->second;
+      const bool completes = waiter.missing == 1;
+      if (waiter.wants_values || (completes && completed_one)) {
+        ++id;
+        continue;
+      }
+      --waiter.missing;
+      if (completes) {
+        completed_one = true;
+        ready.push_back(*id);
+      }
+      id = ids.erase(id);
+    }
+    if (ids.empty()) space.waiting_on.erase(waiting);
   }
   Deliver(ready, woken);
   return absl::OkStatus();
@@ -444,7 +537,8 @@ absl::StatusOr<KvStore::Popped> KvStore::QueuePop(const std::string& ns,
   popped.length_before = static_cast<int64_t>(queue->second.size());
   popped.value = std::move(queue->second.front());
   queue->second.pop_front();
-  space->second.bytes -= key.size() + popped.value.size();
+  space->second.bytes -= key.size() + popped.value.size() + kQueueItemOverheadBytes;
+  --space->second.queue_items;
   if (queue->second.empty()) {
     space->second.queues.erase(queue);
     EraseIfEmpty(space);
@@ -493,19 +587,20 @@ BlockingResult KvStore::Block(const std::string& ns, const std::vector<std::stri
   const Namespace* space = FindNamespace(ns);
   bool all_present = true;
   for (const std::string& key : keys) {
-    if (space == nullptr || !Present(*space, key)) {
+    if (space == nullptr || !Present(*space, key, wants_values)) {
       all_present = false;
       break;
     }
   }
   if (all_present) {
     if (!wants_values || keys.empty()) return Done(absl::OkStatus());
-    return Done(absl::OkStatus(), ValuesOf(*space, keys));
+    absl::StatusOr<std::vector<std::string>> values = ValuesOf(space, keys);
+    if (!values.ok()) return Done(values.status());
+    return Done(absl::OkStatus(), *std::move(values));
   }
 
-  if (waiters_.size() >= limits_.max_waiters) {
-    return Done(absl::ResourceExhaustedError(absl::StrCat(
-        "store already holds the limit of ", limits_.max_waiters, " blocked requests")));
+  if (absl::Status status = CheckWaiterRoom(ns, space); !status.ok()) {
+    return Done(std::move(status));
   }
   if (absl::Status status = CheckNewNamespace(space); !status.ok()) {
     return Done(std::move(status));
@@ -515,25 +610,22 @@ BlockingResult KvStore::Block(const std::string& ns, const std::vector<std::stri
   parked.keys = keys;
   parked.wants_values = wants_values;
   parked.deadline = deadlines_.emplace(deadline, waiter);
-  parked.missing = Park(namespaces_[ns], waiter, keys);
+  Namespace& parked_in = namespaces_[ns];
+  ++parked_in.num_waiters;
+  parked.missing = Park(parked_in, waiter, keys, wants_values);
   return BlockingResult{};
 }
 
 BlockingResult KvStore::Barrier(const std::string& ns, const std::string& key,
                                 int64_t world_size, WaiterId waiter, TimePoint deadline,
                                 std::vector<Wakeup>* woken) {
-  if (world_size <= 0) {
-    return Done(absl::InvalidArgumentError(
-        absl::StrCat("barrier world size must be positive, got ", world_size)));
-  }
   if (waiters_.count(waiter) != 0) {
     return Done(absl::InvalidArgumentError(
         absl::StrCat("waiter id ", waiter, " is already in use")));
   }
   // Refused before arriving, so a refused arrival is not counted.
-  if (waiters_.size() >= limits_.max_waiters) {
-    return Done(absl::ResourceExhaustedError(absl::StrCat(
-        "store already holds the limit of ", limits_.max_waiters, " blocked requests")));
+  if (absl::Status status = CheckWaiterRoom(ns, FindNamespace(ns)); !status.ok()) {
+    return Done(std::move(status));
   }
   absl::StatusOr<int64_t> arrived = Add(ns, key, 1, woken);
   if (!arrived.ok()) return Done(arrived.status());
@@ -544,7 +636,9 @@ BlockingResult KvStore::Barrier(const std::string& ns, const std::string& key,
   parked.barrier_size = world_size;
   parked.missing = 1;
   parked.deadline = deadlines_.emplace(deadline, waiter);
-  namespaces_[ns].barriers[key].insert(waiter);
+  Namespace& space = namespaces_[ns];
+  ++space.num_waiters;
+  space.barriers[key].insert(waiter);
   return BlockingResult{};
 }
 
@@ -669,8 +763,9 @@ void KvStore::ForEachQueueItem(
 void KvStore::RestoreQueuePush(const std::string& ns, const std::string& key,
                                std::string value) {
   Namespace& space = namespaces_[ns];
-  space.bytes += key.size() + value.size();
+  space.bytes += key.size() + value.size() + kQueueItemOverheadBytes;
   space.queues[key].push_back(std::move(value));
+  ++space.queue_items;
 }
 
 void KvStore::RestoreQueuePop(const std::string& ns, const std::string& key) {

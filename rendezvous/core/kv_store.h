@@ -28,16 +28,34 @@ namespace meshrun::rdzv {
 using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 
+// Defaults follow torch's libuv TCPStore server where it has a limit (keys of
+// 8 KiB, 128 Ki keys a query); values are 64 MiB, as its classic server
+// stores.
 struct StoreLimits {
-  size_t max_key_bytes = 4096;
+  size_t max_key_bytes = 8192;
   size_t max_value_bytes = 64 << 20;
   size_t max_keys_per_namespace = 1 << 20;
   // Sum of key and value bytes in one namespace.
   size_t max_bytes_per_namespace = size_t{1} << 30;
   size_t max_namespaces = 100000;
-  size_t max_keys_per_request = 100000;
+  size_t max_keys_per_request = 128 << 10;
+  // Bytes of values (multi_get) or of keys and their 8-byte lengths
+  // (list_keys) one reply may carry: a
+  // reply is budgeted before it is built, and one over this is refused
+  // (RESOURCE_EXHAUSTED). Never below max_value_bytes, so any one value can
+  // be read.
+  size_t max_reply_bytes = 64 << 20;
+  // Blocked requests (get, wait, multi_get, barrier) parked in one namespace,
+  // and in the whole store (the backstop): one run cannot use up every
+  // other run's waits.
+  size_t max_waiters_per_namespace = 1 << 18;
   size_t max_waiters = 1 << 20;
 };
+
+// What a queue item costs beyond its key and value bytes (its node and
+// string), counted against max_bytes_per_namespace; each item also counts as
+// a key against max_keys_per_namespace.
+inline constexpr size_t kQueueItemOverheadBytes = 64;
 
 using WaiterId = uint64_t;
 
@@ -71,7 +89,9 @@ class KvStore {
   absl::Status MultiSet(const std::string& ns,
                         const std::vector<std::pair<std::string, std::string>>& entries,
                         std::vector<Wakeup>* woken);
-  // Values are decimal integers, as in c10d; a non-integer value is an error.
+  // Values are decimal integers read as c10d's servers read them (std::stoll:
+  // leading blanks and a sign, digits, anything after them ignored, so
+  // "12abc" is 12); a value with no leading integer is an error.
   absl::StatusOr<int64_t> Add(const std::string& ns, const std::string& key,
                               int64_t delta, std::vector<Wakeup>* woken);
   // c10d semantics: absent key and empty `expected` -> set to `desired`;
@@ -87,8 +107,10 @@ class KvStore {
 
   // Queues (c10d's queue_push / queue_pop / queue_len), beside the keys: a
   // queue's name is not a key (NumKeys, ListKeys), but a wait or check on it
-  // is satisfied while it holds an item. A push wakes one waiter, not all,
-  // since one item serves one popper.
+  // is satisfied while it holds an item, as with torch's libuv server (a
+  // blocking queue_pop is a wait, then a pop). A get or multi_get reads
+  // values only: it waits for a value, whatever queue has the name. A push
+  // completes one waiter, not all, since one item serves one popper.
   absl::Status QueuePush(const std::string& ns, const std::string& key, std::string value,
                          std::vector<Wakeup>* woken);
   struct Popped {
@@ -100,15 +122,20 @@ class KvStore {
 
   // Non-blocking queries.
   int64_t NumKeys(const std::string& ns) const;
-  // Sorted.
-  std::vector<std::string> ListKeys(const std::string& ns) const;
+  // Sorted. RESOURCE_EXHAUSTED when the keys' bytes exceed max_reply_bytes.
+  absl::StatusOr<std::vector<std::string>> ListKeys(const std::string& ns) const;
+  // Non-blocking multi_get: "" for an absent key. RESOURCE_EXHAUSTED when the
+  // values' bytes exceed max_reply_bytes.
+  absl::StatusOr<std::vector<std::string>> PeekMany(
+      const std::string& ns, const std::vector<std::string>& keys) const;
   absl::StatusOr<bool> Check(const std::string& ns,
                              const std::vector<std::string>& keys) const;
 
   // Blocking queries: answered now when every key exists, otherwise parked as
   // `waiter` (an id unique among live waiters, chosen by the caller) until
   // `deadline`. A timeout's status is DEADLINE_EXCEEDED and names the keys
-  // still missing.
+  // still missing. A get or multi_get whose values exceed max_reply_bytes is
+  // answered RESOURCE_EXHAUSTED (now, or when woken).
   BlockingResult Get(const std::string& ns, const std::string& key, WaiterId waiter,
                      TimePoint deadline);
   BlockingResult MultiGet(const std::string& ns, const std::vector<std::string>& keys,
@@ -117,7 +144,9 @@ class KvStore {
                       WaiterId waiter, TimePoint deadline);
   // c10d's barrier(key, world_size): adds 1 to the integer at `key`, then
   // blocks until it reaches `world_size`. A key that reached it lets every
-  // later arrival through at once, as c10d's does (one key per barrier).
+  // later arrival through at once, as c10d's does (one key per barrier), and
+  // so does a world size <= 0 (after counting the arrival), as torch's
+  // servers do.
   BlockingResult Barrier(const std::string& ns, const std::string& key,
                          int64_t world_size, WaiterId waiter, TimePoint deadline,
                          std::vector<Wakeup>* woken);
@@ -135,6 +164,7 @@ class KvStore {
   void set_woken_value_budget(size_t bytes) { woken_value_budget_ = bytes; }
 
   size_t num_waiters() const { return waiters_.size(); }
+  size_t num_waiters(const std::string& ns) const;
   size_t num_namespaces() const { return namespaces_.size(); }
   // Drops a whole namespace (run finished); its waiters fail with ABORTED.
   void DropNamespace(const std::string& ns, std::vector<Wakeup>* woken);
@@ -172,6 +202,8 @@ class KvStore {
     // order is deterministic.
     std::unordered_map<std::string, std::set<WaiterId>> waiting_on;
     std::unordered_map<std::string, std::deque<std::string>> queues;  // never empty
+    size_t queue_items = 0;  // in all queues: each counts as a key
+    size_t num_waiters = 0;  // parked here (get, wait, multi_get, barrier)
     // key -> barrier waiters, woken when the key's integer reaches their size.
     std::unordered_map<std::string, std::set<WaiterId>> barriers;
   };
@@ -210,8 +242,9 @@ class KvStore {
   // Wakes `ready` waiters with values read now, i.e. after the whole
   // mutation, and re-parks any that a Delete left short of a key.
   void Deliver(const std::vector<WaiterId>& ready, std::vector<Wakeup>* woken);
-  // A key a wait is satisfied by: stored, or a queue holding an item.
-  static bool Present(const Namespace& space, const std::string& key);
+  // A key a waiter is satisfied by: stored, or (a wait, not a read of
+  // values) a queue holding an item.
+  static bool Present(const Namespace& space, const std::string& key, bool wants_values);
   // After a write of `key`: barrier waiters whose size its value reached.
   void ReleaseBarriers(Namespace& space, const std::string& key,
                        std::vector<WaiterId>* ready);
@@ -219,10 +252,14 @@ class KvStore {
                        bool wants_values, WaiterId waiter, TimePoint deadline);
   // Registers `waiter` under each distinct key of `keys` absent from `space`;
   // returns how many.
-  size_t Park(Namespace& space, WaiterId waiter, const std::vector<std::string>& keys);
-  // REQUIRES: every key exists in `space`.
-  static std::vector<std::string> ValuesOf(const Namespace& space,
-                                           const std::vector<std::string>& keys);
+  size_t Park(Namespace& space, WaiterId waiter, const std::vector<std::string>& keys,
+              bool wants_values);
+  // The values of `keys` ("" for an absent one), or RESOURCE_EXHAUSTED past
+  // max_reply_bytes (checked before any copy).
+  absl::StatusOr<std::vector<std::string>> ValuesOf(
+      const Namespace* space, const std::vector<std::string>& keys) const;
+  // Refuses a new waiter in `space` (null: not created yet) past either cap.
+  absl::Status CheckWaiterRoom(const std::string& ns, const Namespace* space) const;
   std::string MissingKeysMessage(const Waiter& waiter) const;
   void RemoveWaiter(WaiterId id);
   // Namespaces with neither keys nor waiters are dropped, so stray waits in

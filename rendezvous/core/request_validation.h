@@ -30,7 +30,7 @@ struct RequestLimits {
   // A store namespace: a run id plus a round prefix and a user prefix.
   size_t max_namespace_bytes = 1024;
   // Keys per store request (wait, check, multi_get, multi_set).
-  size_t max_keys_per_request = 100000;
+  size_t max_keys_per_request = 128 << 10;
   // Failure details and close reasons (tracebacks are cut to this).
   size_t max_text_bytes = 64 << 10;
   uint32_t max_nodes = 100000;

@@ -61,9 +61,9 @@ struct Query {
 };
 
 struct WireLimits {
-  size_t max_key_bytes = 4096;
+  size_t max_key_bytes = 8192;
   size_t max_value_bytes = 64 << 20;
-  size_t max_keys_per_query = 100000;
+  size_t max_keys_per_query = 128 << 10;
 };
 
 struct ParseResult {

@@ -40,6 +40,35 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-bytes-per-run", limits.max_bytes_per_namespace)
       ->capture_default_str();
+  app.add_option("--max-reply-bytes", limits.max_reply_bytes,
+                 "Bytes of values (multi_get) or keys (list_keys) one reply may carry; "
+                 "a request over it is refused (never below --max-value-bytes)")
+      ->capture_default_str();
+  app.add_option("--max-waiters", limits.max_waiters,
+                 "Blocking store calls (get, wait, multi_get, barrier) parked at once "
+                 "in all runs")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-waiters-per-run", limits.max_waiters_per_namespace,
+                 "Blocking store calls parked at once in one run's store")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-waiters-per-client", options.store.max_parked_waits_per_session,
+                 "Blocking store calls one gRPC store stream may have parked at once "
+                 "(a TCPStore connection may have 16)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-queued-reply-bytes", options.store.max_queued_reply_bytes,
+                 "Bytes of store replies queued for all clients together; past it, "
+                 "clients with replies of their own queued are not read until they read")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-queued-reply-bytes-per-client",
+                 options.store.max_queued_reply_bytes_per_session,
+                 "Bytes of store replies queued for one client (a gRPC store stream or "
+                 "a TCPStore connection) before it is no longer read")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--store-timeout", default_timeout_s,
                  "Seconds a blocking store call waits when it names no timeout")
       ->check(CLI::PositiveNumber)

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "rendezvous/core/request_validation.h"
 #include "rendezvous/core/state_codec.h"
 
@@ -576,6 +577,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
         reply->add_values(store_.Peek(ns, request.get().key()).value_or(""));
         break;
       }
+      if (!RoomToPark(session, reply)) break;
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
       return block(store_.Get(ns, request.get().key(), id, when), id, when,
@@ -603,6 +605,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       break;
     }
     case StoreRequest::kWait: {
+      if (!RoomToPark(session, reply)) break;
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
       return block(store_.Wait(ns, Keys(request.wait().keys()), id, when), id, when, {});
@@ -624,10 +627,13 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     }
     case StoreRequest::kMultiGet: {
       if (request.multi_get().if_present()) {
-        for (const std::string& key : request.multi_get().keys())
-          reply->add_values(store_.Peek(ns, key).value_or(""));
+        auto values = store_.PeekMany(ns, Keys(request.multi_get().keys()));
+        SetStatus(values.status(), reply);
+        if (values.ok())
+          for (std::string& value : *values) reply->add_values(std::move(value));
         break;
       }
+      if (!RoomToPark(session, reply)) break;
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
       return block(store_.MultiGet(ns, Keys(request.multi_get().keys()), id, when), id,
@@ -677,10 +683,16 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     case StoreRequest::kQueueLen:
       reply->set_number(store_.QueueLength(ns, request.queue_len().key()));
       break;
-    case StoreRequest::kListKeys:
-      for (std::string& key : store_.ListKeys(ns)) reply->add_values(std::move(key));
+    case StoreRequest::kListKeys: {
+      auto keys = store_.ListKeys(ns);
+      SetStatus(keys.status(), reply);
+      if (keys.ok())
+        for (std::string& key : *keys) reply->add_values(std::move(key));
       break;
+    }
     case StoreRequest::kBarrier: {
+      // Before arriving: a refused barrier is not counted.
+      if (!RoomToPark(session, reply)) break;
       const auto& op = request.barrier();
       WaiterId id = next_waiter_++;
       TimePoint when = deadline();
@@ -698,6 +710,18 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       break;
   }
   return true;
+}
+
+bool StoreService::RoomToPark(ReplySink* session, StoreResponse* reply) {
+  size_t cap = session->MaxParkedWaits();
+  if (cap == 0) cap = options_.max_parked_waits_per_session;
+  auto parked = parked_.find(session);
+  if (parked == parked_.end() || parked->second.size() < cap) return true;
+  SetStatus(
+      absl::ResourceExhaustedError(absl::StrCat("this session already has the limit of ",
+                                                cap, " blocking requests parked")),
+      reply);
+  return false;
 }
 
 void StoreService::DeliverLocked(std::vector<Wakeup>& woken) {

@@ -54,6 +54,11 @@ struct StoreServiceOptions {
   // Replies are packed into one StoreResponseBatch up to about this many
   // bytes (a single larger reply travels alone), well under gRPC's limit.
   size_t max_reply_batch_bytes = 1 << 20;
+  // Blocking requests one session may have parked at once (a session may say
+  // less: StoreReplySink::MaxParkedWaits); past it, a blocking request is
+  // answered RESOURCE_EXHAUSTED. The store's per-namespace and global caps
+  // (StoreLimits) apply as well.
+  size_t max_parked_waits_per_session = 1 << 14;
 };
 
 // What the service needs of a session (a gRPC stream, a TCPStore
@@ -77,6 +82,8 @@ class StoreReplySink {
   virtual void MarkDeferred() = 0;
   // Reply bytes the session may still queue within both byte bounds.
   virtual size_t RoomBytes() = 0;
+  // This session's cap on parked blocking requests; 0: the service's.
+  virtual size_t MaxParkedWaits() { return 0; }
 };
 
 struct StoreServiceStats {
@@ -123,6 +130,19 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // never come. The session stays open.
   void CancelWaits(ReplySink* session);
   void EndSession(ReplySink* session);
+  // Answers the session's woken waits that were deferred while it was over
+  // its bounds (see DeferIfOverBounds), as far as its room allows. A session
+  // calls it, without its own lock held, once a write brought it back within
+  // them.
+  void RedeliverDeferred(ReplySink* session);
+
+  // Reply bytes queued (or held for the log) by every session together, for
+  // sessions of other front-ends to count theirs in (max_queued_reply_bytes
+  // bounds the sum).
+  void AddQueuedReplyBytes(size_t bytes) { queued_reply_bytes_.fetch_add(bytes); }
+  void SubtractQueuedReplyBytes(size_t bytes) { queued_reply_bytes_.fetch_sub(bytes); }
+  size_t queued_reply_bytes() const { return queued_reply_bytes_.load(); }
+  const StoreServiceOptions& options() const { return options_; }
 
   // One client stream, of either protocol; defined in the .cc.
   template <typename In, typename Out>
@@ -162,11 +182,11 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // reply yet), otherwise `reply` holds the answer.
   bool ExecuteLocked(ReplySink* session, const meshrun::v1::StoreRequest& request,
                      meshrun::v1::StoreResponse* reply, std::vector<Wakeup>* woken);
-  // Answers the session's woken waits that were deferred while it was over
-  // its bounds, reading their values now, as far as its room allows.
-  void RedeliverDeferred(ReplySink* session);
-  // REQUIRES: mu_ held.
+  // REQUIRES: mu_ held. Reads the deferred waits' values now.
   void RedeliverLocked(ReplySink* session);
+  // REQUIRES: mu_ held. False (and `reply` says why) when `session` already
+  // has as many requests parked as it may.
+  bool RoomToPark(ReplySink* session, meshrun::v1::StoreResponse* reply);
   // REQUIRES: mu_ held.
   void CancelWaitsLocked(ReplySink* session);
   // REQUIRES: mu_ held.

@@ -226,7 +226,7 @@ class TcpStoreServer::Impl::Connection final
         }
         std::string bytes = Encode(type, reply);
         if (bytes.empty()) continue;
-        out_bytes_ += bytes.size();
+        AddOutBytesLocked(bytes.size());
         out_.push_back(std::move(bytes));
       }
       if (!failed && !writing_ && !out_.empty()) start_write = writing_ = true;
@@ -248,22 +248,56 @@ class TcpStoreServer::Impl::Connection final
     asio::post(socket_.get_executor(),
                [self = shared_from_this()] { self->WriteNext(); });
   }
-  void Hold(const std::vector<StoreResponse>& /*replies*/) override {
+  // --state-dir: replies held for the log count against the bounds as if
+  // queued (their protobuf size: about what they encode to).
+  void Hold(const std::vector<StoreResponse>& replies) override {
+    const size_t bytes = BytesOf(replies);
     std::lock_guard<std::mutex> lock(mu_);
     if (held_++ == 0) keepalive_ = shared_from_this();
+    held_bytes_ += bytes;
+    server_->store_.AddQueuedReplyBytes(bytes);
   }
   void SendHeld(std::vector<StoreResponse>* replies) override {
+    const size_t bytes = BytesOf(*replies);
     SendAll(replies);
     std::shared_ptr<Connection> last;
+    bool waiting_for_room;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      held_bytes_ -= bytes;
+      server_->store_.SubtractQueuedReplyBytes(bytes);
       if (--held_ == 0) last = std::move(keepalive_);
+      waiting_for_room = !closed_ && (paused_ || has_deferred_);
     }
+    // Replies with no bytes (set, multi_set) start no write whose end would
+    // resume the reading or the deferred gets.
+    if (waiting_for_room)
+      asio::post(socket_.get_executor(),
+                 [self = shared_from_this()] { self->AfterDrain(); });
   }
-  // Replies are small or bounded by the reading side (below).
-  bool DeferIfOverBounds() override { return false; }
-  void MarkDeferred() override {}
-  size_t RoomBytes() override { return std::numeric_limits<size_t>::max(); }
+  // A parked get woken while this client is not reading its replies is
+  // answered once it has room (StoreService reads the values then).
+  bool DeferIfOverBounds() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || !OverBoundsLocked()) return false;
+    has_deferred_ = true;
+    return true;
+  }
+  void MarkDeferred() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    has_deferred_ = true;
+  }
+  size_t RoomBytes() override {
+    const size_t total = server_->store_.queued_reply_bytes();
+    const size_t total_max = server_->store_.options().max_queued_reply_bytes;
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t own = out_bytes_ + held_bytes_;
+    const size_t own_max = server_->options_.max_queued_reply_bytes;
+    return std::min(own_max > own ? own_max - own : 0,
+                    total_max > total ? total_max - total : 0);
+  }
+  // c10d's client has at most one blocking query out at a time.
+  size_t MaxParkedWaits() override { return server_->options_.max_parked_waits; }
 
  private:
   void Read() {
@@ -327,7 +361,47 @@ class TcpStoreServer::Impl::Connection final
 
   bool OverReplyBound() {
     std::lock_guard<std::mutex> lock(mu_);
-    return out_bytes_ > server_->options_.max_queued_reply_bytes;
+    return OverBoundsLocked();
+  }
+
+  // REQUIRES: mu_ held. Over this connection's bound, or over the bound of
+  // all sessions together while holding some of those bytes (one with none
+  // has no write whose end would resume it).
+  bool OverBoundsLocked() const {
+    const size_t own = out_bytes_ + held_bytes_;
+    if (own > server_->options_.max_queued_reply_bytes) return true;
+    return own > 0 && server_->store_.queued_reply_bytes() >=
+                          server_->store_.options().max_queued_reply_bytes;
+  }
+
+  // REQUIRES: mu_ held.
+  void AddOutBytesLocked(size_t bytes) {
+    out_bytes_ += bytes;
+    server_->store_.AddQueuedReplyBytes(bytes);
+  }
+  void SubtractOutBytesLocked(size_t bytes) {
+    out_bytes_ -= bytes;
+    server_->store_.SubtractQueuedReplyBytes(bytes);
+  }
+
+  static size_t BytesOf(const std::vector<StoreResponse>& replies) {
+    size_t bytes = 0;
+    for (const StoreResponse& reply : replies) bytes += reply.ByteSizeLong();
+    return bytes;
+  }
+
+  // On the strand, once replies drained: answers the gets deferred while
+  // over the bounds, then resumes reading, if now within them.
+  void AfterDrain() {
+    bool redeliver;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_ || OverBoundsLocked()) return;
+      redeliver = std::exchange(has_deferred_, false);
+    }
+    // Woken gets first: they were asked for before what is still unread.
+    if (redeliver) server_->store_.RedeliverDeferred(this);
+    if (paused_.exchange(false)) Process();
   }
 
   void Dispatch(Query query) {
@@ -539,7 +613,7 @@ class TcpStoreServer::Impl::Connection final
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_) return;
-      out_bytes_ += bytes.size();
+      AddOutBytesLocked(bytes.size());
       out_.push_back(std::move(bytes));
       if (!writing_) start = writing_ = true;
     }
@@ -556,6 +630,7 @@ class TcpStoreServer::Impl::Connection final
         return;
       }
       while (!out_.empty() && batch_.size() < 64) {
+        batch_bytes_ += out_.front().size();
         batch_.push_back(std::move(out_.front()));
         out_.pop_front();
       }
@@ -565,18 +640,18 @@ class TcpStoreServer::Impl::Connection final
     for (const std::string& b : batch_) buffers.emplace_back(asio::buffer(b));
     asio::async_write(
         socket_, buffers,
-        [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+        [self = shared_from_this()](boost::system::error_code ec, size_t /*n*/) {
+          // Close() already took what was queued off the counts.
+          const size_t written = self->batch_bytes_;
           self->batch_.clear();
+          self->batch_bytes_ = 0;
           {
             std::lock_guard<std::mutex> lock(self->mu_);
-            self->out_bytes_ -= n;
+            if (!self->closed_) self->SubtractOutBytesLocked(written);
           }
           if (ec) return self->Close();
           self->WriteNext();
-          if (self->paused_ && !self->OverReplyBound()) {
-            self->paused_ = false;
-            self->Process();
-          }
+          self->AfterDrain();
         });
   }
 
@@ -587,6 +662,8 @@ class TcpStoreServer::Impl::Connection final
       if (closed_) return;
       closed_ = true;
       out_.clear();
+      SubtractOutBytesLocked(out_bytes_);
+      has_deferred_ = false;
       awaiting_.clear();
     }
     boost::system::error_code ec;
@@ -612,17 +689,24 @@ class TcpStoreServer::Impl::Connection final
   size_t in_end_ = 0;
   size_t need_ = 1;  // bytes the next parse needs before it can progress
   bool validated_ = false;
-  bool paused_ = false;
+  // Set on the strand; read by SendHeld on any thread.
+  std::atomic<bool> paused_{false};
   bool session_open_ = false;
   std::string ns_;
   uint64_t next_id_ = 1;
   std::vector<std::string> batch_;  // being written
+  size_t batch_bytes_ = 0;
   // The reply side, from any thread.
   std::mutex mu_;
   bool closed_ = false;   // guarded by mu_ (written on the strand)
   bool writing_ = false;  // guarded by mu_
   std::deque<std::string> out_;
+  // Reply bytes queued or being written; and those of replies held for the
+  // log. Both count against this connection's bound and, through the store
+  // service, against the bound of all sessions together.
   size_t out_bytes_ = 0;
+  size_t held_bytes_ = 0;
+  bool has_deferred_ = false;  // guarded by mu_; see DeferIfOverBounds
   std::unordered_map<uint64_t, QueryType> awaiting_;  // request id -> its query
   int held_ = 0;
   std::shared_ptr<Connection> keepalive_;  // while replies are held for the log

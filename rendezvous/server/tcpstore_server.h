@@ -40,6 +40,9 @@ struct TcpStoreServerOptions {
   // A connection stops reading while this many reply bytes wait to be
   // written to it (a client that sends without reading).
   size_t max_queued_reply_bytes = 64 << 20;
+  // Blocking queries one connection may have parked (a stock client has
+  // one at most); past it the connection is closed as for any refusal.
+  size_t max_parked_waits = 16;
   int io_threads = 1;
   // The store namespace of a connection from `peer` (its address), asked
   // once, when it validates; an error closes the connection.

@@ -80,6 +80,12 @@ TORCH_BACKEND_DIFFERENCES = {
         "the classic server has no queue queries: it closes the connection at the first "
         "(DistNetworkError); libuv implements queue_push/pop/len"),
     "queue_pop_blocks_until_push": ("torch-libuv", "as 'queue'"),
+    "queue_name_reads": ("torch-libuv", "as 'queue'"),
+    "parked_get_and_wait_then_queue_push": ("torch-libuv", "as 'queue'"),
+    "libuv_limits": (
+        "torch-libuv",
+        "libuv's server closes the connection of a key over 8 KiB or a query of more than "
+        "128 Ki keys; the classic server has no such limit; meshrun has libuv's"),
 }
 # Garbage on the socket: the classic server closes the connection at once;
 # libuv's keeps it open (still open at the 8 s deadline) when the garbage comes before a
@@ -603,6 +609,68 @@ def barrier(x):
             "keys_left": sorted(k for k in keys if k.startswith(p)) if isinstance(keys, list) else keys,
             "short_times_out": attempt(lambda: x.client().barrier(p + "c", 2, SHORT)),
             "world_1": attempt(lambda: x.client().barrier(p + "d", 1))}
+
+
+@case
+def queue_name_reads(x):
+    """A wait or check sees a queue's item; a get of the name reads no value."""
+    c, p = x.client(), x.p
+    c.queue_push(p + "q", "item")
+    return {"wait": attempt(lambda: c.wait([p + "q"], SHORT)),
+            "check": attempt(lambda: c.check([p + "q"])),
+            "get": attempt(lambda: x.short_client().get(p + "q")),
+            "multi_get": attempt(lambda: x.short_client().multi_get([p + "q"])),
+            "len": attempt(lambda: c.queue_len(p + "q")),
+            "serves_others": x.serves_others()}
+
+
+@case
+def parked_get_and_wait_then_queue_push(x):
+    pusher, p = x.client(), x.p
+    getter = Blocked(x.client(), lambda s: s.get(p + "g"))
+    waiter = Blocked(x.client(), lambda s: s.wait([p + "w"], CLIENT_TIMEOUT))
+    out = {"parked": getter.wait_parked() and waiter.wait_parked()}
+    pusher.queue_push(p + "g", "item")
+    pusher.queue_push(p + "w", "item")
+    out.update({"get_returned": getter.join(), "get": getter.result,
+                "wait_returned": waiter.join(), "wait": waiter.result,
+                "serves_others": x.serves_others()})
+    return out
+
+
+@case
+def libuv_limits(x):
+    p = x.p
+    at_limit = p + "k" * (8192 - 1 - len(p))  # the client adds a leading "/"
+    c = x.client()
+    return {"key_8_kib": attempt(lambda: (c.set(at_limit, "v"), c.get(at_limit))[1]),
+            "key_over_8_kib": attempt(lambda: x.client().check([at_limit + "k"])),
+            "check_128_ki_keys": attempt(lambda: x.client().check(
+                ["%sm%d" % (p, i) for i in range(128 << 10)])),
+            "check_over_128_ki_keys": attempt(lambda: x.client().check(
+                ["%sm%d" % (p, i) for i in range((128 << 10) + 1)])),
+            "serves_others": x.serves_others()}
+
+
+@case
+def barrier_world_size_zero_or_less(x):
+    c, p = x.client(), x.p
+    return {"zero": attempt(lambda: c.barrier(p + "b", 0, SHORT)),
+            "negative": attempt(lambda: c.barrier(p + "b", -3, SHORT)),
+            "arrivals": attempt(lambda: c.get(p + "b"))}
+
+
+@case
+def add_reads_a_leading_integer(x):
+    """As std::stoll reads it: '12abc' is 12; no leading integer closes."""
+    p = x.p
+    out = {}
+    for name, stored in (("trailing_text", "12abc"), ("blanks", " 7"), ("sign", "-5x"),
+                         ("no_integer", "abc")):
+        c = x.client()
+        out[name] = attempt(lambda: (c.set(p + name, stored), c.add(p + name, 1))[1])
+    out["serves_others"] = x.serves_others()
+    return out
 
 
 @case

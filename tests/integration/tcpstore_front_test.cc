@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -20,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "rendezvous/client/store_client.h"
 #include "rendezvous/core/tcpstore_wire.h"
@@ -219,6 +221,223 @@ TEST(TcpStoreFrontTest, CancelWaitAnswersWaitCanceledAndTheWaitNeverAnswers) {
   auto next = client.Read(4);
   ASSERT_TRUE(next);
   EXPECT_EQ(static_cast<uint8_t>((*next)[0]), 9);  // the ping, not a stale STOP_WAITING
+}
+
+// Peak resident memory of `pid` in MiB (VmHWM), or -1.
+double PeakRssMiB(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
+
+rdzv::StoreClientOptions GrpcOptions(const std::string& endpoint, const std::string& ns) {
+  rdzv::StoreClientOptions options;
+  options.target = endpoint;
+  options.ns = ns;
+  options.share_stream = false;
+  return options;
+}
+
+// Issue 27 item 1: a get of a queue's name once dereferenced a value that
+// is not there (SIGSEGV), and again after a --state-dir restart. A get reads
+// values only; a wait sees the queue's items, as torch's libuv server does.
+TEST(TcpStoreFrontTest, AGetOfAQueuesNameWaitsForAValueAcrossARestart) {
+  testing::TempDir dir;
+  const std::string state_dir = dir.path() + "/state";
+  auto daemon = std::make_unique<DaemonProcess>(
+      std::vector<std::string>{"--state-dir", state_dir, "--metrics-port", "0"});
+  const std::string endpoint = daemon->endpoint();
+  const int metrics_port = daemon->ReadMetricsPort();
+  const int port = PortOf(endpoint);
+  RawClient raw(port);
+  ASSERT_TRUE(raw.Send(MakeQuery(QueryType::kQueuePush, {"q"}, {"item"})));
+  ASSERT_TRUE(raw.Send(MakeQuery(QueryType::kWait, {"q"})));
+  EXPECT_EQ(raw.Read(1), std::string(1, '\0'));  // STOP_WAITING: the item is there
+  ASSERT_TRUE(raw.Send(MakeQuery(QueryType::kGet, {"q"})));
+  EXPECT_EQ(raw.ReadI64(), 0);  // no value: empty, as libuv's server answers
+
+  auto client = rdzv::StoreClient::Connect(GrpcOptions(endpoint, "_tcpstore"));
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->Get("q", 300ms).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // A get parked before the push is not answered by it.
+  absl::StatusOr<std::string> parked_get;
+  std::thread getter([&] { parked_get = (*client)->Get("q2", 3s); });
+  testing::ScrapeUntil(metrics_port, [](const std::string& m) {
+    return testing::MetricSample(m, "meshrun_store_waiters_parked") == 1;
+  });
+  ASSERT_TRUE(raw.Send(MakeQuery(QueryType::kQueuePush, {"q2"}, {"item"})));
+  getter.join();
+  EXPECT_EQ(parked_get.status().code(), absl::StatusCode::kDeadlineExceeded);
+  ExpectServing(port, "counter", 1);
+
+  // The pushed items come back from the log: the same get, the same answer.
+  daemon->process().Signal(SIGKILL);
+  ASSERT_TRUE(daemon->process().Wait(10s));
+  daemon.reset();
+  DaemonProcess restarted({"--state-dir", state_dir, "--port", std::to_string(port)});
+  auto again = rdzv::StoreClient::Connect(GrpcOptions(restarted.endpoint(), "_tcpstore"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->Get("q", 300ms).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE((*again)->Set("q", "value").ok());
+  EXPECT_EQ((*again)->Get("q", 300ms).value_or("?"), "value");
+  RawClient popper(port);
+  ASSERT_TRUE(popper.Send(MakeQuery(QueryType::kQueuePop, {"q"})));
+  EXPECT_EQ(popper.ReadI64(), 1);  // the item is still queued beside the value
+  ExpectServing(port, "counter", 2);
+}
+
+// Issue 27 item 2: one multi_get of a 4 MiB value named 200 times made the
+// daemon build 800 MiB under the store's lock. Replies are budgeted first.
+TEST(TcpStoreFrontTest, AMultiGetOrListKeysOverTheReplyBudgetIsRefusedUnbuilt) {
+  DaemonProcess daemon({"--metrics-port", "0"});
+  const int port = PortOf(daemon.endpoint());
+  const int metrics_port = daemon.ReadMetricsPort();
+  RawClient client(port);
+  ASSERT_TRUE(
+      client.Send(MakeQuery(QueryType::kSet, {"big"}, {std::string(4 << 20, 'v')})));
+  ASSERT_TRUE(
+      client.Send(MakeQuery(QueryType::kMultiGet, std::vector<std::string>(200, "big"))));
+  EXPECT_TRUE(client.ClosedByPeer());
+  auto grpc_client =
+      rdzv::StoreClient::Connect(GrpcOptions(daemon.endpoint(), "_tcpstore"));
+  ASSERT_TRUE(grpc_client.ok()) << grpc_client.status();
+  EXPECT_EQ(
+      (*grpc_client)->MultiGet(std::vector<std::string>(200, "big")).status().code(),
+      absl::StatusCode::kResourceExhausted);
+  // Within the budget (the default: 64 MiB) it is served.
+  auto fifteen = (*grpc_client)->MultiGet(std::vector<std::string>(15, "big"));
+  ASSERT_TRUE(fifteen.ok()) << fifteen.status();
+  EXPECT_EQ(fifteen->size(), 15u);
+  ExpectServing(port, "counter", 1);
+  // 4 MiB stored, 60 MiB served once: nowhere near 800 MiB.
+  EXPECT_LT(PeakRssMiB(daemon.process().pid()), 400);
+  const std::string metrics = testing::HttpGet(metrics_port, "/metrics").body;
+  EXPECT_EQ(
+      testing::MetricSample(
+          metrics, "meshrun_tcpstore_connections_refused_total{reason=\"store_error\"}"),
+      1);
+
+  DaemonProcess small({"--max-value-bytes", "64", "--max-reply-bytes", "1024"});
+  RawClient lister(PortOf(small.endpoint()));
+  for (int i = 0; i < 100; ++i)
+    ASSERT_TRUE(
+        lister.Send(MakeQuery(QueryType::kSet, {"key" + std::to_string(i)}, {""})));
+  ASSERT_TRUE(lister.Send(MakeQuery(QueryType::kListKeys)));  // ~1,390 bytes of keys
+  EXPECT_TRUE(lister.ClosedByPeer());
+  ExpectServing(PortOf(small.endpoint()), "counter", 1);
+}
+
+// Issue 27 item 3: one connection pipelined a million waits and every other
+// run's waits were refused. Waits are capped per connection (or gRPC
+// stream) and per run; the global cap stays as the backstop.
+TEST(TcpStoreFrontTest, ParkedWaitsAreCappedPerConnectionAndPerRun) {
+  DaemonProcess daemon({"--metrics-port", "0", "--max-waiters-per-run", "40",
+                        "--max-waiters-per-client", "4"});
+  const int port = PortOf(daemon.endpoint());
+  const int metrics_port = daemon.ReadMetricsPort();
+  auto parked_count = [&](double n) {
+    return testing::MetricSample(
+        testing::ScrapeUntil(metrics_port,
+                             [&](const std::string& m) {
+                               return testing::MetricSample(
+                                          m, "meshrun_store_waiters_parked") == n;
+                             }),
+        "meshrun_store_waiters_parked");
+  };
+  auto pipelined_waits = [](int n, const std::string& tag) {
+    std::string bytes;
+    for (int i = 0; i < n; ++i)
+      bytes += EncodeQuery(MakeQuery(QueryType::kWait, {tag + std::to_string(i)}));
+    return bytes;
+  };
+  {
+    RawClient flood(port);
+    ASSERT_TRUE(flood.SendRaw(pipelined_waits(1000, "flood")));
+    EXPECT_TRUE(flood.ClosedByPeer());  // at its 17th parked wait
+  }
+  EXPECT_EQ(parked_count(0), 0);
+
+  // Connections of 16, 16 and 8 waits fill the run's 40.
+  std::vector<std::unique_ptr<RawClient>> waiters;
+  for (int c = 0; c < 3; ++c) {
+    waiters.push_back(std::make_unique<RawClient>(port));
+    ASSERT_TRUE(waiters.back()->SendRaw(
+        pipelined_waits(c < 2 ? 16 : 8, "w" + std::to_string(c))));
+  }
+  EXPECT_EQ(parked_count(40), 40);
+  RawClient one_more(port);
+  ASSERT_TRUE(one_more.SendRaw(pipelined_waits(1, "more")));
+  EXPECT_TRUE(one_more.ClosedByPeer());
+  auto same_run = rdzv::StoreClient::Connect(GrpcOptions(daemon.endpoint(), "_tcpstore"));
+  ASSERT_TRUE(same_run.ok()) << same_run.status();
+  EXPECT_EQ((*same_run)->Get("k", 300ms).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Another run still waits (and times out) as usual.
+  auto other_run =
+      rdzv::StoreClient::Connect(GrpcOptions(daemon.endpoint(), "other/e1.r1"));
+  ASSERT_TRUE(other_run.ok()) << other_run.status();
+  EXPECT_EQ((*other_run)->Get("k", 300ms).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  waiters.clear();
+  EXPECT_EQ(parked_count(0), 0);
+
+  // One gRPC stream: four parked gets, a fifth refused at once.
+  std::vector<std::thread> getters;
+  std::vector<absl::StatusCode> codes(4);
+  for (int i = 0; i < 4; ++i)
+    getters.emplace_back(
+        [&, i] { codes[i] = (*other_run)->Get("late", 20s).status().code(); });
+  EXPECT_EQ(parked_count(4), 4);
+  EXPECT_EQ((*other_run)->Get("late", 20s).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE((*other_run)->Set("late", "now").ok());
+  for (std::thread& t : getters) t.join();
+  for (absl::StatusCode code : codes) EXPECT_EQ(code, absl::StatusCode::kOk);
+}
+
+// Issue 27 item 8: replies held for the --state-dir log, and TCPStore
+// connections' replies at all, were outside the bound of all clients
+// together. Two clients sending gets of 1 MiB without reading stop being
+// read once the daemon holds 16 MiB of replies for them.
+TEST(TcpStoreFrontTest, RepliesHeldForTheLogCountAgainstTheBoundOfAllClients) {
+  testing::TempDir dir;
+  DaemonProcess daemon({"--state-dir", dir.path() + "/state", "--max-queued-reply-bytes",
+                        std::to_string(16 << 20)});
+  const int port = PortOf(daemon.endpoint());
+  const std::string value(1 << 20, 'v');
+  {
+    RawClient setter(port);
+    ASSERT_TRUE(setter.Send(MakeQuery(QueryType::kSet, {"big"}, {value})));
+    ASSERT_TRUE(setter.Send(MakeQuery(QueryType::kGet, {"big"})));
+    ASSERT_EQ(setter.ReadI64(), 1 << 20);
+  }
+  const double baseline = PeakRssMiB(daemon.process().pid());
+  constexpr int kGets = 60;  // 60 MiB of replies each
+  std::string gets;
+  for (int i = 0; i < kGets; ++i)
+    gets += EncodeQuery(MakeQuery(QueryType::kGet, {"big"}));
+  std::vector<std::unique_ptr<RawClient>> clients;
+  std::vector<std::thread> senders;
+  for (int c = 0; c < 2; ++c) {
+    clients.push_back(std::make_unique<RawClient>(port));
+    senders.emplace_back([&, c] { clients[c]->SendRaw(gets); });
+  }
+  ExpectServing(port, "others", 1);  // everyone else is served meanwhile
+  // Let both fill what they may (a bound that holds stops them there).
+  std::this_thread::sleep_for(2s);
+  const double grown = PeakRssMiB(daemon.process().pid()) - baseline;
+  EXPECT_LT(grown, 64) << "MiB held for two clients that do not read";
+  for (auto& client : clients) {
+    for (int i = 0; i < kGets; ++i) {
+      ASSERT_EQ(client->ReadI64(), int64_t{1} << 20) << i;
+      ASSERT_EQ(client->Read(value.size()), value) << i;
+    }
+  }
+  for (std::thread& t : senders) t.join();
 }
 
 // Replies to a client that sends without reading queue only up to the bound

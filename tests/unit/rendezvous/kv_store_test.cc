@@ -84,8 +84,14 @@ TEST(KvStoreTest, Add) {
       {"reaches int64 min", absl::StrCat(kMin + 1), -1, absl::StatusCode::kOk, kMin},
       {"text", "abc", 1, absl::StatusCode::kInvalidArgument, 0},
       {"empty string", "", 1, absl::StatusCode::kInvalidArgument, 0},
-      {"fraction", "1.5", 1, absl::StatusCode::kInvalidArgument, 0},
-      {"trailing garbage", "12abc", 1, absl::StatusCode::kInvalidArgument, 0},
+      // As c10d's servers read counters (std::stoll): a leading integer.
+      {"fraction", "1.5", 1, absl::StatusCode::kOk, 2},
+      {"trailing garbage", "12abc", 1, absl::StatusCode::kOk, 13},
+      {"leading blanks", " \t7", 1, absl::StatusCode::kOk, 8},
+      {"plus sign", "+3", 1, absl::StatusCode::kOk, 4},
+      {"negative with garbage", "-5x", 1, absl::StatusCode::kOk, -4},
+      {"hex is its leading 0", "0x10", 1, absl::StatusCode::kOk, 1},
+      {"a sign alone", "-", 1, absl::StatusCode::kInvalidArgument, 0},
       {"too big for int64", "99999999999999999999", 1, absl::StatusCode::kInvalidArgument,
        0},
       {"overflow", absl::StrCat(kMax), 1, absl::StatusCode::kOutOfRange, 0},
@@ -942,7 +948,7 @@ TEST(KvStoreTest, QueuesAreFifoAndAreNotKeys) {
   ASSERT_TRUE(store.QueuePush(kNs, "q", "second", &woken).ok());
   EXPECT_EQ(store.QueueLength(kNs, "q"), 2);
   EXPECT_EQ(store.NumKeys(kNs), 0);
-  EXPECT_EQ(store.ListKeys(kNs), Values{});
+  EXPECT_EQ(*store.ListKeys(kNs), Values{});
   EXPECT_TRUE(*store.Check(kNs, {"q"}));  // a check sees a queue with an item
   auto popped = store.QueuePop(kNs, "q");
   ASSERT_TRUE(popped.ok());
@@ -971,8 +977,8 @@ TEST(KvStoreTest, ListKeysIsSorted) {
   std::vector<Wakeup> woken;
   for (const char* key : {"b", "a", "c"})
     ASSERT_TRUE(store.Set(kNs, key, "v", &woken).ok());
-  EXPECT_EQ(store.ListKeys(kNs), (Values{"a", "b", "c"}));
-  EXPECT_EQ(store.ListKeys("other"), Values{});
+  EXPECT_EQ(*store.ListKeys(kNs), (Values{"a", "b", "c"}));
+  EXPECT_EQ(*store.ListKeys("other"), Values{});
 }
 
 TEST(KvStoreTest, BarrierReleasesEveryoneWhenTheLastArrives) {
@@ -990,7 +996,18 @@ TEST(KvStoreTest, BarrierReleasesEveryoneWhenTheLastArrives) {
   EXPECT_EQ(Peek(store, kNs, "b"), "3");
   // A barrier key that reached its size lets later arrivals through.
   EXPECT_TRUE(store.Barrier(kNs, "b", 3, 4, At(100), &woken).ready);
-  EXPECT_FALSE(store.Barrier(kNs, "b", 0, 5, At(100), &woken).status.ok());
+}
+
+TEST(KvStoreTest, ABarrierOfWorldSizeZeroOrLessCountsAndPassesAsTorchsDoes) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  for (int64_t world_size : {0, -3}) {
+    BlockingResult result = store.Barrier(kNs, "b", world_size, 1, At(100), &woken);
+    EXPECT_TRUE(result.ready);
+    EXPECT_TRUE(result.status.ok()) << result.status;
+  }
+  EXPECT_EQ(Peek(store, kNs, "b"), "2");
+  EXPECT_EQ(store.num_waiters(), 0u);
 }
 
 TEST(KvStoreTest, ABarrierWaiterTimesOutAndIsCancelled) {
@@ -1005,6 +1022,176 @@ TEST(KvStoreTest, ABarrierWaiterTimesOutAndIsCancelled) {
   EXPECT_NE(woken[0].status.message().find("1 of 2 arrived"), std::string::npos)
       << woken[0].status;
   EXPECT_EQ(store.num_waiters(), 0u);
+}
+
+// --- A queue's name: waits see its items, gets see values only --------------
+
+TEST(KvStoreTest, AGetOfAQueuesNameWaitsForAValue) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "item", &woken).ok());
+  EXPECT_TRUE(*store.Check(kNs, {"q"}));
+  EXPECT_TRUE(store.Wait(kNs, {"q"}, 1, At(100)).ready);
+  EXPECT_FALSE(store.Get(kNs, "q", 2, At(100)).ready);
+  EXPECT_FALSE(store.MultiGet(kNs, {"q"}, 3, At(100)).ready);
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "another", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{});  // a push never answers a get
+  ASSERT_TRUE(store.Set(kNs, "q", "value", &woken).ok());
+  ASSERT_EQ(IdsOf(woken), (Ids{2, 3}));
+  EXPECT_EQ(woken[0].values, Values{"value"});
+  EXPECT_EQ(woken[1].values, Values{"value"});
+  EXPECT_EQ(store.QueueLength(kNs, "q"), 2);  // the name holds both
+}
+
+TEST(KvStoreTest, AParkedGetIsNotAnsweredByAPushNorLostAfterARestore) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  EXPECT_FALSE(store.Get(kNs, "q", 1, At(100)).ready);
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "item", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{});
+  EXPECT_EQ(store.num_waiters(), 1u);
+
+  KvStore restored;
+  restored.RestoreQueuePush(kNs, "q", "item");
+  EXPECT_FALSE(restored.Get(kNs, "q", 1, At(100)).ready);
+  EXPECT_EQ(restored.MultiGet(kNs, {"q", "q"}, 2, At(100)).ready, false);
+  restored.ExpireWaiters(At(100), &woken);
+  EXPECT_EQ(IdsOf(woken), (Ids{1, 2}));
+}
+
+TEST(KvStoreTest, APushAnswersTheWaitItCompletesNotAMultiKeyWaitStillShort) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_FALSE(store.Wait(kNs, {"q", "k"}, 1, At(100)).ready);  // needs k too
+  ASSERT_FALSE(store.Get(kNs, "q", 2, At(100)).ready);          // a value
+  ASSERT_FALSE(store.Wait(kNs, {"q"}, 3, At(100)).ready);       // a popper
+  ASSERT_FALSE(store.Wait(kNs, {"q"}, 4, At(100)).ready);       // another
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "item", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{3});
+  woken.clear();
+  // The item is still there (nobody popped): k completes the multi-key wait.
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{1});
+  woken.clear();
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "item", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{4});
+  EXPECT_EQ(store.num_waiters(), 1u);  // the get
+}
+
+TEST(KvStoreTest, AMultiKeyWaitPastAnEmptiedQueueParksThereAgain) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_FALSE(store.Wait(kNs, {"q", "k"}, 1, At(100)).ready);
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "item", &woken).ok());
+  ASSERT_TRUE(store.QueuePop(kNs, "q").ok());
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{});
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "item", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{1});
+}
+
+TEST(KvStoreTest, QueueItemsCountAsKeysWithTheirOverhead) {
+  StoreLimits limits;
+  limits.max_keys_per_namespace = 3;
+  KvStore store(limits);
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "", &woken).ok());
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "", &woken).ok());
+  EXPECT_EQ(store.QueuePush(kNs, "q", "", &woken).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store.Set(kNs, "k2", "v", &woken).code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(store.QueuePop(kNs, "q").ok());
+  EXPECT_TRUE(store.Set(kNs, "k2", "v", &woken).ok());
+
+  StoreLimits bytes_limits;
+  bytes_limits.max_bytes_per_namespace = 10 * (1 + kQueueItemOverheadBytes);
+  KvStore small(bytes_limits);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(small.QueuePush(kNs, "q", "", &woken).ok());
+  EXPECT_EQ(small.QueuePush(kNs, "q", "", &woken).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+// --- Replies are budgeted before they are built -------------------------------
+
+TEST(KvStoreTest, AMultiGetOverTheReplyBudgetIsRefusedNowOrWhenWoken) {
+  StoreLimits limits;
+  limits.max_value_bytes = 100;
+  limits.max_reply_bytes = 250;
+  KvStore store(limits);
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "k", std::string(100, 'x'), &woken).ok());
+  EXPECT_TRUE(store.MultiGet(kNs, {"k", "k"}, 1, At(100)).status.ok());
+  BlockingResult three = store.MultiGet(kNs, {"k", "k", "k"}, 2, At(100));
+  EXPECT_TRUE(three.ready);
+  EXPECT_EQ(three.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(three.values.empty());
+  EXPECT_EQ(store.PeekMany(kNs, {"k", "k", "k"}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(*store.PeekMany(kNs, {"k", "absent"}), (Values{std::string(100, 'x'), ""}));
+
+  ASSERT_FALSE(store.MultiGet(kNs, {"j", "j", "j"}, 3, At(100)).ready);
+  ASSERT_TRUE(store.Set(kNs, "j", std::string(100, 'y'), &woken).ok());
+  ASSERT_EQ(IdsOf(woken), Ids{3});
+  EXPECT_EQ(woken[0].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(woken[0].values.empty());
+}
+
+TEST(KvStoreTest, TheReplyBudgetNeverRefusesOneValue) {
+  StoreLimits limits;
+  limits.max_value_bytes = 100;
+  limits.max_reply_bytes = 10;  // raised to max_value_bytes
+  KvStore store(limits);
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "k", std::string(100, 'x'), &woken).ok());
+  EXPECT_TRUE(store.Get(kNs, "k", 1, At(100)).status.ok());
+}
+
+TEST(KvStoreTest, ListKeysOverTheReplyBudgetIsRefused) {
+  StoreLimits limits;
+  limits.max_value_bytes = 16;
+  limits.max_reply_bytes = 16;
+  KvStore store(limits);
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "a", "", &woken).ok());
+  EXPECT_EQ(*store.ListKeys(kNs), Values{"a"});  // 1 + 8 bytes
+  ASSERT_TRUE(store.Set(kNs, "b", "", &woken).ok());
+  EXPECT_EQ(store.ListKeys(kNs).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// --- Parked requests are capped per namespace, then in all -------------------
+
+TEST(KvStoreTest, ANamespaceAtItsWaiterCapLeavesOtherNamespacesTheirWaits) {
+  StoreLimits limits;
+  limits.max_waiters_per_namespace = 2;
+  limits.max_waiters = 5;
+  KvStore store(limits);
+  std::vector<Wakeup> woken;
+  ASSERT_FALSE(store.Wait("a", {"k"}, 1, At(100)).ready);
+  ASSERT_FALSE(store.Get("a", "k", 2, At(100)).ready);
+  BlockingResult refused = store.Wait("a", {"j"}, 3, At(100));
+  EXPECT_TRUE(refused.ready);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  BlockingResult barrier = store.Barrier("a", "b", 2, 4, At(100), &woken);
+  EXPECT_EQ(barrier.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Peek(store, "a", "b"), std::nullopt);  // a refused arrival is not counted
+  EXPECT_EQ(store.num_waiters("a"), 2u);
+
+  ASSERT_FALSE(store.Wait("b", {"k"}, 5, At(100)).ready);
+  ASSERT_FALSE(store.Barrier("b", "bar", 3, 6, At(100), &woken).ready);
+  ASSERT_FALSE(store.Wait("c", {"k"}, 7, At(100)).ready);
+  EXPECT_EQ(store.Wait("d", {"k"}, 8, At(100)).status.code(),
+            absl::StatusCode::kResourceExhausted);  // the global backstop
+
+  // Woken, expired and cancelled waiters give their room back.
+  ASSERT_TRUE(store.Set("a", "k", "v", &woken).ok());
+  EXPECT_EQ(store.num_waiters("a"), 0u);
+  store.CancelWaiter(5);
+  store.ExpireWaiters(At(100), &woken);
+  EXPECT_EQ(store.num_waiters(), 0u);
+  EXPECT_EQ(store.num_waiters("b"), 0u);
+  EXPECT_FALSE(store.Wait("a", {"j"}, 9, At(200)).ready);
 }
 
 }  // namespace
