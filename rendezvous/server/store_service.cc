@@ -134,16 +134,9 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
   }
 
   size_t RoomBytes() override {
-    const StoreServiceOptions& options = service_->options_;
-    const size_t total = service_->queued_reply_bytes_.load();
     std::lock_guard<std::mutex> lock(mu_);
-    const size_t own = options.max_queued_reply_bytes_per_session > queued_bytes_
-                           ? options.max_queued_reply_bytes_per_session - queued_bytes_
-                           : 0;
-    const size_t all = options.max_queued_reply_bytes > total
-                           ? options.max_queued_reply_bytes - total
-                           : 0;
-    return std::min(own, all);
+    return service_->ReplyRoom(queued_bytes_,
+                               service_->options_.max_queued_reply_bytes_per_session);
   }
 
   void OnReadDone(bool ok) override {
@@ -260,11 +253,8 @@ class StoreService::SessionReactor final : public StoreService::ReplySink,
   bool OverBoundsLocked() const {
     const StoreServiceOptions& options = service_->options_;
     if (queued_ >= options.max_queued_replies_per_session) return true;
-    if (queued_bytes_ >= options.max_queued_reply_bytes_per_session) return true;
-    // A session with nothing queued has no write to resume it, and adds
-    // nothing to the total.
-    return queued_bytes_ > 0 &&
-           service_->queued_reply_bytes_.load() >= options.max_queued_reply_bytes;
+    return service_->OverReplyBounds(queued_bytes_,
+                                     options.max_queued_reply_bytes_per_session);
   }
 
   // REQUIRES: mu_ held.
@@ -710,6 +700,18 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       break;
   }
   return true;
+}
+
+bool StoreService::OverReplyBounds(size_t own, size_t own_max) const {
+  if (own >= own_max) return true;
+  return own > 0 && queued_reply_bytes_.load() >= options_.max_queued_reply_bytes;
+}
+
+size_t StoreService::ReplyRoom(size_t own, size_t own_max) const {
+  const size_t total = queued_reply_bytes_.load();
+  const size_t total_max = options_.max_queued_reply_bytes;
+  return std::min(own_max > own ? own_max - own : 0,
+                  total_max > total ? total_max - total : 0);
 }
 
 bool StoreService::RoomToPark(ReplySink* session, StoreResponse* reply) {

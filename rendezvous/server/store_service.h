@@ -141,8 +141,12 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // bounds the sum).
   void AddQueuedReplyBytes(size_t bytes) { queued_reply_bytes_.fetch_add(bytes); }
   void SubtractQueuedReplyBytes(size_t bytes) { queued_reply_bytes_.fetch_sub(bytes); }
-  size_t queued_reply_bytes() const { return queued_reply_bytes_.load(); }
-  const StoreServiceOptions& options() const { return options_; }
+  // For a session with `own` reply bytes queued and a bound of `own_max`:
+  // whether it is over that bound or (while it holds some of those bytes,
+  // so that a write of its own will resume it) over the bound of all
+  // sessions; and the bytes it may still queue within both.
+  bool OverReplyBounds(size_t own, size_t own_max) const;
+  size_t ReplyRoom(size_t own, size_t own_max) const;
 
   // One client stream, of either protocol; defined in the .cc.
   template <typename In, typename Out>

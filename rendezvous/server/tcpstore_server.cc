@@ -288,13 +288,9 @@ class TcpStoreServer::Impl::Connection final
     has_deferred_ = true;
   }
   size_t RoomBytes() override {
-    const size_t total = server_->store_.queued_reply_bytes();
-    const size_t total_max = server_->store_.options().max_queued_reply_bytes;
     std::lock_guard<std::mutex> lock(mu_);
-    const size_t own = out_bytes_ + held_bytes_;
-    const size_t own_max = server_->options_.max_queued_reply_bytes;
-    return std::min(own_max > own ? own_max - own : 0,
-                    total_max > total ? total_max - total : 0);
+    return server_->store_.ReplyRoom(out_bytes_ + held_bytes_,
+                                     server_->options_.max_queued_reply_bytes);
   }
   // c10d's client has at most one blocking query out at a time.
   size_t MaxParkedWaits() override { return server_->options_.max_parked_waits; }
@@ -364,14 +360,10 @@ class TcpStoreServer::Impl::Connection final
     return OverBoundsLocked();
   }
 
-  // REQUIRES: mu_ held. Over this connection's bound, or over the bound of
-  // all sessions together while holding some of those bytes (one with none
-  // has no write whose end would resume it).
+  // REQUIRES: mu_ held.
   bool OverBoundsLocked() const {
-    const size_t own = out_bytes_ + held_bytes_;
-    if (own > server_->options_.max_queued_reply_bytes) return true;
-    return own > 0 && server_->store_.queued_reply_bytes() >=
-                          server_->store_.options().max_queued_reply_bytes;
+    return server_->store_.OverReplyBounds(out_bytes_ + held_bytes_,
+                                           server_->options_.max_queued_reply_bytes);
   }
 
   // REQUIRES: mu_ held.
