@@ -60,10 +60,21 @@ struct Query {
   int64_t number = 0;
 };
 
+// The largest query to admit with these field limits: compare_set with its
+// key and both values at their limits (a type byte, three lengths, the
+// bytes), and a margin. A multi_set's or multi_get's entries share it.
+inline constexpr size_t kQueryBytesMargin = 1 << 20;
+constexpr size_t MaxQueryBytesFor(size_t max_key_bytes, size_t max_value_bytes) {
+  return 1 + 3 * 8 + max_key_bytes + 2 * max_value_bytes + kQueryBytesMargin;
+}
+
 struct WireLimits {
   size_t max_key_bytes = 8192;
   size_t max_value_bytes = 64 << 20;
   size_t max_keys_per_query = 128 << 10;
+  // A whole query, type byte and every length included (129 MiB + 8,217 B by
+  // default): what one query can make a connection buffer.
+  size_t max_query_bytes = MaxQueryBytesFor(8192, 64 << 20);
 };
 
 struct ParseResult {
@@ -81,8 +92,65 @@ struct ParseResult {
 
 // Parses the query at the front of `data`. A kIncomplete result says how many
 // bytes the parse needs before it can get further, so a caller that buffers a
-// large value parses it once, not once per chunk.
+// large value parses it once, not once per chunk. Each call starts from the
+// query's first byte: a caller that reads a query of many fields in many
+// chunks finds its end with a FrameScanner first.
 ParseResult ParseQuery(std::string_view data, const WireLimits& limits);
+
+struct ScanResult {
+  enum class Kind {
+    kFrame,       // the query is the first `frame_bytes` bytes, all there
+    kIncomplete,  // more bytes are needed: at least `needed` in all
+    kBad,         // not a query; `error` says why, as ParseQuery would
+  };
+  Kind kind = Kind::kIncomplete;
+  size_t frame_bytes = 0;
+  // kIncomplete: where the next length prefix ends or, once the last field's
+  // length is known, the query's exact size.
+  size_t needed = 0;
+  std::string error;
+};
+
+// Finds where the query at the front of a stream ends by walking only its
+// type byte, counts and length prefixes, and keeps its place between calls:
+// fed a query as it arrives, a read at a time, it looks at each prefix once,
+// so finding the end of a query of n fields costs O(n) in all, however many
+// reads bring it. The caller then parses the frame once (ParseQuery), which
+// agrees with the scan on where it ends and on what is bad.
+//
+// Not thread-safe; one per connection.
+class FrameScanner {
+ public:
+  explicit FrameScanner(const WireLimits& limits) : limits_(limits) {}
+
+  // REQUIRES: `data` starts at the query's first byte and holds at least the
+  // bytes of the previous call since Reset() (they may have moved).
+  ScanResult Scan(std::string_view data);
+  // For the query after the one just found.
+  void Reset();
+  // Fields looked at since construction (the type byte counts as one): the
+  // work done, for tests.
+  uint64_t steps() const { return steps_; }
+
+ private:
+  enum class Field : uint8_t { kU32, kI64, kCount, kKey, kValue };
+  enum class Phase : uint8_t { kType, kHead, kItems, kDone };
+  void SetLayout(QueryType type);
+  ScanResult Bad(std::string error) const;
+  void Advance();  // past the field just scanned
+
+  WireLimits limits_;
+  Phase phase_ = Phase::kType;
+  QueryType type_ = QueryType::kValidate;
+  const Field* head_ = nullptr;  // the fields before the repeated items
+  size_t head_size_ = 0;
+  const Field* item_ = nullptr;  // the fields of one repeated item
+  size_t item_size_ = 0;
+  size_t field_ = 0;         // index into head_ or item_
+  uint64_t items_left_ = 0;  // kItems: items not yet scanned, this one included
+  size_t pos_ = 0;           // where the next field starts
+  uint64_t steps_ = 0;
+};
 
 // Reply encoders, appending to `out`.
 void AppendU8(std::string* out, uint8_t value);

@@ -3,16 +3,38 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include "absl/strings/str_cat.h"
 #include "rendezvous/core/state_codec.h"
+#include "rendezvous/server/fd_limit.h"
 #include "rendezvous/status/build_info.h"
 #include "rendezvous/status/status_http.h"
 #include "rendezvous/status/status_render.h"
 
 namespace meshrun::rdzv {
 
+namespace {
+
+void LogDescriptors(const DescriptorLimit& limit, const std::string& caps) {
+  if (limit.soft != limit.soft_before) {
+    spdlog::info("file descriptors: soft limit raised from {} to {} (the hard limit){}",
+                 limit.soft_before, limit.soft, caps);
+  } else {
+    spdlog::info("file descriptors: soft limit {} (hard {}){}", limit.soft, limit.hard,
+                 caps);
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
+  // Every client takes a descriptor; the soft limit is often 1,024.
+  const absl::StatusOr<DescriptorLimit> descriptors = RaiseDescriptorLimit();
+  if (!descriptors.ok()) {
+    spdlog::warn("{}; serving with that soft limit",
+                 std::string(descriptors.status().message()));
+  }
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->host_ = options.host;
   daemon->store_ = std::make_unique<StoreService>(options.store);
@@ -73,6 +95,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     front.limits.max_key_bytes = options.store.limits.max_key_bytes;
     front.limits.max_value_bytes = options.store.limits.max_value_bytes;
     front.limits.max_keys_per_query = options.store.limits.max_keys_per_request;
+    front.limits.max_query_bytes = tcpstore::MaxQueryBytesFor(
+        front.limits.max_key_bytes, front.limits.max_value_bytes);
+    front.handshake_timeout = options.handshake_timeout;
+    front.max_connections = options.max_connections;
+    if (front.max_connections == 0) {
+      rlimit limit{};
+      front.max_connections =
+          ConnectionCapFor(getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur : 1024);
+    }
+    front.max_connections_per_peer = options.max_connections_per_peer;
     front.max_queued_reply_bytes = options.store.max_queued_reply_bytes_per_session;
     grpc::Server* grpc_server = daemon->server_.get();
     front.on_grpc_fd = [grpc_server](int fd) {
@@ -82,11 +114,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     front.namespace_for = [rendezvous](const std::string& /*peer*/) {
       return rendezvous->TcpStoreNamespace();
     };
+    const std::string caps = absl::StrCat(
+        "; the port takes at most ", front.max_connections, " connections, ",
+        front.max_connections_per_peer, " from one address, handshakes within ",
+        front.handshake_timeout.count(), " ms");
     auto served = TcpStoreServer::Start(std::move(front), *daemon->store_);
     if (!served.ok()) return served.status();
+    if (descriptors.ok()) LogDescriptors(*descriptors, caps);
     daemon->tcpstore_ = std::move(*served);
     daemon->port_ = daemon->tcpstore_->port();
   }
+  if (descriptors.ok() && !daemon->tcpstore_) LogDescriptors(*descriptors, "");
   if (!daemon->server_ || daemon->port_ == 0) {
     return absl::UnavailableError(
         "cannot listen on " + address +

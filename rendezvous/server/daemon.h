@@ -59,11 +59,19 @@ struct DaemonOptions {
   // wakeups cost more than the second thread gives (store_bench: 1 client
   // 38 vs 64 us a round trip from Python).
   int tcpstore_threads = 1;
+  // While the TCPStore front-end owns the port (TcpStoreServerOptions): how
+  // long a connection may take to send its first byte and, for TCPStore, its
+  // VALIDATE; the caps on connections open there, in all (0: from the
+  // descriptor limit, ConnectionCapFor) and from one address.
+  std::chrono::milliseconds handshake_timeout{30000};
+  size_t max_connections = 0;
+  size_t max_connections_per_peer = 16384;
 };
 
 class Daemon {
  public:
-  // Loads the state dir (if any), binds and starts serving. UNAVAILABLE if
+  // Raises the soft descriptor limit to the hard one (fd_limit.h), loads the
+  // state dir (if any), binds and starts serving. UNAVAILABLE if
   // the address cannot be bound; the state dir's errors (in use, damaged,
   // unwritable) keep their own codes, and nothing is served.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions options);

@@ -113,6 +113,21 @@ int main(int argc, char** argv) {
                  "I/O threads of the TCPStore protocol's front-end")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  int handshake_timeout_ms = static_cast<int>(options.handshake_timeout.count());
+  app.add_option("--handshake-timeout-ms", handshake_timeout_ms,
+                 "A connection to the port that sends no first byte, or a TCPStore "
+                 "client that sends no VALIDATE, within this long is closed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-connections", options.max_connections,
+                 "Connections the port holds open, counting those whose first byte has "
+                 "not come (0: the descriptor limit, which the daemon raises to the hard "
+                 "one at start, less a quarter (at least 256) kept for gRPC and files)")
+      ->capture_default_str();
+  app.add_option("--max-connections-per-peer", options.max_connections_per_peer,
+                 "Connections the port holds open from one address")
+      ->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
   app.add_option("--log-level", log_level)
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   try {
@@ -139,6 +154,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   options.store.default_timeout = std::chrono::seconds(default_timeout_s);
   options.closed_run_retention = std::chrono::seconds(retention_s);
+  options.handshake_timeout = std::chrono::milliseconds(handshake_timeout_ms);
   options.max_message_bytes = limits.max_value_bytes + limits.max_key_bytes + (1 << 20);
 
   // Block the shutdown signals in every thread (gRPC's inherit this mask) and

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <boost/asio/executor_work_guard.hpp>
@@ -14,13 +15,16 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "rendezvous/server/fd_limit.h"
 
 namespace meshrun::rdzv {
 
@@ -31,14 +35,27 @@ using meshrun::v1::StoreResponse;
 using tcpstore::ParseResult;
 using tcpstore::Query;
 using tcpstore::QueryType;
+using tcpstore::ScanResult;
 
 namespace {
 
 // Why a connection was closed by the daemon, for the metric.
-enum class Refusal { kHandshake, kBadQuery, kStoreError, kNoNamespace, kGrpcOff, kCount };
+enum class Refusal {
+  kHandshake,
+  kBadQuery,
+  kStoreError,
+  kNoNamespace,
+  kGrpcOff,
+  kHandshakeTimeout,  // no first byte, or no VALIDATE, within handshake_timeout
+  kConnectionCap,     // max_connections open
+  kPeerCap,           // max_connections_per_peer open from its address
+  kCount
+};
 const char* ToString(Refusal r) {
-  static const char* const kNames[] = {"handshake", "bad_query", "store_error",
-                                       "no_namespace", "grpc_off"};
+  static const char* const kNames[] = {"handshake",      "bad_query", "store_error",
+                                       "no_namespace",   "grpc_off",  "handshake_timeout",
+                                       "connection_cap", "peer_cap"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Refusal::kCount));
   return kNames[static_cast<int>(r)];
 }
 
@@ -46,9 +63,13 @@ const char* ToString(Refusal r) {
 // cancel_wait), so a parked wait lasts until then, or its connection ends.
 constexpr uint32_t kNoTimeoutMs = std::numeric_limits<uint32_t>::max();
 // A connection's read buffer starts small (10,000 idle clients cost 40 MiB)
-// and grows to the query it reads.
+// and grows to the query it reads, doubling (so a query that comes in many
+// reads is copied O(log n) times), up to WireLimits::max_query_bytes. Once
+// the query is served, a buffer above kMaxIdleReadBuffer is given back.
 constexpr size_t kMinReadBuffer = 4 << 10;
-constexpr size_t kMaxReadBuffer = 16 << 20;
+constexpr size_t kMaxIdleReadBuffer = 1 << 20;
+// Cap refusals come in floods: logged once per interval, with a count.
+constexpr std::chrono::seconds kRefusalLogInterval{10};
 
 // The connection whose query this thread is running (see SendAll).
 thread_local const void* tls_dispatching = nullptr;
@@ -88,7 +109,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
           if (!ec) {
             if (std::exchange(self->accept_failing_, false))
               spdlog::info("tcpstore: accepting connections again");
-            self->Classify(std::move(socket));
+            self->Admit(std::move(socket));
             self->Accept();
             return;
           }
@@ -106,47 +127,154 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
         });
   }
 
-  // Waits for the first byte without taking it, then hands the socket to
-  // gRPC or to a TCPStore connection.
-  void Classify(tcp::socket socket) {
-    auto peeked = std::make_shared<tcp::socket>(std::move(socket));
+  // A socket accepted and not yet classified: it counts against the caps
+  // from here until it closes or is handed to gRPC.
+  struct Unclassified {
+    Unclassified(tcp::socket s, std::string from,
+                 std::chrono::steady_clock::time_point by)
+        : socket(std::move(s)),
+          timer(socket.get_executor()),
+          peer(std::move(from)),
+          deadline(by) {}
+    tcp::socket socket;
+    asio::steady_timer timer;  // the handshake timeout
+    std::string peer;          // its address, the per-peer count's key
+    std::chrono::steady_clock::time_point deadline;  // for the first byte and VALIDATE
+    bool classified = false;  // on its strand: the first byte came first
+  };
+
+  // Counts a new connection against the caps, or closes it at once.
+  void Admit(tcp::socket socket) {
+    boost::system::error_code ec;
+    const auto remote = socket.remote_endpoint(ec);
+    std::string peer = ec ? "unknown" : remote.address().to_string();
+    std::optional<Refusal> refused;
+    size_t open = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
-      classifying_.insert(peeked);
+      size_t& from_peer = per_peer_[peer];
+      if (admitted_ >= options_.max_connections) {
+        refused = Refusal::kConnectionCap;
+        open = admitted_;
+      } else if (from_peer >= options_.max_connections_per_peer) {
+        refused = Refusal::kPeerCap;
+        open = from_peer;
+      } else {
+        ++admitted_;
+        ++from_peer;
+      }
+      if (from_peer == 0) per_peer_.erase(peer);
     }
-    peeked->async_wait(tcp::socket::wait_read,
-                       [self = shared_from_this(), peeked](boost::system::error_code ec) {
-                         {
-                           std::lock_guard<std::mutex> lock(self->mu_);
-                           self->classifying_.erase(peeked);
-                         }
-                         if (!ec && !self->stopping_) self->Route(*peeked);
-                       });
+    if (refused) {
+      Refuse(*refused);
+      socket.close(ec);
+      return LogCapRefusal(*refused, peer, open);
+    }
+    Classify(std::move(socket), std::move(peer));
+  }
+
+  // Gives back a connection's place under the caps (it closed, or went to
+  // gRPC). Any thread, without mu_ held.
+  void Release(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --admitted_;
+    auto it = per_peer_.find(peer);
+    if (it != per_peer_.end() && --it->second == 0) per_peer_.erase(it);
+  }
+
+  // On the accept path (one accept at a time): the first refusal of a
+  // streak, then one line per kRefusalLogInterval with the count left out.
+  void LogCapRefusal(Refusal why, const std::string& peer, size_t open) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_refusal_log_ < kRefusalLogInterval) {
+      ++refusals_unlogged_;
+      return;
+    }
+    const bool total = why == Refusal::kConnectionCap;
+    spdlog::warn(
+        "tcpstore: closing a new connection from {}: {} connections open{} (the limit, "
+        "{}){}",
+        peer, open, total ? "" : " from that address",
+        total ? "--max-connections" : "--max-connections-per-peer",
+        refusals_unlogged_ > 0
+            ? absl::StrCat("; ", refusals_unlogged_, " more refused since the last line")
+            : std::string());
+    last_refusal_log_ = now;
+    refusals_unlogged_ = 0;
+  }
+
+  // Waits for the first byte without taking it, then hands the socket to
+  // gRPC or to a TCPStore connection; closes it if none comes in time.
+  void Classify(tcp::socket socket, std::string peer) {
+    auto pending = std::make_shared<Unclassified>(
+        std::move(socket), peer,
+        std::chrono::steady_clock::now() + options_.handshake_timeout);
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping = stopping_;
+      if (!stopping) classifying_.insert(pending);
+    }
+    if (stopping) return Release(peer);
+    pending->timer.expires_at(pending->deadline);
+    pending->timer.async_wait([self = shared_from_this(), weak = std::weak_ptr(pending)](
+                                  boost::system::error_code ec) {
+      auto silent = weak.lock();
+      if (ec || !silent || silent->classified) return;
+      spdlog::info(
+          "tcpstore: a connection from {} sent nothing in {} ms; closing it "
+          "(--handshake-timeout-ms)",
+          silent->peer, self->options_.handshake_timeout.count());
+      self->Refuse(Refusal::kHandshakeTimeout);
+      boost::system::error_code close_ec;
+      silent->socket.close(close_ec);  // ends the wait below
+    });
+    pending->socket.async_wait(
+        tcp::socket::wait_read,
+        [self = shared_from_this(), pending](boost::system::error_code ec) {
+          pending->classified = true;
+          pending->timer.cancel();
+          {
+            std::lock_guard<std::mutex> lock(self->mu_);
+            self->classifying_.erase(pending);
+          }
+          const bool kept = !ec && !self->stopping_ && self->Route(*pending);
+          if (!kept) self->Release(pending->peer);
+        });
   }
 
   // With the first byte there: gRPC's connections go to gRPC, the rest are
-  // TCPStore clients.
-  void Route(tcp::socket& socket) {
+  // TCPStore clients. True when a TCPStore connection took the socket (and
+  // its place under the caps).
+  bool Route(Unclassified& pending) {
+    tcp::socket& socket = pending.socket;
     char first = 0;
     boost::system::error_code ec;
     const size_t n =
         socket.receive(asio::buffer(&first, 1), tcp::socket::message_peek, ec);
-    if (ec || n == 0) return;  // closed before a byte: nothing to serve
-    if (first != 'P') return StartConnection(std::move(socket));
+    if (ec || n == 0) return false;  // closed before a byte: nothing to serve
+    if (first != 'P') {
+      StartConnection(std::move(socket), pending.peer, pending.deadline);
+      return true;
+    }
     grpc_connections_.Inc();
-    if (!options_.on_grpc_fd) return Refuse(Refusal::kGrpcOff);
+    if (!options_.on_grpc_fd) {
+      Refuse(Refusal::kGrpcOff);
+      return false;
+    }
     // gRPC sets no options on a socket it is handed: without NODELAY, Nagle
     // and delayed ACKs stall its replies ~40 ms. And its endpoints expect a
     // non-blocking fd; a blocking read would stall its poller thread.
     socket.set_option(tcp::no_delay(true), ec);
     const int fd = socket.release(ec);
-    if (ec) return;
+    if (ec) return false;
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     options_.on_grpc_fd(fd);
+    return false;
   }
 
-  void StartConnection(tcp::socket socket);
+  void StartConnection(tcp::socket socket, const std::string& peer,
+                       std::chrono::steady_clock::time_point handshake_deadline);
   void Forget(Connection* connection) {
     std::lock_guard<std::mutex> lock(mu_);
     connections_.erase(connection);
@@ -168,7 +296,14 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   std::unordered_map<Connection*, std::weak_ptr<Connection>>
       connections_;  // guarded by mu_
   // Accepted sockets whose first byte has not come yet.
-  std::unordered_set<std::shared_ptr<tcp::socket>> classifying_;  // guarded by mu_
+  std::unordered_set<std::shared_ptr<Unclassified>> classifying_;  // guarded by mu_
+  // Under the caps: sockets being classified and TCPStore connections, in
+  // all and by peer address. Guarded by mu_.
+  size_t admitted_ = 0;
+  std::unordered_map<std::string, size_t> per_peer_;
+  // LogCapRefusal's, on the accept path.
+  std::chrono::steady_clock::time_point last_refusal_log_;  // none yet: the epoch
+  size_t refusals_unlogged_ = 0;                            // since that line
   Counter tcpstore_connections_;
   Counter grpc_connections_;
   Counter queries_;
@@ -181,17 +316,33 @@ class TcpStoreServer::Impl::Connection final
     : public StoreReplySink,
       public std::enable_shared_from_this<TcpStoreServer::Impl::Connection> {
  public:
-  Connection(std::shared_ptr<Impl> server, tcp::socket socket)
-      : server_(std::move(server)), socket_(std::move(socket)) {
+  // Takes `socket`'s place under the caps (at `peer`), given back when the
+  // connection is destroyed.
+  Connection(std::shared_ptr<Impl> server, tcp::socket socket, std::string peer,
+             std::chrono::steady_clock::time_point handshake_deadline)
+      : server_(std::move(server)),
+        socket_(std::move(socket)),
+        peer_(std::move(peer)),
+        handshake_timer_(socket_.get_executor()),
+        scanner_(server_->options_.limits) {
     boost::system::error_code ec;
     socket_.set_option(tcp::no_delay(true), ec);
-    const auto remote = socket_.remote_endpoint(ec);
-    peer_ = ec ? "unknown" : remote.address().to_string();
+    handshake_timer_.expires_at(handshake_deadline);
   }
+  ~Connection() override { server_->Release(peer_); }
 
   void Start() {
     server_->store_.OpenSession();
     session_open_ = true;
+    // Weak: a connection that closed goes away without waiting for it.
+    handshake_timer_.async_wait([weak = weak_from_this()](boost::system::error_code ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->validated_) return;
+      self->Log("did not validate within {} ms; closing the connection",
+                self->server_->options_.handshake_timeout.count());
+      self->server_->Refuse(Refusal::kHandshakeTimeout);
+      self->Close();
+    });
     Read();
   }
 
@@ -308,16 +459,26 @@ class TcpStoreServer::Impl::Connection final
         });
   }
 
-  // Moves the unparsed bytes to the front, and grows the buffer to what the
-  // next query needs (a large value is read into place, once).
+  // Moves the unparsed bytes (the start of one query: Process ran the whole
+  // ones) to the front, and sizes the buffer for the rest of the query: its
+  // exact size once the scanner knows it (a large value is read into place,
+  // once), else double (never past the largest query, which the scanner
+  // refuses from its lengths). A large buffer that is no longer needed is
+  // given back.
   void MakeRoom() {
     const size_t pending = in_end_ - in_start_;
     const size_t want = std::max({kMinReadBuffer, need_, pending + kMinReadBuffer / 2});
+    size_t capacity = in_capacity_;
     if (want > in_capacity_) {
-      const size_t capacity = std::max(want, std::min(2 * in_capacity_, kMaxReadBuffer));
-      std::unique_ptr<char[]> grown(new char[capacity]);
-      if (pending > 0) std::memcpy(grown.get(), in_.get() + in_start_, pending);
-      in_ = std::move(grown);
+      const size_t largest = server_->options_.limits.max_query_bytes;
+      capacity = std::max(want, std::min(2 * in_capacity_, largest));
+    } else if (in_capacity_ > kMaxIdleReadBuffer && want <= kMaxIdleReadBuffer) {
+      capacity = want;
+    }
+    if (capacity != in_capacity_) {
+      std::unique_ptr<char[]> resized(new char[capacity]);
+      if (pending > 0) std::memcpy(resized.get(), in_.get() + in_start_, pending);
+      in_ = std::move(resized);
       in_capacity_ = capacity;
     } else if (in_start_ > 0) {
       if (pending > 0) std::memmove(in_.get(), in_.get() + in_start_, pending);
@@ -336,18 +497,30 @@ class TcpStoreServer::Impl::Connection final
       }
       const std::string_view pending(in_.get() + in_start_, in_end_ - in_start_);
       if (pending.size() < need_) break;
-      ParseResult parsed = tcpstore::ParseQuery(pending, server_->options_.limits);
-      if (parsed.kind == ParseResult::Kind::kIncomplete) {
-        need_ = parsed.needed;
+      // The scanner resumes where the last read left it; the query is parsed
+      // once, whole.
+      const ScanResult scan = scanner_.Scan(pending);
+      if (scan.kind == ScanResult::Kind::kIncomplete) {
+        need_ = scan.needed;
         break;
       }
-      if (parsed.kind == ParseResult::Kind::kBad) {
+      ParseResult parsed;
+      if (scan.kind == ScanResult::Kind::kFrame) {
+        parsed = tcpstore::ParseQuery(pending.substr(0, scan.frame_bytes),
+                                      server_->options_.limits);
+        if (parsed.kind != ParseResult::Kind::kQuery && parsed.error.empty())
+          parsed.error = "the query's fields do not fill its frame";  // never expected
+      } else {
+        parsed.error = scan.error;
+      }
+      if (parsed.kind != ParseResult::Kind::kQuery) {
         Log("sent a bad query ({}); closing the connection", parsed.error);
         server_->Refuse(validated_ ? Refusal::kBadQuery : Refusal::kHandshake);
         return Close();
       }
       in_start_ += parsed.consumed;
       need_ = 1;
+      scanner_.Reset();
       Dispatch(std::move(parsed.query));
     }
     if (closed_) return;
@@ -416,6 +589,7 @@ class TcpStoreServer::Impl::Connection final
       }
       ns_ = *ns;
       validated_ = true;
+      handshake_timer_.cancel();
       return;
     }
     StoreRequest request;
@@ -661,6 +835,7 @@ class TcpStoreServer::Impl::Connection final
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
+    handshake_timer_.cancel();
     if (session_open_) server_->store_.EndSession(this);
     server_->Forget(this);
   }
@@ -673,7 +848,9 @@ class TcpStoreServer::Impl::Connection final
 
   std::shared_ptr<Impl> server_;
   tcp::socket socket_;
-  std::string peer_;
+  const std::string peer_;              // its address: the per-peer cap's key
+  asio::steady_timer handshake_timer_;  // until it validates
+  tcpstore::FrameScanner scanner_;      // where the query being read ends
   // Strand-only: the read side.
   std::unique_ptr<char[]> in_;
   size_t in_capacity_ = 0;
@@ -704,8 +881,11 @@ class TcpStoreServer::Impl::Connection final
   std::shared_ptr<Connection> keepalive_;  // while replies are held for the log
 };
 
-void TcpStoreServer::Impl::StartConnection(tcp::socket socket) {
-  auto connection = std::make_shared<Connection>(shared_from_this(), std::move(socket));
+void TcpStoreServer::Impl::StartConnection(
+    tcp::socket socket, const std::string& peer,
+    std::chrono::steady_clock::time_point handshake_deadline) {
+  auto connection = std::make_shared<Connection>(shared_from_this(), std::move(socket),
+                                                 peer, handshake_deadline);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
@@ -723,7 +903,7 @@ void TcpStoreServer::Impl::Stop() {
     self->accept_retry_.cancel();
   });
   std::vector<std::shared_ptr<Connection>> open;
-  std::vector<std::shared_ptr<tcp::socket>> unclassified;
+  std::vector<std::shared_ptr<Unclassified>> unclassified;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [raw, weak] : connections_)
@@ -731,10 +911,12 @@ void TcpStoreServer::Impl::Stop() {
     unclassified.assign(classifying_.begin(), classifying_.end());
   }
   for (auto& c : open) c->Shutdown();
-  for (auto& socket : unclassified) {
-    asio::post(socket->get_executor(), [socket] {
+  for (auto& pending : unclassified) {
+    // The timer's executor: the socket may be moving to a connection.
+    asio::post(pending->timer.get_executor(), [pending] {
       boost::system::error_code ec;
-      socket->close(ec);
+      pending->socket.close(ec);
+      pending->timer.cancel();
     });
   }
 }
@@ -761,18 +943,33 @@ void TcpStoreServer::Impl::CollectMetrics(std::vector<MetricFamily>* out) {
   MetricFamily refused{"meshrun_tcpstore_connections_refused_total",
                        "TCPStore protocol connections the daemon closed, by reason: a "
                        "wrong handshake, a malformed or oversized query, a request the "
-                       "store refused, no run to serve, or gRPC not served there.",
+                       "store refused, no run to serve, gRPC not served there, no first "
+                       "byte or VALIDATE within the handshake timeout, or (any protocol, "
+                       "before its first byte) over the cap of connections in all or "
+                       "from one address.",
                        "counter"};
+  MetricFamily caps{"meshrun_daemon_connections_max",
+                    "The caps on connections open on the daemon's port (TCPStore "
+                    "clients and connections whose first byte has not come), in all "
+                    "and from one address.",
+                    "gauge"};
+  caps.Add({{"scope", "total"}}, static_cast<double>(options_.max_connections));
+  caps.Add({{"scope", "peer"}}, static_cast<double>(options_.max_connections_per_peer));
   for (int i = 0; i < static_cast<int>(Refusal::kCount); ++i)
     refused.Add({{"reason", ToString(static_cast<Refusal>(i))}},
                 static_cast<double>(refused_[i].value()));
-  for (MetricFamily* f : {&connections, &open, &queries, &refused})
+  for (MetricFamily* f : {&connections, &open, &queries, &refused, &caps})
     out->push_back(std::move(*f));
 }
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     TcpStoreServerOptions options, StoreService& store) {
   const int threads = std::max(1, options.io_threads);
+  if (options.max_connections == 0) {
+    rlimit limit{};
+    const uint64_t soft = getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur : 1024;
+    options.max_connections = ConnectionCapFor(soft);
+  }
   auto impl = std::make_shared<Impl>(std::move(options), store);
   // Bound before a server exists: one that failed here has nothing to stop
   // (a Stop would queue its close in an io_context no thread ever runs).

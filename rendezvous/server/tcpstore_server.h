@@ -15,11 +15,14 @@
 // so they share the gRPC store's limits, waiters, metrics and state log.
 // A connection that sends garbage, a wrong handshake, an oversized field or
 // a request the store refuses is closed (as torch's server does) and
-// counted; the daemon and every other client go on.
+// counted; the daemon and every other client go on. So is one that says
+// nothing (or never validates) for handshake_timeout, and one over the
+// connection caps.
 //
 // Thread-safe. Stop() before the StoreService goes away.
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -44,6 +47,18 @@ struct TcpStoreServerOptions {
   // one at most); past it the connection is closed as for any refusal.
   size_t max_parked_waits = 16;
   int io_threads = 1;
+  // A connection is closed when its first byte (which tells gRPC from
+  // TCPStore) or, for a TCPStore client, its VALIDATE has not come this long
+  // after it was accepted. A validated connection may idle for ever: torch's
+  // client sends nothing between calls, for hours during training.
+  std::chrono::milliseconds handshake_timeout{30000};
+  // Connections open on the port, counting sockets whose first byte has not
+  // come (a gRPC connection stops counting when it is handed over): a new
+  // one over either cap is closed at once. 0: ConnectionCapFor(the soft
+  // descriptor limit at Start). Per peer address: above the 10,000
+  // TCPStore clients bench/ runs from 127.0.0.1.
+  size_t max_connections = 0;
+  size_t max_connections_per_peer = 16384;
   // The store namespace of a connection from `peer` (its address), asked
   // once, when it validates; an error closes the connection.
   std::function<absl::StatusOr<std::string>(const std::string& peer)> namespace_for;

@@ -25,12 +25,40 @@ using meshrun::rdzv::tcpstore::ParseResult;
 using meshrun::rdzv::tcpstore::Query;
 using meshrun::rdzv::tcpstore::QueryType;
 
+// The front-end finds a query's end with FrameScanner as its bytes arrive:
+// fed them a byte at a time, it must end the query where ParseQuery does, and
+// refuse what ParseQuery refuses with the same line. (Short of a whole
+// query, it may refuse one from a length before the parse gets there.)
+void CheckScanner(std::string_view data, const ParseResult& parsed,
+                  const meshrun::rdzv::tcpstore::WireLimits& limits) {
+  using meshrun::rdzv::tcpstore::ScanResult;
+  meshrun::rdzv::tcpstore::FrameScanner scanner(limits);
+  ScanResult scan;
+  for (size_t n = 0; n <= data.size(); ++n) {
+    scan = scanner.Scan(data.substr(0, n));
+    if (scan.kind != ScanResult::Kind::kIncomplete) break;
+  }
+  const bool agree =
+      parsed.kind == ParseResult::Kind::kQuery
+          ? scan.kind == ScanResult::Kind::kFrame && scan.frame_bytes == parsed.consumed
+      : parsed.kind == ParseResult::Kind::kBad
+          ? scan.kind == ScanResult::Kind::kBad && scan.error == parsed.error
+          : scan.kind != ScanResult::Kind::kFrame;
+  if (!agree) {
+    std::fprintf(stderr, "fuzz: the frame scanner and ParseQuery disagree (%s / %s)\n",
+                 scan.error.c_str(), parsed.error.c_str());
+    std::abort();
+  }
+}
+
 void CheckCodec(std::string_view data) {
   meshrun::rdzv::tcpstore::WireLimits limits;
   limits.max_value_bytes = 1 << 20;
   limits.max_keys_per_query = 1024;
+  limits.max_query_bytes = 4 << 20;
   while (!data.empty()) {
     ParseResult r = ParseQuery(data, limits);
+    CheckScanner(data, r, limits);
     if (r.kind != ParseResult::Kind::kQuery) return;
     if (meshrun::rdzv::tcpstore::EncodeQuery(r.query) != data.substr(0, r.consumed)) {
       std::fprintf(stderr, "fuzz: %s does not encode back to its bytes\n",

@@ -131,10 +131,12 @@ bool ChildProcess::Running() {
   return !Wait(std::chrono::milliseconds(0)).has_value();
 }
 
-DaemonProcess::DaemonProcess(std::vector<std::string> extra_args)
+DaemonProcess::DaemonProcess(std::vector<std::string> extra_args,
+                             std::vector<std::string> wrapper)
     : process_([&] {
-        std::vector<std::string> argv{BinDir() + "/meshrun-rdzvd", "--host", "127.0.0.1",
-                                      "--log-level", "warn"};
+        std::vector<std::string> argv = std::move(wrapper);
+        argv.insert(argv.end(), {BinDir() + "/meshrun-rdzvd", "--host", "127.0.0.1",
+                                 "--log-level", "warn"});
         // Port 0 unless the caller names one (a restart on the same port).
         if (std::find(extra_args.begin(), extra_args.end(), "--port") == extra_args.end())
           argv.insert(argv.end(), {"--port", "0"});

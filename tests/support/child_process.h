@@ -46,10 +46,13 @@ class ChildProcess {
   std::optional<int> exit_status_;
 };
 
-// The real meshrun-rdzvd on 127.0.0.1 with a kernel-assigned port.
+// The real meshrun-rdzvd on 127.0.0.1 with a kernel-assigned port; started
+// through `wrapper` when given (a command that execs the rest of its argv,
+// e.g. {"/usr/bin/prlimit", "--nofile=64:64"}: the pid stays the daemon's).
 class DaemonProcess {
  public:
-  explicit DaemonProcess(std::vector<std::string> extra_args = {});
+  explicit DaemonProcess(std::vector<std::string> extra_args = {},
+                         std::vector<std::string> wrapper = {});
   const std::string& endpoint() const { return endpoint_; }
   ChildProcess& process() { return process_; }
   // With --metrics-port: the port of its second stdout line
