@@ -246,7 +246,7 @@ TEST(TcpStoreWireTest, TheScannerAndTheParserRefuseTheSameQueries) {
   EXPECT_EQ(ParseQuery(fits, limits).kind, ParseResult::Kind::kQuery);
   // The default admits it at the default limits.
   EXPECT_GE(WireLimits{}.max_query_bytes, 1 + 3 * 8 + 4096 + 2 * (size_t{64} << 20));
-  EXPECT_EQ(WireLimits{}.max_query_bytes, MaxQueryBytesFor(4096, size_t{64} << 20));
+  EXPECT_EQ(WireLimits{}.max_query_bytes, MaxQueryBytesFor(8192, size_t{64} << 20));
 }
 
 // Mangled queries (bytes overwritten, cut short): fed a byte at a time, the
