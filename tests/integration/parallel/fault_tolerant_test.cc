@@ -219,15 +219,15 @@ std::ostream& operator<<(std::ostream& out, const Elastic& elastic) {
 
 // One node of an elastic fault-tolerant job (--nnodes=1:2, two workers),
 // its replicas holding at step holds[i] until dir/hold<i> exists.
-std::unique_ptr<testing::ChildProcess> LaunchNode(const testing::DaemonProcess& daemon,
-                                                  const testing::TempDir& dir,
-                                                  const std::vector<int>& holds,
-                                                  const Elastic& elastic) {
+std::unique_ptr<testing::ChildProcess> LaunchNode(
+    const testing::DaemonProcess& daemon, const testing::TempDir& dir,
+    const std::vector<int>& holds, const Elastic& elastic,
+    const std::string& rdzv_conf = "last_call_timeout=1") {
   std::vector<std::string> argv{
       "/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON, testing::BinDir() + "/meshrun",
       "--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
       "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=elastic",
-      "--rdzv-conf=last_call_timeout=1", "--restart-scope=replica",
+      "--rdzv-conf=" + rdzv_conf, "--restart-scope=replica",
       "--replica-size=" + std::to_string(elastic.replica_size),
       // Any restart would fail the run.
       "--max-restarts=0", "--no-python", testing::BinDir() + "/train_example"};
@@ -384,6 +384,70 @@ TEST_P(ElasticReplicas, ALostNodesGroupsDropOutAndANewcomerTakesTheirPlace) {
   ExpectNoRestartAndVerified(first->output() + newcomer->output(), 80);
   EXPECT_TRUE(
       Contains(first->output() + newcomer->output(), "(30 without every replica)"));
+}
+
+// Issue 27: a node that goes quiet (its agent SIGSTOPped) past its lease
+// loses its slot, but its workers still run. When they arrive at the next
+// step's quorum the daemon refuses them (their admission's slot was
+// vacated), so they neither take their replicas back nor, later, push out
+// the newcomer that takes the slot: the survivors train alone, the
+// newcomer heals and trains with them, and nobody restarts.
+TEST(ElasticReplicasQuiet, WorkersOfANodeThatLostItsSlotAreRefused) {
+  const Elastic elastic{2, "--dp 2 --tp 2", "0", "0,1", {1}};
+  // Leases of 4 s, so that the stopped agent expires soon.
+  const std::string conf =
+      "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=4";
+  testing::TempDir dir;
+  testing::DaemonProcess daemon({"--metrics-port", "0"});
+  const int metrics_port = daemon.ReadMetricsPort();
+  ASSERT_GT(metrics_port, 0);
+  const std::vector<int> holds{10, 30, 50};
+  auto first = LaunchNode(daemon, dir, holds, elastic, conf);
+  ASSERT_TRUE(first->ReadUntil("step 9 loss", std::chrono::seconds(120)))
+      << first->output();
+  auto quiet = LaunchNode(daemon, dir, holds, elastic, conf);
+  AwaitSecondNodeAtTheQuorum(metrics_port);
+  Release(dir, 0);
+  ASSERT_TRUE(first->ReadUntil("step 29 loss", std::chrono::seconds(120)))
+      << first->output();
+  // Its workers hold at step 30 and go on once released; its agent is gone
+  // quiet until its slot is vacated.
+  quiet->Signal(SIGSTOP);
+  const std::string dropped = "meshrun_nodes_dropped_from_active_round_total";
+  const std::string metrics = testing::ScrapeUntil(
+      metrics_port,
+      [&](const std::string& text) { return testing::MetricSample(text, dropped) == 1; },
+      std::chrono::seconds(30));
+  ASSERT_EQ(testing::MetricSample(metrics, dropped), 1) << metrics;
+  Release(dir, 1);
+  ASSERT_TRUE(first->ReadUntil("step 49 loss", std::chrono::seconds(120)))
+      << first->output();
+  auto newcomer = LaunchNode(daemon, dir, holds, elastic, conf);
+  ASSERT_TRUE(newcomer->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
+                                  std::chrono::seconds(60)))
+      << newcomer->output();
+  AwaitSecondNodeAtTheQuorum(metrics_port);
+  Release(dir, 2);
+  ASSERT_EQ(testing::ExitCode(*newcomer, std::chrono::seconds(240)), 0)
+      << newcomer->output();
+  ASSERT_EQ(testing::ExitCode(*first, std::chrono::seconds(240)), 0) << first->output();
+  EXPECT_EQ(CountLines(first->output(), "step 30: replicas 0"), 1) << first->output();
+  ExpectJoinedAt(first->output(), newcomer->output(), 50, elastic);
+  ExpectNoRestartAndVerified(first->output() + newcomer->output(), 80);
+
+  // The quiet node's workers were refused at the quorum: their agent, let
+  // go on, shows what they said (then it is ended: how an expelled agent
+  // winds down is not this test's).
+  quiet->Signal(SIGCONT);
+  for (int rank : {2, 3}) {
+    ASSERT_TRUE(quiet->ReadUntil("is stale: its slot (group rank 1) was vacated",
+                                 std::chrono::seconds(30)))
+        << rank << "\n"
+        << quiet->output();
+  }
+  quiet->Signal(SIGKILL);
+  EXPECT_TRUE(quiet->Wait(std::chrono::seconds(30)));
+  EXPECT_EQ(CountLines(quiet->output(), "verified rank"), 0) << quiet->output();
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ElasticReplicas,
