@@ -169,7 +169,8 @@ std::map<std::string, QuorumServer::Waiting> QuorumServer::WaitingByRun() {
 }
 
 void QuorumServer::SplitCommitLocked(std::vector<QuorumAnswer>& answers) {
-  // One decision at most commits per batch of answers (its voters').
+  // One decision at most commits per batch of answers (its voters'). The
+  // held ones are taken out of parked_, so DeliverLocked skips them.
   std::vector<std::pair<std::pair<uint32_t, uint32_t>, QuorumWaiter>> voters;
   for (const QuorumAnswer& answer : answers) {
     auto* decision = std::get_if<CommitDecision>(&answer.result);
@@ -177,7 +178,9 @@ void QuorumServer::SplitCommitLocked(std::vector<QuorumAnswer>& answers) {
     if (decision && decision->commit && it != parked_.end() && it->second.commit_reply)
       voters.emplace_back(it->second.voter, answer.waiter);
   }
-  if (voters.empty() || ++commits_seen_ != split_commit_) return;
+  // A decision reaches its parked voters at once; a lone answer is a late
+  // or repeated vote of a step decided before, not counted.
+  if (voters.size() < 2 || ++commits_seen_ != split_commit_) return;
   std::sort(voters.begin(), voters.end());
   spdlog::warn("test hook: committed step {} answered to replica {} member {} only",
                commits_seen_, voters.front().first.first, voters.front().first.second);

@@ -10,10 +10,10 @@
 // rendezvous state machine.
 //
 // Test hook: with MESHRUN_TEST_HOOK_SPLIT_COMMIT=<n> in the daemon's
-// environment, the n-th step that commits is answered to its first voter
-// (the lowest replica, then member) only; the other voters' answers are
-// held back until the daemon stops, as if it died between two answers (the
-// test kills it there). Never set it outside tests.
+// environment, the n-th step that commits (with several voters) is answered
+// to its first voter (the lowest replica, then member) only; the other
+// voters' answers are held back until the daemon stops, as if it died
+// between two answers (the test kills it there). Never set it outside tests.
 
 #include <chrono>
 #include <functional>
@@ -86,7 +86,8 @@ class QuorumServer {
   ReplicaQuorum& RunLocked(const std::string& run_id, uint64_t round,
                            std::vector<QuorumAnswer>* answers);
   void DeliverLocked(std::vector<QuorumAnswer>& answers, Finishes* finishes);
-  // The test hook (above): drops from `answers` the commit answers it holds.
+  // The test hook (above): holds back (takes out of parked_) the answers of
+  // all but the first voter of the n-th committed step in `answers`.
   void SplitCommitLocked(std::vector<QuorumAnswer>& answers);
   void PokeLocked();
   std::optional<DeadlineTimer::TimePoint> Tick(DeadlineTimer::TimePoint now);
