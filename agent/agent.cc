@@ -718,6 +718,7 @@ class Agent {
       round.world_size = a.world_size();
       round.restart_count = a.restart_count();
       round.store_prefix = a.store_prefix();
+      round.admission_epoch = a.admission_epoch();
       round.master_host = a.master_host();
       round.master_port = static_cast<int>(a.master_port());
       round.serves_tcpstore = a.serves_tcpstore();

@@ -1,5 +1,6 @@
 #include "rendezvous/core/rendezvous_state.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <tuple>
@@ -204,6 +205,9 @@ struct RendezvousState::Node {
   // ranks sticky across re-forms.
   std::optional<uint32_t> group_rank;
   bool succeeded = false;
+  // Its admission into its slot of the round (see the header); 0 for none
+  // (not a participant, or restored from a record that predates it).
+  uint64_t admission = 0;
   // A participant that succeeded and then left or expired: still counted for
   // the round's success, but no longer live (no events, no lease).
   bool departed = false;
@@ -286,7 +290,17 @@ struct RendezvousState::Run {
   // (an empty id in `participants`, which no node can have), until a
   // newcomer takes one.
   uint32_t vacant = 0;
+  // Admissions given since the epoch began (not persisted: a restore starts
+  // a new epoch); see NextAdmission.
+  uint32_t admissions = 0;
 };
+
+namespace {
+// The next admission epoch of `epoch`'s run (see the header).
+uint64_t NextAdmission(uint64_t epoch, uint32_t* admissions) {
+  return (epoch << 32) | ++*admissions;
+}
+}  // namespace
 
 bool RendezvousState::Deadline::operator<(const Deadline& other) const {
   return std::tie(at, kind, run_id, node_id) <
@@ -572,6 +586,7 @@ void RendezvousState::CompleteRound(Run& run, std::vector<NodeEvent>* events) {
     node.role = Role::kParticipant;
     node.group_rank = rank;
     node.succeeded = false;
+    node.admission = NextAdmission(run.epoch, &run.admissions);
     roster->push_back(ParticipantView{node.info.node_id, node.info.host, rank,
                                       node.info.nproc, static_cast<uint32_t>(rank_base),
                                       node.info.master_port});
@@ -634,6 +649,7 @@ void RendezvousState::AdmitIntoActiveRound(Run& run, Node& node,
   node.role = Role::kParticipant;
   node.group_rank = group_rank;
   node.succeeded = false;
+  node.admission = NextAdmission(run.epoch, &run.admissions);
   ++stats_.joins_into_active_round;
   NodeEvent& event =
       Emit(events, run.id, node.info.node_id, NodeEvent::Kind::kAssigned, run.round);
@@ -649,6 +665,8 @@ Assignment RendezvousState::AssignmentFor(const Run& run, uint32_t group_rank) c
   a.world_size = run.world_size;
   a.restart_count = run.restart_count;
   a.store_prefix = run.store_prefix;
+  if (auto node = run.nodes.find(run.participants[group_rank]); node != run.nodes.end())
+    a.admission_epoch = node->second.admission;
   a.roster = run.roster;
   if (a.group_world_size <= kMaxInlineParticipants) {
     a.participants = *run.roster;
@@ -1037,11 +1055,22 @@ absl::StatusOr<FailureVerdict> RendezvousState::OnFailure(
     return FailureVerdict{true, run.restart_count};
   }
   if (replica) {
-    // A replica group has at least one worker.
-    if (*replica >= run.world_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "failure.replica: ", *replica, " is not below round ", round, "'s world size ",
-          run.world_size, " (replica group = global rank / replica size)"));
+    const uint32_t size = run.options.replica_size;
+    if (size == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("failure.replica: run ", run_id,
+                       " restarts the whole job on a failure (restart scope job)"));
+    }
+    // The node's own groups only: another id would make the step quorum
+    // wait for a group that is not restarting (or does not exist).
+    const ParticipantView& slot = (*run.roster)[*node.group_rank];
+    const uint32_t first = slot.rank_base / size;
+    const uint32_t end = (slot.rank_base + slot.nproc) / size;
+    if (*replica < first || *replica >= end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("failure.replica: ", *replica, " is not one of node ", node_id,
+                       "'s replica groups in round ", round, " (", first, "..", end - 1,
+                       ": its ranks / replica size ", size, ")"));
     }
     if (incarnation) {
       auto counted = run.replica_failures.find(*replica);
@@ -1205,6 +1234,43 @@ std::optional<RdzvTime> RendezvousState::NextDeadline() const {
   return deadlines_.begin()->at;
 }
 
+absl::Status RendezvousState::CheckAdmission(const std::string& run_id, uint32_t rank,
+                                             uint64_t admission) const {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end()) return absl::NotFoundError(absl::StrCat("unknown run ", run_id));
+  if (admission == 0) return absl::OkStatus();
+  const Run& run = *it->second;
+  auto stale = [&](const std::string& why) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "admission epoch ", admission, " of rank ", rank, " is stale: ", why));
+  };
+  if (run.phase != Phase::kActive) {
+    return stale(absl::StrCat("run ", run_id, " is not running a round"));
+  }
+  if (rank >= run.world_size) {
+    return stale(
+        absl::StrCat("round ", run.round, "'s world has ", run.world_size, " ranks"));
+  }
+  // Slots hold ascending ranks by group rank.
+  const auto& roster = *run.roster;
+  auto slot = std::upper_bound(
+      roster.begin(), roster.end(), rank,
+      [](uint32_t r, const ParticipantView& p) { return r < p.rank_base; });
+  const auto group_rank = static_cast<size_t>(slot - roster.begin()) - 1;
+  const std::string& holder = run.participants[group_rank];
+  if (holder.empty()) {
+    return stale(absl::StrCat("its slot (group rank ", group_rank,
+                              ") was vacated: its node was lost"));
+  }
+  auto node = run.nodes.find(holder);
+  if (node != run.nodes.end() && node->second.admission != 0 &&
+      node->second.admission != admission) {
+    return stale(absl::StrCat("its slot (group rank ", group_rank, ") is node ", holder,
+                              "'s since admission ", node->second.admission));
+  }
+  return absl::OkStatus();
+}
+
 std::optional<RunSummary> RendezvousState::Summary(const std::string& run_id) const {
   auto it = runs_.find(run_id);
   if (it == runs_.end()) return std::nullopt;
@@ -1359,7 +1425,8 @@ namespace {
 // deadline; format 1 still reads (as a first incarnation).
 // 3 added the counted replica failures (restart scope "replica").
 // 4 added the restart scope's replica size (earlier formats: scope "job").
-constexpr uint32_t kRunFormat = 4;
+// 5 added the nodes' admission epochs.
+constexpr uint32_t kRunFormat = 5;
 
 void WriteRemaining(codec::ByteWriter& w, const std::optional<RdzvTime>& at,
                     RdzvTime now) {
@@ -1464,6 +1531,15 @@ std::optional<std::string> RendezvousState::EncodeRun(const std::string& run_id,
   }
   // Format 4.
   w.U32(o.replica_size);
+  // Format 5.
+  uint32_t admitted = 0;
+  for (const auto& [id, node] : run.nodes) admitted += node.admission != 0;
+  w.U32(admitted);
+  for (const auto& [id, node] : run.nodes) {
+    if (node.admission == 0) continue;
+    w.Str(id);
+    w.U64(node.admission);
+  }
   return w.Take();
 }
 
@@ -1581,6 +1657,16 @@ absl::Status RendezvousState::RestoreRun(std::string_view bytes, RdzvTime now) {
       }
     }
     if (format >= 4) o.replica_size = r.U32();
+    if (format >= 5) {
+      const uint32_t admitted = r.U32();
+      for (uint32_t i = 0; i < admitted && r.ok(); ++i) {
+        const std::string id = r.Str();
+        const uint64_t admission = r.U64();
+        auto node = run->nodes.find(id);
+        if (node == run->nodes.end()) return damaged("admission of an unknown node");
+        node->second.admission = admission;
+      }
+    }
   } else {
     // Format 1 kept no members apart from the nodes.
     for (const auto& [id, node] : run->nodes)

@@ -34,6 +34,14 @@
 // of the run that took part in no round of it (it was still waiting when the
 // run ended) ran nothing, so a success reaches it as kAborted saying so.
 //
+// Admission epochs: each time a node takes a slot (a round forms, or a
+// newcomer takes a lost node's slot) it gets a number larger than any the
+// run has given before, across restores too (the epoch's, below, in its
+// high 32 bits). Its workers carry it (the step quorum checks it with
+// CheckAdmission), and key their replica groups' store prefixes with it, so
+// that a slot's next occupant never meets the keys or the quorum identity
+// of the one before.
+//
 // Store prefixes ("<run_id>/e<epoch>.r<round>") never repeat for a run id:
 // the epoch grows with every incarnation and every restore (RestoreRun), so
 // a round formed again after a crash lost it cannot meet its old keys.
@@ -114,7 +122,8 @@ struct Assignment {
   uint32_t rank_base = 0;
   uint32_t world_size = 0;
   uint32_t restart_count = 0;
-  std::string store_prefix;  // "<run_id>/e<epoch>.r<round>"
+  std::string store_prefix;      // "<run_id>/e<epoch>.r<round>"
+  uint64_t admission_epoch = 0;  // this node's admission into its slot (above)
   // By group rank; empty when group_world_size > kMaxInlineParticipants.
   std::vector<ParticipantView> participants;
   // The same roster, always set on kAssigned events and shared (not copied)
@@ -241,7 +250,8 @@ class RendezvousState {
   // MESHRUN_REPLICA_RESTARTS), when given, makes a retried report of one
   // failure count once. A report for another round than the active one is
   // acknowledged without a restart, as in ReportFailure. INVALID_ARGUMENT
-  // when `replica` is not below the round's world size.
+  // when the run's scope is not "replica", or `replica` is not one of the
+  // reporting node's own groups (its slot's ranks / replica size).
   absl::StatusOr<FailureVerdict> ReportReplicaFailure(
       const std::string& run_id, const std::string& node_id, uint64_t round,
       uint32_t replica, std::optional<uint32_t> incarnation, const std::string& detail,
@@ -269,6 +279,15 @@ class RendezvousState {
   void Tick(RdzvTime now, std::vector<NodeEvent>* events);
   // When Tick must run next, if anything is pending.
   std::optional<RdzvTime> NextDeadline() const;
+
+  // The step quorum's check of a worker's identity: OK when `admission` is
+  // 0 (not stamped) or the admission of the node that holds global rank
+  // `rank` in the active round. FAILED_PRECONDITION, saying why, when the
+  // run is not active, the rank is outside its world, the rank's slot was
+  // vacated, or another node (or a newer admission) holds it; NOT_FOUND for
+  // an unknown run.
+  absl::Status CheckAdmission(const std::string& run_id, uint32_t rank,
+                              uint64_t admission) const;
 
   std::optional<RunSummary> Summary(const std::string& run_id) const;
   // Every run (or the one named), for the status page and `meshrun status`;

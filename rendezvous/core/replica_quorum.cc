@@ -34,12 +34,35 @@ absl::Status ReplicaQuorum::Arrive(const QuorumArrival& arrival, QuorumWaiter wa
     for (uint32_t r = 0; r < arrival.num_replicas; ++r) replicas_[r];
   }
   Replica& replica = replicas_[arrival.replica];
-  if (arrival.incarnation < replica.incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "quorum: replica ", arrival.replica, " incarnation ", arrival.incarnation,
-        " was replaced by incarnation ", replica.incarnation));
+  // Newer: another node took the slot (a newer admission; its incarnations
+  // count from 0 again), or the group restarted (a newer incarnation).
+  bool newer = false;
+  if (arrival.admission != 0 && replica.admission != 0 &&
+      arrival.admission != replica.admission) {
+    if (arrival.admission < replica.admission) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "quorum: replica ", arrival.replica, " admission ", arrival.admission,
+          " is stale: its slot was taken by admission ", replica.admission));
+    }
+    newer = true;
+  } else {
+    if (arrival.incarnation < replica.incarnation) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "quorum: replica ", arrival.replica, " incarnation ", arrival.incarnation,
+          " was replaced by incarnation ", replica.incarnation));
+    }
+    newer = arrival.incarnation > replica.incarnation;
   }
-  if (arrival.incarnation > replica.incarnation || replica.failed || replica.done) {
+  if (replica.failed && !newer) {
+    // A survivor of the failed incarnation (its agent is stopping it):
+    // reviving the group would make the next quorum wait for the dead member.
+    return absl::FailedPreconditionError(
+        absl::StrCat("quorum: replica ", arrival.replica, " incarnation ",
+                     arrival.incarnation, " failed; only a newer incarnation rejoins"));
+  }
+  if (replica.admission == 0) replica.admission = arrival.admission;
+  if (newer || replica.done) {
+    if (arrival.admission != 0) replica.admission = arrival.admission;
     replica.incarnation = arrival.incarnation;
     replica.failed = false;
     replica.done = false;
@@ -47,7 +70,9 @@ absl::Status ReplicaQuorum::Arrive(const QuorumArrival& arrival, QuorumWaiter wa
     // Members of the replaced incarnation that were still waiting are gone.
     for (auto it = arrived_.begin(); it != arrived_.end();) {
       if (it->first.first == arrival.replica &&
-          it->second.incarnation < arrival.incarnation) {
+          (it->second.incarnation != arrival.incarnation ||
+           (it->second.admission != 0 && arrival.admission != 0 &&
+            it->second.admission != arrival.admission))) {
         out->push_back({it->second.waiter,
                         absl::AbortedError("quorum: replaced by a newer incarnation")});
         it = arrived_.erase(it);
@@ -61,7 +86,11 @@ absl::Status ReplicaQuorum::Arrive(const QuorumArrival& arrival, QuorumWaiter wa
     out->push_back(
         {it->second.waiter, absl::AbortedError("quorum: the same member arrived again")});
   }
-  arrived_[key] = {waiter, deadline, arrival.committed_steps, arrival.incarnation,
+  arrived_[key] = {waiter,
+                   deadline,
+                   arrival.committed_steps,
+                   arrival.incarnation,
+                   arrival.admission,
                    arrival.finished};
   TryForm(/*overdue=*/false, out);
   return absl::OkStatus();
@@ -144,15 +173,17 @@ void ReplicaQuorum::TryForm(bool overdue, std::vector<QuorumAnswer>* out) {
   group_healthy_ = false;  // until this step commits
   formed.group_id = group_id_;
 
-  steps_[formed.quorum_id].participants = complete;
+  Step& step = steps_[formed.quorum_id];
+  step.participants = complete;
+  for (uint32_t r : complete) step.admissions[r] = replicas_[r].admission;
   for (const auto& [key, arrived] : arrived_) out->push_back({arrived.waiter, formed});
   arrived_.clear();
   Prune(out);
 }
 
 absl::Status ReplicaQuorum::Vote(uint64_t quorum_id, uint32_t replica, uint32_t member,
-                                 bool ok, QuorumWaiter waiter, RdzvTime deadline,
-                                 std::vector<QuorumAnswer>* out) {
+                                 bool ok, uint64_t admission, QuorumWaiter waiter,
+                                 RdzvTime deadline, std::vector<QuorumAnswer>* out) {
   auto it = steps_.find(quorum_id);
   if (it == steps_.end()) {
     if (quorum_id >= first_id_ && quorum_id < next_quorum_id_) {
@@ -178,6 +209,13 @@ absl::Status ReplicaQuorum::Vote(uint64_t quorum_id, uint32_t replica, uint32_t 
   if (member >= replica_size_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "commit: member ", member, " of a replica group of ", replica_size_));
+  }
+  if (const uint64_t formed_with = step.admissions[replica];
+      admission != 0 && formed_with != 0 && admission != formed_with) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("commit: replica ", replica, " admission ", admission,
+                     " did not take part in quorum ", quorum_id, " (admission ",
+                     formed_with, " did)"));
   }
   if (step.decision) {
     out->push_back({waiter, *step.decision});

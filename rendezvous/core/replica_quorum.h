@@ -11,8 +11,10 @@
 // deadline with the groups that are complete by then;
 // everyone waiting is told the participants (a late group is not among
 // them and arrives again). A group is live unless reported failed
-// (ReplicaFailed, from its agent); it becomes live again when a new
-// incarnation arrives. A live group that was incomplete when a quorum formed
+// (ReplicaFailed, from its agent); it becomes live again when a newer
+// incarnation arrives (a survivor of the failed one that arrives again is
+// refused: its agent is stopping it, and waiting for it would wait for its
+// dead peer). A live group that was incomplete when a quorum formed
 // at its deadline (hung, or slow) is a straggler: later quorums do not wait
 // for it, so that a group that hangs without dying costs one deadline, not
 // one per step; it is waited for again once all its members are here. The
@@ -26,6 +28,15 @@
 // a participant fails before all its members voted ok, or when a voter's
 // deadline passes. A decision is final, so no replica applies a partly
 // reduced gradient: every vote that could say commit waited for all of them.
+//
+// Admissions: a group's processes carry the admission epoch of their node's
+// slot (rendezvous_state.h's Assignment::admission_epoch), which grows each
+// time a node takes a slot. A group's identity is (admission, incarnation),
+// ordered in that order: an arrival with a newer one replaces the group's
+// waiting members, an older one (the workers of a node that lost its slot,
+// still running) is refused, and so is a vote that names another admission
+// than the one the step's quorum was formed with. Admission 0 (a caller that
+// does not know its own) matches any.
 //
 // Ids: quorum ids and group ids count up from `first_id`, which the daemon
 // takes from its start time, so that they never repeat across daemon
@@ -60,6 +71,7 @@ struct QuorumArrival {
   uint32_t num_replicas = 1;
   uint64_t committed_steps = 0;
   uint32_t incarnation = 0;
+  uint64_t admission = 0;  // 0: unknown (matches any)
   // Trained every step: wait for failed groups as well (QuorumRequest.finished).
   bool finished = false;
 };
@@ -91,16 +103,19 @@ class ReplicaQuorum {
 
   // A member arrives for the next step and waits until `deadline` at most.
   // INVALID_ARGUMENT for a member outside the group or a group size that
-  // differs from the run's; FAILED_PRECONDITION for an incarnation older than
-  // one already seen.
+  // differs from the run's; FAILED_PRECONDITION for an admission or
+  // incarnation older than one already seen, or for the incarnation that
+  // was reported failed.
   absl::Status Arrive(const QuorumArrival& arrival, QuorumWaiter waiter,
                       RdzvTime deadline, std::vector<QuorumAnswer>* out);
 
   // A participant's member votes on quorum `quorum_id`'s step. A decided or
-  // forgotten quorum is answered at once (forgotten: discard).
-  // FAILED_PRECONDITION for a non-participant or a quorum never formed.
+  // forgotten quorum is answered at once (forgotten: discard), so a voter
+  // whose answer was lost can vote again. FAILED_PRECONDITION for a
+  // non-participant, or an `admission` (non-zero) other than the one the
+  // participant arrived with.
   absl::Status Vote(uint64_t quorum_id, uint32_t replica, uint32_t member, bool ok,
-                    QuorumWaiter waiter, RdzvTime deadline,
+                    uint64_t admission, QuorumWaiter waiter, RdzvTime deadline,
                     std::vector<QuorumAnswer>* out);
 
   // The replica group failed (its agent said so): the quorum no longer waits
@@ -127,6 +142,7 @@ class ReplicaQuorum {
  private:
   using Member = std::pair<uint32_t, uint32_t>;  // replica, member
   struct Replica {
+    uint64_t admission = 0;
     uint32_t incarnation = 0;
     bool failed = false;
     bool straggling = false;  // missed an overdue quorum, not complete since
@@ -137,10 +153,12 @@ class ReplicaQuorum {
     RdzvTime deadline;
     uint64_t committed_steps;
     uint32_t incarnation;
+    uint64_t admission;
     bool finished;
   };
   struct Step {
     std::vector<uint32_t> participants;
+    std::map<uint32_t, uint64_t> admissions;  // by participant, when known
     std::map<Member, bool> votes;
     std::vector<std::pair<QuorumWaiter, RdzvTime>> voters;  // parked
     std::optional<CommitDecision> decision;

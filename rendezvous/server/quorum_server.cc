@@ -1,7 +1,12 @@
 #include "rendezvous/server/quorum_server.h"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "rendezvous/server/grpc_status.h"
 
 namespace meshrun::rdzv {
@@ -17,13 +22,25 @@ uint64_t FirstId() {
   return static_cast<uint64_t>(ms) << 12;
 }
 
+uint64_t SplitCommitFromEnvironment() {
+  const char* value = std::getenv("MESHRUN_TEST_HOOK_SPLIT_COMMIT");
+  uint64_t n = 0;
+  if (value == nullptr || !absl::SimpleAtoi(value, &n)) return 0;
+  spdlog::warn(
+      "test hook MESHRUN_TEST_HOOK_SPLIT_COMMIT={}: the answers of committed "
+      "step {} will be held back from all but one voter",
+      n, n);
+  return n;
+}
+
 RdzvTime DeadlineIn(uint32_t timeout_ms) {
   return RdzvClock::now() + std::chrono::milliseconds(timeout_ms);
 }
 
 }  // namespace
 
-QuorumServer::QuorumServer() : next_first_id_(FirstId()) {
+QuorumServer::QuorumServer()
+    : next_first_id_(FirstId()), split_commit_(SplitCommitFromEnvironment()) {
   timer_ = std::make_unique<DeadlineTimer>(
       [this](DeadlineTimer::TimePoint now) { return Tick(now); });
 }
@@ -58,6 +75,7 @@ void QuorumServer::Quorum(grpc::ServerUnaryReactor* reactor,
   arrival.committed_steps = request.committed_steps();
   arrival.incarnation = request.incarnation();
   arrival.finished = request.finished();
+  arrival.admission = request.admission_epoch();
   Park({reactor, reply, nullptr, request.run_id()}, request.run_id(), round,
        [&](ReplicaQuorum& quorum, QuorumWaiter waiter,
            std::vector<QuorumAnswer>* answers) {
@@ -68,12 +86,13 @@ void QuorumServer::Quorum(grpc::ServerUnaryReactor* reactor,
 void QuorumServer::Commit(grpc::ServerUnaryReactor* reactor,
                           const v1::CommitRequest& request, uint64_t round,
                           v1::CommitReply* reply) {
-  Park({reactor, nullptr, reply, request.run_id()}, request.run_id(), round,
+  Park({reactor, nullptr, reply, request.run_id(), {request.replica(), request.member()}},
+       request.run_id(), round,
        [&](ReplicaQuorum& quorum, QuorumWaiter waiter,
            std::vector<QuorumAnswer>* answers) {
          return quorum.Vote(request.quorum_id(), request.replica(), request.member(),
-                            request.ok(), waiter, DeadlineIn(request.timeout_ms()),
-                            answers);
+                            request.ok(), request.admission_epoch(), waiter,
+                            DeadlineIn(request.timeout_ms()), answers);
        });
 }
 
@@ -130,6 +149,11 @@ void QuorumServer::CancelAll() {
     std::vector<QuorumAnswer> answers;
     for (auto& [run_id, run] : runs_) run.quorum->CancelAll(&answers);
     DeliverLocked(answers, &finishes);
+    for (grpc::ServerUnaryReactor* reactor : held_reactors_) {
+      finishes.emplace_back(
+          reactor, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is stopping"));
+    }
+    held_reactors_.clear();
   }
   Finish(finishes);
 }
@@ -144,7 +168,31 @@ std::map<std::string, QuorumServer::Waiting> QuorumServer::WaitingByRun() {
   return waiting;
 }
 
+void QuorumServer::SplitCommitLocked(std::vector<QuorumAnswer>& answers) {
+  // One decision at most commits per batch of answers (its voters'). The
+  // held ones are taken out of parked_, so DeliverLocked skips them.
+  std::vector<std::pair<std::pair<uint32_t, uint32_t>, QuorumWaiter>> voters;
+  for (const QuorumAnswer& answer : answers) {
+    auto* decision = std::get_if<CommitDecision>(&answer.result);
+    auto it = parked_.find(answer.waiter);
+    if (decision && decision->commit && it != parked_.end() && it->second.commit_reply)
+      voters.emplace_back(it->second.voter, answer.waiter);
+  }
+  // A decision reaches its parked voters at once; a lone answer is a late
+  // or repeated vote of a step decided before, not counted.
+  if (voters.size() < 2 || ++commits_seen_ != split_commit_) return;
+  std::sort(voters.begin(), voters.end());
+  spdlog::warn("test hook: committed step {} answered to replica {} member {} only",
+               commits_seen_, voters.front().first.first, voters.front().first.second);
+  for (size_t i = 1; i < voters.size(); ++i) {
+    auto it = parked_.find(voters[i].second);
+    held_reactors_.push_back(it->second.reactor);
+    parked_.erase(it);
+  }
+}
+
 void QuorumServer::DeliverLocked(std::vector<QuorumAnswer>& answers, Finishes* finishes) {
+  if (split_commit_ != 0) SplitCommitLocked(answers);
   for (QuorumAnswer& answer : answers) {
     auto it = parked_.find(answer.waiter);
     if (it == parked_.end()) continue;

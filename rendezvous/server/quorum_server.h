@@ -8,6 +8,12 @@
 //
 // Thread-safe; one mutex of its own, so a parked quorum never holds up the
 // rendezvous state machine.
+//
+// Test hook: with MESHRUN_TEST_HOOK_SPLIT_COMMIT=<n> in the daemon's
+// environment, the n-th step that commits (with several voters) is answered
+// to its first voter (the lowest replica, then member) only; the other
+// voters' answers are held back until the daemon stops, as if it died
+// between two answers (the test kills it there). Never set it outside tests.
 
 #include <chrono>
 #include <functional>
@@ -62,6 +68,7 @@ class QuorumServer {
     meshrun::v1::QuorumReply* quorum_reply;  // one of these two
     meshrun::v1::CommitReply* commit_reply;
     std::string run_id;
+    std::pair<uint32_t, uint32_t> voter{};  // replica, member (commit calls)
   };
   // The calls to finish, filled under mu_ and finished outside it.
   using Finishes = std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>>;
@@ -79,6 +86,9 @@ class QuorumServer {
   ReplicaQuorum& RunLocked(const std::string& run_id, uint64_t round,
                            std::vector<QuorumAnswer>* answers);
   void DeliverLocked(std::vector<QuorumAnswer>& answers, Finishes* finishes);
+  // The test hook (above): holds back (takes out of parked_) the answers of
+  // all but the first voter of the n-th committed step in `answers`.
+  void SplitCommitLocked(std::vector<QuorumAnswer>& answers);
   void PokeLocked();
   std::optional<DeadlineTimer::TimePoint> Tick(DeadlineTimer::TimePoint now);
   static void Finish(Finishes& finishes);
@@ -90,6 +100,11 @@ class QuorumServer {
   std::map<std::string, Run> runs_;        // guarded by mu_
   std::map<QuorumWaiter, Parked> parked_;  // guarded by mu_
   QuorumWaiter next_waiter_ = 1;           // guarded by mu_
+  // The test hook's step (0: off), the steps committed so far, and the
+  // calls it holds back (answered UNAVAILABLE when the daemon stops).
+  const uint64_t split_commit_;
+  uint64_t commits_seen_ = 0;                             // guarded by mu_
+  std::vector<grpc::ServerUnaryReactor*> held_reactors_;  // guarded by mu_
   std::unique_ptr<DeadlineTimer> timer_;
 };
 

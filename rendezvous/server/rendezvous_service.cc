@@ -1,8 +1,11 @@
 #include "rendezvous/server/rendezvous_service.h"
 
+#include <algorithm>
 #include <deque>
+#include <limits>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "rendezvous/core/request_validation.h"
 #include "rendezvous/core/state_codec.h"
 #include "rendezvous/server/grpc_status.h"
@@ -93,6 +96,7 @@ v1::RendezvousEvent ToProto(const NodeEvent& event) {
       m->set_world_size(a.world_size);
       m->set_restart_count(a.restart_count);
       m->set_store_prefix(a.store_prefix);
+      m->set_admission_epoch(a.admission_epoch);
       for (const ParticipantView& p : a.participants) {
         auto* q = m->add_participants();
         q->set_node_id(p.node_id);
@@ -441,6 +445,28 @@ absl::StatusOr<uint64_t> RendezvousService::RoundInProgress(const std::string& r
   return run->round;
 }
 
+absl::StatusOr<uint64_t> RendezvousService::RoundOfCaller(const std::string& run_id,
+                                                          uint64_t rank,
+                                                          uint64_t admission) {
+  absl::StatusOr<uint64_t> round = RoundInProgress(run_id);
+  if (!round.ok() || admission == 0) return round;
+  // Checked again under the lock, with the round: the slot may have changed
+  // hands in between.
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status checked =
+      state_.CheckAdmission(run_id,
+                            static_cast<uint32_t>(std::min<uint64_t>(
+                                rank, std::numeric_limits<uint32_t>::max())),
+                            admission);
+  if (!checked.ok()) {
+    return absl::Status(checked.code(), absl::StrCat("quorum: ", checked.message()));
+  }
+  std::optional<RunSummary> run = state_.Summary(run_id);
+  if (!run)
+    return absl::NotFoundError("run '" + run_id + "' is not known to this daemon");
+  return run->round;
+}
+
 void RendezvousService::ReplicaFailedLocked(const std::string& run_id, uint32_t replica) {
   quorum_.ReplicaFailed(run_id, replica, ReplicaQuorum::Loss::kRestarting);
 }
@@ -451,7 +477,11 @@ grpc::ServerUnaryReactor* RendezvousService::Quorum(grpc::CallbackServerContext*
   if (absl::Status invalid = ValidateQuorumRequest(*request, RequestLimits());
       !invalid.ok())
     return Done(context, invalid);
-  absl::StatusOr<uint64_t> round = RoundInProgress(request->run_id());
+  absl::StatusOr<uint64_t> round =
+      RoundOfCaller(request->run_id(),
+                    static_cast<uint64_t>(request->replica()) * request->replica_size() +
+                        request->member(),
+                    request->admission_epoch());
   if (!round.ok()) return Done(context, round.status());
   auto* reactor = context->DefaultReactor();
   quorum_.Quorum(reactor, *request, *round, reply);

@@ -132,6 +132,9 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   // The round of `run_id` when it is in progress (NOT_FOUND, FAILED_PRECONDITION
   // otherwise). REQUIRES: mu_ not held.
   absl::StatusOr<uint64_t> RoundInProgress(const std::string& run_id);
+  // The same, once RendezvousState::CheckAdmission accepts the caller.
+  absl::StatusOr<uint64_t> RoundOfCaller(const std::string& run_id, uint64_t rank,
+                                         uint64_t admission);
 
   const RendezvousServiceOptions options_;
   std::mutex mu_;

@@ -133,9 +133,14 @@ TEST_F(RendezvousDaemonTest, WorkerFailureRestartsUntilTheBudgetIsSpent) {
 // Restart scope "replica" (issue 18): a replica failure counts against the
 // budget and re-forms nobody; a retried report counts once; a replica group
 // beyond the world is refused and the daemon serves on.
+v1::JoinRequest ReplicaScope(v1::JoinRequest join, uint32_t replica_size) {
+  join.mutable_config()->set_replica_size(replica_size);
+  return join;
+}
+
 TEST_F(RendezvousDaemonTest, ReplicaFailureCountsWithoutReforming) {
-  auto a = client_.Join(MakeJoin("a", 2, 2));
-  auto b = client_.Join(MakeJoin("b", 2, 2));
+  auto a = client_.Join(ReplicaScope(MakeJoin("a", 2, 2, 2, /*hint=*/0), 1));
+  auto b = client_.Join(ReplicaScope(MakeJoin("b", 2, 2, 2, /*hint=*/1), 1));
   const uint64_t round = NextNonWaiting(*a).assigned().round();
   NextNonWaiting(*b);
   v1::FailureReport report;
@@ -147,6 +152,12 @@ TEST_F(RendezvousDaemonTest, ReplicaFailureCountsWithoutReforming) {
   auto verdict = client_.ReportFailure(report);
   EXPECT_EQ(verdict.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(verdict.status().message().find("failure.replica: 4"), std::string::npos)
+      << verdict.status();
+  report.set_replica(1);  // a's group, not b's
+  verdict = client_.ReportFailure(report);
+  EXPECT_EQ(verdict.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(verdict.status().message().find("is not one of node b's replica groups"),
+            std::string::npos)
       << verdict.status();
   report.set_replica(3);
   report.set_replica_restarts(0);
@@ -179,6 +190,42 @@ TEST_F(RendezvousDaemonTest, ReplicaFailureCountsWithoutReforming) {
     EXPECT_EQ(closed.closed().outcome(), v1::OUTCOME_FAILED);
     EXPECT_NE(closed.closed().reason().find("rank 3"), std::string::npos);
   }
+}
+
+// Issue 27: the step quorum checks the admission epoch a worker carries
+// against its rank's slot: the workers of a node that lost its slot are
+// refused, before and after a newcomer takes it; the newcomer's are let in.
+TEST_F(RendezvousDaemonTest, TheStepQuorumRefusesAStaleAdmission) {
+  auto a = client_.Join(ReplicaScope(MakeJoin("a", 1, 2, 2, /*hint=*/0), 2));
+  auto b = client_.Join(ReplicaScope(MakeJoin("b", 1, 2, 2, /*hint=*/1), 2));
+  NextNonWaiting(*a);
+  const v1::RoundAssignment old = NextNonWaiting(*b).assigned();
+  ASSERT_NE(old.admission_epoch(), 0u);
+  ASSERT_EQ(old.rank_base(), 2u);
+  v1::QuorumRequest request;
+  request.set_run_id("job");
+  request.set_replica(1);  // b's ranks 2..3
+  request.set_replica_size(2);
+  request.set_num_replicas(2);
+  request.set_timeout_ms(50);
+  request.set_admission_epoch(old.admission_epoch());
+  auto refused = [&](const std::string& why) {
+    auto reply = client_.Quorum(request);
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kFailedPrecondition)
+        << reply.status();
+    EXPECT_NE(reply.status().message().find(why), std::string::npos) << reply.status();
+  };
+  ASSERT_TRUE(client_.Leave("job", "b").ok());
+  refused("was vacated");
+  auto c = client_.Join(ReplicaScope(MakeJoin("c", 1, 2), 2));
+  const v1::RoundAssignment taken = NextNonWaiting(*c).assigned();
+  EXPECT_EQ(taken.rank_base(), 2u);
+  EXPECT_GT(taken.admission_epoch(), old.admission_epoch());
+  refused("is node c's since admission");
+  // c's own workers are let in (and, alone, wait out their 50 ms).
+  request.set_admission_epoch(taken.admission_epoch());
+  auto reply = client_.Quorum(request);
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kDeadlineExceeded) << reply.status();
 }
 
 TEST_F(RendezvousDaemonTest, SuccessOfEveryNodeClosesTheRun) {

@@ -132,6 +132,9 @@ int64_t KillStep(const KillPlan& kill, int rank, int world_size, int replica,
 struct HoldPlan {
   std::vector<int64_t> steps;
   std::vector<std::string> files;
+  // --say-votes (a test's hook): every rank says when its vote on a step was
+  // answered ("rank R voted on step S").
+  bool say_votes = false;
 };
 
 // Waits up to two minutes for `path` to exist.
@@ -199,9 +202,11 @@ int RunFaultTolerant(TrainOptions options,
                      id->replica_size, id->incarnation, true)
           : -1;
   const bool kills_here = kill_step >= 0;
-  if (kills_here) {
-    ft_options.fault_injection = [&kill, rank, kill_step](const std::string& point,
-                                                          uint64_t step) {
+  if (kills_here || hold.say_votes) {
+    ft_options.fault_injection = [&kill, &hold, rank, kill_step](const std::string& point,
+                                                                 uint64_t step) {
+      if (hold.say_votes && point == "voted")
+        Say("rank " + std::to_string(rank) + " voted on step " + std::to_string(step));
       if (point == kill.point && static_cast<int64_t>(step) == kill_step)
         KillSelf(rank, kill_step, point);
     };
@@ -396,6 +401,9 @@ int main(int argc, char** argv) {
                  "steps waits for the matching --hold-file to exist (repeatable)")
       ->take_all();
   app.add_option("--hold-file", hold.files, "see --hold-at-step")->take_all();
+  app.add_flag("--say-votes", hold.say_votes,
+               "test hook (--fault-tolerant): every rank says when its vote on a step "
+               "was answered");
   CLI11_PARSE(app, argc, argv);
   options.reshard_after_forward = !no_reshard;
   if (hold.steps.size() != hold.files.size() ||

@@ -31,6 +31,18 @@ absl::StatusOr<int> IntFromEnv(const char* name) {
   return parsed;
 }
 
+// An optional unsigned 64-bit variable; 0 when unset.
+absl::StatusOr<uint64_t> U64FromEnv(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return 0;
+  uint64_t parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "=", value, " is not a non-negative integer"));
+  }
+  return parsed;
+}
+
 std::string FirstLine(const std::exception& e) {
   std::string what = e.what();
   return what.substr(0, what.find('\n'));
@@ -130,6 +142,9 @@ absl::StatusOr<ReplicaIdentity> ReplicaIdentityFromEnv(const WorkerEnv& env,
                                                    " is in replica ", id.replica));
   }
   id.incarnation = std::max(0, *restarts);
+  auto admission = U64FromEnv("MESHRUN_ADMISSION_EPOCH");
+  if (!admission.ok()) return admission.status();
+  id.admission = *admission;
   return id;
 }
 
@@ -148,8 +163,12 @@ absl::StatusOr<std::shared_ptr<World>> InitReplicaGroupWorld(const ReplicaIdenti
   env.world_size = id.replica_size;
   options.env = env;
   options.store = StoreKind::kMeshrun;
+  // The admission keeps a slot's occupants apart (each counts its
+  // incarnations from 0): a newcomer must not read a lost group's addresses.
   options.store_prefix =
-      absl::StrCat("ft/replica", id.replica, "/incarnation", id.incarnation, "/");
+      absl::StrCat("ft/replica", id.replica, "/",
+                   id.admission != 0 ? absl::StrCat("admission", id.admission, "/") : "",
+                   "incarnation", id.incarnation, "/");
   return InitProcessGroup("gloo", std::move(options));
 }
 
@@ -193,6 +212,7 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(Trainer& trainer) {
   request.set_incarnation(id_.incarnation);
   request.set_timeout_ms(static_cast<uint32_t>(options_.quorum_timeout.count()));
   request.set_finished(options_.steps > 0 && committed_steps_ >= options_.steps);
+  request.set_admission_epoch(id_.admission);
   // A daemon restarting, or a quorum no group completed: try again for a
   // while (the agent's lease bounds how long a daemon may be away).
   const auto give_up = std::chrono::steady_clock::now() + 3 * options_.quorum_timeout;
@@ -337,18 +357,45 @@ absl::StatusOr<bool> FaultTolerantReplicas::Sync(
   vote.set_member(id_.member);
   vote.set_ok(reduced);
   vote.set_timeout_ms(static_cast<uint32_t>(options_.commit_timeout.count()));
+  vote.set_admission_epoch(id_.admission);
+  // A lost answer (a connection reset, the daemon restarting): vote again;
+  // the daemon answers a decided step with its decision while it keeps it,
+  // and a restarted one says "discard".
+  const auto give_up = std::chrono::steady_clock::now() + 3 * options_.commit_timeout;
   auto decision = daemon_->Commit(vote);
+  while (!decision.ok() && Retryable(decision.status()) &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    decision = daemon_->Commit(vote);
+  }
   if (options_.fault_injection) options_.fault_injection("voted", committed_steps_);
   const std::vector<uint32_t> participants = std::move(participants_);
   participants_.clear();
-  if (!decision.ok() || !decision->commit()) {
-    // Not applied. A replica that did apply it (the daemon restarted
-    // between their answers) is ahead by one: the next quorum heals us.
-    last_discard_reason_ = !decision.ok() ? std::string(decision.status().message())
-                           : !reduced     ? failure
-                                          : decision->reason();
-    return false;
+  bool commit = decision.ok() && decision->commit();
+  last_discard_reason_ = !decision.ok() ? std::string(decision.status().message())
+                         : !reduced     ? failure
+                                        : decision->reason();
+  if (world_->size() > 1) {
+    // The group's members apply the step together or not at all (see the
+    // header): one told "discard" (its answer was lost and the restarted
+    // daemon no longer knew the step) makes all discard.
+    try {
+      at::Tensor agreed = at::tensor({commit ? 1 : 0}, at::kInt);
+      std::vector<at::Tensor> tensors{agreed};
+      c10d::AllreduceOptions min;
+      min.reduceOp = c10d::ReduceOp::MIN;
+      world_->group()->allreduce(tensors, min)->wait();
+      if (commit && agreed.item<int>() == 0) {
+        commit = false;
+        last_discard_reason_ =
+            "another member of this replica group was not told to commit the step";
+      }
+    } catch (const std::exception& e) {
+      commit = false;
+      last_discard_reason_ = absl::StrCat("replica group agreement: ", FirstLine(e));
+    }
   }
+  if (!commit) return false;
   last_discard_reason_.clear();
   flat.div_(static_cast<double>(participants.size()));
   UnflattenGradsAndLoss(flat, params, loss);

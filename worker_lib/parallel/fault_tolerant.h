@@ -28,7 +28,13 @@
 // optimizer's state, the committed step count and history). After backward,
 // the gradients and the loss are averaged over the participants in one
 // all-reduce; every member votes, and the step is applied only when the
-// daemon says all votes were ok. A step a failure interrupts is discarded
+// daemon says all votes were ok. A vote whose answer is lost (a connection
+// reset, the daemon restarting) is sent again while the daemon keeps the
+// decision; then the members of each group agree (a minimum over their own
+// world): the group applies the step only if every member was told to
+// commit, so that a group never holds shards of two steps, and a group that
+// discarded a step others applied is behind by one, healed by the next
+// quorum. A step a failure interrupts is discarded
 // everywhere and trained again by the survivors (the failed group's rows
 // left out); the survivors keep their processes and never reload a
 // checkpoint.
@@ -69,6 +75,11 @@ struct ReplicaIdentity {
   // a node joining later brings the next ones (replica ids from here on).
   int replicas_in_world = 1;
   int incarnation = 0;  // MESHRUN_REPLICA_RESTARTS, else 0
+  // MESHRUN_ADMISSION_EPOCH, else 0: the node's admission into its slot,
+  // which the daemon checks at every quorum and vote (the workers of a node
+  // that lost its slot are refused once another took it) and which keys the
+  // group's store prefix (a slot's next occupant never reads its keys).
+  uint64_t admission = 0;
   // Started by meshrun --restart-scope=replica (MESHRUN_REPLICA_SIZE set):
   // only a failed group restarts. Otherwise a failure restarts the world,
   // and training starts over (see RestartScopeWarning).
@@ -91,7 +102,8 @@ absl::StatusOr<ReplicaIdentity> ReplicaIdentityFromEnv(const WorkerEnv& env,
 std::string RestartScopeWarning(const ReplicaIdentity& id);
 
 // The replica group's own world (its members only, as ranks 0..size-1),
-// rendezvousing under a store prefix of this incarnation's.
+// rendezvousing under a store prefix of this admission's and incarnation's
+// ("ft/replica<r>/admission<a>/incarnation<i>/").
 absl::StatusOr<std::shared_ptr<World>> InitReplicaGroupWorld(const ReplicaIdentity& id,
                                                              InitOptions options = {});
 

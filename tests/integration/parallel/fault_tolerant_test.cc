@@ -202,19 +202,38 @@ TEST(FullRestart, TheWorldResumesFromTheLatestCheckpoint) {
   EXPECT_EQ(CountLines(run.output, ": 10 losses and"), 4) << run.output;
 }
 
-// One node of an elastic fault-tolerant job (--nnodes=1:2, two workers,
-// `--dp 4`), its replicas holding at step holds[i] until dir/hold<i> exists.
-std::unique_ptr<testing::ChildProcess> LaunchNode(const testing::DaemonProcess& daemon,
-                                                  const testing::TempDir& dir,
-                                                  const std::vector<int>& holds) {
+// The layout of an elastic test: replica groups of `replica_size` workers
+// (meshrun --replica-size) with train_example's `layout` (its --dp is the
+// groups at full strength, two nodes of two workers).
+struct Elastic {
+  int replica_size;
+  std::string layout;
+  std::string first_node_replicas;  // "step N: replicas ..." of the first alone
+  std::string all_replicas;
+  std::vector<int> second_node_replicas;
+};
+
+std::ostream& operator<<(std::ostream& out, const Elastic& elastic) {
+  return out << "groups of " << elastic.replica_size;
+}
+
+// One node of an elastic fault-tolerant job (--nnodes=1:2, two workers),
+// its replicas holding at step holds[i] until dir/hold<i> exists.
+std::unique_ptr<testing::ChildProcess> LaunchNode(
+    const testing::DaemonProcess& daemon, const testing::TempDir& dir,
+    const std::vector<int>& holds, const Elastic& elastic,
+    const std::string& rdzv_conf = "last_call_timeout=1") {
   std::vector<std::string> argv{
       "/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON, testing::BinDir() + "/meshrun",
       "--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d",
       "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=elastic",
-      "--rdzv-conf=last_call_timeout=1", "--restart-scope=replica",
+      "--rdzv-conf=" + rdzv_conf, "--restart-scope=replica",
+      "--replica-size=" + std::to_string(elastic.replica_size),
       // Any restart would fail the run.
-      "--max-restarts=0", "--no-python", testing::BinDir() + "/train_example", "--dp",
-      "4", "--fault-tolerant", "--steps", "80", "--verify"};
+      "--max-restarts=0", "--no-python", testing::BinDir() + "/train_example"};
+  for (const std::string& arg :
+       Args(elastic.layout + " --fault-tolerant --steps 80 --verify"))
+    argv.push_back(arg);
   for (size_t i = 0; i < holds.size(); ++i) {
     argv.insert(argv.end(), {"--hold-at-step", std::to_string(holds[i]), "--hold-file",
                              dir / ("hold" + std::to_string(i))});
@@ -241,17 +260,23 @@ void Release(const testing::TempDir& dir, int hold) {
   std::ofstream(dir / ("hold" + std::to_string(hold))) << "go\n";
 }
 
-// The second node's groups (replicas 2 and 3) were healed from replica 0
-// at `step`, and all four replicas trained that step together.
-void ExpectJoinedAt(const std::string& first, const std::string& second, int step) {
-  for (int replica : {2, 3}) {
-    EXPECT_EQ(CountLines(second, "replica " + std::to_string(replica) +
-                                     " member 0 healed from replica 0 at step " +
-                                     std::to_string(step)),
-              1)
-        << second;
+// The second node's groups (every member) were healed from replica 0 at
+// `step`, and all the replicas trained that step together.
+void ExpectJoinedAt(const std::string& first, const std::string& second, int step,
+                    const Elastic& elastic) {
+  for (int replica : elastic.second_node_replicas) {
+    for (int member = 0; member < elastic.replica_size; ++member) {
+      EXPECT_EQ(CountLines(second, "replica " + std::to_string(replica) + " member " +
+                                       std::to_string(member) +
+                                       " healed from replica 0 at step " +
+                                       std::to_string(step)),
+                1)
+          << second;
+    }
   }
-  EXPECT_EQ(CountLines(first, "step " + std::to_string(step) + ": replicas 0,1,2,3"), 1)
+  EXPECT_EQ(CountLines(first, "step " + std::to_string(step) + ": replicas " +
+                                  elastic.all_replicas),
+            1)
       << first;
 }
 
@@ -273,22 +298,27 @@ void ExpectNoRestartAndVerified(const std::string& output, int steps) {
       << output;
 }
 
+// Groups of one worker (two per node), and groups of two tensor-parallel
+// workers (one per node), the case replica groups exist for.
+class ElasticReplicas : public ::testing::TestWithParam<Elastic> {};
+
 // A node joining a running fault-tolerant job: its replica groups enter the
 // running round without a re-form, are healed from a live replica at a step
 // boundary and train on with the others; the first node's workers keep
 // their pids, and every rank verifies the committed steps (the first ones
-// trained by two replicas of four, the rest by all four).
-TEST(ElasticReplicas, ANodeJoiningBringsItsReplicaGroupsWithoutRestartingAnyone) {
+// trained by the first node's replicas alone, the rest by all).
+TEST_P(ElasticReplicas, ANodeJoiningBringsItsReplicaGroupsWithoutRestartingAnyone) {
+  const Elastic& elastic = GetParam();
   testing::TempDir dir;
   testing::DaemonProcess daemon({"--metrics-port", "0"});
   const int metrics_port = daemon.ReadMetricsPort();
   ASSERT_GT(metrics_port, 0);
   // The first node's replicas wait after step 9 until the second node's
   // workers are up, so that they join mid-training.
-  auto first = LaunchNode(daemon, dir, {10});
+  auto first = LaunchNode(daemon, dir, {10}, elastic);
   ASSERT_TRUE(first->ReadUntil("step 9 loss", std::chrono::seconds(120)))
       << first->output();
-  auto second = LaunchNode(daemon, dir, {10});
+  auto second = LaunchNode(daemon, dir, {10}, elastic);
   ASSERT_TRUE(second->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
                                 std::chrono::seconds(60)))
       << second->output();
@@ -299,7 +329,7 @@ TEST(ElasticReplicas, ANodeJoiningBringsItsReplicaGroupsWithoutRestartingAnyone)
 
   EXPECT_TRUE(Contains(first->output(), "round 1: group rank 0/1, ranks 0..1 of 2"))
       << first->output();
-  ExpectJoinedAt(first->output(), second->output(), 10);
+  ExpectJoinedAt(first->output(), second->output(), 10, elastic);
   ExpectNoRestartAndVerified(first->output() + second->output(), 80);
 }
 
@@ -307,17 +337,20 @@ TEST(ElasticReplicas, ANodeJoiningBringsItsReplicaGroupsWithoutRestartingAnyone)
 // replica groups out of the running round: the daemon leaves its slot
 // vacant instead of re-forming, the survivors train on alone, and the next
 // node to join takes the slot (the same ranks and replica ids), is healed
-// and trains with them. Nobody restarts.
-TEST(ElasticReplicas, ALostNodesGroupsDropOutAndANewcomerTakesTheirPlace) {
+// and trains with them. Nobody restarts. With groups of two, the
+// newcomer's groups must not meet the lost ones' store keys (their Gloo
+// addresses): a slot's occupants rendezvous under their own admission.
+TEST_P(ElasticReplicas, ALostNodesGroupsDropOutAndANewcomerTakesTheirPlace) {
+  const Elastic& elastic = GetParam();
   testing::TempDir dir;
   testing::DaemonProcess daemon({"--metrics-port", "0"});
   const int metrics_port = daemon.ReadMetricsPort();
   ASSERT_GT(metrics_port, 0);
   const std::vector<int> holds{10, 30, 50};
-  auto first = LaunchNode(daemon, dir, holds);
+  auto first = LaunchNode(daemon, dir, holds, elastic);
   ASSERT_TRUE(first->ReadUntil("step 9 loss", std::chrono::seconds(120)))
       << first->output();
-  auto lost = LaunchNode(daemon, dir, holds);
+  auto lost = LaunchNode(daemon, dir, holds, elastic);
   AwaitSecondNodeAtTheQuorum(metrics_port);
   Release(dir, 0);
   // Every replica holds at step 30: the second node dies there.
@@ -328,7 +361,7 @@ TEST(ElasticReplicas, ALostNodesGroupsDropOutAndANewcomerTakesTheirPlace) {
   Release(dir, 1);
   ASSERT_TRUE(first->ReadUntil("step 49 loss", std::chrono::seconds(120)))
       << first->output();
-  auto newcomer = LaunchNode(daemon, dir, holds);
+  auto newcomer = LaunchNode(daemon, dir, holds, elastic);
   ASSERT_TRUE(newcomer->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
                                   std::chrono::seconds(60)))
       << newcomer->output();
@@ -338,17 +371,167 @@ TEST(ElasticReplicas, ALostNodesGroupsDropOutAndANewcomerTakesTheirPlace) {
       << newcomer->output();
   ASSERT_EQ(testing::ExitCode(*first, std::chrono::seconds(240)), 0) << first->output();
 
-  // Steps 30-49 by the survivors alone, then all four again.
-  EXPECT_EQ(CountLines(first->output(), "step 30: replicas 0,1"), 1) << first->output();
+  // Steps 30-49 by the survivors alone, then all again.
+  EXPECT_EQ(
+      CountLines(first->output(), "step 30: replicas " + elastic.first_node_replicas), 1)
+      << first->output();
   EXPECT_TRUE(
       Contains(first->output(), "run succeeded: all 2 nodes succeeded in round 1"))
       << first->output();
-  ExpectJoinedAt(first->output(), newcomer->output(), 50);
+  ExpectJoinedAt(first->output(), newcomer->output(), 50, elastic);
   // The lost node's workers never verified; the newcomer's took their ranks.
   EXPECT_EQ(CountLines(lost->output(), "verified rank"), 0) << lost->output();
   ExpectNoRestartAndVerified(first->output() + newcomer->output(), 80);
   EXPECT_TRUE(
       Contains(first->output() + newcomer->output(), "(30 without every replica)"));
+}
+
+// Issue 27: a node that goes quiet (its agent SIGSTOPped) past its lease
+// loses its slot, but its workers still run. When they arrive at the next
+// step's quorum the daemon refuses them (their admission's slot was
+// vacated), so they neither take their replicas back nor, later, push out
+// the newcomer that takes the slot: the survivors train alone, the
+// newcomer heals and trains with them, and nobody restarts.
+TEST(ElasticReplicasQuiet, WorkersOfANodeThatLostItsSlotAreRefused) {
+  const Elastic elastic{2, "--dp 2 --tp 2", "0", "0,1", {1}};
+  // Leases of 4 s, so that the stopped agent expires soon.
+  const std::string conf =
+      "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=4";
+  testing::TempDir dir;
+  testing::DaemonProcess daemon({"--metrics-port", "0"});
+  const int metrics_port = daemon.ReadMetricsPort();
+  ASSERT_GT(metrics_port, 0);
+  const std::vector<int> holds{10, 30, 50};
+  auto first = LaunchNode(daemon, dir, holds, elastic, conf);
+  ASSERT_TRUE(first->ReadUntil("step 9 loss", std::chrono::seconds(120)))
+      << first->output();
+  auto quiet = LaunchNode(daemon, dir, holds, elastic, conf);
+  AwaitSecondNodeAtTheQuorum(metrics_port);
+  Release(dir, 0);
+  ASSERT_TRUE(first->ReadUntil("step 29 loss", std::chrono::seconds(120)))
+      << first->output();
+  // Its workers hold at step 30 and go on once released; its agent is gone
+  // quiet until its slot is vacated.
+  quiet->Signal(SIGSTOP);
+  const std::string dropped = "meshrun_nodes_dropped_from_active_round_total";
+  const std::string metrics = testing::ScrapeUntil(
+      metrics_port,
+      [&](const std::string& text) { return testing::MetricSample(text, dropped) == 1; },
+      std::chrono::seconds(30));
+  ASSERT_EQ(testing::MetricSample(metrics, dropped), 1) << metrics;
+  Release(dir, 1);
+  ASSERT_TRUE(first->ReadUntil("step 49 loss", std::chrono::seconds(120)))
+      << first->output();
+  auto newcomer = LaunchNode(daemon, dir, holds, elastic, conf);
+  ASSERT_TRUE(newcomer->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
+                                  std::chrono::seconds(60)))
+      << newcomer->output();
+  AwaitSecondNodeAtTheQuorum(metrics_port);
+  Release(dir, 2);
+  ASSERT_EQ(testing::ExitCode(*newcomer, std::chrono::seconds(240)), 0)
+      << newcomer->output();
+  ASSERT_EQ(testing::ExitCode(*first, std::chrono::seconds(240)), 0) << first->output();
+  EXPECT_EQ(CountLines(first->output(), "step 30: replicas 0"), 1) << first->output();
+  ExpectJoinedAt(first->output(), newcomer->output(), 50, elastic);
+  ExpectNoRestartAndVerified(first->output() + newcomer->output(), 80);
+
+  // The quiet node's workers were refused at the quorum: their agent, let
+  // go on, shows what they said (then it is ended: how an expelled agent
+  // winds down is not this test's).
+  quiet->Signal(SIGCONT);
+  for (int rank : {2, 3}) {
+    ASSERT_TRUE(quiet->ReadUntil("is stale: its slot (group rank 1) was vacated",
+                                 std::chrono::seconds(30)))
+        << rank << "\n"
+        << quiet->output();
+  }
+  quiet->Signal(SIGKILL);
+  EXPECT_TRUE(quiet->Wait(std::chrono::seconds(30)));
+  EXPECT_EQ(CountLines(quiet->output(), "verified rank"), 0) << quiet->output();
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ElasticReplicas,
+                         ::testing::Values(Elastic{1, "--dp 4", "0,1", "0,1,2,3", {2, 3}},
+                                           Elastic{2, "--dp 2 --tp 2", "0", "0,1", {1}}),
+                         [](const ::testing::TestParamInfo<Elastic>& info) {
+                           return "GroupsOf" + std::to_string(info.param.replica_size);
+                         });
+
+// Issue 27: the daemon dies between two voters' answers of a step that
+// commits (its test hook answers the first voter, replica 0 member 0, and
+// holds back the others' answers until the test kills it). The one told
+// "commit" must not apply the step alone: the others vote again against the
+// restarted daemon (--state-dir), which no longer knows the step and says
+// "discard", and replica 0's members agree before applying, so both discard
+// and no group holds shards of two steps. Every rank then verifies the 12
+// committed steps, in the process it started with.
+TEST(FaultTolerantReplicas, ADaemonDyingBetweenTwoCommitAnswersSplitsNoGroup) {
+  testing::TempDir state;
+  const int port = testing::FreePort();
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  auto start_daemon = [&](bool hook) {
+    std::vector<std::string> argv{"/usr/bin/env"};
+    // Step 5 is the sixth to commit.
+    if (hook) argv.push_back("MESHRUN_TEST_HOOK_SPLIT_COMMIT=6");
+    argv.insert(argv.end(), {testing::BinDir() + "/meshrun-rdzvd", "--host", "127.0.0.1",
+                             "--port", std::to_string(port), "--log-level", "warn",
+                             "--state-dir", state.path()});
+    auto daemon = std::make_unique<testing::ChildProcess>(argv);
+    auto line = daemon->ReadLine(std::chrono::seconds(20));
+    EXPECT_TRUE(line && line->find(endpoint) != std::string::npos)
+        << line.value_or("<none>");
+    return daemon;
+  };
+  auto daemon = start_daemon(true);
+  testing::ChildProcess agent(
+      {"/usr/bin/env",
+       "PYTHON_EXEC=" MESHRUN_PYTHON,
+       testing::BinDir() + "/meshrun",
+       "--nnodes=1",
+       "--nproc-per-node=4",
+       "--rdzv-backend=c10d",
+       "--rdzv-endpoint=" + endpoint,
+       "--rdzv-id=split",
+       "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=30",
+       "--restart-scope=replica",
+       "--replica-size=2",
+       "--max-restarts=0",
+       "--no-python",
+       testing::BinDir() + "/train_example",
+       "--dp",
+       "2",
+       "--tp",
+       "2",
+       "--steps",
+       "12",
+       "--fault-tolerant",
+       "--verify",
+       "--say-votes"},
+      /*merge_stderr=*/true);
+  ASSERT_TRUE(agent.ReadUntil("rank 0 voted on step 5", std::chrono::seconds(120)))
+      << agent.output();
+  daemon->Signal(SIGKILL);
+  ASSERT_TRUE(daemon->Wait(std::chrono::seconds(10)));
+  daemon = start_daemon(false);
+  ASSERT_EQ(testing::ExitCode(agent, std::chrono::seconds(240)), 0) << agent.output();
+
+  const std::string output = agent.output();
+  // Step 5 was voted on twice by every rank: discarded, then trained again.
+  EXPECT_EQ(CountLines(output, "voted on step 5"), 8) << output;
+  EXPECT_EQ(CountLines(output,
+                       "step 5 discarded: another member of this replica group "
+                       "was not told to commit the step"),
+            1)
+      << output;
+  const auto started = StartedPids(output);
+  const auto verified = VerifiedPids(output);
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(started.count(rank) && verified.count(rank)) << rank << "\n" << output;
+    ASSERT_EQ(started.at(rank).size(), 1u) << rank << "\n" << output;
+    EXPECT_EQ(verified.at(rank), started.at(rank).front()) << output;
+  }
+  EXPECT_EQ(CountLines(output, "equal single-process training of 12 committed steps"), 4)
+      << output;
 }
 
 }  // namespace

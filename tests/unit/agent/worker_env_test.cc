@@ -117,16 +117,19 @@ TEST(AgentWorkerEnvTest, ReplicaScopeNamesTheReplicaGroup) {
   WorkerEnvInputs in = Inputs(3, 4);  // rank 7
   in.replica_size = 2;
   in.replica_restarts = 1;
+  in.round.admission_epoch = (uint64_t{3} << 32) | 5;
   std::map<std::string, std::string> env = BuildWorkerEnv(in);
   EXPECT_EQ(env["MESHRUN_RESTART_SCOPE"], "replica");
+  EXPECT_EQ(env["MESHRUN_ADMISSION_EPOCH"], "12884901893");
   EXPECT_EQ(env["MESHRUN_REPLICA_SIZE"], "2");
   EXPECT_EQ(env["MESHRUN_REPLICA_ID"], "3");
   EXPECT_EQ(env["MESHRUN_REPLICA_RESTARTS"], "1");
   EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "2");
   // Scope job: none of them.
   env = BuildWorkerEnv(Inputs(3, 4));
-  for (const char* name : {"MESHRUN_RESTART_SCOPE", "MESHRUN_REPLICA_SIZE",
-                           "MESHRUN_REPLICA_ID", "MESHRUN_REPLICA_RESTARTS"})
+  for (const char* name :
+       {"MESHRUN_RESTART_SCOPE", "MESHRUN_REPLICA_SIZE", "MESHRUN_REPLICA_ID",
+        "MESHRUN_REPLICA_RESTARTS", "MESHRUN_ADMISSION_EPOCH"})
     EXPECT_EQ(env.count(name), 0u) << name;
 }
 

@@ -837,6 +837,7 @@ TEST_F(RendezvousStateTest, FailureRestartsOncePerRoundJobGlobally) {
 TEST_F(RendezvousStateTest, ReplicaFailureCountsARestartWithoutReforming) {
   options_ = Opts(2, 2);
   options_.max_restarts = 3;
+  options_.replica_size = 1;
   JoinAll({Node("a", 2), Node("b", 2)});
   Take();
   auto v =
@@ -886,11 +887,12 @@ TEST_F(RendezvousStateTest, ReplicaFailureCountsARestartWithoutReforming) {
 TEST_F(RendezvousStateTest, ReplicaFailureOutOfRangeOrStaleDoesNotCount) {
   options_ = Opts(2, 2);
   options_.max_restarts = 3;
+  options_.replica_size = 1;
   JoinAll({Node("a", 2), Node("b", 2)});
   Take();
   auto v = state_.ReportReplicaFailure(kRun, "a", 1, 4, 0, "", At(1), &events_);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(v.status().message().find("failure.replica: 4 is not below"),
+  EXPECT_NE(v.status().message().find("failure.replica: 4 is not one of node a's"),
             std::string::npos)
       << v.status();
   EXPECT_EQ(Summary().restart_count, 0u);
@@ -927,7 +929,7 @@ TEST_F(RendezvousStateTest, CountedReplicaFailuresSurviveEncodeAndRestore) {
   options_.max_restarts = 5;
   options_.replica_size = 2;
   JoinAll({Node("a", 4)});
-  ASSERT_TRUE(state_.ReportReplicaFailure(kRun, "a", 1, 2, 0, "x", At(1), &events_).ok());
+  ASSERT_TRUE(state_.ReportReplicaFailure(kRun, "a", 1, 1, 0, "x", At(1), &events_).ok());
   RendezvousState restored;
   ASSERT_TRUE(restored.RestoreRun(*state_.EncodeRun(kRun, At(2)), At(2)).ok());
   EXPECT_EQ(restored.Summary(kRun)->restart_count, 1u);
@@ -937,10 +939,118 @@ TEST_F(RendezvousStateTest, CountedReplicaFailuresSurviveEncodeAndRestore) {
   absl::Status s = restored.Join(kRun, Node("b", 4), job_scope, At(2), &events_);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   // The agent retries its report against the restarted daemon: counted once.
-  auto v = restored.ReportReplicaFailure(kRun, "a", 1, 2, 0, "x", At(3), &events_);
+  auto v = restored.ReportReplicaFailure(kRun, "a", 1, 1, 0, "x", At(3), &events_);
   ASSERT_TRUE(v.ok());
   EXPECT_FALSE(v->counted);
   EXPECT_EQ(v->restart_count, 1u);
+}
+
+// A replica failure names one of the reporting node's own groups (its
+// ranks / replica size): a group id past the number of groups, or another
+// node's, would make the step quorum wait for a group that is not
+// restarting (issue 27).
+TEST_F(RendezvousStateTest, ReplicaFailureNamesOneOfTheReportingNodesGroups) {
+  struct Case {
+    std::string node;
+    uint32_t replica;
+    bool accepted;
+  };
+  // Groups of 2: a holds ranks 0..1 (group 0), b ranks 2..5 (groups 1, 2).
+  const std::vector<Case> cases{
+      {"a", 0, true},  {"a", 1, false}, {"b", 0, false}, {"b", 1, true},
+      {"b", 2, true},  {"b", 3, false},  // below the world size (6), past the groups (3)
+      {"b", 5, false}, {"a", 6, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.node + " reports replica " + std::to_string(c.replica));
+    RendezvousState state;
+    RunOptions options = Opts(2, 2);
+    options.max_restarts = 10;
+    options.replica_size = 2;
+    for (const NodeInfo& node : {Node("a", 2), Node("b", 4)})
+      ASSERT_TRUE(state.Join(kRun, node, options, At(0), nullptr).ok());
+    ASSERT_TRUE(state.Summary(kRun)->round_active);
+    auto v =
+        state.ReportReplicaFailure(kRun, c.node, 1, c.replica, 0, "", At(1), nullptr);
+    if (c.accepted) {
+      ASSERT_TRUE(v.ok()) << v.status();
+      EXPECT_TRUE(v->counted);
+    } else {
+      EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << v.status();
+      EXPECT_EQ(state.Summary(kRun)->restart_count, 0u);
+    }
+  }
+  // Scope job has no replica groups.
+  options_ = Opts(2, 2);
+  JoinAll({Node("a", 2), Node("b", 2)});
+  auto v = state_.ReportReplicaFailure(kRun, "a", 1, 0, 0, "", At(1), &events_);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << v.status();
+}
+
+// Admission epochs (issue 27): every slot occupancy gets a larger one, a
+// restore keeps the holders' and makes later ones larger still, and
+// CheckAdmission accepts only a rank's current holder.
+TEST_F(RendezvousStateTest, ReplicaScopeAdmissionEpochsNameEachSlotOccupancy) {
+  options_ = Opts(1, 2);
+  options_.replica_size = 2;
+  JoinAll({Node("a", 2), Node("b", 2)});
+  std::map<std::string, uint64_t> admission;
+  for (const NodeEvent& e : Of(Take(), Kind::kAssigned))
+    admission[e.node_id] = e.assignment.admission_epoch;
+  ASSERT_EQ(admission.size(), 2u);
+  EXPECT_NE(admission["a"], 0u);
+  EXPECT_NE(admission["a"], admission["b"]);
+  EXPECT_TRUE(state_.CheckAdmission(kRun, 1, admission["a"]).ok());
+  EXPECT_TRUE(state_.CheckAdmission(kRun, 3, admission["b"]).ok());
+  EXPECT_TRUE(state_.CheckAdmission(kRun, 3, 0).ok()) << "not stamped: not checked";
+
+  struct Refused {
+    uint32_t rank;
+    uint64_t admission;
+    std::string why;
+  };
+  auto expect_refused = [&](const RendezvousState& state, const Refused& r) {
+    absl::Status s = state.CheckAdmission(kRun, r.rank, r.admission);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << r.why;
+    EXPECT_NE(s.message().find(r.why), std::string::npos) << s;
+  };
+  expect_refused(state_, {1, admission["b"], "node a's since admission"});
+  expect_refused(state_, {4, admission["a"], "world has 4 ranks"});
+  EXPECT_EQ(state_.CheckAdmission("nope", 0, 1).code(), absl::StatusCode::kNotFound);
+
+  // b is lost: its slot is vacant, then c takes it with a newer admission.
+  ASSERT_TRUE(state_.Leave(kRun, "b", At(10), &events_).ok());
+  expect_refused(state_, {2, admission["b"], "was vacated"});
+  JoinAll({Node("c", 2)}, At(20));
+  auto events = Of(Take(), Kind::kAssigned);
+  ASSERT_EQ(Ids(events), (std::vector<std::string>{"c"}));
+  const Assignment& c = events[0].assignment;
+  EXPECT_EQ(c.rank_base, 2u);
+  EXPECT_EQ(c.store_prefix, "job/e1.r1") << "the round's namespace is shared";
+  EXPECT_GT(c.admission_epoch, admission["b"]);
+  EXPECT_TRUE(state_.CheckAdmission(kRun, 2, c.admission_epoch).ok());
+  expect_refused(state_, {2, admission["b"], "node c's since admission"});
+
+  // A restore keeps the holders' admissions; the next occupant's is larger
+  // than any given before the restore.
+  RendezvousState restored;
+  ASSERT_TRUE(restored.RestoreRun(*state_.EncodeRun(kRun, At(30)), At(30)).ok());
+  EXPECT_TRUE(restored.CheckAdmission(kRun, 0, admission["a"]).ok());
+  EXPECT_TRUE(restored.CheckAdmission(kRun, 2, c.admission_epoch).ok());
+  expect_refused(restored, {2, admission["b"], "node c's since admission"});
+  ASSERT_TRUE(restored.Leave(kRun, "c", At(40), &events_).ok());
+  Take();
+  ASSERT_TRUE(restored.Join(kRun, Node("d", 2), options_, At(50), &events_).ok());
+  events = Of(Take(), Kind::kAssigned);
+  ASSERT_EQ(Ids(events), (std::vector<std::string>{"d"}));
+  EXPECT_GT(events[0].assignment.admission_epoch, c.admission_epoch);
+  // A node that resumes (its agent reconnects) keeps its admission.
+  NodeInfo resuming = Node("a", 2);
+  resuming.resume_round = 1;
+  ASSERT_TRUE(restored.Join(kRun, resuming, options_, At(60), &events_).ok());
+  events = Of(Take(), Kind::kAssigned);
+  ASSERT_EQ(Ids(events), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(events[0].assignment.admission_epoch, admission["a"]);
 }
 
 // Restart scope "replica": a newcomer's replica groups join the running

@@ -21,7 +21,7 @@ class QuorumDriver {
   // Member `member` of `replica` arrives; returns its waiter.
   QuorumWaiter Arrive(uint32_t replica, uint64_t steps, uint32_t incarnation = 0,
                       uint32_t member = 0, uint32_t size = 1, uint32_t num = 3,
-                      bool finished = false) {
+                      bool finished = false, uint64_t admission = 0) {
     const QuorumWaiter waiter = next_++;
     EXPECT_TRUE(quorum_
                     .Arrive({.replica = replica,
@@ -30,21 +30,32 @@ class QuorumDriver {
                              .num_replicas = num,
                              .committed_steps = steps,
                              .incarnation = incarnation,
+                             .admission = admission,
                              .finished = finished},
                             waiter, now_ + seconds(10), &out_)
                     .ok());
     Collect();
     return waiter;
   }
+  // As Arrive, for a caller expected to be refused: the refusal's status.
+  absl::Status Refused(const QuorumArrival& arrival) {
+    const QuorumWaiter waiter = next_++;
+    absl::Status status = quorum_.Arrive(arrival, waiter, now_ + seconds(10), &out_);
+    Collect();
+    EXPECT_FALSE(Answered(waiter));
+    return status;
+  }
   // A group of one that has trained every step (`steps`) arrives.
   QuorumWaiter ArriveFinished(uint32_t replica, uint64_t steps, uint32_t num = 3) {
     return Arrive(replica, steps, 0, 0, 1, num, /*finished=*/true);
   }
-  QuorumWaiter Vote(uint64_t quorum_id, uint32_t replica, bool ok, uint32_t member = 0) {
+  QuorumWaiter Vote(uint64_t quorum_id, uint32_t replica, bool ok, uint32_t member = 0,
+                    uint64_t admission = 0) {
     const QuorumWaiter waiter = next_++;
-    EXPECT_TRUE(
-        quorum_.Vote(quorum_id, replica, member, ok, waiter, now_ + seconds(10), &out_)
-            .ok());
+    EXPECT_TRUE(quorum_
+                    .Vote(quorum_id, replica, member, ok, admission, waiter,
+                          now_ + seconds(10), &out_)
+                    .ok());
     Collect();
     return waiter;
   }
@@ -170,17 +181,14 @@ TEST(ReplicaQuorumTest, ARestartedReplicaJoinsAtTheNextStepAndIsHealedFromALiveP
   CommitStep(d, 0, &group);
   d.quorum().ReplicaFailed(1, ReplicaQuorum::Loss::kRestarting, &d.out());
   d.Collect();
-  // Its old incarnation cannot come back.
-  EXPECT_EQ(d.quorum()
-                .Arrive({.replica = 1, .replica_size = 1, .num_replicas = 3}, 99,
-                        RdzvTime{} + seconds(10), &d.out())
-                .code(),
-            absl::StatusCode::kOk);  // incarnation 0 after a failure: a fresh start
-  d.Collect();
-  EXPECT_FALSE(d.Answered(99));
-  // Incarnation 1 replaces whatever was there; the survivors arrive with 1 step.
+  // Its old incarnation cannot come back (a survivor of it retrying).
+  const absl::Status survivor =
+      d.Refused({.replica = 1, .replica_size = 1, .num_replicas = 3});
+  EXPECT_EQ(survivor.code(), absl::StatusCode::kFailedPrecondition) << survivor;
+  EXPECT_NE(survivor.message().find("only a newer incarnation"), std::string::npos)
+      << survivor;
+  // Incarnation 1 takes its place; the survivors arrive with 1 step.
   const QuorumWaiter restarted = d.Arrive(1, 0, /*incarnation=*/1);
-  EXPECT_EQ(d.Error(99).code(), absl::StatusCode::kAborted);
   d.Arrive(0, 1);
   const QuorumFormed formed = d.Formed(d.Arrive(2, 1));
   EXPECT_EQ(d.Formed(restarted).quorum_id, formed.quorum_id);
@@ -363,6 +371,101 @@ TEST(ReplicaQuorumTest, OldStepsArePrunedAndParkedCallersCancelled) {
   d.quorum().CancelAll(&d.out());
   d.Collect();
   EXPECT_EQ(d.Error(a).code(), absl::StatusCode::kUnavailable);
+}
+
+// Issue 27: a surviving member of a failed group that arrives again (after
+// UNAVAILABLE) is refused instead of reviving the group, so the next quorum
+// does not wait for its dead peer; the restarted incarnation is let in.
+TEST(ReplicaQuorumTest, ASurvivorOfAFailedGroupDoesNotReviveIt) {
+  QuorumDriver d;
+  const uint32_t size = 2, num = 2;
+  // Replica 1's member 0 waits; its member 1 dies and the group is reported.
+  const QuorumWaiter a0 = d.Arrive(0, 0, 0, 0, size, num);
+  d.Arrive(0, 0, 0, 1, size, num);
+  const QuorumWaiter survivor = d.Arrive(1, 0, 0, 0, size, num);
+  EXPECT_FALSE(d.Answered(a0));
+  d.quorum().ReplicaFailed(1, ReplicaQuorum::Loss::kRestarting, &d.out());
+  d.Collect();
+  EXPECT_EQ(d.Error(survivor).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(d.Formed(a0).participants, (std::vector<uint32_t>{0}));
+  // It retries: refused, and the next quorum forms without waiting.
+  EXPECT_EQ(d.Refused({.replica = 1, .replica_size = size, .num_replicas = num}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  const QuorumWaiter b0 = d.Arrive(0, 0, 0, 0, size, num);
+  d.Arrive(0, 0, 0, 1, size, num);
+  EXPECT_EQ(d.Formed(b0).participants, (std::vector<uint32_t>{0}));
+  // Incarnation 1 revives it: it is waited for again.
+  d.Arrive(1, 0, 1, 0, size, num);
+  const QuorumWaiter c0 = d.Arrive(0, 0, 0, 0, size, num);
+  d.Arrive(0, 0, 0, 1, size, num);
+  EXPECT_FALSE(d.Answered(c0));
+  d.Arrive(1, 0, 1, 1, size, num);
+  EXPECT_EQ(d.Formed(c0).participants, (std::vector<uint32_t>{0, 1}));
+}
+
+// Issue 27: the admission epoch (a node's admission into its slot) orders
+// a group's occupants before its incarnations. Each row: replica 1's
+// current holder, then a caller; whether the caller is let in.
+TEST(ReplicaQuorumTest, AStaleAdmissionIsRefusedAndANewerOneReplacesTheGroup) {
+  struct Case {
+    const char* name;
+    uint64_t holder_admission;
+    uint32_t holder_incarnation;
+    uint64_t admission;
+    uint32_t incarnation;
+    absl::StatusCode code;
+    bool replaces;  // the holder's waiting member is aborted
+  };
+  const std::vector<Case> cases{
+      {"same admission", 7, 2, 7, 2, absl::StatusCode::kOk, false},
+      {"newer incarnation", 7, 2, 7, 3, absl::StatusCode::kOk, true},
+      {"older incarnation", 7, 2, 7, 1, absl::StatusCode::kFailedPrecondition, false},
+      // A newcomer in the slot counts its incarnations from 0 again.
+      {"newer admission", 7, 2, 9, 0, absl::StatusCode::kOk, true},
+      // The expelled node's workers, still running.
+      {"stale admission", 9, 0, 7, 2, absl::StatusCode::kFailedPrecondition, false},
+      {"unknown admission", 7, 2, 0, 2, absl::StatusCode::kOk, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    QuorumDriver d;
+    const QuorumWaiter holder =
+        d.Arrive(1, 0, c.holder_incarnation, 0, 2, 2, false, c.holder_admission);
+    const QuorumArrival caller{.replica = 1,
+                               .member = 1,
+                               .replica_size = 2,
+                               .num_replicas = 2,
+                               .incarnation = c.incarnation,
+                               .admission = c.admission};
+    if (c.code != absl::StatusCode::kOk) {
+      const absl::Status refused = d.Refused(caller);
+      EXPECT_EQ(refused.code(), c.code) << refused;
+      EXPECT_FALSE(d.Answered(holder));
+      continue;
+    }
+    d.Arrive(1, 0, c.incarnation, 1, 2, 2, false, c.admission);
+    EXPECT_EQ(d.Answered(holder), c.replaces);
+    if (c.replaces) {
+      EXPECT_EQ(d.Error(holder).code(), absl::StatusCode::kAborted);
+    }
+  }
+}
+
+TEST(ReplicaQuorumTest, AVoteNamesTheAdmissionItsQuorumWasFormedWith) {
+  QuorumDriver d;
+  d.Arrive(0, 0, 0, 0, 1, 2, false, 5);
+  const QuorumFormed formed = d.Formed(d.Arrive(1, 0, 0, 0, 1, 2, false, 6));
+  std::vector<QuorumAnswer> out;
+  // Replica 1's slot changed hands: the old occupant's vote is refused.
+  const absl::Status stale = d.quorum().Vote(formed.quorum_id, 1, 0, true, 4, 90,
+                                             RdzvTime{} + seconds(10), &out);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+  EXPECT_TRUE(out.empty());
+  const QuorumWaiter v0 = d.Vote(formed.quorum_id, 0, true, 0, 5);
+  const QuorumWaiter v1 = d.Vote(formed.quorum_id, 1, true, 0, /*admission=*/0);
+  EXPECT_TRUE(d.Decision(v0).commit && d.Decision(v1).commit);
+  // A voter whose answer was lost votes again: the same decision.
+  EXPECT_TRUE(d.Decision(d.Vote(formed.quorum_id, 1, true, 0, 6)).commit);
 }
 
 }  // namespace
