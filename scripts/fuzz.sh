@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds meshrun's libFuzzer targets with Debian's clang (ASan+UBSan) in their
-# own build directory and runs each for a bounded time:
+# own build directory ($FUZZ_BUILD_DIR, default build-fuzz/) and runs each for
+# a bounded time:
 #   bash scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 60)
 # Each target first replays tests/fuzz/regressions/<target>/ (inputs that once
 # crashed it), then fuzzes from tests/fuzz/corpus/<target>/ plus the corpus it
@@ -16,9 +17,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 targets=(request_bytes_fuzzer request_sequence_fuzzer tcpstore_bytes_fuzzer)
 
-CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHRUN_BUILD_FUZZ=ON -DMESHRUN_SANITIZE=ON \
-  -DMESHRUN_BUILD_TESTS=OFF -DMESHRUN_BUILD_BENCH=OFF -DMESHRUN_BUILD_WORKER_LIB=OFF >/dev/null
+# A build configured for fuzzing already (CI's sanitizer build, which builds
+# the tests with the same clang, ASan+UBSan and coverage flags) is reused:
+# only the fuzz targets are built there, and nothing is compiled twice.
+if ! grep -q '^MESHRUN_BUILD_FUZZ:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
+  CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHRUN_BUILD_FUZZ=ON -DMESHRUN_SANITIZE=ON \
+    -DMESHRUN_BUILD_TESTS=OFF -DMESHRUN_BUILD_BENCH=OFF -DMESHRUN_BUILD_WORKER_LIB=OFF >/dev/null
+fi
 ninja -C "$build" -j2 "${targets[@]}"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
