@@ -14,6 +14,9 @@
 # Options:
 #   --agents N          agents (= --nnodes; default 1000)
 #   --join-timeout S    the agents' rdzv join_timeout (default 120)
+#   --rdzv-conf K=V,... more of the agents' --rdzv-conf (e.g.
+#                       keep_alive_max_attempt=12: a longer lease, so heartbeats
+#                       a launch storm delays do not expel nodes)
 #   --deadline S        kill what is still running after S seconds (default
 #                       join timeout + 60)
 #   --daemon-nofile N   run the daemon with RLIMIT_NOFILE N (soft and hard)
@@ -31,11 +34,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 agents=1000 join_timeout=120 deadline="" daemon_nofile="" agent_nofile="" keep=""
-agent_env=()
+agent_env=() rdzv_conf=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --agents) agents=$2; shift 2 ;;
     --join-timeout) join_timeout=$2; shift 2 ;;
+    --rdzv-conf) rdzv_conf=",$2"; shift 2 ;;
     --deadline) deadline=$2; shift 2 ;;
     --daemon-nofile) daemon_nofile=$2; shift 2 ;;
     --agent-nofile) agent_nofile=$2; shift 2 ;;
@@ -111,7 +115,7 @@ start=${EPOCHREALTIME/./}
 for i in $(seq 0 $((agents - 1))); do
   "${agent_limit[@]}" "$meshrun" --nnodes="$agents" --nproc-per-node=1 \
     --rdzv-backend=c10d --rdzv-endpoint="$endpoint" --rdzv-id=scale \
-    --rdzv-conf="join_timeout=$join_timeout" --no-python /bin/true \
+    --rdzv-conf="join_timeout=$join_timeout$rdzv_conf" --no-python /bin/true \
     >/dev/null 2>"$dir/agent.$i.err" &
   pids+=($!)
 done
