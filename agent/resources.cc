@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <sys/resource.h>
 
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <tuple>
@@ -43,6 +45,9 @@ int OpenDescriptors() {
 
 // The pids.max of this process's cgroup (v2, or v1's pids controller), when
 // one is set.
+std::mutex removed_on_exit_mu;
+std::string removed_on_exit;  // guarded by removed_on_exit_mu
+
 std::optional<std::string> CgroupPidsMax() {
   std::ifstream in("/proc/self/cgroup");
   for (std::string line; std::getline(in, line);) {
@@ -121,6 +126,18 @@ std::string ThreadLimits() {
     absl::StrAppend(&text, text.empty() ? "" : "; ", "this process's ",
                     absl::StrJoin(process, ", "));
   return text;
+}
+
+void SetRemovedOnResourceExit(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(removed_on_exit_mu);
+  removed_on_exit = dir;
+}
+
+void RemoveOnResourceExit() {
+  std::lock_guard<std::mutex> lock(removed_on_exit_mu);
+  if (removed_on_exit.empty()) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(removed_on_exit, ignored);
 }
 
 }  // namespace meshrun::agent

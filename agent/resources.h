@@ -37,4 +37,11 @@ absl::Status CheckDescriptors(int needed);
 // starts a thread.
 std::string ThreadLimits();
 
+// A directory removed, with what it holds, when the process ends for want of
+// a thread (launcher/thread_guard.cc), as an orderly exit removes it: the
+// agent's temporary log root. Empty: none. Thread-safe.
+void SetRemovedOnResourceExit(const std::string& dir);
+// Removes it; for the thread guard, from any thread.
+void RemoveOnResourceExit();
+
 }  // namespace meshrun::agent

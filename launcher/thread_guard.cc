@@ -12,9 +12,10 @@
 // on a 16-core machine (33 threads each, gRPC sizing its pools by cores)
 // exceed the default pid_max of 32,768 that way. A thread that still cannot
 // start after a short retry (another process may end meanwhile) ends the
-// process here, with one line naming the limits and kResourceExitCode; the
-// workers die with the agent (PR_SET_PDEATHSIG) and the daemon sees the node
-// leave.
+// process here, with one line naming the limits and kResourceExitCode,
+// removing the agent's temporary log root first; the workers die with the
+// agent (PR_SET_PDEATHSIG), the next agent removes its empty cgroups, and the
+// daemon sees the node leave.
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -54,6 +55,7 @@ CreateFn RealCreate() {
         "meshrun: cannot create a thread: " + std::string(std::strerror(error)) + " (" +
         meshrun::agent::ThreadLimits() + ")\n";
     (void)!write(STDERR_FILENO, line.data(), line.size());
+    meshrun::agent::RemoveOnResourceExit();
     _exit(meshrun::agent::kResourceExitCode);
   }
   while (true) pause();  // another thread is saying it and ending the process

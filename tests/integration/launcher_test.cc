@@ -305,9 +305,11 @@ TEST_F(LauncherTest, SigtermLeavesNoProcessBehind) {
 }
 
 TEST_F(LauncherTest, SigtermWhileWaitingForTheDaemonExitsAtOnce) {
+  TempDir tmp;
   auto run = Launch({"--nnodes=2", "--rdzv-backend=c10d",
                      "--rdzv-endpoint=127.0.0.1:" + std::to_string(FreePort()),
-                     "--rdzv-conf=is_host=false", "--no-python", "/bin/true"});
+                     "--rdzv-conf=is_host=false", "--no-python", "/bin/true"},
+                    {"TMPDIR=" + tmp.path()});
   ASSERT_TRUE(run->ReadUntil("waiting for the rendezvous daemon", seconds(30)))
       << run->output();
   run->Signal(SIGTERM);
@@ -315,6 +317,8 @@ TEST_F(LauncherTest, SigtermWhileWaitingForTheDaemonExitsAtOnce) {
   ASSERT_TRUE(status.has_value()) << "meshrun still waits after SIGTERM";
   ASSERT_TRUE(WIFEXITED(*status)) << run->output();  // handled, not killed by it
   EXPECT_EQ(WEXITSTATUS(*status), 128 + SIGTERM);
+  // Its temporary log root is gone.
+  EXPECT_TRUE(fs::is_empty(tmp.path())) << fs::directory_iterator(tmp.path())->path();
 }
 
 // Shell code: `sleep 1000` in a session of its own (outside the worker's
@@ -514,12 +518,13 @@ TEST_F(LauncherTest, BadFlagsGiveOneLineAndExitTwo) {
             "without spaces only)\n");
 }
 
-// `meshrun args...` under prlimit's `limits` (e.g. "--nofile=10:10"), against
-// `daemon`: one node, one /bin/true worker.
+// `meshrun` under prlimit's `limits` (e.g. "--nofile=10:10") against
+// `daemon`, one node and one /bin/true worker, with `tmpdir` as its TMPDIR
+// (where its temporary log root goes).
 std::unique_ptr<ChildProcess> LaunchLimited(const std::vector<std::string>& limits,
-                                            DaemonProcess& daemon,
-                                            const std::string& id) {
-  std::vector<std::string> argv{"/usr/bin/prlimit"};
+                                            DaemonProcess& daemon, const std::string& id,
+                                            const std::string& tmpdir) {
+  std::vector<std::string> argv{"/usr/bin/env", "TMPDIR=" + tmpdir, "/usr/bin/prlimit"};
   argv.insert(argv.end(), limits.begin(), limits.end());
   for (const std::string& arg :
        {std::string("--"), BinDir() + "/meshrun", std::string("--nnodes=1"),
@@ -552,7 +557,9 @@ TEST_F(LauncherTest, AgentThatCannotGetAThreadSaysSoInOneLine) {
 #endif
 #endif
   DaemonProcess daemon;
-  auto run = LaunchLimited({"--stack=1073741824", "--as=536870912"}, daemon, "threads");
+  TempDir tmp;
+  auto run = LaunchLimited({"--stack=1073741824", "--as=536870912"}, daemon, "threads",
+                           tmp.path());
   EXPECT_EQ(ExitCode(*run, seconds(30)), 71) << run->output();
   auto lines = NonLogLines(run->output());
   ASSERT_EQ(lines.size(), 1u) << run->output();
@@ -562,6 +569,8 @@ TEST_F(LauncherTest, AgentThatCannotGetAThreadSaysSoInOneLine) {
       << lines[0];
   EXPECT_NE(lines[0].find("kernel.pid_max"), std::string::npos) << lines[0];
   EXPECT_NE(lines[0].find("RLIMIT_AS 512 MiB"), std::string::npos) << lines[0];
+  // Its temporary log root is gone, as after an orderly exit.
+  EXPECT_TRUE(fs::is_empty(tmp.path())) << fs::directory_iterator(tmp.path())->path();
   EXPECT_TRUE(daemon.process().Running());
 }
 
@@ -569,7 +578,8 @@ TEST_F(LauncherTest, AgentThatCannotGetAThreadSaysSoInOneLine) {
 // launcher checks RLIMIT_NOFILE first.
 TEST_F(LauncherTest, AgentThatCannotGetDescriptorsSaysSoInOneLine) {
   DaemonProcess daemon;
-  auto run = LaunchLimited({"--nofile=10:10"}, daemon, "descriptors");
+  TempDir tmp;
+  auto run = LaunchLimited({"--nofile=10:10"}, daemon, "descriptors", tmp.path());
   EXPECT_EQ(ExitCode(*run, seconds(30)), 71) << run->output();
   auto lines = NonLogLines(run->output());
   ASSERT_EQ(lines.size(), 1u) << run->output();
