@@ -20,6 +20,9 @@
 #   --deadline S        kill what is still running after S seconds (default
 #                       join timeout + 60)
 #   --daemon-nofile N   run the daemon with RLIMIT_NOFILE N (soft and hard)
+#   --agent-hosted      no meshrun-rdzvd: the first agent hosts the daemon on
+#                       a free port of 127.0.0.1 (the daemon figures are then
+#                       that agent's process)
 #   --agent-nofile N    run each agent with RLIMIT_NOFILE N
 #   --agent-env K=V     run each agent with K=V in its environment (repeatable;
 #                       e.g. LD_PRELOAD= of a shim that reports more CPUs, so
@@ -34,7 +37,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 agents=1000 join_timeout=120 deadline="" daemon_nofile="" agent_nofile="" keep=""
-agent_env=() rdzv_conf=""
+agent_env=() rdzv_conf="" hosted=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --agents) agents=$2; shift 2 ;;
@@ -42,6 +45,7 @@ while [ $# -gt 0 ]; do
     --rdzv-conf) rdzv_conf=",$2"; shift 2 ;;
     --deadline) deadline=$2; shift 2 ;;
     --daemon-nofile) daemon_nofile=$2; shift 2 ;;
+    --agent-hosted) hosted=1; shift ;;
     --agent-nofile) agent_nofile=$2; shift 2 ;;
     --agent-env) agent_env+=("$2"); shift 2 ;;
     --keep) keep=$2; shift 2 ;;
@@ -73,24 +77,31 @@ daemon_limit=() agent_limit=()
 [ -z "$agent_nofile" ] || agent_limit=(prlimit --nofile="$agent_nofile:$agent_nofile" --)
 [ ${#agent_env[@]} -eq 0 ] || agent_limit=(env "${agent_env[@]}" "${agent_limit[@]}")
 
-"${daemon_limit[@]}" "$rdzvd" --port 0 --log-level warn >"$dir/daemon.out" 2>"$dir/daemon.err" &
-daemon_pid=$!
-endpoint=""
-for _ in $(seq 1 100); do  # up to 10 s for the daemon's first line
-  endpoint=$(sed -n 's/^MESHRUN_RDZVD_ENDPOINT=//p' "$dir/daemon.out")
-  [ -n "$endpoint" ] && break
-  kill -0 "$daemon_pid" 2>/dev/null || break
-  sleep 0.1
-done
-[ -n "$endpoint" ] || { echo "the daemon did not start:" >&2; cat "$dir/daemon.err" >&2; exit 1; }
+if [ -n "$hosted" ]; then
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  endpoint=127.0.0.1:$port
+else
+  "${daemon_limit[@]}" "$rdzvd" --port 0 --log-level warn >"$dir/daemon.out" 2>"$dir/daemon.err" &
+  daemon_pid=$!
+  echo "$daemon_pid" >"$dir/daemon_pid"
+  endpoint=""
+  for _ in $(seq 1 100); do  # up to 10 s for the daemon's first line
+    endpoint=$(sed -n 's/^MESHRUN_RDZVD_ENDPOINT=//p' "$dir/daemon.out")
+    [ -n "$endpoint" ] && break
+    kill -0 "$daemon_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$endpoint" ] || { echo "the daemon did not start:" >&2; cat "$dir/daemon.err" >&2; exit 1; }
+fi
 
 # Peak threads and descriptors, sampled every second while the agents run,
 # with shell builtins only: a machine out of threads refuses forks too.
 mkfifo "$dir/tick"
 (
   exec {tick}<>"$dir/tick"
-  peak_threads=0 d_threads=0 d_fds=0 agent_pids=()
+  peak_threads=0 d_threads=0 d_fds=0 agent_pids=() daemon=""
   while :; do
+    [ -n "$daemon" ] || { [ -f "$dir/daemon_pid" ] && read -r daemon <"$dir/daemon_pid"; }
     if [ ${#agent_pids[@]} -eq 0 ] && [ -f "$dir/pids" ]; then
       mapfile -t agent_pids <"$dir/pids"
     fi
@@ -99,9 +110,9 @@ mkfifo "$dir/tick"
       { read -r -a stat <"/proc/$p/stat" && t=$((t + stat[19])); } 2>/dev/null
     done
     [ "$t" -gt "$peak_threads" ] && peak_threads=$t
-    if { read -r -a stat <"/proc/$daemon_pid/stat"; } 2>/dev/null; then
+    if [ -n "$daemon" ] && { read -r -a stat <"/proc/$daemon/stat"; } 2>/dev/null; then
       [ "${stat[19]}" -gt "$d_threads" ] && d_threads=${stat[19]}
-      fds=("/proc/$daemon_pid/fd/"*)
+      fds=("/proc/$daemon/fd/"*)
       [ "${#fds[@]}" -gt "$d_fds" ] && d_fds=${#fds[@]}
     fi
     echo "$peak_threads $d_threads $d_fds" >"$dir/peaks"
@@ -118,6 +129,14 @@ for i in $(seq 0 $((agents - 1))); do
     --rdzv-conf="join_timeout=$join_timeout$rdzv_conf" --no-python /bin/true \
     >/dev/null 2>"$dir/agent.$i.err" &
   pids+=($!)
+  # The first agent hosts the daemon: let it listen before the others look.
+  if [ -n "$hosted" ] && [ "$i" -eq 0 ]; then
+    echo "$!" >"$dir/daemon_pid"
+    for _ in $(seq 1 100); do
+      grep -q "hosting the rendezvous daemon" "$dir/agent.0.err" && break
+      sleep 0.1
+    done
+  fi
 done
 launched=${EPOCHREALTIME/./}
 
@@ -166,7 +185,9 @@ echo "scale-agents: $agents agents launched in $(seconds $((launched - start))) 
 echo "scale-agents: $ok of $agents agents succeeded"
 for what in "${!outcomes[@]}"; do echo "  ${outcomes[$what]} x $what"; done
 echo "scale-agents: peak threads of all agents $peak_threads; daemon peak threads $d_threads, descriptors $d_fds"
-if kill -0 "$daemon_pid" 2>/dev/null; then
+if [ -n "$hosted" ]; then
+  echo "scale-agents: the daemon was hosted by agent 0 (figures above are its process)"
+elif kill -0 "$daemon_pid" 2>/dev/null; then
   echo "scale-agents: the daemon is alive"
 else
   wait "$daemon_pid" && code=0 || code=$?
