@@ -53,9 +53,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 deadline=${deadline:-$((join_timeout + 60))}
+if [ ! -x "$build_dir/bin/meshrun" ] || [ ! -x "$build_dir/bin/meshrun-rdzvd" ]; then
+  echo "scale-agents.sh: build meshrun and meshrun-rdzvd in $build_dir first" >&2
+  exit 2
+fi
 meshrun=$(realpath "$build_dir/bin/meshrun")
 rdzvd=$(realpath "$build_dir/bin/meshrun-rdzvd")
-[ -x "$meshrun" ] && [ -x "$rdzvd" ] || { echo "build meshrun and meshrun-rdzvd first" >&2; exit 2; }
 
 if [ -n "$keep" ]; then dir=$keep; mkdir -p "$dir"; else dir=$(mktemp -d); fi
 daemon_pid="" sampler_pid="" watchdog_pid=""
@@ -63,9 +66,10 @@ pids=()
 cleanup() {
   local pid
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  [ -n "$sampler_pid" ] && kill "$sampler_pid" 2>/dev/null || true
-  [ -n "$watchdog_pid" ] && kill "$watchdog_pid" 2>/dev/null || true
-  [ -n "$daemon_pid" ] && kill -KILL "$daemon_pid" 2>/dev/null || true
+  for pid in "$sampler_pid" "$watchdog_pid"; do
+    if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi
+  done
+  if [ -n "$daemon_pid" ]; then kill -KILL "$daemon_pid" 2>/dev/null || true; fi
   wait 2>/dev/null || true
   [ -n "$keep" ] || rm -rf "$dir"
 }
