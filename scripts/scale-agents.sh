@@ -25,8 +25,9 @@
 #                       that agent's process)
 #   --agent-nofile N    run each agent with RLIMIT_NOFILE N
 #   --agent-env K=V     run each agent with K=V in its environment (repeatable;
-#                       e.g. LD_PRELOAD= of a shim that reports more CPUs, so
-#                       gRPC sizes its thread pools as on a larger machine)
+#                       e.g. LD_PRELOAD= of scripts/lib/more_cpus.c built as a
+#                       shared object, which reports 16 CPUs, so gRPC sizes its
+#                       thread pools as on a 16-core machine: see that file)
 #   --keep DIR          keep the logs in DIR (default: a temporary directory,
 #                       removed at the end)
 # Environment: BUILD_DIR (default build/; meshrun and meshrun-rdzvd must be
