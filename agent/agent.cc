@@ -28,6 +28,7 @@
 #include "agent/agent_state.h"
 #include "agent/backoff.h"
 #include "agent/endpoint_probe.h"
+#include "agent/resources.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
 #include "rendezvous/client/rendezvous_client.h"
@@ -280,6 +281,7 @@ class Agent {
     if (!WaitForDaemon()) {
       // A Leave sent on a signal meanwhile cannot reach the daemon anyway.
       calls_->Drain(std::chrono::steady_clock::now(), [this] { client_->CancelCalls(); });
+      CleanUpLogRoot();
       return exit_code_;
     }
     Join();
@@ -1134,6 +1136,7 @@ class Agent {
       return false;
     }
     temporary_root_ = pattern;
+    SetRemovedOnResourceExit(temporary_root_);
     log_root_ = pattern + "/" + options_.run_id;
     fs::create_directories(log_root_, error);
     return !error;
@@ -1141,6 +1144,7 @@ class Agent {
 
   void CleanUpLogRoot() {
     if (temporary_root_.empty()) return;
+    SetRemovedOnResourceExit("");
     std::error_code ignored;
     fs::remove_all(temporary_root_, ignored);
   }

@@ -133,8 +133,8 @@ ProbeResult ProbeEndpoint(const std::string& endpoint, bool tls,
   if (answer.empty())
     return {ProbeResult::Kind::kSilent,
             "something accepts TCP connections on " + endpoint +
-                " but does not answer as a gRPC server (a daemon that is stopped or "
-                "overloaded, or another program)"};
+                " but does not answer as a gRPC server (a daemon that is stopped, "
+                "overloaded or out of file descriptors, or another program)"};
   switch (ClassifyGreeting(answer)) {
     case Greeting::kHttp2:
       return {ProbeResult::Kind::kAnswers, "it answers HTTP/2"};

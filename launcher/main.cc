@@ -5,7 +5,8 @@
 // Exit codes: 0 success; the root-cause worker's exit code (or 128 + its
 // signal) when the run failed; 128 + N when meshrun itself got signal N; 1
 // for launcher errors (daemon unreachable, cannot start workers); 2 for bad
-// flags.
+// flags; 71 (agent::kResourceExitCode) when it cannot get a thread
+// (thread_guard.cc) or the file descriptors it needs.
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -21,6 +22,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "agent/agent.h"
+#include "agent/resources.h"
 #include "launcher/launch_config.h"
 #include "launcher/local_address.h"
 #include "launcher/status_command.h"
@@ -180,6 +182,16 @@ int Main(int argc, char** argv) {
       !s.ok()) {
     std::fprintf(stderr, "meshrun: %s\n", std::string(s.message()).c_str());
     return 2;
+  }
+
+  // gRPC aborts when it cannot make its descriptors, so check for them
+  // before anything starts (a daemon hosted here takes more).
+  const bool may_host = config.standalone || IsLocalAddress(config.rdzv_endpoint.host);
+  if (auto s = agent::CheckDescriptors(
+          agent::DescriptorsNeeded(config.nproc_per_node, may_host));
+      !s.ok()) {
+    std::fprintf(stderr, "meshrun: %s\n", std::string(s.message()).c_str());
+    return agent::kResourceExitCode;
   }
 
   // Where the daemon is, and whether this agent serves it.

@@ -305,9 +305,11 @@ TEST_F(LauncherTest, SigtermLeavesNoProcessBehind) {
 }
 
 TEST_F(LauncherTest, SigtermWhileWaitingForTheDaemonExitsAtOnce) {
+  TempDir tmp;
   auto run = Launch({"--nnodes=2", "--rdzv-backend=c10d",
                      "--rdzv-endpoint=127.0.0.1:" + std::to_string(FreePort()),
-                     "--rdzv-conf=is_host=false", "--no-python", "/bin/true"});
+                     "--rdzv-conf=is_host=false", "--no-python", "/bin/true"},
+                    {"TMPDIR=" + tmp.path()});
   ASSERT_TRUE(run->ReadUntil("waiting for the rendezvous daemon", seconds(30)))
       << run->output();
   run->Signal(SIGTERM);
@@ -315,6 +317,8 @@ TEST_F(LauncherTest, SigtermWhileWaitingForTheDaemonExitsAtOnce) {
   ASSERT_TRUE(status.has_value()) << "meshrun still waits after SIGTERM";
   ASSERT_TRUE(WIFEXITED(*status)) << run->output();  // handled, not killed by it
   EXPECT_EQ(WEXITSTATUS(*status), 128 + SIGTERM);
+  // Its temporary log root is gone.
+  EXPECT_TRUE(fs::is_empty(tmp.path())) << fs::directory_iterator(tmp.path())->path();
 }
 
 // Shell code: `sleep 1000` in a session of its own (outside the worker's
@@ -512,6 +516,79 @@ TEST_F(LauncherTest, BadFlagsGiveOneLineAndExitTwo) {
   EXPECT_EQ(run->output(),
             "meshrun: --rdzv-id: byte 0xc3 at offset 3 is not allowed (printable ASCII "
             "without spaces only)\n");
+}
+
+// `meshrun` under prlimit's `limits` (e.g. "--nofile=10:10") against
+// `daemon`, one node and one /bin/true worker, with `tmpdir` as its TMPDIR
+// (where its temporary log root goes).
+std::unique_ptr<ChildProcess> LaunchLimited(const std::vector<std::string>& limits,
+                                            DaemonProcess& daemon, const std::string& id,
+                                            const std::string& tmpdir) {
+  std::vector<std::string> argv{"/usr/bin/env", "TMPDIR=" + tmpdir, "/usr/bin/prlimit"};
+  argv.insert(argv.end(), limits.begin(), limits.end());
+  for (const std::string& arg :
+       {std::string("--"), BinDir() + "/meshrun", std::string("--nnodes=1"),
+        std::string("--rdzv-backend=c10d"), "--rdzv-endpoint=" + daemon.endpoint(),
+        "--rdzv-id=" + id, std::string("--no-python"), std::string("/bin/true")})
+    argv.push_back(arg);
+  return std::make_unique<ChildProcess>(argv, /*merge_stderr=*/true);
+}
+
+// The lines of `output` that are not the agent's log lines ("[time] [name]").
+std::vector<std::string> NonLogLines(const std::string& output) {
+  std::vector<std::string> lines;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("[", 0) != 0) lines.push_back(line);
+  return lines;
+}
+
+// Issue 27 item 11: 1,000 agents on one machine ran it out of threads
+// (kernel.pid_max), and agents died of SIGABRT (std::thread throwing) or hung
+// in gRPC. An agent that cannot get a thread says so in one line and exits
+// kResourceExitCode (71). Here no thread can get its stack: each needs 1 GiB
+// (RLIMIT_STACK) and the process may map 512 MiB in all.
+TEST_F(LauncherTest, AgentThatCannotGetAThreadSaysSoInOneLine) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan's shadow memory does not fit in RLIMIT_AS";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "ASan's shadow memory does not fit in RLIMIT_AS";
+#endif
+#endif
+  DaemonProcess daemon;
+  TempDir tmp;
+  auto run = LaunchLimited({"--stack=1073741824", "--as=536870912"}, daemon, "threads",
+                           tmp.path());
+  EXPECT_EQ(ExitCode(*run, seconds(30)), 71) << run->output();
+  auto lines = NonLogLines(run->output());
+  ASSERT_EQ(lines.size(), 1u) << run->output();
+  EXPECT_EQ(lines[0].rfind(
+                "meshrun: cannot create a thread: Resource temporarily unavailable (", 0),
+            0u)
+      << lines[0];
+  EXPECT_NE(lines[0].find("kernel.pid_max"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("RLIMIT_AS 512 MiB"), std::string::npos) << lines[0];
+  // Its temporary log root is gone, as after an orderly exit.
+  EXPECT_TRUE(fs::is_empty(tmp.path())) << fs::directory_iterator(tmp.path())->path();
+  EXPECT_TRUE(daemon.process().Running());
+}
+
+// Issue 27 item 11: with too few descriptors gRPC aborted at its start; the
+// launcher checks RLIMIT_NOFILE first.
+TEST_F(LauncherTest, AgentThatCannotGetDescriptorsSaysSoInOneLine) {
+  DaemonProcess daemon;
+  TempDir tmp;
+  auto run = LaunchLimited({"--nofile=10:10"}, daemon, "descriptors", tmp.path());
+  EXPECT_EQ(ExitCode(*run, seconds(30)), 71) << run->output();
+  auto lines = NonLogLines(run->output());
+  ASSERT_EQ(lines.size(), 1u) << run->output();
+  EXPECT_EQ(lines[0].rfind("meshrun: cannot get the file descriptors it needs: "
+                           "RLIMIT_NOFILE allows 10 (hard limit 10)",
+                           0),
+            0u)
+      << lines[0];
+  EXPECT_NE(lines[0].find("raise `ulimit -n`"), std::string::npos) << lines[0];
 }
 
 }  // namespace
