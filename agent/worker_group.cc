@@ -79,6 +79,8 @@ struct ChildArgs {
   int status_fd = -1;
   int cgroup_procs_fd = -1;  // the worker's cgroup.procs, or -1
   bool simulate_no_close_range_cloexec = false;
+  // The soft RLIMIT_NOFILE the worker gets (the agent's at its start).
+  struct rlimit nofile {};
   char* const* argv = nullptr;
   char* const* envp = nullptr;
   const char* const* candidates = nullptr;  // paths to try, as execvp would
@@ -92,6 +94,14 @@ struct ChildArgs {
   // What a shell returns: 127 for "not found", 126 for "found, cannot run".
   ::_exit(stage == ChildStage::kExec && error == ENOENT ? 127 : 126);
 }
+
+// The descriptor limit this process started with, read before main() (and
+// so before a daemon it hosts raises it: rendezvous/server/fd_limit.h).
+const struct rlimit kStartupNofile = [] {
+  struct rlimit limit {};
+  (void)::getrlimit(RLIMIT_NOFILE, &limit);
+  return limit;
+}();
 
 // close_range(CLOSE_RANGE_CLOEXEC) by hand, for kernels before 5.11: every
 // fd >= 3 listed in /proc/self/fd, or without /proc every one below the fd
@@ -162,6 +172,10 @@ void MarkFdsCloexec() {
   if (args.simulate_no_close_range_cloexec ||
       ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)
     MarkFdsCloexec();
+  // A daemon the agent hosts raised the agent's own limit; the worker starts
+  // with the one it would have under torchrun (programs that use select()
+  // rely on a soft limit of 1,024). Best effort: the raised one also works.
+  (void)::setrlimit(RLIMIT_NOFILE, &args.nofile);
   // exec keeps ignored signals ignored and the mask as is; a worker starts
   // with defaults, whatever the agent set up.
   struct sigaction default_action {};
@@ -602,6 +616,9 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
     args.status_fd = status_write.get();
     args.cgroup_procs_fd = cgroup_procs.get();
     args.simulate_no_close_range_cloexec = options_.simulate_no_close_range_cloexec;
+    // The startup soft limit, within today's hard one (which may be lower).
+    (void)::getrlimit(RLIMIT_NOFILE, &args.nofile);
+    args.nofile.rlim_cur = std::min(kStartupNofile.rlim_cur, args.nofile.rlim_max);
     args.argv = p.argv.data();
     args.envp = p.envp.data();
     args.candidates = p.candidate_ptrs.data();

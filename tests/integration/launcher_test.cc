@@ -591,5 +591,17 @@ TEST_F(LauncherTest, AgentThatCannotGetDescriptorsSaysSoInOneLine) {
   EXPECT_NE(lines[0].find("raise `ulimit -n`"), std::string::npos) << lines[0];
 }
 
+// The daemon an agent hosts raises the agent's descriptor limit (to the
+// hard one); workers still start with the soft limit the agent was given,
+// as under torchrun.
+TEST_F(LauncherTest, WorkersGetTheDescriptorLimitTheLauncherStartedWith) {
+  ChildProcess run({"/usr/bin/prlimit", "--nofile=1024:8192", "--", BinDir() + "/meshrun",
+                    "--standalone", "--nproc-per-node=1", "--no-python", "/bin/sh", "-c",
+                    "echo SOFT=$(ulimit -Sn) HARD=$(ulimit -Hn)"},
+                   /*merge_stderr=*/true);
+  ASSERT_EQ(ExitCode(run, seconds(60)), 0) << run.output();
+  EXPECT_NE(run.output().find("SOFT=1024 HARD=8192"), std::string::npos) << run.output();
+}
+
 }  // namespace
 }  // namespace meshrun
