@@ -1024,7 +1024,7 @@ TEST_F(RendezvousStateTest, ReplicaScopeAdmissionEpochsNameEachSlotOccupancy) {
   JoinAll({Node("c", 2)}, At(20));
   auto events = Of(Take(), Kind::kAssigned);
   ASSERT_EQ(Ids(events), (std::vector<std::string>{"c"}));
-  const Assignment& c = events[0].assignment;
+  const Assignment c = events[0].assignment;  // a copy: `events` is reused below
   EXPECT_EQ(c.rank_base, 2u);
   EXPECT_EQ(c.store_prefix, "job/e1.r1") << "the round's namespace is shared";
   EXPECT_GT(c.admission_epoch, admission["b"]);
