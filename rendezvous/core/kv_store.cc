@@ -135,15 +135,19 @@ void KvStore::Put(const std::string& ns, const std::string& key, std::string val
   if (!space.barriers.empty()) ReleaseBarriers(space, key, ready);
   if (!created) return;
 
-  // Every waiter on the key: a wait may have been registered while the key
-  // was a queue's name only (gets always are); a value satisfies both.
-  auto waiting = space.waiting_on.find(key);
-  if (waiting == space.waiting_on.end()) return;
-  for (WaiterId id : waiting->second) {
+  // Waits and gets alike: a value satisfies both. In id order.
+  std::vector<WaiterId> ids;
+  for (auto* waiting_on : {&space.waiting_on, &space.getting_on}) {
+    auto waiting = waiting_on->find(key);
+    if (waiting == waiting_on->end()) continue;
+    ids.insert(ids.end(), waiting->second.begin(), waiting->second.end());
+    waiting_on->erase(waiting);
+  }
+  std::sort(ids.begin(), ids.end());
+  for (WaiterId id : ids) {
     Waiter& waiter = waiters_.find(id)->second;
     if (--waiter.missing == 0) ready->push_back(id);
   }
-  space.waiting_on.erase(waiting);
 }
 
 bool KvStore::Present(const Namespace& space, const std::string& key, bool wants_values) {
@@ -207,7 +211,8 @@ size_t KvStore::Park(Namespace& space, WaiterId waiter,
   for (const std::string& key : keys) {
     if (Present(space, key, wants_values)) continue;
     // A key named twice in one request is waited for once.
-    if (space.waiting_on[key].insert(waiter).second) ++registered;
+    auto& waiting_on = wants_values ? space.getting_on : space.waiting_on;
+    if (waiting_on[key].insert(waiter).second) ++registered;
   }
   return registered;
 }
@@ -281,8 +286,9 @@ void KvStore::RemoveWaiter(WaiterId id) {
   if (it == waiters_.end()) return;
   auto space = namespaces_.find(it->second.ns);
   if (space != namespaces_.end()) {
-    auto& waiting_on =
-        it->second.barrier_size > 0 ? space->second.barriers : space->second.waiting_on;
+    auto& waiting_on = it->second.barrier_size > 0 ? space->second.barriers
+                       : it->second.wants_values   ? space->second.getting_on
+                                                   : space->second.waiting_on;
     for (const std::string& key : it->second.keys) {
       auto waiting = waiting_on.find(key);
       if (waiting == waiting_on.end()) continue;
@@ -298,8 +304,8 @@ void KvStore::RemoveWaiter(WaiterId id) {
 
 void KvStore::EraseIfEmpty(std::unordered_map<std::string, Namespace>::iterator it) {
   const Namespace& space = it->second;
-  if (space.data.empty() && space.waiting_on.empty() && space.queues.empty() &&
-      space.barriers.empty()) {
+  if (space.data.empty() && space.waiting_on.empty() && space.getting_on.empty() &&
+      space.queues.empty() && space.barriers.empty()) {
     namespaces_.erase(it);
   }
 }
@@ -497,28 +503,22 @@ absl::Status KvStore::QueuePush(const std::string& ns, const std::string& key,
   space.bytes = bytes;
   space.queues[key].push_back(std::move(value));
   ++space.queue_items;
-  // Waits only (a get waits for a value). One item, one popper: of the waits
-  // that this item completes, the longest-waiting one (lowest id) is woken,
-  // and the rest stay parked for the next item. A multi-key wait that still
-  // misses another key stops waiting on this one; if the queue is empty
-  // again when its last key comes, Deliver parks it here again.
+  // Waits only (a get waits for a value). One item, one popper: the
+  // longest-waiting wait (lowest id) that this item completes is woken, and
+  // the waits after it stay parked for the next item (the woken one will
+  // most likely pop this one). A multi-key wait before it, still short of
+  // another key, stops waiting on this one; if the queue is empty again when
+  // its last key comes, Deliver parks it here again. Each wait is looked at
+  // once, so a push costs O(log n) amortized, however many are parked.
   std::vector<WaiterId> ready;
   if (auto waiting = space.waiting_on.find(key); waiting != space.waiting_on.end()) {
     std::set<WaiterId>& ids = waiting->second;
-    bool completed_one = false;
     for (auto id = ids.begin(); id != ids.end();) {
       Waiter& waiter = waiters_.find(*id)->second;
-      const bool completes = waiter.missing == 1;
-      if (waiter.wants_values || (completes && completed_one)) {
-        ++id;
-        continue;
-      }
-      --waiter.missing;
-      if (completes) {
-        completed_one = true;
-        ready.push_back(*id);
-      }
+      const bool completes = --waiter.missing == 0;
+      if (completes) ready.push_back(*id);
       id = ids.erase(id);
+      if (completes) break;
     }
     if (ids.empty()) space.waiting_on.erase(waiting);
   }
@@ -697,6 +697,8 @@ void KvStore::DropNamespace(const std::string& ns, std::vector<Wakeup>* woken) {
   // Every parked waiter is registered under at least one key.
   std::set<WaiterId> parked;
   for (const auto& [key, ids] : space->second.waiting_on)
+    parked.insert(ids.begin(), ids.end());
+  for (const auto& [key, ids] : space->second.getting_on)
     parked.insert(ids.begin(), ids.end());
   for (const auto& [key, ids] : space->second.barriers)
     parked.insert(ids.begin(), ids.end());

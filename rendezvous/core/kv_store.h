@@ -197,10 +197,13 @@ class KvStore {
     std::unordered_map<std::string, std::string> data;
     // Sum of key and value sizes, kept exact for max_bytes_per_namespace.
     size_t bytes = 0;
-    // key -> waiters registered until it exists. Sets are never left empty,
-    // so an empty map means no waiter is parked here. Ordered so that wake
-    // order is deterministic.
+    // key -> waiters registered until it exists: waits (a queue holding an
+    // item satisfies them too) and, apart, gets (values only), so that a
+    // push looks at waits alone. Sets are never left empty, so empty maps
+    // mean no waiter is parked here. Ordered so that wake order is
+    // deterministic.
     std::unordered_map<std::string, std::set<WaiterId>> waiting_on;
+    std::unordered_map<std::string, std::set<WaiterId>> getting_on;
     std::unordered_map<std::string, std::deque<std::string>> queues;  // never empty
     size_t queue_items = 0;  // in all queues: each counts as a key
     size_t num_waiters = 0;  // parked here (get, wait, multi_get, barrier)
@@ -210,9 +213,9 @@ class KvStore {
   struct Waiter {
     std::string ns;
     std::vector<std::string> keys;  // in request order
-    // How many waiting_on sets hold this waiter. A Delete can make it stale
-    // (a key counted as present may vanish), so reaching zero only means
-    // "recheck"; see Deliver().
+    // How many waiting_on (or getting_on) sets hold this waiter. A Delete can make it
+    // stale (a key counted as present may vanish), so reaching zero only means "recheck";
+    // see Deliver().
     size_t missing = 0;
     bool wants_values = false;
     // > 0: a barrier waiter (keys = {its key}), registered in `barriers`.

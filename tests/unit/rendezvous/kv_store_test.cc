@@ -1078,6 +1078,20 @@ TEST(KvStoreTest, APushAnswersTheWaitItCompletesNotAMultiKeyWaitStillShort) {
   EXPECT_EQ(store.num_waiters(), 1u);  // the get
 }
 
+TEST(KvStoreTest, AnItemIsTheWokenWaitsAndTheWaitsAfterItWaitForTheNext) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_FALSE(store.Wait(kNs, {"q"}, 1, At(100)).ready);
+  ASSERT_FALSE(store.Wait(kNs, {"q", "k"}, 2, At(100)).ready);
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "item", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{1});
+  woken.clear();
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{});  // the item went to wait 1
+  ASSERT_TRUE(store.QueuePush(kNs, "q", "item", &woken).ok());
+  EXPECT_EQ(IdsOf(woken), Ids{2});
+}
+
 TEST(KvStoreTest, AMultiKeyWaitPastAnEmptiedQueueParksThereAgain) {
   KvStore store;
   std::vector<Wakeup> woken;
