@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
-#include <sys/resource.h>
 
 #include "absl/strings/str_cat.h"
 #include "rendezvous/core/state_codec.h"
@@ -99,11 +98,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
         front.limits.max_key_bytes, front.limits.max_value_bytes);
     front.handshake_timeout = options.handshake_timeout;
     front.max_connections = options.max_connections;
-    if (front.max_connections == 0) {
-      rlimit limit{};
-      front.max_connections =
-          ConnectionCapFor(getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur : 1024);
-    }
     front.max_connections_per_peer = options.max_connections_per_peer;
     front.max_queued_reply_bytes = options.store.max_queued_reply_bytes_per_session;
     grpc::Server* grpc_server = daemon->server_.get();
@@ -114,13 +108,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     front.namespace_for = [rendezvous](const std::string& /*peer*/) {
       return rendezvous->TcpStoreNamespace();
     };
-    const std::string caps = absl::StrCat(
-        "; the port takes at most ", front.max_connections, " connections, ",
-        front.max_connections_per_peer, " from one address, handshakes within ",
-        front.handshake_timeout.count(), " ms");
     auto served = TcpStoreServer::Start(std::move(front), *daemon->store_);
     if (!served.ok()) return served.status();
-    if (descriptors.ok()) LogDescriptors(*descriptors, caps);
+    const TcpStoreServerOptions& serving = (*served)->options();
+    if (descriptors.ok()) {
+      LogDescriptors(*descriptors,
+                     absl::StrCat("; the port takes at most ", serving.max_connections,
+                                  " connections, ", serving.max_connections_per_peer,
+                                  " from one address, handshakes within ",
+                                  serving.handshake_timeout.count(), " ms"));
+    }
     daemon->tcpstore_ = std::move(*served);
     daemon->port_ = daemon->tcpstore_->port();
   }

@@ -130,11 +130,6 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // never come. The session stays open.
   void CancelWaits(ReplySink* session);
   void EndSession(ReplySink* session);
-  // Answers the session's woken waits that were deferred while it was over
-  // its bounds (see DeferIfOverBounds), as far as its room allows. A session
-  // calls it, without its own lock held, once a write brought it back within
-  // them.
-  void RedeliverDeferred(ReplySink* session);
 
   // Reply bytes queued (or held for the log) by every session together, for
   // sessions of other front-ends to count theirs in (max_queued_reply_bytes
@@ -144,9 +139,8 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // For a session with `own` reply bytes queued and a bound of `own_max`:
   // whether it is over that bound or (while it holds some of those bytes,
   // so that a write of its own will resume it) over the bound of all
-  // sessions; and the bytes it may still queue within both.
+  // sessions.
   bool OverReplyBounds(size_t own, size_t own_max) const;
-  size_t ReplyRoom(size_t own, size_t own_max) const;
 
   // One client stream, of either protocol; defined in the .cc.
   template <typename In, typename Out>
@@ -186,8 +180,14 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
   // reply yet), otherwise `reply` holds the answer.
   bool ExecuteLocked(ReplySink* session, const meshrun::v1::StoreRequest& request,
                      meshrun::v1::StoreResponse* reply, std::vector<Wakeup>* woken);
-  // REQUIRES: mu_ held. Reads the deferred waits' values now.
+  // Answers the session's woken waits that were deferred while it was over
+  // its bounds, reading their values now, as far as its room allows.
+  void RedeliverDeferred(ReplySink* session);
+  // REQUIRES: mu_ held.
   void RedeliverLocked(ReplySink* session);
+  // The bytes a session with `own` reply bytes queued (bound `own_max`) may
+  // still queue within its bound and that of all sessions.
+  size_t ReplyRoom(size_t own, size_t own_max) const;
   // REQUIRES: mu_ held. False (and `reply` says why) when `session` already
   // has as many requests parked as it may.
   bool RoomToPark(ReplySink* session, meshrun::v1::StoreResponse* reply);

@@ -418,31 +418,20 @@ class TcpStoreServer::Impl::Connection final
       held_bytes_ -= bytes;
       server_->store_.SubtractQueuedReplyBytes(bytes);
       if (--held_ == 0) last = std::move(keepalive_);
-      waiting_for_room = !closed_ && (paused_ || has_deferred_);
+      waiting_for_room = !closed_ && paused_;
     }
     // Replies with no bytes (set, multi_set) start no write whose end would
-    // resume the reading or the deferred gets.
+    // resume the reading.
     if (waiting_for_room)
       asio::post(socket_.get_executor(),
                  [self = shared_from_this()] { self->AfterDrain(); });
   }
-  // A parked get woken while this client is not reading its replies is
-  // answered once it has room (StoreService reads the values then).
-  bool DeferIfOverBounds() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_ || !OverBoundsLocked()) return false;
-    has_deferred_ = true;
-    return true;
-  }
-  void MarkDeferred() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    has_deferred_ = true;
-  }
-  size_t RoomBytes() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return server_->store_.ReplyRoom(out_bytes_ + held_bytes_,
-                                     server_->options_.max_queued_reply_bytes);
-  }
+  // Nothing to defer: a stock client's get waits first, then reads with
+  // if_present, so no reply woken here carries values (waits and barriers
+  // answer with a byte). The bounds apply to what it reads (Process).
+  bool DeferIfOverBounds() override { return false; }
+  void MarkDeferred() override {}
+  size_t RoomBytes() override { return std::numeric_limits<size_t>::max(); }
   // c10d's client has at most one blocking query out at a time.
   size_t MaxParkedWaits() override { return server_->options_.max_parked_waits; }
 
@@ -555,17 +544,13 @@ class TcpStoreServer::Impl::Connection final
     return bytes;
   }
 
-  // On the strand, once replies drained: answers the gets deferred while
-  // over the bounds, then resumes reading, if now within them.
+  // On the strand, once replies drained: resumes reading if paused and now
+  // within the bounds.
   void AfterDrain() {
-    bool redeliver;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_ || OverBoundsLocked()) return;
-      redeliver = std::exchange(has_deferred_, false);
     }
-    // Woken gets first: they were asked for before what is still unread.
-    if (redeliver) server_->store_.RedeliverDeferred(this);
     if (paused_.exchange(false)) Process();
   }
 
@@ -829,7 +814,6 @@ class TcpStoreServer::Impl::Connection final
       closed_ = true;
       out_.clear();
       SubtractOutBytesLocked(out_bytes_);
-      has_deferred_ = false;
       awaiting_.clear();
     }
     boost::system::error_code ec;
@@ -875,7 +859,6 @@ class TcpStoreServer::Impl::Connection final
   // service, against the bound of all sessions together.
   size_t out_bytes_ = 0;
   size_t held_bytes_ = 0;
-  bool has_deferred_ = false;  // guarded by mu_; see DeferIfOverBounds
   std::unordered_map<uint64_t, QueryType> awaiting_;  // request id -> its query
   int held_ = 0;
   std::shared_ptr<Connection> keepalive_;  // while replies are held for the log
@@ -986,6 +969,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   }
   return server;
 }
+
+const TcpStoreServerOptions& TcpStoreServer::options() const { return impl_->options_; }
 
 void TcpStoreServer::Stop() {
   if (!impl_) return;

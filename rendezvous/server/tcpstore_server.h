@@ -78,6 +78,8 @@ class TcpStoreServer {
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
   int port() const { return port_; }
+  // As served: max_connections resolved when it was 0.
+  const TcpStoreServerOptions& options() const;
   // Stops accepting, closes every connection (their parked waits end), and
   // joins the I/O threads. Idempotent.
   void Stop();
