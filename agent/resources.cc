@@ -43,11 +43,12 @@ int OpenDescriptors() {
   return count - 1;  // the directory's own
 }
 
-// The pids.max of this process's cgroup (v2, or v1's pids controller), when
-// one is set.
+// The directory RemoveOnResourceExit removes (the agent's temporary log root).
 std::mutex removed_on_exit_mu;
 std::string removed_on_exit;  // guarded by removed_on_exit_mu
 
+// The pids.max of this process's cgroup (v2, or v1's pids controller), when
+// one is set.
 std::optional<std::string> CgroupPidsMax() {
   std::ifstream in("/proc/self/cgroup");
   for (std::string line; std::getline(in, line);) {

@@ -427,8 +427,9 @@ TEST(TcpStoreFrontTest, ParkedWaitsAreCappedPerConnectionAndPerRun) {
 TEST(TcpStoreFrontTest, RepliesHeldForTheLogCountAgainstTheBoundOfAllClients) {
   testing::TempDir dir;
   DaemonProcess daemon({"--state-dir", dir.path() + "/state", "--max-queued-reply-bytes",
-                        std::to_string(16 << 20)});
+                        std::to_string(16 << 20), "--metrics-port", "0"});
   const int port = PortOf(daemon.endpoint());
+  const int metrics_port = daemon.ReadMetricsPort();
   const std::string value(1 << 20, 'v');
   {
     RawClient setter(port);
@@ -448,8 +449,15 @@ TEST(TcpStoreFrontTest, RepliesHeldForTheLogCountAgainstTheBoundOfAllClients) {
     senders.emplace_back([&, c] { clients[c]->SendRaw(gets); });
   }
   ExpectServing(port, "others", 1);  // everyone else is served meanwhile
-  // Let both fill what they may (a bound that holds stops them there).
-  std::this_thread::sleep_for(2s);
+  // The daemon holds replies up to the bound of all clients (16 MiB), then
+  // reads neither: each may pass it by the one reply it had taken on.
+  const std::string queued = "meshrun_store_reply_bytes_queued";
+  const std::string metrics =
+      testing::ScrapeUntil(metrics_port, [&](const std::string& m) {
+        return testing::MetricSample(m, queued) >= (16 << 20);
+      });
+  EXPECT_GE(testing::MetricSample(metrics, queued), 16 << 20) << "never counted";
+  EXPECT_LE(testing::MetricSample(metrics, queued), 19 << 20);
   const double grown = PeakRssMiB(daemon.process().pid()) - baseline;
   EXPECT_LT(grown, 64) << "MiB held for two clients that do not read";
   for (auto& client : clients) {

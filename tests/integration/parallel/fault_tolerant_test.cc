@@ -260,6 +260,28 @@ void Release(const testing::TempDir& dir, int hold) {
   std::ofstream(dir / ("hold" + std::to_string(hold))) << "go\n";
 }
 
+// Once `first` trained step 49 without the second node: a newcomer (into
+// *newcomer) takes the vacant slot (ranks 2..3) and joins the quorum at step
+// 50 (hold 2), and both nodes succeed.
+void NewcomerTakesTheSlotAtStep50(const testing::DaemonProcess& daemon,
+                                  const testing::TempDir& dir,
+                                  const std::vector<int>& holds, const Elastic& elastic,
+                                  const std::string& rdzv_conf, int metrics_port,
+                                  testing::ChildProcess& first,
+                                  std::unique_ptr<testing::ChildProcess>* newcomer) {
+  ASSERT_TRUE(first.ReadUntil("step 49 loss", std::chrono::seconds(120)))
+      << first.output();
+  *newcomer = LaunchNode(daemon, dir, holds, elastic, rdzv_conf);
+  ASSERT_TRUE((*newcomer)->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
+                                     std::chrono::seconds(60)))
+      << (*newcomer)->output();
+  AwaitSecondNodeAtTheQuorum(metrics_port);
+  Release(dir, 2);
+  ASSERT_EQ(testing::ExitCode(**newcomer, std::chrono::seconds(240)), 0)
+      << (*newcomer)->output();
+  ASSERT_EQ(testing::ExitCode(first, std::chrono::seconds(240)), 0) << first.output();
+}
+
 // The second node's groups (every member) were healed from replica 0 at
 // `step`, and all the replicas trained that step together.
 void ExpectJoinedAt(const std::string& first, const std::string& second, int step,
@@ -359,17 +381,10 @@ TEST_P(ElasticReplicas, ALostNodesGroupsDropOutAndANewcomerTakesTheirPlace) {
   lost->Signal(SIGKILL);
   lost->Wait(std::chrono::seconds(30));
   Release(dir, 1);
-  ASSERT_TRUE(first->ReadUntil("step 49 loss", std::chrono::seconds(120)))
-      << first->output();
-  auto newcomer = LaunchNode(daemon, dir, holds, elastic);
-  ASSERT_TRUE(newcomer->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
-                                  std::chrono::seconds(60)))
-      << newcomer->output();
-  AwaitSecondNodeAtTheQuorum(metrics_port);
-  Release(dir, 2);
-  ASSERT_EQ(testing::ExitCode(*newcomer, std::chrono::seconds(240)), 0)
-      << newcomer->output();
-  ASSERT_EQ(testing::ExitCode(*first, std::chrono::seconds(240)), 0) << first->output();
+  std::unique_ptr<testing::ChildProcess> newcomer;
+  ASSERT_NO_FATAL_FAILURE(NewcomerTakesTheSlotAtStep50(daemon, dir, holds, elastic,
+                                                       "last_call_timeout=1",
+                                                       metrics_port, *first, &newcomer));
 
   // Steps 30-49 by the survivors alone, then all again.
   EXPECT_EQ(
@@ -420,17 +435,9 @@ TEST(ElasticReplicasQuiet, WorkersOfANodeThatLostItsSlotAreRefused) {
       std::chrono::seconds(30));
   ASSERT_EQ(testing::MetricSample(metrics, dropped), 1) << metrics;
   Release(dir, 1);
-  ASSERT_TRUE(first->ReadUntil("step 49 loss", std::chrono::seconds(120)))
-      << first->output();
-  auto newcomer = LaunchNode(daemon, dir, holds, elastic, conf);
-  ASSERT_TRUE(newcomer->ReadUntil("round 1: group rank 1/2, ranks 2..3 of 4",
-                                  std::chrono::seconds(60)))
-      << newcomer->output();
-  AwaitSecondNodeAtTheQuorum(metrics_port);
-  Release(dir, 2);
-  ASSERT_EQ(testing::ExitCode(*newcomer, std::chrono::seconds(240)), 0)
-      << newcomer->output();
-  ASSERT_EQ(testing::ExitCode(*first, std::chrono::seconds(240)), 0) << first->output();
+  std::unique_ptr<testing::ChildProcess> newcomer;
+  ASSERT_NO_FATAL_FAILURE(NewcomerTakesTheSlotAtStep50(daemon, dir, holds, elastic, conf,
+                                                       metrics_port, *first, &newcomer));
   EXPECT_EQ(CountLines(first->output(), "step 30: replicas 0"), 1) << first->output();
   ExpectJoinedAt(first->output(), newcomer->output(), 50, elastic);
   ExpectNoRestartAndVerified(first->output() + newcomer->output(), 80);
