@@ -28,6 +28,7 @@
 #include "rendezvous/core/kv_store.h"
 #include "rendezvous/core/request_validation.h"
 #include "rendezvous/persist/state_log.h"
+#include "rendezvous/server/store_backend.h"
 #include "rendezvous/server/deadline_timer.h"
 #include "rendezvous/status/metrics.h"
 
@@ -61,31 +62,6 @@ struct StoreServiceOptions {
   size_t max_parked_waits_per_session = 1 << 14;
 };
 
-// What the service needs of a session (a gRPC stream, a TCPStore
-// connection): a way to queue replies.
-class StoreReplySink {
- public:
-  virtual ~StoreReplySink() = default;
-  // Queue replies. May be called from any thread until EndSession() ran.
-  virtual void Send(meshrun::v1::StoreResponse reply) = 0;
-  virtual void SendAll(std::vector<meshrun::v1::StoreResponse>* replies) = 0;
-  // --state-dir: replies wait for the log. Hold() keeps the stream from
-  // finishing (so the session outlives the wait) and counts `replies`
-  // against the session's bounds as if queued; SendHeld() queues them and
-  // lets it finish again.
-  virtual void Hold(const std::vector<meshrun::v1::StoreResponse>& replies) = 0;
-  virtual void SendHeld(std::vector<meshrun::v1::StoreResponse>* replies) = 0;
-  // True when the session is over its bounds; it then calls
-  // RedeliverDeferred() once it is back within them (MarkDeferred: in any
-  // case, after its next write).
-  virtual bool DeferIfOverBounds() = 0;
-  virtual void MarkDeferred() = 0;
-  // Reply bytes the session may still queue within both byte bounds.
-  virtual size_t RoomBytes() = 0;
-  // This session's cap on parked blocking requests; 0: the service's.
-  virtual size_t MaxParkedWaits() { return 0; }
-};
-
 struct StoreServiceStats {
   uint64_t sessions_open = 0;
   uint64_t ops = 0;
@@ -93,7 +69,8 @@ struct StoreServiceStats {
   uint64_t queued_reply_bytes = 0;
 };
 
-class StoreService final : public meshrun::v1::Store::CallbackService {
+class StoreService final : public meshrun::v1::Store::CallbackService,
+                           public StoreBackend {
  public:
   explicit StoreService(StoreServiceOptions options);
   ~StoreService() override;
@@ -120,27 +97,16 @@ class StoreService final : public meshrun::v1::Store::CallbackService {
 
   using ReplySink = StoreReplySink;
 
-  // For front-ends other than gRPC (the TCPStore protocol): a session opens,
-  // sends requests through Handle(), and ends with EndSession(), after which
-  // no reply reaches it. Handle() replies through `session` now or later
-  // (parked waits), from any thread.
-  void OpenSession();
-  void Handle(ReplySink* session, const meshrun::v1::StoreRequest& request);
-  // Forgets the session's parked waits (c10d's cancel_wait); their replies
-  // never come. The session stays open.
-  void CancelWaits(ReplySink* session);
-  void EndSession(ReplySink* session);
-
-  // Reply bytes queued (or held for the log) by every session together, for
-  // sessions of other front-ends to count theirs in (max_queued_reply_bytes
-  // bounds the sum).
-  void AddQueuedReplyBytes(size_t bytes) { queued_reply_bytes_.fetch_add(bytes); }
-  void SubtractQueuedReplyBytes(size_t bytes) { queued_reply_bytes_.fetch_sub(bytes); }
-  // For a session with `own` reply bytes queued and a bound of `own_max`:
-  // whether it is over that bound or (while it holds some of those bytes,
-  // so that a write of its own will resume it) over the bound of all
-  // sessions.
-  bool OverReplyBounds(size_t own, size_t own_max) const;
+  // StoreBackend, for front-ends other than gRPC (the TCPStore protocol).
+  void OpenSession() override;
+  void Handle(ReplySink* session, const meshrun::v1::StoreRequest& request) override;
+  void CancelWaits(ReplySink* session) override;
+  void EndSession(ReplySink* session) override;
+  void AddQueuedReplyBytes(size_t bytes) override { queued_reply_bytes_.fetch_add(bytes); }
+  void SubtractQueuedReplyBytes(size_t bytes) override {
+    queued_reply_bytes_.fetch_sub(bytes);
+  }
+  bool OverReplyBounds(size_t own, size_t own_max) const override;
 
   // One client stream, of either protocol; defined in the .cc.
   template <typename In, typename Out>

@@ -78,7 +78,7 @@ thread_local const void* tls_dispatching = nullptr;
 
 class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer::Impl> {
  public:
-  Impl(TcpStoreServerOptions options, StoreService& store)
+  Impl(TcpStoreServerOptions options, StoreBackend& store)
       : options_(std::move(options)), store_(store), acceptor_(io_), accept_retry_(io_) {}
 
   class Connection;
@@ -285,7 +285,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   void CollectMetrics(std::vector<MetricFamily>* out);
 
   const TcpStoreServerOptions options_;
-  StoreService& store_;
+  StoreBackend& store_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
   static constexpr std::chrono::milliseconds kAcceptRetry{100};
@@ -311,7 +311,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
 };
 
 // One TCPStore client. Reads and parses on its strand; replies come from
-// StoreService (Send) on any thread and are written in the order they come.
+// the backend (Send) on any thread and are written in the order they come.
 class TcpStoreServer::Impl::Connection final
     : public StoreReplySink,
       public std::enable_shared_from_this<TcpStoreServer::Impl::Connection> {
@@ -351,7 +351,7 @@ class TcpStoreServer::Impl::Connection final
     asio::post(socket_.get_executor(), [self = shared_from_this()] { self->Close(); });
   }
 
-  // StoreReplySink. Called with StoreService's lock held, or not; never with
+  // StoreReplySink. Called with the backend's lock held, or not; never with
   // ours held by the caller.
   void Send(StoreResponse reply) override {
     std::vector<StoreResponse> one(1);
@@ -946,7 +946,7 @@ void TcpStoreServer::Impl::CollectMetrics(std::vector<MetricFamily>* out) {
 }
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
-    TcpStoreServerOptions options, StoreService& store) {
+    TcpStoreServerOptions options, StoreBackend& store) {
   const int threads = std::max(1, options.io_threads);
   if (options.max_connections == 0) {
     rlimit limit{};

@@ -10,16 +10,18 @@
 // anything else is a TCPStore client, whose first query must be VALIDATE
 // with c10d's magic number.
 //
-// Each TCPStore connection is a StoreService session: its queries become
-// StoreRequests in the namespace `namespace_for` picks when it validates,
-// so they share the gRPC store's limits, waiters, metrics and state log.
+// Each TCPStore connection is a session of a StoreBackend: its queries become
+// StoreRequests in the namespace `namespace_for` picks when it validates. In
+// the daemon the backend is its StoreService, so they share the gRPC store's
+// limits, waiters, metrics and state log; in an agent it is a StoreRelay to
+// the daemon.
 // A connection that sends garbage, a wrong handshake, an oversized field or
 // a request the store refuses is closed (as torch's server does) and
 // counted; the daemon and every other client go on. So is one that says
 // nothing (or never validates) for handshake_timeout, and one over the
 // connection caps.
 //
-// Thread-safe. Stop() before the StoreService goes away.
+// Thread-safe. Stop() before the backend goes away.
 
 #include <atomic>
 #include <chrono>
@@ -31,7 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "rendezvous/core/tcpstore_wire.h"
-#include "rendezvous/server/store_service.h"
+#include "rendezvous/server/store_backend.h"
 #include "rendezvous/status/metrics.h"
 
 namespace meshrun::rdzv {
@@ -72,7 +74,7 @@ class TcpStoreServer {
   // Binds host:port and serves. UNAVAILABLE when the address cannot be bound.
   // `store` must remain live until Stop() returned.
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
-      TcpStoreServerOptions options, StoreService& store);
+      TcpStoreServerOptions options, StoreBackend& store);
   ~TcpStoreServer();  // Stop()
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
