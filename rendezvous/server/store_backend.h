@@ -45,7 +45,8 @@ class StoreBackend {
   // `session` now or later (parked waits), from any thread; every request
   // gets exactly one reply unless its session cancels its waits or ends.
   virtual void OpenSession() = 0;
-  virtual void Handle(StoreReplySink* session, const meshrun::v1::StoreRequest& request) = 0;
+  virtual void Handle(StoreReplySink* session,
+                      const meshrun::v1::StoreRequest& request) = 0;
   // Forgets the session's parked waits (c10d's cancel_wait); their replies
   // never come. The session stays open.
   virtual void CancelWaits(StoreReplySink* session) = 0;

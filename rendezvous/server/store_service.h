@@ -28,8 +28,8 @@
 #include "rendezvous/core/kv_store.h"
 #include "rendezvous/core/request_validation.h"
 #include "rendezvous/persist/state_log.h"
-#include "rendezvous/server/store_backend.h"
 #include "rendezvous/server/deadline_timer.h"
+#include "rendezvous/server/store_backend.h"
 #include "rendezvous/status/metrics.h"
 
 namespace meshrun::rdzv {
@@ -102,7 +102,9 @@ class StoreService final : public meshrun::v1::Store::CallbackService,
   void Handle(ReplySink* session, const meshrun::v1::StoreRequest& request) override;
   void CancelWaits(ReplySink* session) override;
   void EndSession(ReplySink* session) override;
-  void AddQueuedReplyBytes(size_t bytes) override { queued_reply_bytes_.fetch_add(bytes); }
+  void AddQueuedReplyBytes(size_t bytes) override {
+    queued_reply_bytes_.fetch_add(bytes);
+  }
   void SubtractQueuedReplyBytes(size_t bytes) override {
     queued_reply_bytes_.fetch_sub(bytes);
   }
