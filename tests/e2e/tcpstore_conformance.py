@@ -1,9 +1,11 @@
-"""c10d TCPStore wire-protocol conformance: torch's servers vs meshrun-rdzvd.
+"""c10d TCPStore wire-protocol conformance: torch's servers vs meshrun's.
 
 The same cases run, through stock clients only, against
   torch-libuv    torch's TCPStore server, libuv backend (torch 2's default),
   torch-classic  torch's TCPStore server, classic backend (use_libuv=False),
   meshrun        meshrun-rdzvd's TCPStore protocol server (on its gRPC port),
+  meshrun-agent  an agent's store relay (store_relay_tool: what workers
+                 under meshrun talk to) to a meshrun-rdzvd of its own,
 each torch server hosted by a python subprocess of its own (port 0, which it
 prints), the daemon started with --port 0. Clients:
   python  torch.distributed.TCPStore(host, port, is_master=False) in this
@@ -25,7 +27,8 @@ backends must agree with each other, or the suite fails too.
 
 Usage:
   tcpstore_conformance.py --server torch-libuv|torch-classic|meshrun [--rdzvd BIN]
-  tcpstore_conformance.py --server all --rdzvd BIN            (compare; exit 1 on a difference)
+  tcpstore_conformance.py --server meshrun-agent --rdzvd BIN --relay BIN
+  tcpstore_conformance.py --server all --rdzvd BIN --relay BIN  (compare; exit 1 on a difference)
   ... [--client python|cpp] [--cpp-client BIN] [--case NAME ...] [--json OUT]
 """
 
@@ -54,7 +57,8 @@ os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 
 PYTHON = sys.executable
 HOST = "127.0.0.1"
-SERVERS = ["torch-libuv", "torch-classic", "meshrun"]
+SERVERS = ["torch-libuv", "torch-classic", "meshrun", "meshrun-agent"]
+MESHRUN_SERVERS = ["meshrun", "meshrun-agent"]
 START_DEADLINE_S = 60  # a server (importing torch on a loaded machine) or the daemon
 CLIENT_TIMEOUT = datetime.timedelta(seconds=20)  # a broken server fails a case, never hangs it
 SHORT = datetime.timedelta(milliseconds=300)  # timeouts the cases provoke
@@ -146,30 +150,43 @@ sys.stdin.read()  # serves until the harness closes stdin (or kills it by pid)
 
 
 class Server:
-    def __init__(self, kind, rdzvd):
+    def __init__(self, kind, rdzvd, relay=None):
         self.kind = kind
-        if kind == "meshrun":
-            if not rdzvd:
-                raise SystemExit("--rdzvd is required for the meshrun server")
-            cmd = [rdzvd, "--host", HOST, "--port", "0"]
-            prefix = "MESHRUN_RDZVD_ENDPOINT="
-        else:
-            libuv = "True" if kind == "torch-libuv" else "False"
-            cmd = [PYTHON, "-c", TORCH_SERVER.format(libuv=libuv)]
-            prefix = "PORT="
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL)
-        value = read_line_with_deadline(self.proc, prefix, START_DEADLINE_S)
+        self.procs = []
+        try:
+            if kind in MESHRUN_SERVERS:
+                if not rdzvd:
+                    raise SystemExit("--rdzvd is required for the %s server" % kind)
+                endpoint = self.start([rdzvd, "--host", HOST, "--port", "0"],
+                                      "MESHRUN_RDZVD_ENDPOINT=")
+                if kind == "meshrun-agent":
+                    if not relay:
+                        raise SystemExit("--relay is required for the meshrun-agent server")
+                    endpoint = self.start([relay, endpoint, "conformance"],
+                                          "MESHRUN_RELAY_ENDPOINT=")
+            else:
+                libuv = "True" if kind == "torch-libuv" else "False"
+                endpoint = self.start([PYTHON, "-c", TORCH_SERVER.format(libuv=libuv)], "PORT=")
+        except BaseException:
+            self.stop()
+            raise
+        self.port = int(endpoint.rsplit(":", 1)[-1])
+
+    def start(self, cmd, prefix):
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+        self.procs.append(proc)
+        value = read_line_with_deadline(proc, prefix, START_DEADLINE_S)
         if value is None:
-            end_process(self.proc)
-            raise RuntimeError("%s did not report its port within %d s" % (kind, START_DEADLINE_S))
-        self.port = int(value.rsplit(":", 1)[-1])
+            raise RuntimeError("%s did not report its port within %d s" % (cmd[0], START_DEADLINE_S))
+        return value
 
     def alive(self):
-        return self.proc.poll() is None
+        return all(p.poll() is None for p in self.procs)
 
     def stop(self):
-        end_process(self.proc)
+        for proc in reversed(self.procs):
+            end_process(proc)
 
 
 # --------------------------------------------------------------------------
@@ -809,7 +826,7 @@ def run_cpp_cases(server, cpp_client, names):
 
 def run_server(kind, args):
     print("== %s (%s client)" % (kind, args.client), file=sys.stderr, flush=True)
-    server = Server(kind, args.rdzvd)
+    server = Server(kind, args.rdzvd, args.relay)
     try:
         if args.client == "cpp":
             return run_cpp_cases(server, args.cpp_client, args.case)
@@ -827,7 +844,8 @@ def run_all_in_parallel(args):
         for kind in SERVERS:
             cmd = [PYTHON, os.path.abspath(__file__), "--server", kind, "--client", args.client,
                    "--json", os.path.join(tmp, kind + ".json")]
-            for flag, value in (("--rdzvd", args.rdzvd), ("--cpp-client", args.cpp_client)):
+            for flag, value in (("--rdzvd", args.rdzvd), ("--relay", args.relay),
+                                ("--cpp-client", args.cpp_client)):
                 if value:
                     cmd += [flag, value]
             for name in args.case:
@@ -872,7 +890,6 @@ def compare(all_results):
     for n in names:
         libuv = all_results["torch-libuv"].get(n, "<missing>")
         classic = all_results["torch-classic"].get(n, "<missing>")
-        mesh = all_results["meshrun"].get(n, "<missing>")
         ref_kind, why = TORCH_BACKEND_DIFFERENCES.get(n, ("torch-libuv", None))
         ref = all_results[ref_kind].get(n, "<missing>")
         if why is None and libuv != classic:
@@ -880,18 +897,21 @@ def compare(all_results):
                             "    torch-libuv:   %s\n    torch-classic: %s"
                             % (n, json.dumps(libuv, sort_keys=True),
                                json.dumps(classic, sort_keys=True)))
-        mesh_ok = mesh == ref
-        if not mesh_ok:
-            failures.append("%s: meshrun differs from %s\n    expected: %s\n    got:      %s"
-                            % (n, ref_kind, json.dumps(ref, sort_keys=True),
-                               json.dumps(mesh, sort_keys=True)))
+        marks = []
+        for kind in MESHRUN_SERVERS:
+            mesh = all_results[kind].get(n, "<missing>")
+            if mesh != ref:
+                failures.append("%s: %s differs from %s\n    expected: %s\n    got:      %s"
+                                % (n, kind, ref_kind, json.dumps(ref, sort_keys=True),
+                                   json.dumps(mesh, sort_keys=True)))
+            marks.append("=" if mesh == ref else "DIFF")
         rows.append((n, "ref" if ref_kind == "torch-libuv" else ("=" if libuv == ref else "DIFF*"),
                      "ref" if ref_kind == "torch-classic" else ("=" if classic == ref else "DIFF*"),
-                     "=" if mesh_ok else "DIFF", ref))
-    print("\n%-32s %-12s %-13s %-8s %s" % ("case", "torch-libuv", "torch-classic", "meshrun",
-                                           "reference outcome"))
-    for n, a, b, c, ref in rows:
-        print("%-32s %-12s %-13s %-8s %s" % (n, a, b, c, short(ref)))
+                     marks, ref))
+    print("\n%-32s %-12s %-13s %-8s %-14s %s" % ("case", "torch-libuv", "torch-classic", "meshrun",
+                                                 "meshrun-agent", "reference outcome"))
+    for n, a, b, marks, ref in rows:
+        print("%-32s %-12s %-13s %-8s %-14s %s" % (n, a, b, marks[0], marks[1], short(ref)))
     print("(ref: the reference for meshrun; =: same outcome; DIFF*: a known torch backend "
           "difference; DIFF: a failure)")
     for n, (kind, why) in TORCH_BACKEND_DIFFERENCES.items():
@@ -907,6 +927,7 @@ def main():
     ap.add_argument("--server", choices=SERVERS + ["all"], required=True)
     ap.add_argument("--client", choices=["python", "cpp"], default="python")
     ap.add_argument("--rdzvd", help="meshrun-rdzvd binary (for --server meshrun or all)")
+    ap.add_argument("--relay", help="store_relay_tool binary (for --server meshrun-agent or all)")
     ap.add_argument("--cpp-client", help="tcpstore_client_conformance binary (--client cpp)")
     ap.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")
     ap.add_argument("--json", help="write the outcomes here")

@@ -1,0 +1,327 @@
+#include "rendezvous/relay/relay_core.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace meshrun::rdzv {
+
+using meshrun::v1::StoreRequest;
+using meshrun::v1::StoreRequestBatch;
+using meshrun::v1::StoreResponse;
+
+namespace {
+
+void AppendField(std::string* out, const std::string& field) {
+  absl::StrAppend(out, field.size(), ":", field);
+}
+
+StoreResponse Refusal(uint64_t id, meshrun::v1::StoreCode code, std::string error) {
+  StoreResponse reply;
+  reply.set_id(id);
+  reply.set_code(code);
+  reply.set_error(std::move(error));
+  return reply;
+}
+
+const char* OpName(const StoreRequest& request) {
+  switch (request.op_case()) {
+    case StoreRequest::kAdd:
+      return "add";
+    case StoreRequest::kCompareSet:
+      return "compare_set";
+    case StoreRequest::kAppend:
+      return "append";
+    case StoreRequest::kQueuePush:
+      return "queue_push";
+    case StoreRequest::kQueuePop:
+      return "queue_pop";
+    case StoreRequest::kBarrier:
+      return "barrier";
+    default:
+      return "request";
+  }
+}
+
+}  // namespace
+
+RelayCore::RelayCore(RelayLimits limits) : limits_(limits) {}
+
+std::string RelayCore::JoinKey(const StoreRequest& request) {
+  std::string key;
+  switch (request.op_case()) {
+    case StoreRequest::kWait:
+      key = "w";
+      for (const std::string& k : request.wait().keys()) AppendField(&key, k);
+      break;
+    case StoreRequest::kGet:
+      key = request.get().if_present() ? "g" : "G";
+      AppendField(&key, request.get().key());
+      break;
+    case StoreRequest::kMultiGet:
+      key = request.multi_get().if_present() ? "m" : "M";
+      for (const std::string& k : request.multi_get().keys()) AppendField(&key, k);
+      break;
+    case StoreRequest::kCheck:
+      key = "c";
+      for (const std::string& k : request.check().keys()) AppendField(&key, k);
+      break;
+    case StoreRequest::kAdd:
+      key = "a";
+      AppendField(&key, request.add().key());
+      break;
+    default:
+      return key;
+  }
+  // Callers join only callers of the same namespace and timeout.
+  absl::StrAppend(&key, "|", request.timeout_ms(), "|");
+  AppendField(&key, request.ns());
+  return key;
+}
+
+bool RelayCore::IsRead(const StoreRequest& request) {
+  switch (request.op_case()) {
+    case StoreRequest::kGet:
+    case StoreRequest::kMultiGet:
+    case StoreRequest::kWait:
+    case StoreRequest::kCheck:
+    case StoreRequest::kNumKeys:
+    case StoreRequest::kListKeys:
+    case StoreRequest::kQueueLen:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool RelayCore::SafeToRepeat(const StoreRequest& request) {
+  // A repeated set, multi_set or delete leaves what the first left, unless
+  // another client wrote the same key in between: c10d's users write a
+  // key once (addresses, flags), or rewrite it with the same value.
+  switch (request.op_case()) {
+    case StoreRequest::kSet:
+    case StoreRequest::kMultiSet:
+    case StoreRequest::kDelete:
+      return true;
+    default:
+      return IsRead(request);
+  }
+}
+
+std::optional<StoreResponse> RelayCore::Submit(StoreReplySink* session,
+                                               StoreRequest request) {
+  ++stats_.requests;
+  const size_t bytes = request.ByteSizeLong();
+  if (bytes > limits_.max_request_bytes) {
+    ++stats_.refused;
+    return Refusal(request.id(), meshrun::v1::STORE_INVALID_ARGUMENT,
+                   absl::StrCat("a request of ", bytes, " bytes is over the relay's bound (",
+                                limits_.max_request_bytes, ")"));
+  }
+  size_t& pending = pending_[session];
+  if (pending >= limits_.max_pending_per_session) {
+    ++stats_.refused;
+    return Refusal(request.id(), meshrun::v1::STORE_RESOURCE_EXHAUSTED,
+                   absl::StrCat("more than ", limits_.max_pending_per_session,
+                                " requests of one client pending"));
+  }
+  Joiner joiner{session, request.id(), 0};
+  std::string key = JoinKey(request);
+  if (!key.empty() && pending == 0) {
+    auto found = joinable_.find(key);
+    if (found != joinable_.end()) {
+      Op& op = ops_.at(found->second);
+      bool joins = true;
+      if (request.op_case() == StoreRequest::kAdd) {
+        int64_t sum = 0;
+        joins = !__builtin_add_overflow(op.request.add().delta(), request.add().delta(), &sum);
+        if (joins) {
+          op.request.mutable_add()->set_delta(sum);
+          joiner.add_through = sum;
+        }
+      }
+      if (joins) {
+        op.joiners.push_back(joiner);
+        ++pending;
+        ops_of_[session].insert(found->second);
+        ++stats_.joined;
+        return std::nullopt;
+      }
+    }
+  }
+  if (!unsent_.empty() && unsent_bytes_ + bytes > limits_.max_unsent_bytes) {
+    ++stats_.refused;
+    return Refusal(request.id(), meshrun::v1::STORE_RESOURCE_EXHAUSTED,
+                   absl::StrCat("the relay holds ", unsent_bytes_,
+                                " bytes of requests the daemon has not taken yet"));
+  }
+  const uint64_t id = next_id_++;
+  request.set_id(id);
+  if (request.op_case() == StoreRequest::kAdd) joiner.add_through = request.add().delta();
+  Op& op = ops_[id];
+  op.request = std::move(request);
+  op.joiners.push_back(joiner);
+  op.bytes = bytes;
+  if (!key.empty()) {
+    joinable_[key] = id;
+    op.join_key = std::move(key);
+  }
+  unsent_.insert(id);
+  unsent_bytes_ += bytes;
+  ++pending;
+  ops_of_[session].insert(id);
+  return std::nullopt;
+}
+
+bool RelayCore::TakeBatch(StoreRequestBatch* batch) {
+  if (!writing_.empty() || unsent_.empty()) return false;
+  size_t bytes = 0;
+  while (!unsent_.empty() &&
+         static_cast<size_t>(batch->requests_size()) < limits_.max_requests_per_batch) {
+    const uint64_t id = *unsent_.begin();
+    Op& op = ops_.at(id);
+    if (batch->requests_size() > 0 && bytes + op.bytes > limits_.max_batch_bytes) break;
+    *batch->add_requests() = op.request;
+    bytes += op.bytes;
+    unsent_bytes_ -= op.bytes;
+    unsent_.erase(unsent_.begin());
+    op.state = Op::State::kWriting;
+    writing_.push_back(id);
+    // Only waits are joined once sent (see the header).
+    if (!op.join_key.empty() && op.request.op_case() != StoreRequest::kWait) {
+      auto found = joinable_.find(op.join_key);
+      if (found != joinable_.end() && found->second == id) joinable_.erase(found);
+      op.join_key.clear();
+    }
+  }
+  ++stats_.batches;
+  return true;
+}
+
+void RelayCore::WriteDone(bool written) {
+  for (uint64_t id : writing_) {
+    auto it = ops_.find(id);
+    if (it == ops_.end()) continue;  // answered before the write completed
+    Op& op = it->second;
+    if (written) {
+      op.state = Op::State::kSent;
+      ++stats_.sent;
+    } else {
+      op.state = Op::State::kUnsent;
+      unsent_.insert(id);
+      unsent_bytes_ += op.bytes;
+    }
+  }
+  writing_.clear();
+}
+
+void RelayCore::OnReply(const StoreResponse& reply, std::vector<RelayDelivery>* out) {
+  auto it = ops_.find(reply.id());
+  if (it == ops_.end()) return;  // nobody waits for it any more
+  Op& op = it->second;
+  const bool add = op.request.op_case() == StoreRequest::kAdd &&
+                   reply.code() == meshrun::v1::STORE_OK;
+  const int64_t total = add ? op.request.add().delta() : 0;
+  for (const Joiner& joiner : op.joiners) {
+    StoreResponse answer = reply;
+    answer.set_id(joiner.id);
+    if (add) answer.set_number(reply.number() - total + joiner.add_through);
+    out->push_back({joiner.session, std::move(answer)});
+    auto pending = pending_.find(joiner.session);
+    if (pending != pending_.end() && --pending->second == 0) pending_.erase(pending);
+    auto of = ops_of_.find(joiner.session);
+    if (of != ops_of_.end()) {
+      of->second.erase(reply.id());
+      if (of->second.empty()) ops_of_.erase(of);
+    }
+  }
+  Forget(reply.id());
+}
+
+void RelayCore::OnStreamLost(std::vector<RelayDelivery>* out) {
+  std::vector<uint64_t> orphans;
+  std::vector<uint64_t> unknown;  // may or may not have been applied
+  for (auto& [id, op] : ops_) {
+    if (op.state != Op::State::kSent) continue;
+    if (op.joiners.empty() && IsRead(op.request)) {
+      orphans.push_back(id);
+    } else if (SafeToRepeat(op.request)) {
+      op.state = Op::State::kUnsent;
+      unsent_.insert(id);
+      unsent_bytes_ += op.bytes;
+      ++stats_.repeated;
+    } else {
+      unknown.push_back(id);
+    }
+  }
+  for (uint64_t id : orphans) Forget(id);
+  for (uint64_t id : unknown) {
+    const Op& op = ops_.at(id);
+    stats_.failed_in_flight += op.joiners.size();
+    StoreResponse reply;
+    reply.set_id(id);
+    reply.set_code(meshrun::v1::STORE_UNAVAILABLE);
+    reply.set_error(absl::StrCat("the connection to the daemon broke while this ",
+                                 OpName(op.request),
+                                 " was in flight; it may or may not have been applied"));
+    OnReply(reply, out);
+  }
+}
+
+void RelayCore::RemoveJoiners(StoreReplySink* session, bool waits_only) {
+  auto of = ops_of_.find(session);
+  if (of == ops_of_.end()) return;
+  std::vector<uint64_t> forget;
+  for (auto id_it = of->second.begin(); id_it != of->second.end();) {
+    const uint64_t id = *id_it;
+    Op& op = ops_.at(id);
+    const auto op_case = op.request.op_case();
+    if (waits_only && op_case != StoreRequest::kWait && op_case != StoreRequest::kBarrier) {
+      ++id_it;
+      continue;
+    }
+    size_t removed = 0;
+    for (auto j = op.joiners.begin(); j != op.joiners.end();) {
+      if (j->session == session) {
+        j = op.joiners.erase(j);
+        ++removed;
+      } else {
+        ++j;
+      }
+    }
+    auto pending = pending_.find(session);
+    if (pending != pending_.end()) {
+      pending->second -= std::min(pending->second, removed);
+      if (pending->second == 0) pending_.erase(pending);
+    }
+    if (op.joiners.empty() && op.state == Op::State::kUnsent && IsRead(op.request)) {
+      forget.push_back(id);
+    }
+    id_it = of->second.erase(id_it);
+  }
+  if (of->second.empty()) ops_of_.erase(of);
+  for (uint64_t id : forget) Forget(id);
+}
+
+void RelayCore::CancelWaits(StoreReplySink* session) { RemoveJoiners(session, true); }
+
+void RelayCore::EndSession(StoreReplySink* session) {
+  RemoveJoiners(session, false);
+  pending_.erase(session);
+  ops_of_.erase(session);
+}
+
+void RelayCore::Forget(uint64_t upstream_id) {
+  auto it = ops_.find(upstream_id);
+  if (it == ops_.end()) return;
+  Op& op = it->second;
+  if (!op.join_key.empty()) {
+    auto found = joinable_.find(op.join_key);
+    if (found != joinable_.end() && found->second == upstream_id) joinable_.erase(found);
+  }
+  if (unsent_.erase(upstream_id) > 0) unsent_bytes_ -= op.bytes;
+  ops_.erase(it);
+}
+
+}  // namespace meshrun::rdzv

@@ -1,0 +1,139 @@
+#pragma once
+
+// The pure core of an agent's store relay (store_relay.h): what its workers'
+// requests become on the one gRPC stream the agent keeps to the daemon. No
+// sockets, threads or clock; the adapter feeds it requests, replies and the
+// stream's fate, and sends what it hands out.
+//
+// Requests are aggregated where c10d's semantics allow it, so that W workers
+// on a node cost the daemon about one request per node, not W:
+//  - waits on the same keys share one upstream wait, also one already sent
+//    (a wait only says that the keys exist; no client deletes a key while
+//    others wait on it);
+//  - identical gets, multi_gets and checks queued for the same batch share
+//    one request and its reply;
+//  - adds to one key queued for the same batch become one add of their sum,
+//    and each caller gets the value after its own part, as if they ran one
+//    after the other.
+// Only requests not yet sent join each other, except waits, so every shared
+// answer is taken after each caller asked. A session's request joins
+// nothing while the session has another one pending, so a client that
+// pipelines still sees its own requests in order.
+//
+// When the stream breaks, requests the daemon may not have seen are sent
+// again on the next stream, and so are those sent whose repeat is harmless
+// (reads, waits, set, multi_set, delete); the others (add, compare_set,
+// append, queue push and pop, barrier) may or may not have been applied and
+// are answered STORE_UNAVAILABLE.
+//
+// Not thread-safe: the adapter holds one lock around it.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "meshrun/v1/store.pb.h"
+
+namespace meshrun::rdzv {
+
+class StoreReplySink;
+
+struct RelayLimits {
+  // The daemon ends a stream whose batch holds more (StoreServiceOptions).
+  size_t max_requests_per_batch = 1024;
+  // A batch is closed at about this many bytes; a larger request goes alone.
+  size_t max_batch_bytes = 1 << 20;
+  // Larger requests are refused: the daemon's gRPC would end the whole
+  // stream for them (DaemonOptions::max_message_bytes, less room to spare).
+  size_t max_request_bytes = (64 << 20) + (512 << 10);
+  // Requests one session may have pending; a stock c10d client has one.
+  size_t max_pending_per_session = 32;
+  // Bytes of requests not yet sent, from all sessions (the daemon away).
+  size_t max_unsent_bytes = 256 << 20;
+};
+
+struct RelayStats {
+  uint64_t requests = 0;         // from sessions
+  uint64_t joined = 0;           // of those, answered by another's request
+  uint64_t sent = 0;             // requests sent upstream (repeats included)
+  uint64_t batches = 0;          // upstream messages
+  uint64_t repeated = 0;         // sent again after a stream broke
+  uint64_t failed_in_flight = 0; // answered UNAVAILABLE after a stream broke
+  uint64_t refused = 0;          // over the limits above
+};
+
+struct RelayDelivery {
+  StoreReplySink* session;
+  meshrun::v1::StoreResponse reply;
+};
+
+class RelayCore {
+ public:
+  explicit RelayCore(RelayLimits limits = {});
+
+  // A session's request (its id is the session's own). Returns a refusal to
+  // deliver when the request is over a limit; nullopt when it was taken.
+  std::optional<meshrun::v1::StoreResponse> Submit(StoreReplySink* session,
+                                                   meshrun::v1::StoreRequest request);
+  // Moves the next requests to send into `batch` (upstream ids). False when
+  // there is nothing to send. They stay "being written" until WriteDone().
+  bool TakeBatch(meshrun::v1::StoreRequestBatch* batch);
+  // The batch TakeBatch() gave: written (the daemon may see it), or not
+  // written (the stream broke first; it will be sent again).
+  void WriteDone(bool written);
+  // A reply from the daemon; what it answers, in `out`.
+  void OnReply(const meshrun::v1::StoreResponse& reply, std::vector<RelayDelivery>* out);
+  // The stream ended. Requests written and not answered are queued again or
+  // failed (see above); the failures, in `out`. REQUIRES: no batch being
+  // written (its WriteDone came first).
+  void OnStreamLost(std::vector<RelayDelivery>* out);
+  // c10d's cancel_wait: the session's waits and barriers get no reply. A
+  // barrier is still carried out, as the daemon would.
+  void CancelWaits(StoreReplySink* session);
+  // The session is gone: nothing more is delivered to it. Its writes still
+  // reach the daemon, as they would had it sent them there itself.
+  void EndSession(StoreReplySink* session);
+
+  bool HasUnsent() const { return !unsent_.empty(); }
+  size_t pending_upstream() const { return ops_.size(); }
+  const RelayStats& stats() const { return stats_; }
+
+ private:
+  struct Joiner {
+    StoreReplySink* session;
+    uint64_t id;          // the session's request id
+    int64_t add_through;  // adds: the combined delta through this caller's
+  };
+  struct Op {
+    meshrun::v1::StoreRequest request;  // id: the upstream id
+    std::vector<Joiner> joiners;
+    std::string join_key;  // empty: joins nothing
+    size_t bytes = 0;
+    enum class State { kUnsent, kWriting, kSent } state = State::kUnsent;
+  };
+  static std::string JoinKey(const meshrun::v1::StoreRequest& request);
+  static bool SafeToRepeat(const meshrun::v1::StoreRequest& request);
+  // Reads: an unsent one nobody waits for need not be sent at all.
+  static bool IsRead(const meshrun::v1::StoreRequest& request);
+  void Forget(uint64_t upstream_id);
+  void RemoveJoiners(StoreReplySink* session, bool waits_only);
+
+  const RelayLimits limits_;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, Op> ops_;  // by upstream id
+  std::set<uint64_t> unsent_;   // in the order they came
+  std::vector<uint64_t> writing_;
+  size_t unsent_bytes_ = 0;
+  std::unordered_map<std::string, uint64_t> joinable_;  // join key -> op
+  std::unordered_map<StoreReplySink*, size_t> pending_;  // per session
+  std::unordered_map<StoreReplySink*, std::unordered_set<uint64_t>> ops_of_;
+  RelayStats stats_;
+};
+
+}  // namespace meshrun::rdzv

@@ -1,0 +1,79 @@
+#pragma once
+
+// An agent's store relay: the node's workers talk c10d's TCPStore protocol to
+// their own agent (TcpStoreServer, on loopback by default), and the agent
+// carries their requests to the daemon on one gRPC stream of its own, with
+// its token and TLS. So every run on any daemon, secured or not, gets its
+// own store (the relay names the run's namespace, which a stock client
+// cannot), and a daemon restart breaks no worker: torch's client never
+// reconnects, but it never sees the daemon; the relay reconnects and sends
+// again what it must (relay_core.h), so a worker blocked in wait through the
+// restart gets its key. Many workers' requests travel as one message, and
+// many waits, gets and adds as one request (relay_core.h).
+//
+// What the daemon's TCPStore front-end refuses, this one refuses the same way
+// (the same TcpStoreServer and limits): it closes that worker's connection,
+// never the stream to the daemon or another worker's connection.
+//
+// Thread-safe.
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "rendezvous/core/tcpstore_wire.h"
+#include "rendezvous/relay/relay_core.h"
+#include "rendezvous/security/security.h"
+
+namespace meshrun::rdzv {
+
+class TcpStoreServer;
+
+struct StoreRelayOptions {
+  std::string daemon;  // "host:port" of meshrun-rdzvd
+  ClientSecurity security;
+  // Where workers connect.
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: kernel-assigned
+  // What one TCPStore query may hold, as the daemon's defaults.
+  tcpstore::WireLimits limits;
+  RelayLimits relay;
+  std::chrono::milliseconds handshake_timeout{30000};
+  // Between reconnect attempts that fail before the daemon answered
+  // (doubling up to the maximum); a stream that broke after working is
+  // replaced at once. gRPC waits for the channel itself in between.
+  std::chrono::milliseconds min_reconnect_delay{50};
+  std::chrono::milliseconds max_reconnect_delay{2000};
+};
+
+class StoreRelay {
+ public:
+  // Listens on host:port and starts the stream to the daemon (which may not
+  // be up yet: requests wait for it). UNAVAILABLE when the address cannot be
+  // bound.
+  static absl::StatusOr<std::unique_ptr<StoreRelay>> Start(StoreRelayOptions options);
+  ~StoreRelay();  // Stop()
+  StoreRelay(const StoreRelay&) = delete;
+  StoreRelay& operator=(const StoreRelay&) = delete;
+
+  int port() const;
+  // The store namespace of connections that validate from now on (the
+  // round's store prefix); connections already open keep theirs. While it
+  // is empty, connections are refused.
+  void SetNamespace(std::string ns);
+  // Closes every worker connection and the stream. Idempotent.
+  void Stop();
+  RelayStats Stats();
+  // Upstream streams opened so far (1 until the first reconnect).
+  uint64_t streams_opened();
+
+  class Backend;  // in the .cc
+
+ private:
+  StoreRelay() = default;
+  std::shared_ptr<Backend> backend_;
+  std::unique_ptr<TcpStoreServer> front_;
+};
+
+}  // namespace meshrun::rdzv
