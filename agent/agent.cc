@@ -32,6 +32,7 @@
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
 #include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/relay/store_relay.h"
 
 namespace meshrun::agent {
 
@@ -107,24 +108,6 @@ RunEnd FromProto(v1::RunOutcome outcome) {
     default:
       return RunEnd::kAborted;
   }
-}
-
-// A port nobody listens on now, from the kernel. The worker that becomes
-// the TCPStore master binds it later (the same race torchrun accepts) when
-// the daemon is not the workers' store.
-int PickFreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof addr;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
 }
 
 // A re-form's reason in words, for the log.
@@ -381,14 +364,13 @@ class Agent {
     return std::chrono::milliseconds(interval * attempts);
   }
 
-  v1::JoinRequest MakeJoin(uint64_t resume_round, int master_port) const {
+  v1::JoinRequest MakeJoin(uint64_t resume_round) const {
     v1::JoinRequest join;
     join.set_run_id(options_.run_id);
     join.set_node_id(options_.node_id);
     join.set_host(options_.host);
     join.set_nproc(static_cast<uint32_t>(options_.nproc));
     join.set_node_rank_hint(options_.node_rank_hint);
-    join.set_master_port(static_cast<uint32_t>(master_port));
     join.set_resume_round(resume_round);
     *join.mutable_config() = options_.run_config;
     return join;
@@ -428,14 +410,8 @@ class Agent {
                     std::hash<std::string>{}(options_.node_id) ^
                         static_cast<uint64_t>(
                             std::chrono::steady_clock::now().time_since_epoch().count()));
-    // A fresh join offers a port free now (torchrun picks one per
-    // rendezvous); a resuming one offers the port of the join it resumes, so
-    // its details match the round's. Workers use it only when the daemon is
-    // not their store (a daemon with --tcpstore=off, a token or TLS).
-    int master_port = 0;
     while (true) {
       const uint64_t resume = resume_round_.load();
-      if (resume == 0 || master_port == 0) master_port = PickFreePort();
       rdzv::RendezvousClient::JoinSession* session = nullptr;
       std::unique_ptr<rdzv::RendezvousClient::JoinSession> old;
       {
@@ -443,7 +419,7 @@ class Agent {
         if (stop_threads_ || leaving_) return;
         rejoin_requested_ = false;
         old = std::move(session_);
-        session_ = client_->Join(MakeJoin(resume, master_port));
+        session_ = client_->Join(MakeJoin(resume));
         session = session_.get();
       }
       old.reset();  // waits for its call to end; not under stop_mu_
@@ -721,8 +697,6 @@ class Agent {
       round.restart_count = a.restart_count();
       round.store_prefix = a.store_prefix();
       round.admission_epoch = a.admission_epoch();
-      round.master_host = a.master_host();
-      round.master_port = static_cast<int>(a.master_port());
       round.serves_tcpstore = a.serves_tcpstore();
       spdlog::info("round {}: group rank {}/{}, ranks {}..{} of {}, restart {}",
                    round.round, round.group_rank, round.group_world_size, round.rank_base,
@@ -1023,6 +997,25 @@ class Agent {
     }
   }
 
+  // The workers' TCPStore in `round` (AgentOptions::daemon_store): the
+  // daemon's port where it serves this run, else the agent's relay, started
+  // the first time it is needed.
+  absl::StatusOr<AgentOptions::StoreAddress> WorkerStore(const RoundInfo& round) {
+    if (options_.daemon_store && round.serves_tcpstore) return *options_.daemon_store;
+    if (!relay_) {
+      rdzv::StoreRelayOptions relay;
+      relay.daemon = options_.rdzv_endpoint;
+      relay.security = options_.security;
+      auto started = rdzv::StoreRelay::Start(std::move(relay));
+      if (!started.ok()) return started.status();
+      relay_ = std::move(*started);
+      spdlog::info("serving the workers' store on 127.0.0.1:{}, relayed to {}",
+                   relay_->port(), options_.rdzv_endpoint);
+    }
+    relay_->SetNamespace(round.store_prefix);
+    return AgentOptions::StoreAddress{"127.0.0.1", relay_->port()};
+  }
+
   // Starts the local ranks of `group` (all of them in restart scope job).
   // False when they could not start (the agent then exits).
   bool StartGroup(const RoundInfo& round, int group, uint32_t replica_restarts,
@@ -1032,6 +1025,13 @@ class Agent {
     specs.reserve(size);
     const std::string attempt_dir =
         log_root_ + "/attempt_" + std::to_string(round.restart_count);
+    const absl::StatusOr<AgentOptions::StoreAddress> store = WorkerStore(round);
+    if (!store.ok()) {
+      const std::string why = std::string(store.status().message());
+      spdlog::error("cannot serve the workers' store: {}", why);
+      Finish(action::Exit{1, "cannot serve the workers' store: " + why});
+      return false;
+    }
     for (int local_rank = group * size; local_rank < (group + 1) * size; ++local_rank) {
       const int rank = static_cast<int>(round.rank_base) + local_rank;
       const std::string rank_dir = attempt_dir + "/" + std::to_string(local_rank);
@@ -1048,14 +1048,9 @@ class Agent {
       in.local_world_size = options_.nproc;
       in.max_restarts = options_.run_config.max_restarts();
       in.round = round;
-      if (options_.agent_store && round.serves_tcpstore) {
-        in.master_addr = options_.agent_store->host;
-        in.master_port = options_.agent_store->port;
-        in.use_agent_store = true;
-      } else {
-        in.master_addr = round.master_host;
-        in.master_port = round.master_port;
-      }
+      in.master_addr = store->host;
+      in.master_port = store->port;
+      in.use_agent_store = true;
       in.store_endpoint = options_.rdzv_endpoint;
       in.error_file = error_file;
       in.signals_to_handle = options_.signals_to_handle_text;
@@ -1173,6 +1168,9 @@ class Agent {
   boost::asio::io_context io_;
   AgentState state_;
   boost::asio::signal_set signals_;
+  // The workers' store when the daemon's port is not (WorkerStore); before
+  // the workers, so it outlives them.
+  std::unique_ptr<rdzv::StoreRelay> relay_;
   // One per local replica group in restart scope "replica", else one.
   std::vector<std::unique_ptr<WorkerGroup>> groups_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -35,18 +35,20 @@ struct AgentOptions {
   int replica_size = 0;
   int node_rank_hint = -1;
   std::string rdzv_endpoint;  // the daemon's host:port
-  // The daemon's TCPStore front-end as this node's workers reach it: their
-  // MASTER_ADDR / MASTER_PORT with TORCHELASTIC_USE_AGENT_STORE=True, as
-  // torchrun 2's agent store, in rounds whose assignment says the daemon
-  // serves it. Unset (the daemon wants a token or TLS, which stock TCPStore
-  // clients cannot give), or in rounds of a daemon that does not serve it:
-  // group rank 0's rank 0 worker serves a TCPStore on the free port its agent
-  // offered at the rendezvous.
+  // Workers' MASTER_ADDR / MASTER_PORT, with TORCHELASTIC_USE_AGENT_STORE=True
+  // as under torchrun 2: the daemon's TCPStore front-end as this node's
+  // workers reach it (`daemon_store`: --standalone, the static backend,
+  // --worker-store=daemon), in rounds whose assignment says the daemon serves
+  // this run there; otherwise (unset, or a daemon that serves another run,
+  // wants a token or TLS, or serves no TCPStore) the agent's own store relay
+  // on 127.0.0.1 (rendezvous/relay/store_relay.h), which carries the
+  // workers' requests to the daemon with the agent's token and TLS and
+  // through daemon restarts.
   struct StoreAddress {
     std::string host;  // bare, no IPv6 brackets
     int port = 0;
   };
-  std::optional<StoreAddress> agent_store;
+  std::optional<StoreAddress> daemon_store;
   // Token and TLS of the agent's calls to the daemon.
   rdzv::ClientSecurity security;
   // What workers need to reach the daemon the same way: file paths

@@ -36,9 +36,8 @@ struct RoundInfo {
   uint32_t restart_count = 0;
   std::string store_prefix;
   uint64_t admission_epoch = 0;  // this node's admission into its slot
-  std::string master_host;       // host of group rank 0
-  int master_port = 0;           // the free port group rank 0 offered
-  bool serves_tcpstore = false;  // the daemon is the workers' TCPStore
+  // The daemon's port serves this run's store to stock TCPStore clients.
+  bool serves_tcpstore = false;
 };
 
 // One worker's end. `signal` is 0 for a normal exit.

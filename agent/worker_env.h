@@ -21,10 +21,9 @@ struct WorkerEnvInputs {
   int local_world_size = 1;
   uint32_t max_restarts = 0;
   RoundInfo round;
-  // MASTER_ADDR:MASTER_PORT. With use_agent_store, the daemon's TCPStore
-  // front-end, which workers only connect to (torch then keys everything
-  // under /worker/attempt_<TORCHELASTIC_RESTART_COUNT>); without, a free port
-  // on group rank 0's host where rank 0's worker serves a TCPStore itself.
+  // MASTER_ADDR:MASTER_PORT. With use_agent_store, a store workers only
+  // connect to (the agent's relay or the daemon's TCPStore front-end);
+  // without, a port where rank 0's worker serves a TCPStore itself.
   std::string master_addr;
   int master_port = 0;
   bool use_agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE

@@ -55,6 +55,7 @@ enum FlagId {
   kMaxRestarts,
   kRestartScope,
   kReplicaSize,
+  kWorkerStore,
   kMonitorInterval,
   kStartMethod,
   kEventLogHandler,
@@ -137,6 +138,12 @@ constexpr FlagDef kFlags[] = {
      "With --restart-scope=replica: workers per replica group; global ranks "
      "[r*N, (r+1)*N) form group r, which must lie within one node "
      "(--nproc-per-node a multiple of N)."},
+    {"--worker-store", "", true, "agent|daemon", "",
+     "Where workers' MASTER_ADDR:MASTER_PORT (their TCPStore) points. agent: this "
+     "node's agent, which relays to the daemon with its token and TLS and through "
+     "daemon restarts (the default with c10d). daemon: the daemon's own port, where "
+     "it serves this run to stock clients (the default with static and "
+     "--standalone, as torchrun's MASTER_PORT); the agent's when it does not."},
     {"--monitor-interval", "", true, "SECONDS", "0.1",
      "No effect: meshrun reacts to worker exits at once instead of polling."},
     {"--start-method", "", true, "METHOD", "spawn",
@@ -1041,6 +1048,15 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
     config->restart_scope = RestartScope::kReplica;
   } else {
     return FlagError(kRestartScope, scope, Got("job or replica", scope.text));
+  }
+  Given worker_store = flags.GetOr(kWorkerStore);
+  if (worker_store.text == "agent") {
+    config->worker_store = WorkerStore::kAgent;
+  } else if (worker_store.text == "daemon") {
+    config->worker_store = WorkerStore::kDaemon;
+  } else if (!worker_store.text.empty()) {
+    return FlagError(kWorkerStore, worker_store,
+                     Got("agent or daemon", worker_store.text));
   }
   Given replica_size = flags.GetOr(kReplicaSize);
   std::optional<int> size = ParseInt(replica_size.text);

@@ -63,6 +63,13 @@ enum class RestartScope {
   kReplica,
 };
 
+// Where workers' MASTER_ADDR:MASTER_PORT points (--worker-store).
+enum class WorkerStore {
+  kDefault,  // kAgent with c10d; kDaemon with static and --standalone
+  kAgent,    // this node's agent (its store relay)
+  kDaemon,   // the daemon's port, where it serves this run
+};
+
 // A host and a port as given on the command line, brackets of an IPv6 literal
 // removed ("[::1]:29400" -> host "::1").
 struct HostPort {
@@ -138,6 +145,8 @@ struct LaunchConfig {
   // of it. Given without kReplica, --replica-size is refused.
   RestartScope restart_scope = RestartScope::kJob;
   int replica_size = 1;
+  // --worker-store.
+  WorkerStore worker_store = WorkerStore::kDefault;
   // --monitor-interval. meshrun supervises on events, not by polling; kept so
   // torchrun command lines parse and for anything that must poll.
   std::chrono::milliseconds monitor_interval{100};

@@ -277,13 +277,16 @@ int Main(int argc, char** argv) {
     options.replica_size = config.replica_size;
   options.node_rank_hint = config.node_rank_given ? config.node_rank : -1;
   options.rdzv_endpoint = endpoint;
-  // Workers use the daemon's TCPStore front-end as torchrun's agent store,
-  // unless the daemon wants a token or TLS: stock TCPStore clients send
-  // neither, and such a daemon does not serve them (DaemonOptions::tcpstore;
-  // every round assignment says whether the daemon serves them).
-  if (client_security->token.empty() && !client_security->tls() &&
-      (!daemon || daemon->serves_tcpstore()))
-    options.agent_store =
+  // Workers' store (--worker-store): the agent's relay with c10d, which keeps
+  // them working through daemon restarts and serves every run of a shared or
+  // secured daemon; the daemon's port with static and --standalone, as
+  // torchrun's MASTER_PORT, where that daemon serves this run.
+  const bool daemon_store =
+      config.worker_store == WorkerStore::kDaemon ||
+      (config.worker_store == WorkerStore::kDefault &&
+       (config.standalone || config.rdzv_backend == RdzvBackend::kStatic));
+  if (daemon_store)
+    options.daemon_store =
         agent::AgentOptions::StoreAddress{daemon_address.host, daemon_address.port};
   options.security = std::move(*client_security);
   options.worker_security_env = WorkerSecurityEnv(config);

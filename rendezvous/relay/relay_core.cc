@@ -115,9 +115,10 @@ std::optional<StoreResponse> RelayCore::Submit(StoreReplySink* session,
   const size_t bytes = request.ByteSizeLong();
   if (bytes > limits_.max_request_bytes) {
     ++stats_.refused;
-    return Refusal(request.id(), meshrun::v1::STORE_INVALID_ARGUMENT,
-                   absl::StrCat("a request of ", bytes, " bytes is over the relay's bound (",
-                                limits_.max_request_bytes, ")"));
+    return Refusal(
+        request.id(), meshrun::v1::STORE_INVALID_ARGUMENT,
+        absl::StrCat("a request of ", bytes, " bytes is over the relay's bound (",
+                     limits_.max_request_bytes, ")"));
   }
   size_t& pending = pending_[session];
   if (pending >= limits_.max_pending_per_session) {
@@ -135,7 +136,8 @@ std::optional<StoreResponse> RelayCore::Submit(StoreReplySink* session,
       bool joins = true;
       if (request.op_case() == StoreRequest::kAdd) {
         int64_t sum = 0;
-        joins = !__builtin_add_overflow(op.request.add().delta(), request.add().delta(), &sum);
+        joins = !__builtin_add_overflow(op.request.add().delta(), request.add().delta(),
+                                        &sum);
         if (joins) {
           op.request.mutable_add()->set_delta(sum);
           joiner.add_through = sum;
@@ -220,8 +222,8 @@ void RelayCore::OnReply(const StoreResponse& reply, std::vector<RelayDelivery>* 
   auto it = ops_.find(reply.id());
   if (it == ops_.end()) return;  // nobody waits for it any more
   Op& op = it->second;
-  const bool add = op.request.op_case() == StoreRequest::kAdd &&
-                   reply.code() == meshrun::v1::STORE_OK;
+  const bool add =
+      op.request.op_case() == StoreRequest::kAdd && reply.code() == meshrun::v1::STORE_OK;
   const int64_t total = add ? op.request.add().delta() : 0;
   for (const Joiner& joiner : op.joiners) {
     StoreResponse answer = reply;
@@ -277,7 +279,8 @@ void RelayCore::RemoveJoiners(StoreReplySink* session, bool waits_only) {
     const uint64_t id = *id_it;
     Op& op = ops_.at(id);
     const auto op_case = op.request.op_case();
-    if (waits_only && op_case != StoreRequest::kWait && op_case != StoreRequest::kBarrier) {
+    if (waits_only && op_case != StoreRequest::kWait &&
+        op_case != StoreRequest::kBarrier) {
       ++id_it;
       continue;
     }

@@ -59,13 +59,13 @@ struct RelayLimits {
 };
 
 struct RelayStats {
-  uint64_t requests = 0;         // from sessions
-  uint64_t joined = 0;           // of those, answered by another's request
-  uint64_t sent = 0;             // requests sent upstream (repeats included)
-  uint64_t batches = 0;          // upstream messages
-  uint64_t repeated = 0;         // sent again after a stream broke
-  uint64_t failed_in_flight = 0; // answered UNAVAILABLE after a stream broke
-  uint64_t refused = 0;          // over the limits above
+  uint64_t requests = 0;          // from sessions
+  uint64_t joined = 0;            // of those, answered by another's request
+  uint64_t sent = 0;              // requests sent upstream (repeats included)
+  uint64_t batches = 0;           // upstream messages
+  uint64_t repeated = 0;          // sent again after a stream broke
+  uint64_t failed_in_flight = 0;  // answered UNAVAILABLE after a stream broke
+  uint64_t refused = 0;           // over the limits above
 };
 
 struct RelayDelivery {
@@ -130,7 +130,7 @@ class RelayCore {
   std::set<uint64_t> unsent_;   // in the order they came
   std::vector<uint64_t> writing_;
   size_t unsent_bytes_ = 0;
-  std::unordered_map<std::string, uint64_t> joinable_;  // join key -> op
+  std::unordered_map<std::string, uint64_t> joinable_;   // join key -> op
   std::unordered_map<StoreReplySink*, size_t> pending_;  // per session
   std::unordered_map<StoreReplySink*, std::unordered_set<uint64_t>> ops_of_;
   RelayStats stats_;

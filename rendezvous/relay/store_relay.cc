@@ -100,17 +100,21 @@ class StoreRelay::Backend final : public StoreBackend {
     std::lock_guard<std::mutex> lock(mu_);
     core_.EndSession(session);
   }
-  void AddQueuedReplyBytes(size_t bytes) override { queued_reply_bytes_.fetch_add(bytes); }
+  void AddQueuedReplyBytes(size_t bytes) override {
+    queued_reply_bytes_.fetch_add(bytes);
+  }
   void SubtractQueuedReplyBytes(size_t bytes) override {
     queued_reply_bytes_.fetch_sub(bytes);
   }
   bool OverReplyBounds(size_t own, size_t own_max) const override {
-    return own > own_max || (own > 0 && queued_reply_bytes_.load() > kMaxQueuedReplyBytes);
+    return own > own_max ||
+           (own > 0 && queued_reply_bytes_.load() > kMaxQueuedReplyBytes);
   }
 
  private:
   // One BatchSession call; replaced by a new one when it ends.
-  class Stream final : public grpc::ClientBidiReactor<StoreRequestBatch, StoreResponseBatch> {
+  class Stream final
+      : public grpc::ClientBidiReactor<StoreRequestBatch, StoreResponseBatch> {
    public:
     explicit Stream(Backend* backend) : backend_(backend) {
       // Wait for the daemon (a restart, a slow start) instead of failing.
@@ -168,11 +172,13 @@ class StoreRelay::Backend final : public StoreBackend {
     std::lock_guard<std::mutex> lock(mu_);
     if (!answered_) {
       answered_ = true;
-      if (streams_opened_ > 1) spdlog::info("store relay: reconnected to {}", options_.daemon);
+      if (streams_opened_ > 1)
+        spdlog::info("store relay: reconnected to {}", options_.daemon);
       reconnect_delay_ = options_.min_reconnect_delay;
     }
     deliveries_.clear();
-    for (const StoreResponse& reply : batch.responses()) core_.OnReply(reply, &deliveries_);
+    for (const StoreResponse& reply : batch.responses())
+      core_.OnReply(reply, &deliveries_);
     Deliver();
   }
 
