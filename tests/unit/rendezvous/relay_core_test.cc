@@ -1,0 +1,303 @@
+// RelayCore: what an agent's workers' requests become on its one stream to
+// the daemon (aggregation, batching, limits, and what survives the stream
+// breaking). Pure: the "daemon" is this test, answering batches by hand.
+#include "rendezvous/relay/relay_core.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "rendezvous/server/store_backend.h"
+
+namespace meshrun::rdzv {
+namespace {
+
+using meshrun::v1::StoreRequest;
+using meshrun::v1::StoreRequestBatch;
+using meshrun::v1::StoreResponse;
+
+// Only its address matters: RelayCore never calls a session.
+class Sink final : public StoreReplySink {
+ public:
+  void Send(StoreResponse) override {}
+  void SendAll(std::vector<StoreResponse>*) override {}
+  void Hold(const std::vector<StoreResponse>&) override {}
+  void SendHeld(std::vector<StoreResponse>*) override {}
+  bool DeferIfOverBounds() override { return false; }
+  void MarkDeferred() override {}
+  size_t RoomBytes() override { return 0; }
+};
+
+StoreRequest Wait(uint64_t id, std::vector<std::string> keys, std::string ns = "run/r1") {
+  StoreRequest r;
+  r.set_id(id);
+  r.set_ns(std::move(ns));
+  r.set_timeout_ms(UINT32_MAX);
+  for (auto& k : keys) r.mutable_wait()->add_keys(k);
+  return r;
+}
+StoreRequest Get(uint64_t id, const std::string& key) {
+  StoreRequest r;
+  r.set_id(id);
+  r.set_ns("run/r1");
+  r.mutable_get()->set_key(key);
+  r.mutable_get()->set_if_present(true);
+  return r;
+}
+StoreRequest Add(uint64_t id, const std::string& key, int64_t delta) {
+  StoreRequest r;
+  r.set_id(id);
+  r.set_ns("run/r1");
+  r.mutable_add()->set_key(key);
+  r.mutable_add()->set_delta(delta);
+  return r;
+}
+StoreRequest Set(uint64_t id, const std::string& key, const std::string& value) {
+  StoreRequest r;
+  r.set_id(id);
+  r.set_ns("run/r1");
+  r.mutable_set()->set_key(key);
+  r.mutable_set()->set_value(value);
+  return r;
+}
+
+StoreResponse Ok(uint64_t id) {
+  StoreResponse reply;
+  reply.set_id(id);
+  return reply;
+}
+
+// Takes and writes the next batch.
+StoreRequestBatch Send(RelayCore& core) {
+  StoreRequestBatch batch;
+  EXPECT_TRUE(core.TakeBatch(&batch));
+  core.WriteDone(true);
+  return batch;
+}
+
+// The deliveries as session -> reply.
+std::map<StoreReplySink*, StoreResponse> BySession(
+    const std::vector<RelayDelivery>& out) {
+  std::map<StoreReplySink*, StoreResponse> by;
+  for (const RelayDelivery& d : out) by[d.session] = d.reply;
+  return by;
+}
+
+TEST(RelayCoreTest, WaitsOnOneKeyShareOneUpstreamWaitAlsoOnceSent) {
+  RelayCore core;
+  Sink a, b, c;
+  ASSERT_FALSE(core.Submit(&a, Wait(7, {"done"})));
+  ASSERT_FALSE(core.Submit(&b, Wait(1, {"done"})));
+  StoreRequestBatch batch = Send(core);
+  ASSERT_EQ(batch.requests_size(), 1);
+  // A wait that comes after the first went up joins it too.
+  ASSERT_FALSE(core.Submit(&c, Wait(3, {"done"})));
+  StoreRequestBatch none;
+  EXPECT_FALSE(core.TakeBatch(&none));
+  // Another key, or another namespace, is another wait.
+  ASSERT_FALSE(core.Submit(&c, Wait(4, {"other"})));
+  std::vector<RelayDelivery> out;
+  core.OnReply(Ok(batch.requests(0).id()), &out);
+  auto by = BySession(out);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(by[&a].id(), 7u);
+  EXPECT_EQ(by[&b].id(), 1u);
+  EXPECT_EQ(by[&c].id(), 3u);
+  EXPECT_EQ(core.stats().joined, 2u);
+}
+
+TEST(RelayCoreTest, GetsJoinOnlyWhileNotSent) {
+  RelayCore core;
+  Sink a, b, c;
+  ASSERT_FALSE(core.Submit(&a, Get(1, "addr0")));
+  ASSERT_FALSE(core.Submit(&b, Get(2, "addr0")));
+  StoreRequestBatch first = Send(core);
+  ASSERT_EQ(first.requests_size(), 1);
+  // Asked after the read went up: its answer may be older than this get.
+  ASSERT_FALSE(core.Submit(&c, Get(3, "addr0")));
+  StoreRequestBatch second;
+  ASSERT_TRUE(core.TakeBatch(&second));
+  EXPECT_EQ(second.requests_size(), 1);
+  StoreResponse value = Ok(first.requests(0).id());
+  value.add_values("10.0.0.1:5000");
+  std::vector<RelayDelivery> out;
+  core.OnReply(value, &out);
+  ASSERT_EQ(out.size(), 2u);
+  for (const RelayDelivery& d : out) EXPECT_EQ(d.reply.values(0), "10.0.0.1:5000");
+}
+
+TEST(RelayCoreTest, AddsToOneKeyBecomeOneAddAndEachCallerGetsItsOwnValue) {
+  RelayCore core;
+  Sink a, b, c;
+  ASSERT_FALSE(core.Submit(&a, Add(1, "arrived", 1)));
+  ASSERT_FALSE(core.Submit(&b, Add(1, "arrived", 2)));
+  ASSERT_FALSE(core.Submit(&c, Add(1, "arrived", 3)));
+  StoreRequestBatch batch = Send(core);
+  ASSERT_EQ(batch.requests_size(), 1);
+  EXPECT_EQ(batch.requests(0).add().delta(), 6);
+  StoreResponse reply = Ok(batch.requests(0).id());
+  reply.set_number(10);  // 4 before the combined add
+  std::vector<RelayDelivery> out;
+  core.OnReply(reply, &out);
+  auto by = BySession(out);
+  EXPECT_EQ(by[&a].number(), 5);
+  EXPECT_EQ(by[&b].number(), 7);
+  EXPECT_EQ(by[&c].number(), 10);
+}
+
+TEST(RelayCoreTest, AnErrorReachesEveryJoinedCaller) {
+  RelayCore core;
+  Sink a, b;
+  ASSERT_FALSE(core.Submit(&a, Add(1, "not_a_number", 1)));
+  ASSERT_FALSE(core.Submit(&b, Add(2, "not_a_number", 1)));
+  StoreRequestBatch batch = Send(core);
+  StoreResponse reply = Ok(batch.requests(0).id());
+  reply.set_code(meshrun::v1::STORE_INVALID_ARGUMENT);
+  reply.set_number(0);
+  std::vector<RelayDelivery> out;
+  core.OnReply(reply, &out);
+  ASSERT_EQ(out.size(), 2u);
+  for (const RelayDelivery& d : out) {
+    EXPECT_EQ(d.reply.code(), meshrun::v1::STORE_INVALID_ARGUMENT);
+    EXPECT_EQ(d.reply.number(), 0);
+  }
+}
+
+TEST(RelayCoreTest, ASessionWithARequestPendingJoinsNothingSoItsOrderHolds) {
+  RelayCore core;
+  Sink a, b;
+  ASSERT_FALSE(core.Submit(&a, Get(1, "k")));
+  // b pipelines: set, then get; its get must not share a's (queued before
+  // b's set) read.
+  ASSERT_FALSE(core.Submit(&b, Set(1, "k", "v")));
+  ASSERT_FALSE(core.Submit(&b, Get(2, "k")));
+  StoreRequestBatch batch = Send(core);
+  ASSERT_EQ(batch.requests_size(), 3);
+  EXPECT_TRUE(batch.requests(0).has_get());
+  EXPECT_TRUE(batch.requests(1).has_set());
+  EXPECT_TRUE(batch.requests(2).has_get());
+}
+
+TEST(RelayCoreTest, BatchesKeepTheDaemonsBounds) {
+  RelayLimits limits;
+  limits.max_requests_per_batch = 2;
+  limits.max_batch_bytes = 100;
+  RelayCore core(limits);
+  std::vector<Sink> sinks(4);
+  for (size_t i = 0; i < 3; ++i)
+    ASSERT_FALSE(core.Submit(&sinks[i], Set(1, "k" + std::to_string(i), "v")));
+  EXPECT_EQ(Send(core).requests_size(), 2);
+  EXPECT_EQ(Send(core).requests_size(), 1);
+  // A request larger than a batch's bytes goes alone.
+  ASSERT_FALSE(core.Submit(&sinks[0], Set(2, "big", std::string(200, 'x'))));
+  ASSERT_FALSE(core.Submit(&sinks[1], Set(2, "small", "v")));
+  EXPECT_EQ(Send(core).requests_size(), 1);
+  EXPECT_EQ(Send(core).requests_size(), 1);
+}
+
+TEST(RelayCoreTest, RefusesWhatTheDaemonWouldEndTheStreamFor) {
+  RelayLimits limits;
+  limits.max_request_bytes = 1000;
+  limits.max_pending_per_session = 2;
+  RelayCore core(limits);
+  Sink a;
+  auto refusal = core.Submit(&a, Set(1, "k", std::string(2000, 'x')));
+  ASSERT_TRUE(refusal);
+  EXPECT_EQ(refusal->code(), meshrun::v1::STORE_INVALID_ARGUMENT);
+  EXPECT_EQ(refusal->id(), 1u);
+  ASSERT_FALSE(core.Submit(&a, Wait(2, {"x"})));
+  ASSERT_FALSE(core.Submit(&a, Wait(3, {"y"})));
+  refusal = core.Submit(&a, Wait(4, {"z"}));
+  ASSERT_TRUE(refusal);
+  EXPECT_EQ(refusal->code(), meshrun::v1::STORE_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(core.stats().refused, 2u);
+}
+
+TEST(RelayCoreTest, AfterTheStreamBreaksReadsAndSetsAreSentAgainAndAddsInFlightFail) {
+  RelayCore core;
+  Sink waiter, adder, setter, late;
+  ASSERT_FALSE(core.Submit(&waiter, Wait(1, {"go"})));
+  ASSERT_FALSE(core.Submit(&adder, Add(1, "n", 1)));
+  ASSERT_FALSE(core.Submit(&setter, Set(1, "k", "v")));
+  ASSERT_EQ(Send(core).requests_size(), 3);
+  ASSERT_FALSE(core.Submit(&late, Add(1, "n", 5)));  // not sent yet
+  std::vector<RelayDelivery> out;
+  core.OnStreamLost(&out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].session, &adder);
+  EXPECT_EQ(out[0].reply.code(), meshrun::v1::STORE_UNAVAILABLE);
+  EXPECT_EQ(core.stats().failed_in_flight, 1u);
+  // The next stream carries the wait, the set and the unsent add, in order.
+  StoreRequestBatch again = Send(core);
+  ASSERT_EQ(again.requests_size(), 3);
+  EXPECT_TRUE(again.requests(0).has_wait());
+  EXPECT_TRUE(again.requests(1).has_set());
+  EXPECT_EQ(again.requests(2).add().delta(), 5);
+  EXPECT_EQ(core.stats().repeated, 2u);
+}
+
+TEST(RelayCoreTest, ABatchNotWrittenIsSentAgainWhateverItHolds) {
+  RelayCore core;
+  Sink adder;
+  ASSERT_FALSE(core.Submit(&adder, Add(1, "n", 1)));
+  StoreRequestBatch batch;
+  ASSERT_TRUE(core.TakeBatch(&batch));
+  core.WriteDone(false);  // the stream broke before the write went out
+  std::vector<RelayDelivery> out;
+  core.OnStreamLost(&out);
+  EXPECT_TRUE(out.empty());
+  StoreRequestBatch again = Send(core);
+  ASSERT_EQ(again.requests_size(), 1);
+  EXPECT_EQ(again.requests(0).add().delta(), 1);
+}
+
+TEST(RelayCoreTest, ARepliedRequestBeforeItsWriteDoneIsFine) {
+  RelayCore core;
+  Sink a;
+  ASSERT_FALSE(core.Submit(&a, Get(1, "k")));
+  StoreRequestBatch batch;
+  ASSERT_TRUE(core.TakeBatch(&batch));
+  std::vector<RelayDelivery> out;
+  core.OnReply(Ok(batch.requests(0).id()), &out);  // gRPC may order them so
+  core.WriteDone(true);
+  EXPECT_EQ(out.size(), 1u);
+  EXPECT_EQ(core.pending_upstream(), 0u);
+}
+
+TEST(RelayCoreTest, CancelledWaitsGetNoReplyAndAnUnsentOneIsNotSent) {
+  RelayCore core;
+  Sink a, b;
+  ASSERT_FALSE(core.Submit(&a, Wait(1, {"sent"})));
+  StoreRequestBatch sent = Send(core);
+  ASSERT_FALSE(core.Submit(&b, Wait(1, {"unsent"})));
+  core.CancelWaits(&a);
+  core.CancelWaits(&b);
+  StoreRequestBatch none;
+  EXPECT_FALSE(core.TakeBatch(&none));
+  std::vector<RelayDelivery> out;
+  core.OnReply(Ok(sent.requests(0).id()), &out);
+  EXPECT_TRUE(out.empty());
+  // The session may wait again at once (c10d's client does after a timeout).
+  EXPECT_FALSE(core.Submit(&a, Wait(2, {"sent"})));
+}
+
+TEST(RelayCoreTest, AnEndedSessionsWritesStillGoUpItsReadsDoNot) {
+  RelayCore core;
+  Sink a;
+  ASSERT_FALSE(core.Submit(&a, Set(1, "k", "v")));
+  core.EndSession(&a);
+  Sink b;
+  ASSERT_FALSE(core.Submit(&b, Get(1, "k")));
+  core.EndSession(&b);
+  StoreRequestBatch batch = Send(core);
+  ASSERT_EQ(batch.requests_size(), 1);
+  EXPECT_TRUE(batch.requests(0).has_set());
+  std::vector<RelayDelivery> out;
+  core.OnReply(Ok(batch.requests(0).id()), &out);
+  EXPECT_TRUE(out.empty());
+}
+
+}  // namespace
+}  // namespace meshrun::rdzv
