@@ -131,8 +131,13 @@ class StoreRelay::Backend final : public StoreBackend {
       StartRead(&in_);
     }
     void OnDone(const grpc::Status& status) override {
-      backend_->OnStreamDone(this, status);
+      // Gone before the backend hears of it: Stop() returns only after
+      // that, and the channel may go with the relay then.
+      Backend* const backend = backend_;
+      const Stream* const self = this;
+      const grpc::Status ended = status;
       delete this;
+      backend->OnStreamDone(self, ended);
     }
 
     grpc::ClientContext context;
@@ -182,7 +187,7 @@ class StoreRelay::Backend final : public StoreBackend {
     Deliver();
   }
 
-  void OnStreamDone(Stream* stream, const grpc::Status& status) {
+  void OnStreamDone(const Stream* stream, const grpc::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_ == stream) stream_ = nullptr;
     writing_ = false;

@@ -29,6 +29,7 @@
 #include "rendezvous/core/tcpstore_wire.h"
 #include "tests/support/child_process.h"
 #include "tests/support/http_client.h"
+#include "tests/support/raw_tcpstore_client.h"
 #include "tests/support/temp_dir.h"
 
 namespace meshrun {
@@ -39,80 +40,11 @@ using rdzv::tcpstore::EncodeQuery;
 using rdzv::tcpstore::Query;
 using rdzv::tcpstore::QueryType;
 using testing::DaemonProcess;
+using testing::RawClient;
 
 int PortOf(const std::string& endpoint) {
   return std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
 }
-
-// A socket connected to 127.0.0.1:port from `source` (another loopback
-// address, so the daemon sees another peer), or -1.
-int ConnectFrom(const char* source, int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  inet_pton(AF_INET, source, &from.sin_addr);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(static_cast<uint16_t>(port));
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
-      connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// A TCPStore client on a raw socket; every read has a deadline.
-class RawClient {
- public:
-  explicit RawClient(int port, bool handshake = true, const char* source = nullptr)
-      : fd_(source ? ConnectFrom(source, port) : testing::ConnectLoopback(port)) {
-    if (handshake && fd_ >= 0)
-      Send(MakeQuery(QueryType::kValidate, {}, {}, rdzv::tcpstore::kValidationMagic));
-  }
-  ~RawClient() {
-    if (fd_ >= 0) close(fd_);
-  }
-  bool ok() const { return fd_ >= 0; }
-  bool Send(const Query& q) { return SendRaw(EncodeQuery(q)); }
-  bool SendRaw(const std::string& bytes) { return testing::SendAll(fd_, bytes); }
-  // Exactly n bytes, or nullopt (closed, or nothing within `timeout`).
-  std::optional<std::string> Read(size_t n, std::chrono::milliseconds timeout = 10s) {
-    std::string out;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (out.size() < n) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return std::nullopt;
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return std::nullopt;
-      char buf[4096];
-      const ssize_t got = recv(fd_, buf, std::min(sizeof(buf), n - out.size()), 0);
-      if (got <= 0) return std::nullopt;
-      out.append(buf, static_cast<size_t>(got));
-    }
-    return out;
-  }
-  std::optional<int64_t> ReadI64() {
-    auto bytes = Read(8);
-    if (!bytes) return std::nullopt;
-    int64_t v;
-    std::memcpy(&v, bytes->data(), 8);
-    return v;
-  }
-  // True when the daemon closed the connection within `timeout`.
-  bool ClosedByPeer(std::chrono::milliseconds timeout = 10s) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
-    char c;
-    return recv(fd_, &c, 1, MSG_PEEK) == 0 || (p.revents & (POLLHUP | POLLERR)) != 0;
-  }
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // Works: an add through the front-end, answered with the sum.
 void ExpectServing(int port, const std::string& key, int64_t expected_sum) {

@@ -1,0 +1,229 @@
+// An agent's store relay (rendezvous/relay/store_relay.h) in this process,
+// against the real meshrun-rdzvd: raw c10d TCPStore clients (the bytes
+// torch's client sends) as the node's workers. What a worker must not notice
+// (the daemon restarting), what one worker must not do to the others (a bad
+// query), and what many workers cost the daemon (a barrier). Stock torch
+// clients through whole agents are in tests/e2e.
+
+#include "rendezvous/relay/store_relay.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/client/store_client.h"
+#include "tests/support/child_process.h"
+#include "tests/support/http_client.h"
+#include "tests/support/raw_tcpstore_client.h"
+#include "tests/support/temp_dir.h"
+
+namespace meshrun {
+namespace {
+
+using namespace std::chrono_literals;
+using rdzv::tcpstore::MakeQuery;
+using rdzv::tcpstore::QueryType;
+using testing::DaemonProcess;
+using testing::RawClient;
+using testing::TempDir;
+
+constexpr char kNs[] = "relayed/r1";
+
+std::unique_ptr<rdzv::StoreRelay> StartRelay(const std::string& daemon) {
+  rdzv::StoreRelayOptions options;
+  options.daemon = daemon;
+  auto relay = rdzv::StoreRelay::Start(std::move(options));
+  EXPECT_TRUE(relay.ok()) << relay.status();
+  if (!relay.ok()) return nullptr;
+  (*relay)->SetNamespace(kNs);
+  return std::move(*relay);
+}
+
+// A gRPC client of the daemon in the relay's namespace: what another node
+// does.
+std::unique_ptr<rdzv::StoreClient> DaemonClient(const std::string& endpoint) {
+  rdzv::StoreClientOptions options;
+  options.target = endpoint;
+  options.ns = kNs;
+  options.share_stream = false;
+  auto client = rdzv::StoreClient::Connect(options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+bool WaitAnswered(RawClient& waiter, std::chrono::milliseconds timeout) {
+  auto byte = waiter.Read(1, timeout);
+  return byte &&
+         (*byte)[0] == static_cast<char>(rdzv::tcpstore::WaitResponse::kStopWaiting);
+}
+
+double Metric(int metrics_port, const std::string& name_and_labels) {
+  const std::string text = testing::HttpGet(metrics_port, "/metrics").body;
+  const std::regex line("(^|\n)" +
+                        std::regex_replace(name_and_labels,
+                                           std::regex(R"([{}\[\]().*+?^$|\\])"),
+                                           R"(\$&)") +
+                        " ([0-9.e+]+)");
+  std::smatch m;
+  return std::regex_search(text, m, line) ? std::stod(m[2]) : -1;
+}
+
+// Through a SIGKILL and a graceful stop: a worker parked in wait before the
+// daemon went away gets its key when another node sets it after the daemon
+// came back (--state-dir, same port); what was stored before is still read
+// through the same worker connection, which never noticed.
+class StoreRelayRestartTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(StoreRelayRestartTest, AParkedWaitGetsItsKeyAfterTheDaemonRestarts) {
+  TempDir state("relay-restart");
+  const std::string port = std::to_string(testing::FreePort());
+  const std::vector<std::string> args{"--port", port, "--state-dir", state.path()};
+  auto daemon = std::make_unique<DaemonProcess>(args);
+  auto relay = StartRelay(daemon->endpoint());
+  ASSERT_NE(relay, nullptr);
+
+  RawClient worker(relay->port());
+  ASSERT_TRUE(worker.Send(MakeQuery(QueryType::kSet, {"before"}, {"kept"})));
+  RawClient waiter(relay->port());
+  ASSERT_TRUE(waiter.Send(MakeQuery(QueryType::kWait, {"go"})));
+  // Parked at the daemon (the set went up first: one stream, in order).
+  ASSERT_TRUE(worker.Send(MakeQuery(QueryType::kCheck, {"before"})));
+  ASSERT_EQ(worker.Read(1), std::string(1, '\0'));  // c10d's check: ready
+  EXPECT_FALSE(waiter.Read(1, 200ms));
+
+  daemon->process().Signal(GetParam());
+  ASSERT_TRUE(testing::GoneWithin(daemon->process().pid(), 20s));
+  daemon.reset();
+  daemon = std::make_unique<DaemonProcess>(args);
+
+  auto other_node = DaemonClient(daemon->endpoint());
+  ASSERT_NE(other_node, nullptr);
+  ASSERT_TRUE(other_node->Set("go", "1").ok());
+  EXPECT_TRUE(WaitAnswered(waiter, 30s));
+  ASSERT_TRUE(worker.Send(MakeQuery(QueryType::kGet, {"before"})));
+  EXPECT_EQ(worker.ReadValue(30s), "kept");
+  EXPECT_GE(relay->streams_opened(), 2u);
+  EXPECT_EQ(relay->Stats().failed_in_flight, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, StoreRelayRestartTest,
+                         ::testing::Values(SIGKILL, SIGTERM),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == SIGKILL ? "Sigkill" : "Sigterm";
+                         });
+
+// What the daemon's own front-end refuses, the relay refuses the same way:
+// it closes that worker's connection; the stream to the daemon and the
+// other workers carry on.
+TEST(StoreRelayTest, ABadQueryClosesThatWorkerOnly) {
+  DaemonProcess daemon;
+  auto relay = StartRelay(daemon.endpoint());
+  ASSERT_NE(relay, nullptr);
+  RawClient waiter(relay->port());
+  ASSERT_TRUE(waiter.Send(MakeQuery(QueryType::kWait, {"go"})));
+
+  RawClient garbage(relay->port());
+  ASSERT_TRUE(garbage.SendRaw(std::string("\xff\xff\xff\xff garbage", 13)));
+  EXPECT_TRUE(garbage.ClosedByPeer());
+  RawClient long_key(relay->port());
+  ASSERT_TRUE(long_key.Send(MakeQuery(QueryType::kSet, {std::string(8193, 'k')}, {"v"})));
+  EXPECT_TRUE(long_key.ClosedByPeer());
+  RawClient not_a_number(relay->port());
+  ASSERT_TRUE(not_a_number.Send(MakeQuery(QueryType::kSet, {"text"}, {"abc"})));
+  ASSERT_TRUE(not_a_number.Send(MakeQuery(QueryType::kAdd, {"text"}, {}, 1)));
+  EXPECT_TRUE(not_a_number.ClosedByPeer());  // refused by the daemon, relayed
+  RawClient unvalidated(relay->port(), /*handshake=*/false);
+  ASSERT_TRUE(unvalidated.Send(MakeQuery(QueryType::kGet, {"go"})));
+  EXPECT_TRUE(unvalidated.ClosedByPeer());
+
+  RawClient setter(relay->port());
+  ASSERT_TRUE(setter.Send(MakeQuery(QueryType::kAdd, {"go"}, {}, 1)));
+  EXPECT_EQ(setter.ReadI64(), 1);
+  EXPECT_TRUE(WaitAnswered(waiter, 10s));
+  EXPECT_EQ(relay->streams_opened(), 1u);
+}
+
+// Many workers of a node waiting on one key (a store barrier's release:
+// torch.distributed.elastic.utils.store.barrier adds, the last sets done,
+// everyone waits on done) cost the daemon one wait per node, and their adds
+// at most one add each: 8 workers on each of 2 nodes.
+TEST(StoreRelayTest, WaitersOfANodeCostTheDaemonOneWait) {
+  DaemonProcess daemon({"--metrics-port", "0"});
+  const int metrics = daemon.ReadMetricsPort();
+  ASSERT_GT(metrics, 0);
+  constexpr int kNodes = 2, kWorkers = 8;
+  std::vector<std::unique_ptr<rdzv::StoreRelay>> relays;
+  std::vector<std::unique_ptr<RawClient>> workers;
+  for (int node = 0; node < kNodes; ++node) {
+    relays.push_back(StartRelay(daemon.endpoint()));
+    ASSERT_NE(relays.back(), nullptr);
+    for (int w = 0; w < kWorkers; ++w)
+      workers.push_back(std::make_unique<RawClient>(relays.back()->port()));
+  }
+  for (auto& worker : workers)
+    ASSERT_TRUE(worker->Send(MakeQuery(QueryType::kWait, {"done"})));
+  // Every wait has reached its relay before done can be set.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  for (auto& relay : relays) {
+    while (relay->Stats().requests < kWorkers &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(5ms);
+    ASSERT_EQ(relay->Stats().requests, static_cast<uint64_t>(kWorkers));
+  }
+  RawClient last(relays[0]->port());
+  std::vector<int64_t> counts;
+  for (int w = 0; w < kNodes * kWorkers; ++w) {
+    RawClient adder(relays[w / kWorkers]->port());
+    ASSERT_TRUE(adder.Send(MakeQuery(QueryType::kAdd, {"arrived"}, {}, 1)));
+    auto count = adder.ReadI64();
+    ASSERT_TRUE(count);
+    counts.push_back(*count);
+  }
+  ASSERT_TRUE(last.Send(MakeQuery(QueryType::kSet, {"done"}, {"1"})));
+  for (auto& worker : workers) EXPECT_TRUE(WaitAnswered(*worker, 20s));
+  for (int i = 0; i < kNodes * kWorkers; ++i) EXPECT_EQ(counts[i], i + 1);
+  EXPECT_EQ(Metric(metrics, R"(meshrun_store_ops_total{op="wait"})"), kNodes);
+  uint64_t joined = 0;
+  for (auto& relay : relays) joined += relay->Stats().joined;
+  EXPECT_EQ(joined, static_cast<uint64_t>(kNodes * (kWorkers - 1)));
+}
+
+// Adds that reach a relay together travel as one, and each caller still
+// gets the count after its own (c10d's add returns the new value).
+TEST(StoreRelayTest, ConcurrentAddsEachGetTheirOwnCount) {
+  DaemonProcess daemon({"--metrics-port", "0"});
+  const int metrics = daemon.ReadMetricsPort();
+  ASSERT_GT(metrics, 0);
+  auto relay = StartRelay(daemon.endpoint());
+  ASSERT_NE(relay, nullptr);
+  constexpr int kWorkers = 16, kRounds = 20;
+  std::vector<std::unique_ptr<RawClient>> workers;
+  for (int w = 0; w < kWorkers; ++w)
+    workers.push_back(std::make_unique<RawClient>(relay->port()));
+  std::vector<int64_t> counts;
+  for (int round = 0; round < kRounds; ++round) {
+    for (auto& worker : workers)
+      ASSERT_TRUE(worker->Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 1)));
+    for (auto& worker : workers) {
+      auto count = worker->ReadI64();
+      ASSERT_TRUE(count);
+      counts.push_back(*count);
+    }
+  }
+  std::sort(counts.begin(), counts.end());
+  for (int i = 0; i < kWorkers * kRounds; ++i) ASSERT_EQ(counts[i], i + 1);
+  const double adds = Metric(metrics, R"(meshrun_store_ops_total{op="add"})");
+  EXPECT_GE(adds, kRounds);
+  EXPECT_LE(adds, kWorkers * kRounds);
+  EXPECT_EQ(relay->Stats().joined, static_cast<uint64_t>(kWorkers * kRounds - adds));
+}
+
+}  // namespace
+}  // namespace meshrun
