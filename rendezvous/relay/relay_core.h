@@ -52,8 +52,12 @@ struct RelayLimits {
   // Larger requests are refused: the daemon's gRPC would end the whole
   // stream for them (DaemonOptions::max_message_bytes, less room to spare).
   size_t max_request_bytes = (64 << 20) + (512 << 10);
-  // Requests one session may have pending; a stock c10d client has one.
-  size_t max_pending_per_session = 32;
+  // A session with this many requests pending stops being read until half
+  // of them are answered (StoreBackend::Busy): a stock c10d client has one
+  // pending, or many sets (which get no reply on its wire).
+  size_t pause_session_at = 256;
+  // More are refused (a front-end that does not pause).
+  size_t max_pending_per_session = 4096;
   // Bytes of requests not yet sent, from all sessions (the daemon away).
   size_t max_unsent_bytes = 256 << 20;
 };
@@ -101,6 +105,10 @@ class RelayCore {
   void EndSession(StoreReplySink* session);
 
   bool HasUnsent() const { return !unsent_.empty(); }
+  size_t pending(StoreReplySink* session) const {
+    auto found = pending_.find(session);
+    return found == pending_.end() ? 0 : found->second;
+  }
   size_t pending_upstream() const { return ops_.size(); }
   const RelayStats& stats() const { return stats_; }
 

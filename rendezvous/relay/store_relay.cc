@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -99,6 +100,13 @@ class StoreRelay::Backend final : public StoreBackend {
   void EndSession(StoreReplySink* session) override {
     std::lock_guard<std::mutex> lock(mu_);
     core_.EndSession(session);
+    paused_.erase(session);
+  }
+  bool Busy(StoreReplySink* session) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (core_.pending(session) < options_.relay.pause_session_at) return false;
+    paused_.insert(session);
+    return true;
   }
   void AddQueuedReplyBytes(size_t bytes) override {
     queued_reply_bytes_.fetch_add(bytes);
@@ -207,7 +215,14 @@ class StoreRelay::Backend final : public StoreBackend {
 
   // REQUIRES: mu_ held.
   void Deliver() {
-    for (RelayDelivery& d : deliveries_) d.session->Send(std::move(d.reply));
+    for (RelayDelivery& d : deliveries_) {
+      d.session->Send(std::move(d.reply));
+      if (paused_.count(d.session) > 0 &&
+          core_.pending(d.session) <= options_.relay.pause_session_at / 2) {
+        paused_.erase(d.session);
+        d.session->Resume();
+      }
+    }
     deliveries_.clear();
   }
 
@@ -242,6 +257,8 @@ class StoreRelay::Backend final : public StoreBackend {
   uint64_t streams_opened_ = 0;
   std::chrono::milliseconds reconnect_delay_ = options_.min_reconnect_delay;
   std::vector<RelayDelivery> deliveries_;  // guarded by mu_ (reused)
+  // Sessions Busy() stopped, to Resume() as their replies come.
+  std::unordered_set<StoreReplySink*> paused_;  // guarded by mu_
   std::atomic<size_t> queued_reply_bytes_{0};
   std::thread reconnector_;
 };

@@ -35,6 +35,9 @@ class StoreReplySink {
   virtual size_t RoomBytes() = 0;
   // This session's cap on parked blocking requests; 0: the backend's.
   virtual size_t MaxParkedWaits() { return 0; }
+  // The backend has room for this session's requests again, after Busy()
+  // said it had not. May be called from any thread, under the backend's lock.
+  virtual void Resume() {}
 };
 
 class StoreBackend {
@@ -51,6 +54,11 @@ class StoreBackend {
   // never come. The session stays open.
   virtual void CancelWaits(StoreReplySink* session) = 0;
   virtual void EndSession(StoreReplySink* session) = 0;
+  // True when `session` should stop sending requests for now (a relay whose
+  // daemon has not answered its many earlier ones: a c10d client's set gets
+  // no reply, so nothing else would slow it down); the backend then calls
+  // session->Resume() once it may go on.
+  virtual bool Busy(StoreReplySink* /*session*/) { return false; }
   // Reply bytes queued by every session together (sessions count theirs in).
   virtual void AddQueuedReplyBytes(size_t bytes) = 0;
   virtual void SubtractQueuedReplyBytes(size_t bytes) = 0;

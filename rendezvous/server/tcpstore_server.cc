@@ -434,6 +434,9 @@ class TcpStoreServer::Impl::Connection final
   size_t RoomBytes() override { return std::numeric_limits<size_t>::max(); }
   // c10d's client has at most one blocking query out at a time.
   size_t MaxParkedWaits() override { return server_->options_.max_parked_waits; }
+  void Resume() override {
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->AfterDrain(); });
+  }
 
  private:
   void Read() {
@@ -480,7 +483,11 @@ class TcpStoreServer::Impl::Connection final
   // reply bound or closed).
   void Process() {
     while (!closed_) {
-      if (OverReplyBound()) {
+      const bool busy = validated_ && server_->store_.Busy(this);
+      if (busy || OverReplyBound()) {
+        // A pause for the backend has no read or write in flight to keep
+        // this connection alive until Resume().
+        if (busy) resume_keepalive_ = shared_from_this();
         paused_ = true;
         return StartWriting();  // resumes Process() once enough is written
       }
@@ -547,6 +554,7 @@ class TcpStoreServer::Impl::Connection final
   // On the strand, once replies drained: resumes reading if paused and now
   // within the bounds.
   void AfterDrain() {
+    const std::shared_ptr<Connection> keep = std::move(resume_keepalive_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_ || OverBoundsLocked()) return;
@@ -820,6 +828,7 @@ class TcpStoreServer::Impl::Connection final
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
     handshake_timer_.cancel();
+    resume_keepalive_.reset();
     if (session_open_) server_->store_.EndSession(this);
     server_->Forget(this);
   }
@@ -844,6 +853,8 @@ class TcpStoreServer::Impl::Connection final
   bool validated_ = false;
   // Set on the strand; read by SendHeld on any thread.
   std::atomic<bool> paused_{false};
+  // Strand-only: this connection while the backend is Busy() for it.
+  std::shared_ptr<Connection> resume_keepalive_;
   bool session_open_ = false;
   std::string ns_;
   uint64_t next_id_ = 1;

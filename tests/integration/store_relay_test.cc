@@ -150,6 +150,24 @@ TEST(StoreRelayTest, ABadQueryClosesThatWorkerOnly) {
   EXPECT_EQ(relay->streams_opened(), 1u);
 }
 
+// c10d's set gets no reply on the wire, so a client may send thousands
+// back to back: the relay stops reading it while the daemon has not
+// answered many of them (StoreBackend::Busy), instead of refusing it.
+TEST(StoreRelayTest, ThousandsOfPipelinedSetsAreSlowedNotRefused) {
+  DaemonProcess daemon;
+  auto relay = StartRelay(daemon.endpoint());
+  ASSERT_NE(relay, nullptr);
+  RawClient client(relay->port());
+  std::string burst;
+  for (int i = 0; i < 5000; ++i)
+    burst += rdzv::tcpstore::EncodeQuery(
+        MakeQuery(QueryType::kSet, {"k" + std::to_string(i)}, {"v"}));
+  ASSERT_TRUE(client.SendRaw(burst));
+  ASSERT_TRUE(client.Send(MakeQuery(QueryType::kGetNumKeys)));
+  EXPECT_EQ(client.ReadI64(30s), 5000);
+  EXPECT_EQ(relay->Stats().refused, 0u);
+}
+
 // Many workers of a node waiting on one key (a store barrier's release:
 // torch.distributed.elastic.utils.store.barrier adds, the last sets done,
 // everyone waits on done) cost the daemon one wait per node, and their adds
