@@ -5,6 +5,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -12,13 +19,17 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "meshrun/v1/store.grpc.pb.h"
 #include "rendezvous/client/store_client.h"
+#include "rendezvous/core/store_link_wire.h"
 #include "rendezvous/server/store_backend.h"
 #include "rendezvous/server/tcpstore_server.h"
 
 namespace meshrun::rdzv {
 
+namespace asio = boost::asio;
+using asio::ip::tcp;
 using meshrun::v1::StoreRequest;
 using meshrun::v1::StoreRequestBatch;
 using meshrun::v1::StoreResponse;
@@ -42,9 +53,13 @@ class StoreRelay::Backend final : public StoreBackend {
         core_(options_.relay),
         channel_(MakeStoreChannel(options_.daemon, /*own_connection=*/true,
                                   options_.security)),
-        stub_(meshrun::v1::Store::NewStub(channel_)) {}
+        stub_(meshrun::v1::Store::NewStub(channel_)),
+        use_link_(options_.transport == StoreRelayOptions::Transport::kLink ||
+                  (options_.transport == StoreRelayOptions::Transport::kAuto &&
+                   !options_.security.tls())) {}
 
   void Start() {
+    io_thread_ = std::thread([this] { io_.run(); });
     {
       std::lock_guard<std::mutex> lock(mu_);
       OpenStreamLocked();
@@ -57,11 +72,17 @@ class StoreRelay::Backend final : public StoreBackend {
     std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) return;
     stopping_ = true;
-    if (stream_ != nullptr) stream_->context.TryCancel();
+    if (stream_ != nullptr) stream_->Cancel();
     changed_.notify_all();
     changed_.wait(lock, [this] { return stream_ == nullptr; });
     lock.unlock();
     if (reconnector_.joinable()) reconnector_.join();
+    io_work_.reset();
+    if (io_thread_.joinable()) io_thread_.join();
+  }
+  bool using_link() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return use_link_;
   }
 
   void SetNamespace(std::string ns) {
@@ -120,17 +141,36 @@ class StoreRelay::Backend final : public StoreBackend {
   }
 
  private:
-  // One BatchSession call; replaced by a new one when it ends.
-  class Stream final
-      : public grpc::ClientBidiReactor<StoreRequestBatch, StoreResponseBatch> {
+  // The stream to the daemon: a gRPC call or a store link. Replaced by a new
+  // one when it ends. It calls back AfterWrite, OnReplies, OnReady (the
+  // link, once welcomed) and, last, OnStreamDone.
+  class Upstream {
    public:
-    explicit Stream(Backend* backend) : backend_(backend) {
+    virtual ~Upstream() = default;
+    // REQUIRES: backend mu_ held, ready, no write in flight. Writes `out`.
+    virtual void WriteOut() = 0;
+    // Ends the stream (OnStreamDone follows). REQUIRES: backend mu_ held.
+    virtual void Cancel() = 0;
+    meshrun::v1::StoreRequestBatch out;  // the batch being written
+    bool ready = false;                  // guarded by the backend's mu_
+    bool link = false;
+  };
+
+  // A Store.BatchSession call.
+  class GrpcStream final
+      : public Upstream,
+        public grpc::ClientBidiReactor<StoreRequestBatch, StoreResponseBatch> {
+   public:
+    explicit GrpcStream(Backend* backend) : backend_(backend) {
+      ready = true;  // gRPC holds writes until the call starts
       // Wait for the daemon (a restart, a slow start) instead of failing.
-      context.set_wait_for_ready(true);
-      backend_->stub_->async()->BatchSession(&context, this);
+      context_.set_wait_for_ready(true);
+      backend_->stub_->async()->BatchSession(&context_, this);
       StartRead(&in_);
       StartCall();
     }
+    void WriteOut() override { StartWrite(&out); }
+    void Cancel() override { context_.TryCancel(); }
     void OnWriteDone(bool ok) override { backend_->AfterWrite(ok); }
     void OnReadDone(bool ok) override {
       if (!ok) return;  // OnDone follows
@@ -142,18 +182,156 @@ class StoreRelay::Backend final : public StoreBackend {
       // Gone before the backend hears of it: Stop() returns only after
       // that, and the channel may go with the relay then.
       Backend* const backend = backend_;
-      const Stream* const self = this;
-      const grpc::Status ended = status;
+      const Upstream* const self = this;
+      const std::string why =
+          absl::StrCat("gRPC status ", status.error_code(), ": ", status.error_message());
       delete this;
-      backend->OnStreamDone(self, ended);
+      backend->OnStreamDone(self, why, /*link_refused=*/false);
     }
-
-    grpc::ClientContext context;
-    StoreRequestBatch out;  // the batch being written
 
    private:
     Backend* const backend_;
+    grpc::ClientContext context_;
     StoreResponseBatch in_;
+  };
+
+  // A store link (store_link_wire.h) on the relay's own I/O thread.
+  class LinkStream final : public Upstream,
+                           public std::enable_shared_from_this<LinkStream> {
+   public:
+    LinkStream(Backend* backend, asio::io_context& io)
+        : backend_(backend), socket_(io), resolver_(io) {
+      link = true;
+    }
+
+    void Begin() {
+      auto [host, port] = SplitHostPort(backend_->options_.daemon);
+      ++in_flight_;
+      resolver_.async_resolve(
+          host, port,
+          [self = shared_from_this()](boost::system::error_code ec,
+                                      tcp::resolver::results_type endpoints) {
+            if (ec) return self->Failed("cannot resolve the daemon: " + ec.message());
+            asio::async_connect(
+                self->socket_, endpoints,
+                [self](boost::system::error_code connect_ec, const tcp::endpoint&) {
+                  if (connect_ec)
+                    return self->Failed("cannot connect: " + connect_ec.message());
+                  self->connected_ = true;
+                  boost::system::error_code ignored;
+                  self->socket_.set_option(tcp::no_delay(true), ignored);
+                  self->SendHello();
+                });
+          });
+    }
+
+    void WriteOut() override {
+      // Framed here, under the backend's lock, as `out` is.
+      wbuf_.clear();
+      link::AppendFrame(out, &wbuf_);
+      ++in_flight_;  // now: the read side may end before the write starts
+      asio::post(socket_.get_executor(), [self = shared_from_this()] {
+        asio::async_write(self->socket_, asio::buffer(self->wbuf_),
+                          [self](boost::system::error_code ec, size_t) {
+                            self->backend_->AfterWrite(!ec);
+                            if (ec) return self->Failed("write: " + ec.message());
+                            self->Done();
+                          });
+      });
+    }
+
+    void Cancel() override {
+      asio::post(socket_.get_executor(),
+                 [self = shared_from_this()] { self->Failed("stopped"); });
+    }
+
+   private:
+    static std::pair<std::string, std::string> SplitHostPort(
+        const std::string& endpoint) {
+      const size_t colon = endpoint.rfind(':');
+      std::string host = endpoint.substr(0, colon);
+      if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+        host = host.substr(1, host.size() - 2);
+      return {host, colon == std::string::npos ? "" : endpoint.substr(colon + 1)};
+    }
+
+    void SendHello() {
+      meshrun::v1::StoreLinkHello hello;
+      hello.set_token(backend_->options_.security.token);
+      hello_ = std::string(link::kMagic);
+      link::AppendFrame(hello, &hello_);
+      asio::async_write(
+          socket_, asio::buffer(hello_),
+          [self = shared_from_this()](boost::system::error_code ec, size_t) {
+            if (ec) return self->Failed("hello: " + ec.message());
+            self->ReadFrame();  // the welcome
+          });
+    }
+
+    void ReadFrame() {
+      header_.resize(link::kHeaderBytes);
+      asio::async_read(
+          socket_, asio::buffer(header_),
+          [self = shared_from_this()](boost::system::error_code ec, size_t) {
+            if (ec)
+              return self->Failed(self->welcomed_ ? "the daemon closed the link"
+                                                  : "the daemon took no link");
+            const uint32_t length = link::FrameLength(self->header_.data());
+            self->body_.resize(length);
+            asio::async_read(self->socket_, asio::buffer(self->body_),
+                             [self](boost::system::error_code body_ec, size_t) {
+                               if (body_ec)
+                                 return self->Failed("read: " + body_ec.message());
+                               self->OnFrame();
+                             });
+          });
+    }
+
+    void OnFrame() {
+      if (!welcomed_) {
+        meshrun::v1::StoreLinkWelcome welcome;
+        if (!welcome.ParseFromString(body_) || !welcome.error().empty())
+          return Failed("the daemon refused the link: " + welcome.error());
+        welcomed_ = true;
+        backend_->OnReady(this);
+        return ReadFrame();
+      }
+      StoreResponseBatch batch;
+      if (!batch.ParseFromString(body_)) return Failed("a malformed reply frame");
+      backend_->OnReplies(batch);
+      ReadFrame();
+    }
+
+    // The read side (or the connect) ended: close, and once no write is in
+    // flight either, tell the backend.
+    void Failed(const std::string& why) {
+      if (why_.empty()) why_ = why;
+      boost::system::error_code ignored;
+      socket_.close(ignored);
+      resolver_.cancel();
+      Done();
+    }
+    void Done() {
+      if (--in_flight_ > 0 || done_) return;
+      done_ = true;
+      // The backend holds no reference to this after OnStreamDone.
+      backend_->OnStreamDone(this, why_, connected_ && !welcomed_);
+    }
+
+    Backend* const backend_;
+    tcp::socket socket_;
+    tcp::resolver resolver_;
+    // The read side (connect, then reads) and a write; the link is done at 0.
+    std::atomic<int> in_flight_{0};
+    // I/O thread only.
+    bool connected_ = false;
+    bool welcomed_ = false;
+    bool done_ = false;
+    std::string why_;
+    std::string hello_;
+    std::string header_;
+    std::string body_;
+    std::string wbuf_;  // written under the backend's lock, sent on the I/O thread
   };
 
   // REQUIRES: mu_ held, no stream.
@@ -161,17 +339,43 @@ class StoreRelay::Backend final : public StoreBackend {
     ++streams_opened_;
     answered_ = false;
     writing_ = false;
-    stream_ = new Stream(this);
+    if (use_link_) {
+      auto stream = std::make_shared<LinkStream>(this, io_);
+      link_stream_ = stream;  // keeps it until OnStreamDone
+      stream_ = stream.get();
+      stream->Begin();
+    } else {
+      stream_ = new GrpcStream(this);  // deletes itself in OnDone
+    }
     WriteLocked();
+  }
+
+  // The link was welcomed: requests may go.
+  void OnReady(Upstream* stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stream != stream_) return;
+    stream->ready = true;
+    OnAnsweredLocked();
+    WriteLocked();
+  }
+
+  // REQUIRES: mu_ held.
+  void OnAnsweredLocked() {
+    if (answered_) return;
+    answered_ = true;
+    if (streams_opened_ > 1)
+      spdlog::info("store relay: reconnected to {} ({})", options_.daemon,
+                   use_link_ ? "store link" : "gRPC");
+    reconnect_delay_ = options_.min_reconnect_delay;
   }
 
   // REQUIRES: mu_ held. Writes the next batch unless one is in flight.
   void WriteLocked() {
-    if (stream_ == nullptr || writing_) return;
+    if (stream_ == nullptr || !stream_->ready || writing_) return;
     stream_->out.Clear();
     if (!core_.TakeBatch(&stream_->out)) return;
     writing_ = true;
-    stream_->StartWrite(&stream_->out);
+    stream_->WriteOut();
   }
 
   void AfterWrite(bool ok) {
@@ -195,22 +399,33 @@ class StoreRelay::Backend final : public StoreBackend {
     Deliver();
   }
 
-  void OnStreamDone(const Stream* stream, const grpc::Status& status) {
+  // `link_refused`: a link that connected and was not welcomed (a daemon
+  // whose port gRPC owns).
+  void OnStreamDone(const Upstream* stream, const std::string& why, bool link_refused) {
+    std::shared_ptr<LinkStream> finished;
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_ == stream) stream_ = nullptr;
+    if (link_stream_.get() == stream) finished = std::move(link_stream_);
     writing_ = false;
     deliveries_.clear();
     core_.OnStreamLost(&deliveries_);
     Deliver();
     if (!stopping_) {
-      spdlog::warn("store relay: the stream to {} ended ({}: {}); reconnecting",
-                   options_.daemon, static_cast<int>(status.error_code()),
-                   status.error_message());
+      if (link_refused && use_link_ &&
+          options_.transport == StoreRelayOptions::Transport::kAuto) {
+        spdlog::info("store relay: {} takes no store link ({}); using gRPC",
+                     options_.daemon, why);
+        use_link_ = false;
+      } else {
+        spdlog::warn("store relay: the stream to {} ended ({}); reconnecting",
+                     options_.daemon, why);
+      }
       // A stream that never got an answer (refused, or the daemon went at
       // once) is retried after a growing delay, not in a tight loop.
       delay_next_ = !answered_;
     }
     changed_.notify_all();
+    // `finished` (the link) goes here, after the lock: its socket is closed.
   }
 
   // REQUIRES: mu_ held.
@@ -249,11 +464,17 @@ class StoreRelay::Backend final : public StoreBackend {
   RelayCore core_;                   // guarded by mu_
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<meshrun::v1::Store::Stub> stub_;
-  Stream* stream_ = nullptr;  // guarded by mu_; deletes itself in OnDone
-  bool writing_ = false;      // guarded by mu_
-  bool answered_ = false;     // the stream has had a reply; guarded by mu_
-  bool delay_next_ = false;   // guarded by mu_
-  bool stopping_ = false;     // guarded by mu_
+  asio::io_context io_;  // the store link's
+  asio::executor_work_guard<asio::io_context::executor_type> io_work_ =
+      asio::make_work_guard(io_);
+  std::thread io_thread_;
+  bool use_link_;                            // guarded by mu_
+  Upstream* stream_ = nullptr;               // guarded by mu_
+  std::shared_ptr<LinkStream> link_stream_;  // guarded by mu_; the link stream_ is
+  bool writing_ = false;                     // guarded by mu_
+  bool answered_ = false;                    // the stream has had a reply; guarded by mu_
+  bool delay_next_ = false;                  // guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
   uint64_t streams_opened_ = 0;
   std::chrono::milliseconds reconnect_delay_ = options_.min_reconnect_delay;
   std::vector<RelayDelivery> deliveries_;  // guarded by mu_ (reused)
@@ -297,5 +518,7 @@ void StoreRelay::Stop() {
 RelayStats StoreRelay::Stats() { return backend_->Stats(); }
 
 uint64_t StoreRelay::streams_opened() { return backend_->streams_opened(); }
+
+bool StoreRelay::using_link() { return backend_->using_link(); }
 
 }  // namespace meshrun::rdzv

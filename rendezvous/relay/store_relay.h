@@ -9,7 +9,8 @@
 // reconnects, but it never sees the daemon; the relay reconnects and sends
 // again what it must (relay_core.h), so a worker blocked in wait through the
 // restart gets its key. Many workers' requests travel as one message, and
-// many waits, gets and adds as one request (relay_core.h).
+// many waits, gets and adds as one request (relay_core.h). The stream is a
+// store link (plain TCP) where the daemon takes one, else gRPC.
 //
 // What the daemon's TCPStore front-end refuses, this one refuses the same way
 // (the same TcpStoreServer and limits): it closes that worker's connection,
@@ -40,11 +41,19 @@ struct StoreRelayOptions {
   tcpstore::WireLimits limits;
   RelayLimits relay;
   std::chrono::milliseconds handshake_timeout{30000};
+  // How requests travel to the daemon. kLink: a store link (plain TCP on
+  // the daemon's port, store.proto's StoreLinkHello), a few times faster a
+  // round trip than gRPC; kGrpc: a Store.BatchSession stream; kAuto: the
+  // link unless TLS is configured, and gRPC from the first time a daemon
+  // turns a link down (one whose port gRPC owns: TLS, a token, or
+  // --tcpstore=off).
+  enum class Transport { kAuto, kLink, kGrpc };
+  Transport transport = Transport::kAuto;
   // Between reconnect attempts that fail before the daemon answered
   // (doubling up to the maximum); a stream that broke after working is
   // replaced at once. gRPC waits for the channel itself in between.
   std::chrono::milliseconds min_reconnect_delay{50};
-  std::chrono::milliseconds max_reconnect_delay{2000};
+  std::chrono::milliseconds max_reconnect_delay{1000};
 };
 
 class StoreRelay {
@@ -67,6 +76,8 @@ class StoreRelay {
   RelayStats Stats();
   // Upstream streams opened so far (1 until the first reconnect).
   uint64_t streams_opened();
+  // Whether the current (or last) upstream is a store link.
+  bool using_link();
 
   class Backend;  // in the .cc
 

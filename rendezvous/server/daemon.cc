@@ -104,6 +104,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     front.on_grpc_fd = [grpc_server](int fd) {
       grpc::AddInsecureChannelFromFd(grpc_server, fd);
     };
+    StoreLinkServerOptions link;
+    link.token = options.security.token;
+    link.max_frame_bytes = options.max_message_bytes;
+    link.max_requests_per_batch = options.store.max_requests_per_batch;
+    link.max_queued_reply_bytes = options.store.max_queued_reply_bytes_per_session;
+    link.handshake_timeout = options.handshake_timeout;
+    daemon->link_ = std::make_unique<StoreLinkServer>(std::move(link), *daemon->store_);
+    front.on_link_fd = [link_server = daemon->link_.get()](int fd) {
+      link_server->Adopt(fd);
+    };
     RendezvousService* rendezvous = daemon->rendezvous_.get();
     front.namespace_for = [rendezvous](const std::string& /*peer*/) {
       return rendezvous->TcpStoreNamespace();
@@ -212,6 +222,7 @@ std::string Daemon::MetricsText() {
   rendezvous_->CollectMetrics(&families);
   store_->CollectMetrics(&families);
   if (tcpstore_) tcpstore_->CollectMetrics(&families);
+  if (link_) link_->CollectMetrics(&families);
   if (http_) http_->CollectMetrics(&families);
   // Prometheus' convention for what a process runs: a constant 1 with labels.
   const BuildInfo build = GetBuildInfo();
@@ -243,6 +254,7 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   // First: it hands connections to server_, and its sessions end before the
   // store's waits are torn down.
   if (tcpstore_) tcpstore_->Stop();
+  if (link_) link_->Stop();
   // Before the server cancels the Join streams, which must not read as the
   // nodes leaving (the flush below would persist a run everybody left).
   rendezvous_->BeginShutdown();

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "rendezvous/security/security.h"
 #include "rendezvous/server/rendezvous_service.h"
+#include "rendezvous/server/store_link_server.h"
 #include "rendezvous/server/store_service.h"
 #include "rendezvous/server/tcpstore_server.h"
 #include "rendezvous/status/http_server.h"
@@ -110,7 +111,9 @@ class Daemon {
   std::unique_ptr<StateLog> state_log_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpServer> http_;  // after the services: stopped first
-  // Owns the port when it serves; hands gRPC connections to server_.
+  // Owns the port when it serves; hands gRPC connections to server_, and
+  // store links (agents' relays) to link_.
+  std::unique_ptr<StoreLinkServer> link_;
   std::unique_ptr<TcpStoreServer> tcpstore_;
 };
 

@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "rendezvous/core/store_link_wire.h"
 #include "rendezvous/server/fd_limit.h"
 
 namespace meshrun::rdzv {
@@ -46,15 +47,16 @@ enum class Refusal {
   kStoreError,
   kNoNamespace,
   kGrpcOff,
+  kLinkOff,
   kHandshakeTimeout,  // no first byte, or no VALIDATE, within handshake_timeout
   kConnectionCap,     // max_connections open
   kPeerCap,           // max_connections_per_peer open from its address
   kCount
 };
 const char* ToString(Refusal r) {
-  static const char* const kNames[] = {"handshake",      "bad_query", "store_error",
-                                       "no_namespace",   "grpc_off",  "handshake_timeout",
-                                       "connection_cap", "peer_cap"};
+  static const char* const kNames[] = {
+      "handshake", "bad_query",         "store_error",    "no_namespace", "grpc_off",
+      "link_off",  "handshake_timeout", "connection_cap", "peer_cap"};
   static_assert(std::size(kNames) == static_cast<size_t>(Refusal::kCount));
   return kNames[static_cast<int>(r)];
 }
@@ -253,6 +255,17 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
     const size_t n =
         socket.receive(asio::buffer(&first, 1), tcp::socket::message_peek, ec);
     if (ec || n == 0) return false;  // closed before a byte: nothing to serve
+    if (first == link::kMagic[0]) {
+      link_connections_.Inc();
+      if (!options_.on_link_fd) {
+        Refuse(Refusal::kLinkOff);
+        return false;
+      }
+      const int fd = socket.release(ec);
+      if (ec) return false;
+      options_.on_link_fd(fd);
+      return false;
+    }
     if (first != 'P') {
       StartConnection(std::move(socket), pending.peer, pending.deadline);
       return true;
@@ -306,6 +319,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   size_t refusals_unlogged_ = 0;                            // since that line
   Counter tcpstore_connections_;
   Counter grpc_connections_;
+  Counter link_connections_;
   Counter queries_;
   Counter refused_[static_cast<int>(Refusal::kCount)];
 };
@@ -435,7 +449,8 @@ class TcpStoreServer::Impl::Connection final
   // c10d's client has at most one blocking query out at a time.
   size_t MaxParkedWaits() override { return server_->options_.max_parked_waits; }
   void Resume() override {
-    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->AfterDrain(); });
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this()] { self->AfterDrain(); });
   }
 
  private:
@@ -923,6 +938,7 @@ void TcpStoreServer::Impl::CollectMetrics(std::vector<MetricFamily>* out) {
   connections.Add({{"protocol", "tcpstore"}},
                   static_cast<double>(tcpstore_connections_.value()));
   connections.Add({{"protocol", "grpc"}}, static_cast<double>(grpc_connections_.value()));
+  connections.Add({{"protocol", "link"}}, static_cast<double>(link_connections_.value()));
   MetricFamily open{"meshrun_tcpstore_connections_open",
                     "TCPStore protocol connections open now.", "gauge"};
   {

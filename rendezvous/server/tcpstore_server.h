@@ -6,9 +6,9 @@
 //
 // It owns the daemon's listening port and tells the two protocols apart by a
 // connection's first byte: 'P' opens the HTTP/2 preface every gRPC client
-// sends, and that connection is handed to the gRPC server (on_grpc_fd);
-// anything else is a TCPStore client, whose first query must be VALIDATE
-// with c10d's magic number.
+// sends, and that connection is handed to the gRPC server (on_grpc_fd); 'M'
+// opens a store link (on_link_fd); anything else is a TCPStore client, whose first query
+// must be VALIDATE with c10d's magic number.
 //
 // Each TCPStore connection is a session of a StoreBackend: its queries become
 // StoreRequests in the namespace `namespace_for` picks when it validates. In
@@ -67,6 +67,9 @@ struct TcpStoreServerOptions {
   // Takes ownership of a connection's fd whose first byte was an HTTP/2
   // preface's; null: such connections are closed.
   std::function<void(int fd)> on_grpc_fd;
+  // The same for a store link's (its magic's first byte, 'M': an agent's
+  // relay; store_link_server.h); null: such connections are closed.
+  std::function<void(int fd)> on_link_fd;
 };
 
 class TcpStoreServer {

@@ -36,9 +36,11 @@ using testing::TempDir;
 
 constexpr char kNs[] = "relayed/r1";
 
-std::unique_ptr<rdzv::StoreRelay> StartRelay(const std::string& daemon) {
+std::unique_ptr<rdzv::StoreRelay> StartRelay(const std::string& daemon,
+                                             const std::string& token = "") {
   rdzv::StoreRelayOptions options;
   options.daemon = daemon;
+  options.security.token = token;
   auto relay = rdzv::StoreRelay::Start(std::move(options));
   EXPECT_TRUE(relay.ok()) << relay.status();
   if (!relay.ok()) return nullptr;
@@ -148,6 +150,56 @@ TEST(StoreRelayTest, ABadQueryClosesThatWorkerOnly) {
   EXPECT_EQ(setter.ReadI64(), 1);
   EXPECT_TRUE(WaitAnswered(waiter, 10s));
   EXPECT_EQ(relay->streams_opened(), 1u);
+}
+
+// The relay takes the daemon's port by a store link where the TCPStore
+// front-end owns it; a daemon with a token leaves its port to gRPC (whose
+// token check a handed-over connection would skip), and the relay goes
+// there over gRPC with the token, at once and for good.
+TEST(StoreRelayTest, ALinkWhereTheDaemonTakesOneElseGrpcWithTheToken) {
+  {
+    DaemonProcess daemon;
+    auto relay = StartRelay(daemon.endpoint());
+    ASSERT_NE(relay, nullptr);
+    RawClient client(relay->port());
+    ASSERT_TRUE(client.Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 2)));
+    EXPECT_EQ(client.ReadI64(), 2);
+    EXPECT_TRUE(relay->using_link());
+    EXPECT_EQ(relay->streams_opened(), 1u);
+  }
+  TempDir dir("relay-token");
+  const std::string token = "a-token-for-the-relay-test";
+  DaemonProcess daemon({"--token-file", dir.Write("token", token + "\n")});
+  auto relay = StartRelay(daemon.endpoint(), token);
+  ASSERT_NE(relay, nullptr);
+  RawClient client(relay->port());
+  ASSERT_TRUE(client.Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 3)));
+  EXPECT_EQ(client.ReadI64(30s), 3);
+  EXPECT_FALSE(relay->using_link());
+  auto other_node = DaemonClient(daemon.endpoint());  // no token: refused
+  ASSERT_NE(other_node, nullptr);
+  EXPECT_FALSE(other_node->Get("n", 2s).ok());
+}
+
+// A store link that lies (wrong magic, a frame over the limit, garbage for
+// a hello or a batch) is closed by the daemon; the daemon serves on.
+TEST(StoreRelayTest, TheDaemonClosesABadLinkAndServesOn) {
+  DaemonProcess daemon;
+  const int port = std::stoi(daemon.endpoint().substr(daemon.endpoint().rfind(':') + 1));
+  const std::string huge_frame("\xff\xff\xff\xff", 4);
+  const std::string garbage_frame = std::string("\x03\0\0\0", 4) + "\xff\xff\xff";
+  for (const std::string& bytes :
+       {std::string("MXYZ"), "MRL1" + huge_frame, "MRL1" + garbage_frame}) {
+    RawClient link(port, /*handshake=*/false);
+    ASSERT_TRUE(link.SendRaw(bytes));
+    EXPECT_TRUE(link.ClosedByPeer()) << bytes;
+  }
+  auto relay = StartRelay(daemon.endpoint());
+  ASSERT_NE(relay, nullptr);
+  RawClient client(relay->port());
+  ASSERT_TRUE(client.Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 1)));
+  EXPECT_EQ(client.ReadI64(), 1);
+  EXPECT_TRUE(relay->using_link());
 }
 
 // c10d's set gets no reply on the wire, so a client may send thousands
