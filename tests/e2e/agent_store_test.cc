@@ -1,9 +1,10 @@
-// Workers use the daemon's TCPStore front-end as torchrun 2's agent store
-// (issue 15): an unchanged env:// DDP script (agent_store_train.py) trains
-// under meshrun with TORCHELASTIC_USE_AGENT_STORE=True and MASTER_PORT at the
-// daemon (static: --master-port), and no worker serves a store of its own.
-// With a token the daemon does not serve stock clients, and rank 0 hosts a
-// TCPStore as before; that case also shows the listener check would notice.
+// Workers' TCPStore is torchrun 2's agent store (issues 15, 28): an
+// unchanged env:// DDP script (agent_store_train.py) trains under meshrun
+// with TORCHELASTIC_USE_AGENT_STORE=True and no worker serving a store of its
+// own. With --rdzv-backend=static MASTER_PORT is the daemon on --master-port;
+// with c10d it is the worker's own agent's store relay, which carries the
+// requests into the round's namespace at the daemon: also with a token, a
+// daemon without the TCPStore protocol, and a second run on a shared daemon.
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -71,13 +73,33 @@ std::string PortOf(const std::string& endpoint) {
   return endpoint.substr(endpoint.rfind(':') + 1);
 }
 
-// Every rank reached the daemon's store at `port`: the agent store flag,
-// MASTER_* there, no worker listening on it, and no rank listening on more
-// ports than another (rank 0 serving a TCPStore would add its listeners; the
+// The ports of the agents' store relays, from their log lines ("serving the
+// workers' store on 127.0.0.1:PORT, relayed to ...").
+std::set<std::string> RelayPorts(
+    const std::vector<std::unique_ptr<ChildProcess>>& agents) {
+  const std::string needle = "serving the workers' store on 127.0.0.1:";
+  std::set<std::string> ports;
+  for (const auto& agent : agents) {
+    std::istringstream lines(agent->output());
+    for (std::string line; std::getline(lines, line);) {
+      size_t at = line.find(needle);
+      if (at == std::string::npos) continue;
+      std::string rest = line.substr(at + needle.size());
+      ports.insert(rest.substr(0, rest.find(',')));
+    }
+  }
+  return ports;
+}
+
+// Every rank has the agent store flag and MASTER_* at `port` (or, when
+// `port` is empty, at one of `relays` that its node's ranks share and no
+// other node's do); no worker listens on it, and no rank listens on more
+// ports than another (a rank serving a TCPStore would add its listeners; the
 // rest are Gloo's, the same on every rank).
-void ExpectAgentStore(const TempDir& dir, int world, const std::string& port,
-                      int restart = 0) {
+void ExpectWorkerStore(const TempDir& dir, int world, const std::string& port,
+                       const std::set<std::string>& relays = {}, int restart = 0) {
   size_t listeners = 0;
+  std::map<std::string, std::string> port_of_node;  // GROUP_RANK -> MASTER_PORT
   for (int rank = 0; rank < world; ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank) + " attempt " + std::to_string(restart));
     Env env = ReadEnv(dir, rank, restart);
@@ -85,12 +107,25 @@ void ExpectAgentStore(const TempDir& dir, int world, const std::string& port,
     EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "True");
     EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], std::to_string(restart));
     EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
-    EXPECT_EQ(env["MASTER_PORT"], port);
+    const std::string master_port = env["MASTER_PORT"];
+    if (!port.empty()) {
+      EXPECT_EQ(master_port, port);
+    } else {
+      EXPECT_EQ(relays.count(master_port), 1u) << master_port;
+      EXPECT_NE(master_port, PortOf(env["MESHRUN_STORE_ENDPOINT"]));
+      auto [node, inserted] = port_of_node.emplace(env["GROUP_RANK"], master_port);
+      EXPECT_EQ(node->second, master_port) << "node " << env["GROUP_RANK"];
+    }
     std::vector<std::string> ports = Listening(env);
-    for (const std::string& listened : ports) EXPECT_NE(listened, port) << env["_LISTEN"];
+    for (const std::string& listened : ports)
+      EXPECT_NE(listened, master_port) << env["_LISTEN"];
     if (rank == 0) listeners = ports.size();
     EXPECT_EQ(ports.size(), listeners) << env["_LISTEN"];
   }
+  // One relay a node, each its own.
+  std::set<std::string> distinct;
+  for (const auto& [node, node_port] : port_of_node) distinct.insert(node_port);
+  EXPECT_EQ(distinct.size(), port_of_node.size());
 }
 
 // The key a worker set through its own TCPStore client is in the round's
@@ -121,30 +156,35 @@ TEST(AgentStoreTest, StaticWorkersUseTheDaemonOnMasterPort) {
                              "--master-port=" + port, kScript, dir.path(), "job"}));
   }
   for (auto& node : nodes) ASSERT_EQ(ExitCode(*node, seconds(180)), 0) << node->output();
-  ExpectAgentStore(dir, 2, port);
+  ExpectWorkerStore(dir, 2, port);
 }
 
-// --rdzv-backend=c10d at a meshrun-rdzvd started on its own: its port is the
-// workers' MASTER_PORT, and what they store lands in the round's namespace.
-TEST(AgentStoreTest, DynamicWorkersUseTheSeparateDaemon) {
+// --rdzv-backend=c10d at a meshrun-rdzvd started on its own: each node's
+// workers get their agent's relay as MASTER_PORT (never the daemon's port;
+// the same for the ranks of one node, another for the other node), and what
+// they store lands in the round's namespace at the daemon.
+TEST(AgentStoreTest, DynamicWorkersUseTheirAgentsRelayIntoTheRoundsNamespace) {
   TempDir dir("agent-store-dynamic");
   DaemonProcess daemon;
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int node = 0; node < 2; ++node) {
-    agents.push_back(Meshrun({"--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+    agents.push_back(Meshrun({"--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
                               "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=store",
                               kScript, dir.path(), "job"}));
   }
   for (auto& agent : agents)
     ASSERT_EQ(ExitCode(*agent, seconds(180)), 0) << agent->output();
-  ExpectAgentStore(dir, 2, PortOf(daemon.endpoint()));
-  for (int rank = 0; rank < 2; ++rank) ExpectKeyAtDaemon(dir, daemon.endpoint(), rank, 0);
+  const std::set<std::string> relays = RelayPorts(agents);
+  ASSERT_EQ(relays.size(), 2u) << agents[0]->output() << agents[1]->output();
+  EXPECT_EQ(relays.count(PortOf(daemon.endpoint())), 0u);
+  ExpectWorkerStore(dir, 4, "", relays);
+  for (int rank = 0; rank < 4; ++rank) ExpectKeyAtDaemon(dir, daemon.endpoint(), rank, 0);
 }
 
 // Rank 0 SIGKILLed mid-training: the job restarts (--max-restarts=1), the
-// new workers re-initialise through the same daemon's store (attempt 1's
-// prefix in the new round's namespace) and the job exits 0.
-TEST(AgentStoreTest, RankZeroKilledMidTrainingRestartsThroughTheSameStore) {
+// new workers re-initialise through the same relays (the new round's
+// namespace at the same daemon) and the job exits 0.
+TEST(AgentStoreTest, RankZeroKilledMidTrainingRestartsThroughTheSameRelay) {
   TempDir dir("agent-store-restart");
   DaemonProcess daemon;
   std::vector<std::unique_ptr<ChildProcess>> agents;
@@ -173,43 +213,32 @@ TEST(AgentStoreTest, RankZeroKilledMidTrainingRestartsThroughTheSameStore) {
   for (auto& agent : agents)
     ASSERT_EQ(ExitCode(*agent, seconds(180)), 0) << agent->output();
   EXPECT_TRUE(ReadEnv(dir, 0, 0).empty());  // attempt 0 never finished
-  ExpectAgentStore(dir, 2, PortOf(daemon.endpoint()), /*restart=*/1);
+  // One relay an agent, kept across the restart.
+  const std::set<std::string> relays = RelayPorts(agents);
+  ASSERT_EQ(relays.size(), 2u) << agents[0]->output() << agents[1]->output();
+  ExpectWorkerStore(dir, 2, "", relays, /*restart=*/1);
   for (int rank = 0; rank < 2; ++rank) ExpectKeyAtDaemon(dir, daemon.endpoint(), rank, 1);
 }
 
-// With a token, stock TCPStore clients cannot reach the daemon: the workers
-// get TORCHELASTIC_USE_AGENT_STORE=False, and rank 0 serves a TCPStore on the
-// MASTER_PORT its agent picked (which the listener check above would catch).
-// Rank 0 served the workers' store on the port its agent offered (the
-// fallback when the daemon is not their store).
-void ExpectRankZeroStore(const TempDir& dir) {
-  Env rank0 = ReadEnv(dir, 0), rank1 = ReadEnv(dir, 1);
-  ASSERT_FALSE(rank0.empty());
-  ASSERT_FALSE(rank1.empty());
-  for (Env* env : {&rank0, &rank1}) {
-    EXPECT_EQ((*env)["TORCHELASTIC_USE_AGENT_STORE"], "False");
-    EXPECT_EQ((*env)["MASTER_PORT"], rank0["MASTER_PORT"]);
-    EXPECT_NE((*env)["MASTER_PORT"], PortOf((*env)["MESHRUN_STORE_ENDPOINT"]));
-  }
-  std::vector<std::string> ports0 = Listening(rank0), ports1 = Listening(rank1);
-  EXPECT_NE(std::find(ports0.begin(), ports0.end(), rank0["MASTER_PORT"]), ports0.end())
-      << rank0["_LISTEN"];
-  EXPECT_GT(ports0.size(), ports1.size())
-      << rank0["_LISTEN"] << " / " << rank1["_LISTEN"];
-}
-
-TEST(AgentStoreTest, WithATokenRankZeroServesTheStore) {
+// With a token a stock TCPStore client cannot reach the daemon (--standalone
+// hosts one with the token): the workers still get the agent store, their
+// agent's relay, which carries the token; no rank serves a store.
+TEST(AgentStoreTest, WithATokenWorkersUseTheRelayAndNoRankServesAStore) {
   TempDir dir("agent-store-token");
   const std::string token_file = dir.Write("token", "s3cret-token-for-agent-store\n");
-  auto run = Meshrun({"--standalone", "--nproc-per-node=2", "--token-file", token_file,
-                      kScript, dir.path(), "job"});
-  ASSERT_EQ(ExitCode(*run, seconds(180)), 0) << run->output();
-  ExpectRankZeroStore(dir);
+  std::vector<std::unique_ptr<ChildProcess>> runs;
+  runs.push_back(Meshrun({"--standalone", "--nproc-per-node=2", "--token-file",
+                          token_file, kScript, dir.path(), "job"}));
+  ASSERT_EQ(ExitCode(*runs[0], seconds(180)), 0) << runs[0]->output();
+  const std::set<std::string> relays = RelayPorts(runs);
+  ASSERT_EQ(relays.size(), 1u) << runs[0]->output();
+  ExpectWorkerStore(dir, 2, "", relays);
 }
 
 // A separately started daemon that does not serve the TCPStore protocol
-// (--tcpstore=off) says so in its round assignments: workers fall back.
-TEST(AgentStoreTest, ADaemonWithoutTheProtocolSaysSoAndRankZeroServesTheStore) {
+// (--tcpstore=off): the relays speak it to the workers and gRPC to the
+// daemon, so nothing changes for them.
+TEST(AgentStoreTest, ADaemonWithoutTheProtocolServesTheWorkersThroughTheRelay) {
   TempDir dir("agent-store-off");
   DaemonProcess daemon({"--tcpstore", "off"});
   std::vector<std::unique_ptr<ChildProcess>> agents;
@@ -220,40 +249,49 @@ TEST(AgentStoreTest, ADaemonWithoutTheProtocolSaysSoAndRankZeroServesTheStore) {
   }
   for (auto& agent : agents)
     ASSERT_EQ(ExitCode(*agent, seconds(180)), 0) << agent->output();
-  ExpectRankZeroStore(dir);
+  const std::set<std::string> relays = RelayPorts(agents);
+  ASSERT_EQ(relays.size(), 2u) << agents[0]->output() << agents[1]->output();
+  ExpectWorkerStore(dir, 2, "", relays);
+  for (int rank = 0; rank < 2; ++rank) ExpectKeyAtDaemon(dir, daemon.endpoint(), rank, 0);
 }
 
-// A shared daemon without --tcpstore-run serves the TCPStore clients of the
-// first run in progress; a second run starting meanwhile is told so at its
-// round (serves_tcpstore false), and its rank 0 serves its store. Before,
-// the second run's workers were refused by the daemon (two runs, and a stock
-// client cannot say which is its own).
-TEST(AgentStoreTest, ASecondRunOnASharedDaemonFallsBackToRankZerosStore) {
+// A second run starting on a shared daemon while the first trains: its
+// workers use their own agent's relay (the run's namespace, which a stock
+// client could not name at the daemon), and the first run goes on.
+TEST(AgentStoreTest, ASecondRunOnASharedDaemonUsesItsOwnRelay) {
   TempDir first_dir("agent-store-first"), second_dir("agent-store-second");
   DaemonProcess daemon;
-  auto first = Meshrun({"--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
-                        "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=first",
-                        kScript, first_dir.path(), "job", "--stall-rank", "0"});
+  std::vector<std::unique_ptr<ChildProcess>> first;
+  first.push_back(Meshrun({"--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                           "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=first",
+                           kScript, first_dir.path(), "job", "--stall-rank", "0"}));
   // The first run's worker writes its pid once it trains, and keeps training.
   const std::string pid_file = first_dir / "job.stalled.pid";
   bool training = false;
   for (auto deadline = std::chrono::steady_clock::now() + seconds(120);
        !training && std::chrono::steady_clock::now() < deadline;) {
     training = std::ifstream(pid_file).good();
-    if (!training) std::this_thread::sleep_for(milliseconds(100));
+    if (!training && !first[0]->ReadLine(milliseconds(100)) && !first[0]->Running())
+      break;
   }
-  ASSERT_TRUE(training) << "the first run never trained\n" << first->output();
+  ASSERT_TRUE(training) << "the first run never trained\n" << first[0]->output();
 
-  auto second = Meshrun({"--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                         "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=second",
-                         kScript, second_dir.path(), "job"});
-  ASSERT_EQ(ExitCode(*second, seconds(180)), 0) << second->output();
-  ExpectRankZeroStore(second_dir);
+  std::vector<std::unique_ptr<ChildProcess>> second;
+  second.push_back(Meshrun({"--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                            "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=second",
+                            kScript, second_dir.path(), "job"}));
+  ASSERT_EQ(ExitCode(*second[0], seconds(180)), 0) << second[0]->output();
+  const std::set<std::string> relays = RelayPorts(second);
+  ASSERT_EQ(relays.size(), 1u) << second[0]->output();
+  EXPECT_EQ(RelayPorts(first).count(*relays.begin()), 0u);
+  ExpectWorkerStore(second_dir, 2, "", relays);
+  for (int rank = 0; rank < 2; ++rank)
+    ExpectKeyAtDaemon(second_dir, daemon.endpoint(), rank, 0);
 
   // The first run was served throughout: still running, ended here by pid.
-  ASSERT_TRUE(testing::ProcessAlive(first->pid())) << first->output();
-  ASSERT_EQ(kill(first->pid(), SIGTERM), 0);
-  EXPECT_NE(ExitCode(*first, seconds(60)), -1) << first->output();
+  ASSERT_TRUE(testing::ProcessAlive(first[0]->pid())) << first[0]->output();
+  ASSERT_EQ(kill(first[0]->pid(), SIGTERM), 0);
+  EXPECT_NE(ExitCode(*first[0], seconds(60)), -1) << first[0]->output();
 }
 
 }  // namespace
