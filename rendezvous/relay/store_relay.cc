@@ -512,7 +512,17 @@ void StoreRelay::SetNamespace(std::string ns) { backend_->SetNamespace(std::move
 void StoreRelay::Stop() {
   // Connections first: once they are closed, no request reaches the backend.
   if (front_) front_->Stop();
-  if (backend_) backend_->Stop();
+  if (!backend_ || stopped_) return;
+  backend_->Stop();
+  stopped_ = true;
+  const RelayStats stats = backend_->Stats();
+  if (stats.requests == 0) return;
+  spdlog::info(
+      "store relay: {} requests from workers ({} answered with another's), {} sent to "
+      "the daemon in {} messages; {} connections to it, {} requests sent again, {} lost "
+      "in flight",
+      stats.requests, stats.joined, stats.sent, stats.batches, backend_->streams_opened(),
+      stats.repeated, stats.failed_in_flight);
 }
 
 RelayStats StoreRelay::Stats() { return backend_->Stats(); }

@@ -71,7 +71,8 @@ class StoreRelay {
   // round's store prefix); connections already open keep theirs. While it
   // is empty, connections are refused.
   void SetNamespace(std::string ns);
-  // Closes every worker connection and the stream. Idempotent.
+  // Closes every worker connection and the stream, and logs what the relay
+  // did. Idempotent; not thread-safe against itself.
   void Stop();
   RelayStats Stats();
   // Upstream streams opened so far (1 until the first reconnect).
@@ -85,6 +86,7 @@ class StoreRelay {
   StoreRelay() = default;
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<TcpStoreServer> front_;
+  bool stopped_ = false;
 };
 
 }  // namespace meshrun::rdzv

@@ -140,8 +140,9 @@ TEST_F(LauncherTest, ExactEnvironmentOfATwoNodeLayout) {
   }
   auto envs = Envs(output);
   ASSERT_EQ(envs.size(), 4u) << output;
-  // The daemon's TCPStore front-end, as torchrun 2's agent store.
-  const std::string master_port =
+  // The agent store, as under torchrun 2: each node's agent's relay (the
+  // same port for a node's ranks, not the daemon's).
+  const std::string daemon_port =
       daemon.endpoint().substr(daemon.endpoint().rfind(':') + 1);
   for (int rank = 0; rank < 4; ++rank) {
     const int node = rank / 2, local = rank % 2;
@@ -156,7 +157,7 @@ TEST_F(LauncherTest, ExactEnvironmentOfATwoNodeLayout) {
         {"LOCAL_WORLD_SIZE", "2"},
         {"WORLD_SIZE", "4"},
         {"MASTER_ADDR", "127.0.0.1"},
-        {"MASTER_PORT", master_port},
+        {"MASTER_PORT", envs[node * 2]["MASTER_PORT"]},
         {"TORCHELASTIC_RESTART_COUNT", "0"},
         {"TORCHELASTIC_MAX_RESTARTS", "3"},
         {"TORCHELASTIC_RUN_ID", "envjob"},
@@ -171,8 +172,10 @@ TEST_F(LauncherTest, ExactEnvironmentOfATwoNodeLayout) {
         envs[rank]["TORCHELASTIC_ERROR_FILE"],
         std::regex("/envjob/attempt_0/" + std::to_string(local) + "/error.json$")))
         << envs[rank]["TORCHELASTIC_ERROR_FILE"];
+    EXPECT_NE(envs[rank]["MASTER_PORT"], daemon_port);
+    EXPECT_NE(envs[rank]["MASTER_PORT"], "0");
   }
-  EXPECT_NE(master_port, "0");
+  EXPECT_NE(envs[0]["MASTER_PORT"], envs[2]["MASTER_PORT"]);
 }
 
 TEST_F(LauncherTest, ThreeAgentsWithAnAgentHostedDaemon) {

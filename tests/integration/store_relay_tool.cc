@@ -3,7 +3,8 @@
 // 127.0.0.1 (kernel-assigned port) and relays to the daemon at ENDPOINT in
 // store namespace NS. Token and TLS come from the environment, as an agent's
 // workers' do (MESHRUN_RDZV_TOKEN(_FILE), MESHRUN_RDZV_TLS_*). Prints
-// MESHRUN_RELAY_ENDPOINT=127.0.0.1:PORT, then serves until stdin closes.
+// MESHRUN_RELAY_ENDPOINT=127.0.0.1:PORT, then serves until stdin closes, and
+// logs what it did.
 //   store_relay_tool ENDPOINT NS
 #include <cstdio>
 #include <cstdlib>
@@ -36,16 +37,6 @@ int main(int argc, char** argv) {
   std::string line;
   while (std::getline(std::cin, line)) {
   }
-  const meshrun::rdzv::RelayStats stats = (*relay)->Stats();
-  std::fprintf(stderr,
-               "store_relay_tool: %llu requests, %llu joined, %llu sent in %llu batches, "
-               "%llu repeated, %llu failed in flight, %llu streams\n",
-               static_cast<unsigned long long>(stats.requests),
-               static_cast<unsigned long long>(stats.joined),
-               static_cast<unsigned long long>(stats.sent),
-               static_cast<unsigned long long>(stats.batches),
-               static_cast<unsigned long long>(stats.repeated),
-               static_cast<unsigned long long>(stats.failed_in_flight),
-               static_cast<unsigned long long>((*relay)->streams_opened()));
+  (*relay)->Stop();  // logs what it did
   return 0;
 }
