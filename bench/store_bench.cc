@@ -52,7 +52,7 @@ struct Config {
   int reps = 3;
   milliseconds duration{3000};
   milliseconds warmup{300};
-  std::vector<int> ops_clients{1, 8, 64};
+  std::vector<int> ops_clients{1, 8, 64, 256};
   std::vector<int> barrier_sizes{1000, 10000};
   int barrier_procs = 4;
   seconds barrier_timeout{120};
