@@ -52,7 +52,7 @@ struct Config {
   int reps = 3;
   milliseconds duration{3000};
   milliseconds warmup{300};
-  std::vector<int> ops_clients{1, 8, 64};
+  std::vector<int> ops_clients{1, 8, 64, 256};
   std::vector<int> barrier_sizes{1000, 10000};
   int barrier_procs = 4;
   seconds barrier_timeout{120};
@@ -67,6 +67,8 @@ struct Config {
   // endpoint), or "torch" (torch's libuv server on both sides: an A/A check of
   // the harness, whose ratios show its noise).
   std::string meshrun_tcpstore_server = "rdzvd";
+  // The daemon's TCPStore I/O threads (--tcpstore-threads); 0: its default.
+  int rdzvd_tcpstore_threads = 0;
   std::string json_path;
 
   bool Runs(Impl impl) const {
@@ -164,6 +166,9 @@ absl::StatusOr<Server> StartServer(Impl impl, const Config& config) {
     // The TCPStore protocol is on by default (no token or TLS); said here so
     // that a daemon that cannot serve it fails to start instead.
     if (impl == Impl::kMeshrunTcpStore) argv.insert(argv.end(), {"--tcpstore", "on"});
+    if (config.rdzvd_tcpstore_threads > 0)
+      argv.insert(argv.end(),
+                  {"--tcpstore-threads", std::to_string(config.rdzvd_tcpstore_threads)});
     marker = "MESHRUN_RDZVD_ENDPOINT=";
   } else {
     argv = {SelfPath(), "--mode", "tcpstore-server", "--timeout-ms",
@@ -504,7 +509,12 @@ std::string MeshTcpServerName(const Config& config) {
   return config.meshrun_tcpstore_server == "torch"
              ? "torch's libuv server (--meshrun-tcpstore-server=torch: an A/A check "
                "of the harness, NOT meshrun)"
-             : "meshrun-rdzvd's TCPStore endpoint (its gRPC port)";
+             : absl::StrCat("meshrun-rdzvd's TCPStore endpoint (its gRPC port; ",
+                            config.rdzvd_tcpstore_threads > 0
+                                ? absl::StrCat("--tcpstore-threads ",
+                                               config.rdzvd_tcpstore_threads)
+                                : std::string("its default I/O threads"),
+                            ")");
 }
 
 int RunAll(const Config& config) {
@@ -1098,6 +1108,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--rdzv-channels", config.rdzv_channels)->capture_default_str();
+  app.add_option("--rdzvd-tcpstore-threads", config.rdzvd_tcpstore_threads,
+                 "The daemon's --tcpstore-threads (0: its default)")
+      ->capture_default_str();
   app.add_option("--sections", config.sections, "ops,barrier,rdzv")
       ->delimiter(',')
       ->capture_default_str();

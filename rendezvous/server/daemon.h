@@ -55,11 +55,11 @@ struct DaemonOptions {
   // while no other is served, until it closes (rendezvous/core/
   // tcpstore_owner.h); kDefaultTcpStoreNamespace while there is no run.
   std::string tcpstore_run;
-  // I/O threads of the TCPStore front-end. One, as libuv's server: with
-  // two, a query and its reply often run on different threads, and the
-  // wakeups cost more than the second thread gives (store_bench: 1 client
-  // 38 vs 64 us a round trip from Python).
-  int tcpstore_threads = 1;
+  // I/O threads of the TCPStore front-end, each with an event loop of its
+  // own (TcpStoreServerOptions::io_threads); 0: IoThreadsFor(cores). (One
+  // loop shared by two threads was slower than one thread: a query and its
+  // reply ran on different threads.)
+  int tcpstore_threads = 0;
   // While the TCPStore front-end owns the port (TcpStoreServerOptions): how
   // long a connection may take to send its first byte and, for TCPStore, its
   // VALIDATE; the caps on connections open there, in all (0: from the

@@ -110,8 +110,9 @@ int main(int argc, char** argv) {
                  "The run whose store TCPStore clients use (default: the only run in "
                  "progress)");
   app.add_option("--tcpstore-threads", options.tcpstore_threads,
-                 "I/O threads of the TCPStore protocol's front-end")
-      ->check(CLI::Range(1, 64))
+                 "I/O threads (event loops) of the TCPStore protocol's front-end; 0: "
+                 "half the cores, 1 to 8")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   int handshake_timeout_ms = static_cast<int>(options.handshake_timeout.count());
   app.add_option("--handshake-timeout-ms", handshake_timeout_ms,

@@ -345,7 +345,7 @@ StoreService::~StoreService() { timer_.reset(); }
 grpc::ServerBidiReactor<StoreRequest, StoreResponse>* StoreService::Session(
     grpc::CallbackServerContext* /*context*/) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = LockStore();
     ++sessions_open_;
   }
   return new SessionReactor<StoreRequest, StoreResponse>(this);
@@ -354,7 +354,7 @@ grpc::ServerBidiReactor<StoreRequest, StoreResponse>* StoreService::Session(
 grpc::ServerBidiReactor<meshrun::v1::StoreRequestBatch, meshrun::v1::StoreResponseBatch>*
 StoreService::BatchSession(grpc::CallbackServerContext* /*context*/) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = LockStore();
     ++sessions_open_;
   }
   return new SessionReactor<meshrun::v1::StoreRequestBatch,
@@ -362,7 +362,7 @@ StoreService::BatchSession(grpc::CallbackServerContext* /*context*/) {
 }
 
 void StoreService::DropRunNamespaces(const std::vector<std::string>& run_ids) {
-  std::lock_guard<std::mutex> lock(mu_);
+  auto lock = LockStore();
   std::vector<Wakeup> woken;
   for (const std::string& run_id : run_ids)
     for (const std::string& ns : store_.NamespacesOfRun(run_id)) {
@@ -373,7 +373,7 @@ void StoreService::DropRunNamespaces(const std::vector<std::string>& run_ids) {
 }
 
 StoreServiceStats StoreService::Stats() {
-  std::lock_guard<std::mutex> lock(mu_);
+  auto lock = LockStore();
   return {sessions_open_, ops_.load(std::memory_order_relaxed), store_.num_waiters(),
           queued_reply_bytes_.load()};
 }
@@ -425,9 +425,28 @@ void StoreService::CollectMetrics(std::vector<MetricFamily>* out) {
                            "read them yet.",
                            "gauge"};
   reply_bytes.Add({}, static_cast<double>(stats.queued_reply_bytes));
+  MetricFamily lock_taken{"meshrun_store_lock_acquisitions_total",
+                          "Times the store's lock was taken (about one a store "
+                          "operation), by whether another thread held it then.",
+                          "counter"};
+  {
+    auto lock = LockStore();
+    lock_taken.Add({{"waited", "false"}},
+                   static_cast<double>(lock_acquisitions_ - lock_contended_));
+    lock_taken.Add({{"waited", "true"}}, static_cast<double>(lock_contended_));
+  }
   for (MetricFamily* family :
-       {&ops, &errors, &latency, &sessions, &waiters, &reply_bytes})
+       {&ops, &errors, &latency, &sessions, &waiters, &reply_bytes, &lock_taken})
     out->push_back(std::move(*family));
+}
+
+std::unique_lock<std::mutex> StoreService::LockStore() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  const bool waited = !lock.owns_lock();
+  if (waited) lock.lock();
+  ++lock_acquisitions_;
+  if (waited) ++lock_contended_;
+  return lock;
 }
 
 void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
@@ -435,19 +454,24 @@ void StoreService::Handle(ReplySink* session, const StoreRequest& request) {
   const TimePoint arrived = Clock::now();
   std::vector<StoreResponse> replies(1);
   std::vector<Wakeup> woken;
-  bool answered;
+  bool answered = true;
   StateLog::Mark mark;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
+  // Outside the lock: what needs no store (a bad request is answered here).
+  if (absl::Status invalid = ValidateStoreRequest(request, request_limits_);
+      !invalid.ok()) {
+    replies[0].set_id(request.id());
+    SetStatus(invalid, &replies[0]);
+  } else {
+    auto lock = LockStore();
     store_.set_woken_value_budget(options_.max_queued_reply_bytes_per_session);
-    answered = ExecuteLocked(session, request, &replies[0], &woken);
-    if (answered) Observe(OpIndex(request), arrived, replies[0]);
+    answered = ExecuteLocked(session, request, &replies[0], &woken, /*validated=*/true);
     if (log_) {
       mark = log_->Now();
     } else {
       DeliverLocked(woken);
     }
   }
+  if (answered) Observe(OpIndex(request), arrived, replies[0]);
   if (!answered) replies.clear();
   if (log_) return AfterDurable(session, mark, std::move(replies), std::move(woken));
   if (answered) session->Send(std::move(replies[0]));
@@ -463,7 +487,7 @@ size_t StoreService::HandleBatch(ReplySink* session, const Requests& requests,
   StateLog::Mark mark;
   size_t next = start;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = LockStore();
     store_.set_woken_value_budget(options_.max_queued_reply_bytes_per_session);
     // Each Get's reply is a copy of its value, so a batch of Gets of a large
     // value stops here and goes on once the client read the replies.
@@ -503,7 +527,7 @@ void StoreService::AfterDurable(ReplySink* session, StateLog::Mark mark,
   log_->WhenDurable(mark, [this, session, replies = std::move(replies),
                            woken = std::move(woken)]() mutable {
     if (!woken.empty()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      auto lock = LockStore();
       // A waiter whose session ended meanwhile is no longer pending: skipped.
       DeliverLocked(woken);
     }
@@ -512,14 +536,16 @@ void StoreService::AfterDurable(ReplySink* session, StateLog::Mark mark,
 }
 
 void StoreService::WithStore(const std::function<void(KvStore&)>& fn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  auto lock = LockStore();
   fn(store_);
 }
 
 bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request,
-                                 StoreResponse* reply, std::vector<Wakeup>* woken) {
+                                 StoreResponse* reply, std::vector<Wakeup>* woken,
+                                 bool validated) {
   reply->set_id(request.id());
-  if (absl::Status invalid = ValidateStoreRequest(request, request_limits_);
+  if (absl::Status invalid =
+          validated ? absl::OkStatus() : ValidateStoreRequest(request, request_limits_);
       !invalid.ok()) {
     SetStatus(invalid, reply);
     return true;
@@ -758,7 +784,7 @@ void StoreService::DeliverLocked(std::vector<Wakeup>& woken) {
 }
 
 void StoreService::RedeliverDeferred(ReplySink* session) {
-  std::lock_guard<std::mutex> lock(mu_);
+  auto lock = LockStore();
   RedeliverLocked(session);
 }
 
@@ -809,17 +835,17 @@ void StoreService::RedeliverLocked(ReplySink* session) {
 }
 
 void StoreService::OpenSession() {
-  std::lock_guard<std::mutex> lock(mu_);
+  auto lock = LockStore();
   ++sessions_open_;
 }
 
 void StoreService::CancelWaits(ReplySink* session) {
-  std::lock_guard<std::mutex> lock(mu_);
+  auto lock = LockStore();
   CancelWaitsLocked(session);
 }
 
 void StoreService::EndSession(ReplySink* session) {
-  std::lock_guard<std::mutex> lock(mu_);
+  auto lock = LockStore();
   --sessions_open_;
   CancelWaitsLocked(session);
 }
@@ -838,7 +864,7 @@ void StoreService::CancelWaitsLocked(ReplySink* session) {
 
 std::optional<TimePoint> StoreService::Expire(TimePoint now) {
   std::vector<Wakeup> woken;
-  std::lock_guard<std::mutex> lock(mu_);
+  auto lock = LockStore();
   store_.ExpireWaiters(now, &woken);
   DeliverLocked(woken);
   std::unordered_set<ReplySink*> kicked;

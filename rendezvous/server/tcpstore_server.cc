@@ -10,7 +10,6 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <chrono>
 #include <cstring>
@@ -80,8 +79,22 @@ thread_local const void* tls_dispatching = nullptr;
 
 class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer::Impl> {
  public:
-  Impl(TcpStoreServerOptions options, StoreBackend& store)
-      : options_(std::move(options)), store_(store), acceptor_(io_), accept_retry_(io_) {}
+  // `io_threads` event loops, each run by one thread of its own (concurrency
+  // hint 1: asio then skips the locking and wakeups a shared loop needs).
+  Impl(TcpStoreServerOptions options, StoreBackend& store, int io_threads)
+      : options_(std::move(options)),
+        store_(store),
+        ios_(MakeLoops(io_threads)),
+        acceptor_(*ios_[0]),
+        accept_retry_(*ios_[0]) {
+    for (auto& io : ios_) work_.emplace_back(io->get_executor());
+  }
+
+  static std::vector<std::unique_ptr<asio::io_context>> MakeLoops(int n) {
+    std::vector<std::unique_ptr<asio::io_context>> loops;
+    for (int i = 0; i < n; ++i) loops.push_back(std::make_unique<asio::io_context>(1));
+    return loops;
+  }
 
   class Connection;
 
@@ -101,11 +114,27 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
     return absl::OkStatus();
   }
   int port() const { return acceptor_.local_endpoint().port(); }
-  asio::io_context& io() { return io_; }
+  size_t loops() const { return ios_.size(); }
+  asio::io_context& io(size_t i) { return *ios_[i]; }
+  // After the loops' threads returned: runs what connections closing on one
+  // loop posted to another that had already stopped, until nothing is left
+  // (each handler holds the server, so one left behind would leak it).
+  void Drain() {
+    for (size_t ran = 1; ran > 0;) {
+      ran = 0;
+      for (auto& io : ios_) {
+        io->restart();
+        ran += io->poll();
+      }
+    }
+  }
 
   void Accept() {
+    // Connections are spread over the loops in turn; each stays on its loop,
+    // so its reads, queries and writes run on one thread without handoffs.
+    asio::io_context& loop = *ios_[next_loop_++ % ios_.size()];
     acceptor_.async_accept(
-        asio::make_strand(io_),
+        loop.get_executor(),
         [self = shared_from_this()](boost::system::error_code ec, tcp::socket socket) {
           if (ec == asio::error::operation_aborted || self->stopping_) return;
           if (!ec) {
@@ -142,7 +171,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
     asio::steady_timer timer;  // the handshake timeout
     std::string peer;          // its address, the per-peer count's key
     std::chrono::steady_clock::time_point deadline;  // for the first byte and VALIDATE
-    bool classified = false;  // on its strand: the first byte came first
+    bool classified = false;  // on its loop: the first byte came first
   };
 
   // Counts a new connection against the caps, or closes it at once.
@@ -172,7 +201,14 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
       socket.close(ec);
       return LogCapRefusal(*refused, peer, open);
     }
-    Classify(std::move(socket), std::move(peer));
+    // Classified on the socket's own loop, which runs all its handlers.
+    if (&socket.get_executor().context() == ios_[0].get())
+      return Classify(std::move(socket), std::move(peer));
+    auto executor = socket.get_executor();
+    asio::post(executor, [self = shared_from_this(), socket = std::move(socket),
+                          peer = std::move(peer)]() mutable {
+      self->Classify(std::move(socket), std::move(peer));
+    });
   }
 
   // Gives back a connection's place under the caps (it closed, or went to
@@ -299,7 +335,10 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
 
   const TcpStoreServerOptions options_;
   StoreBackend& store_;
-  asio::io_context io_;
+  std::vector<std::unique_ptr<asio::io_context>> ios_;
+  // Keep the loops running while they have no connection; reset by Stop().
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  size_t next_loop_ = 0;  // the accept path's: the loop of the next connection
   tcp::acceptor acceptor_;
   static constexpr std::chrono::milliseconds kAcceptRetry{100};
   asio::steady_timer accept_retry_;  // paces accepts after a failed one
@@ -324,8 +363,9 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   Counter refused_[static_cast<int>(Refusal::kCount)];
 };
 
-// One TCPStore client. Reads and parses on its strand; replies come from
-// the backend (Send) on any thread and are written in the order they come.
+// One TCPStore client. Reads, parses and writes on its loop (one thread);
+// replies come from the backend (Send) on any thread and are written in the
+// order they come.
 class TcpStoreServer::Impl::Connection final
     : public StoreReplySink,
       public std::enable_shared_from_this<TcpStoreServer::Impl::Connection> {
@@ -404,7 +444,7 @@ class TcpStoreServer::Impl::Connection final
     if (!start_write) return;
     // A reply made while this connection's own query runs (most are) is
     // written by Process() once the queries buffered so far have run, all in
-    // one write; any other goes through the strand.
+    // one write; any other is posted to its loop.
     if (tls_dispatching == this) {
       std::lock_guard<std::mutex> lock(mu_);
       writing_ = false;
@@ -566,7 +606,7 @@ class TcpStoreServer::Impl::Connection final
     return bytes;
   }
 
-  // On the strand, once replies drained: resumes reading if paused and now
+  // On its loop, once replies drained: resumes reading if paused and now
   // within the bounds.
   void AfterDrain() {
     const std::shared_ptr<Connection> keep = std::move(resume_keepalive_);
@@ -723,7 +763,7 @@ class TcpStoreServer::Impl::Connection final
     tls_dispatching = nullptr;
   }
 
-  // On the strand: writes what queued up, unless a write is in flight.
+  // On its loop: writes what queued up, unless a write is in flight.
   void StartWriting() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -781,7 +821,7 @@ class TcpStoreServer::Impl::Connection final
     return out;
   }
 
-  // On the strand: a reply made here (ping, cancel_wait).
+  // On its loop: a reply made here (ping, cancel_wait).
   void Write(std::string bytes) {
     bool start = false;
     {
@@ -794,7 +834,7 @@ class TcpStoreServer::Impl::Connection final
     if (start) WriteNext();
   }
 
-  // On the strand, with writing_ set: writes everything queued, a batch at a
+  // On its loop, with writing_ set: writes everything queued, a batch at a
   // time (gathered), until the queue is empty.
   void WriteNext() {
     {
@@ -829,7 +869,7 @@ class TcpStoreServer::Impl::Connection final
         });
   }
 
-  // On the strand. Idempotent.
+  // On its loop. Idempotent.
   void Close() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -859,16 +899,16 @@ class TcpStoreServer::Impl::Connection final
   const std::string peer_;              // its address: the per-peer cap's key
   asio::steady_timer handshake_timer_;  // until it validates
   tcpstore::FrameScanner scanner_;      // where the query being read ends
-  // Strand-only: the read side.
+  // Its loop only: the read side.
   std::unique_ptr<char[]> in_;
   size_t in_capacity_ = 0;
   size_t in_start_ = 0;  // [in_start_, in_end_) is read and not yet parsed
   size_t in_end_ = 0;
   size_t need_ = 1;  // bytes the next parse needs before it can progress
   bool validated_ = false;
-  // Set on the strand; read by SendHeld on any thread.
+  // Set on its loop; read by SendHeld on any thread.
   std::atomic<bool> paused_{false};
-  // Strand-only: this connection while the backend is Busy() for it.
+  // Its loop only: this connection while the backend is Busy() for it.
   std::shared_ptr<Connection> resume_keepalive_;
   bool session_open_ = false;
   std::string ns_;
@@ -877,7 +917,7 @@ class TcpStoreServer::Impl::Connection final
   size_t batch_bytes_ = 0;
   // The reply side, from any thread.
   std::mutex mu_;
-  bool closed_ = false;   // guarded by mu_ (written on the strand)
+  bool closed_ = false;   // guarded by mu_ (written on its loop)
   bool writing_ = false;  // guarded by mu_
   std::deque<std::string> out_;
   // Reply bytes queued or being written; and those of replies held for the
@@ -906,7 +946,7 @@ void TcpStoreServer::Impl::StartConnection(
 
 void TcpStoreServer::Impl::Stop() {
   if (stopping_.exchange(true)) return;
-  asio::post(io_, [self = shared_from_this()] {
+  asio::post(*ios_[0], [self = shared_from_this()] {
     boost::system::error_code ec;
     self->acceptor_.close(ec);
     self->accept_retry_.cancel();
@@ -928,6 +968,9 @@ void TcpStoreServer::Impl::Stop() {
       pending->timer.cancel();
     });
   }
+  // Each loop returns once its connections are closed (Drain() runs what
+  // they post to loops that already returned).
+  for (auto& work : work_) work.reset();
 }
 
 void TcpStoreServer::Impl::CollectMetrics(std::vector<MetricFamily>* out) {
@@ -974,13 +1017,15 @@ void TcpStoreServer::Impl::CollectMetrics(std::vector<MetricFamily>* out) {
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     TcpStoreServerOptions options, StoreBackend& store) {
-  const int threads = std::max(1, options.io_threads);
+  const int threads = options.io_threads > 0
+                          ? options.io_threads
+                          : IoThreadsFor(std::thread::hardware_concurrency());
   if (options.max_connections == 0) {
     rlimit limit{};
     const uint64_t soft = getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur : 1024;
     options.max_connections = ConnectionCapFor(soft);
   }
-  auto impl = std::make_shared<Impl>(std::move(options), store);
+  auto impl = std::make_shared<Impl>(std::move(options), store, threads);
   // Bound before a server exists: one that failed here has nothing to stop
   // (a Stop would queue its close in an io_context no thread ever runs).
   if (absl::Status s = impl->Bind(); !s.ok()) return s;
@@ -989,12 +1034,16 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   server->port_ = server->impl_->port();
   server->impl_->Accept();
   for (int i = 0; i < threads; ++i) {
-    server->threads_.emplace_back([impl = server->impl_] {
+    server->threads_.emplace_back([impl = server->impl_, i] {
       // Runs until Stop() has closed the acceptor and every connection.
-      impl->io().run();
+      impl->io(static_cast<size_t>(i)).run();
     });
   }
   return server;
+}
+
+int IoThreadsFor(unsigned cores) {
+  return static_cast<int>(std::clamp(cores / 2, 1u, 8u));
 }
 
 const TcpStoreServerOptions& TcpStoreServer::options() const { return impl_->options_; }
@@ -1004,6 +1053,7 @@ void TcpStoreServer::Stop() {
   impl_->Stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
+  impl_->Drain();
 }
 
 TcpStoreServer::~TcpStoreServer() { Stop(); }

@@ -48,7 +48,11 @@ struct TcpStoreServerOptions {
   // Blocking queries one connection may have parked (a stock client has
   // one at most); past it the connection is closed as for any refusal.
   size_t max_parked_waits = 16;
-  int io_threads = 1;
+  // Event loops, each run by a thread of its own; a connection is dealt
+  // to one when accepted and stays there, so its query, the store call and
+  // its reply run on one thread (a wakeup for a connection on another loop
+  // is posted there). 0: IoThreadsFor(the machine's cores).
+  int io_threads = 0;
   // A connection is closed when its first byte (which tells gRPC from
   // TCPStore) or, for a TCPStore client, its VALIDATE has not come this long
   // after it was accepted. A validated connection may idle for ever: torch's
@@ -71,6 +75,11 @@ struct TcpStoreServerOptions {
   // relay; store_link_server.h); null: such connections are closed.
   std::function<void(int fd)> on_link_fd;
 };
+
+// io_threads = 0: half the machine's cores (the rest for gRPC, the state
+// log and the timer), at least 1 and at most 8 (past that the store's lock,
+// not the I/O, is the limit: bench/results/store-analysis.md).
+int IoThreadsFor(unsigned cores);
 
 class TcpStoreServer {
  public:

@@ -29,7 +29,7 @@ Usage:
   tcpstore_conformance.py --server torch-libuv|torch-classic|meshrun [--rdzvd BIN]
   tcpstore_conformance.py --server meshrun-agent --rdzvd BIN --relay BIN
   tcpstore_conformance.py --server all --rdzvd BIN --relay BIN  (compare; exit 1 on a difference)
-  ... [--client python|cpp] [--cpp-client BIN] [--case NAME ...] [--json OUT]
+  ... [--client python|cpp] [--cpp-client BIN] [--rdzvd-threads N] [--case NAME ...] [--json OUT]
 """
 
 import argparse
@@ -150,15 +150,17 @@ sys.stdin.read()  # serves until the harness closes stdin (or kills it by pid)
 
 
 class Server:
-    def __init__(self, kind, rdzvd, relay=None):
+    def __init__(self, kind, rdzvd, relay=None, rdzvd_threads=0):
         self.kind = kind
         self.procs = []
         try:
             if kind in MESHRUN_SERVERS:
                 if not rdzvd:
                     raise SystemExit("--rdzvd is required for the %s server" % kind)
-                endpoint = self.start([rdzvd, "--host", HOST, "--port", "0"],
-                                      "MESHRUN_RDZVD_ENDPOINT=")
+                cmd = [rdzvd, "--host", HOST, "--port", "0"]
+                if rdzvd_threads:
+                    cmd += ["--tcpstore-threads", str(rdzvd_threads)]
+                endpoint = self.start(cmd, "MESHRUN_RDZVD_ENDPOINT=")
                 if kind == "meshrun-agent":
                     if not relay:
                         raise SystemExit("--relay is required for the meshrun-agent server")
@@ -826,7 +828,7 @@ def run_cpp_cases(server, cpp_client, names):
 
 def run_server(kind, args):
     print("== %s (%s client)" % (kind, args.client), file=sys.stderr, flush=True)
-    server = Server(kind, args.rdzvd, args.relay)
+    server = Server(kind, args.rdzvd, args.relay, args.rdzvd_threads)
     try:
         if args.client == "cpp":
             return run_cpp_cases(server, args.cpp_client, args.case)
@@ -848,6 +850,8 @@ def run_all_in_parallel(args):
                                 ("--cpp-client", args.cpp_client)):
                 if value:
                     cmd += [flag, value]
+            if args.rdzvd_threads:
+                cmd += ["--rdzvd-threads", str(args.rdzvd_threads)]
             for name in args.case:
                 cmd += ["--case", name]
             children[kind] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -927,6 +931,9 @@ def main():
     ap.add_argument("--server", choices=SERVERS + ["all"], required=True)
     ap.add_argument("--client", choices=["python", "cpp"], default="python")
     ap.add_argument("--rdzvd", help="meshrun-rdzvd binary (for --server meshrun or all)")
+    ap.add_argument("--rdzvd-threads", type=int, default=0,
+                    help="meshrun-rdzvd's --tcpstore-threads (0: its default); its"
+                    " cases' clients are then dealt over that many event loops")
     ap.add_argument("--relay", help="store_relay_tool binary (for --server meshrun-agent or all)")
     ap.add_argument("--cpp-client", help="tcpstore_client_conformance binary (--client cpp)")
     ap.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")

@@ -161,6 +161,45 @@ TEST(TcpStoreFrontTest, AClientVanishingMidWaitLeavesNoWaiterBehind) {
   ExpectServing(port, "counter", 1);
 }
 
+// Issue 28 item 5: with an event loop per I/O thread, connections on
+// different loops share one store. A set on one loop wakes waits parked on
+// the others, each connection's replies come in the order of its queries,
+// and the daemon stops cleanly with connections open on every loop.
+TEST(TcpStoreFrontTest, ConnectionsOnEveryIoThreadShareOneStoreInOrder) {
+  DaemonProcess daemon({"--tcpstore-threads", "4"});
+  const int port = PortOf(daemon.endpoint());
+  constexpr int kClients = 12;  // three on each loop (they are dealt in turn)
+  constexpr int kAdds = 200;
+  std::vector<std::unique_ptr<RawClient>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<RawClient>(port));
+    ASSERT_TRUE(clients.back()->ok());
+    ASSERT_TRUE(clients.back()->Send(MakeQuery(QueryType::kWait, {"go"})));
+    ASSERT_TRUE(clients.back()->Send(MakeQuery(QueryType::kPing, {}, {}, 7)));
+    ASSERT_TRUE(clients.back()->Read(4));  // its wait is parked by now
+  }
+  RawClient setter(port);
+  ASSERT_TRUE(setter.Send(MakeQuery(QueryType::kSet, {"go"}, {"1"})));
+  for (auto& client : clients) EXPECT_EQ(client->Read(1), std::string(1, '\0'));
+  // Every client's adds in one write each, all loops at once.
+  std::string adds;
+  for (int i = 0; i < kAdds; ++i)
+    adds += EncodeQuery(MakeQuery(QueryType::kAdd, {"n"}, {}, 1));
+  for (auto& client : clients) ASSERT_TRUE(client->SendRaw(adds));
+  for (auto& client : clients) {
+    int64_t last = 0;
+    for (int i = 0; i < kAdds; ++i) {
+      auto sum = client->ReadI64();
+      ASSERT_TRUE(sum);
+      EXPECT_GT(*sum, last);  // a connection's queries run in its order
+      last = *sum;
+    }
+  }
+  ExpectServing(port, "n", int64_t{kClients} * kAdds + 1);
+  daemon.process().Signal(SIGTERM);
+  EXPECT_EQ(testing::ExitCode(daemon.process()), 0);
+}
+
 TEST(TcpStoreFrontTest, CancelWaitAnswersWaitCanceledAndTheWaitNeverAnswers) {
   DaemonProcess daemon;
   const int port = PortOf(daemon.endpoint());
