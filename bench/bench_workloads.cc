@@ -22,10 +22,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "bench/bench_child.h"
 #include "bench/sync_stream_store.h"
 #include "meshrun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/client/store_client.h"
+#include "rendezvous/relay/store_relay.h"
 
 namespace meshrun::bench {
 
@@ -173,8 +176,9 @@ std::pair<double, double> MachineJiffies() {
 struct CpuSnapshot {
   double own_us, server_us;
   std::pair<double, double> machine;
-  static CpuSnapshot Take(pid_t server) {
-    return {OwnCpuUs(), ProcessCpuUs(server), MachineJiffies()};
+  static CpuSnapshot Take(pid_t server, pid_t relays) {
+    return {OwnCpuUs(), ProcessCpuUs(server) + (relays > 0 ? ProcessCpuUs(relays) : 0.0),
+            MachineJiffies()};
   }
 };
 
@@ -185,9 +189,11 @@ int RunOpsClient(const OpsOptions& options) {
   if (!UsesTcpStoreClient(options.impl) && options.shared_channel)
     shared = rdzv::MakeStoreChannel(options.target, /*own_connection=*/false);
 
+  const std::vector<std::string> targets = absl::StrSplit(options.target, ',');
   std::vector<std::unique_ptr<BenchStore>> stores;
   for (int i = 0; i < options.clients; ++i) {
-    auto store = Connect(options.impl, options.target, shared, options.timeout);
+    auto store = Connect(options.impl, targets[static_cast<size_t>(i) % targets.size()],
+                         shared, options.timeout);
     if (!store.ok()) {
       Emit(absl::StrCat("RESULT ops=0 errors=1 error=connect: ",
                         store.status().ToString()));
@@ -238,13 +244,13 @@ int RunOpsClient(const OpsOptions& options) {
   }
   gate.Open();
   std::this_thread::sleep_for(options.warmup);
-  const CpuSnapshot cpu_start = CpuSnapshot::Take(options.server_pid);
+  const CpuSnapshot cpu_start = CpuSnapshot::Take(options.server_pid, options.relay_pid);
   auto measure_start = SteadyClock::now();
   phase.store(1);
   std::this_thread::sleep_for(options.duration);
   phase.store(2);
   auto measure_end = SteadyClock::now();
-  const CpuSnapshot cpu_end = CpuSnapshot::Take(options.server_pid);
+  const CpuSnapshot cpu_end = CpuSnapshot::Take(options.server_pid, options.relay_pid);
   for (auto& t : threads) t.join();
 
   std::vector<int64_t> all;
@@ -296,13 +302,14 @@ int RunBarrierClient(const BarrierOptions& options) {
   };
   Gate connect_gate, go_gate;
   const std::vector<std::string> done_key{"done"};
+  const std::vector<std::string> targets = absl::StrSplit(options.target, ',');
 
   std::vector<std::unique_ptr<SmallThread>> threads;
   threads.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     auto thread = std::make_unique<SmallThread>([&, i] {
       connect_gate.Pass();
-      auto store = Connect(options.impl, options.target, nullptr, options.timeout);
+      auto store = Connect(options.impl, targets[i % targets.size()], nullptr, options.timeout);
       // Connected means served: TCPStore's constructor returns once the
       // kernel completed the handshake, before its server accepted the socket.
       absl::Status served =
@@ -564,6 +571,30 @@ int RunRdzvClient(const RdzvOptions& options) {
   // Leave without destroying 10,000 reactors whose last callbacks may still be
   // unwinding on gRPC's threads.
   std::_Exit(ok ? 0 : 1);
+}
+
+int RunRelays(const std::string& daemon, int count) {
+  std::vector<std::unique_ptr<rdzv::StoreRelay>> relays;
+  std::vector<std::string> endpoints;
+  for (int i = 0; i < count; ++i) {
+    rdzv::StoreRelayOptions options;
+    options.daemon = daemon;
+    auto relay = rdzv::StoreRelay::Start(std::move(options));
+    if (!relay.ok()) {
+      Emit("RELAY_ERROR " + relay.status().ToString());
+      return 1;
+    }
+    // The namespace stock clients of a daemon with no run see, as the
+    // direct runs' clients do.
+    (*relay)->SetNamespace("_tcpstore");
+    endpoints.push_back(absl::StrCat("127.0.0.1:", (*relay)->port()));
+    relays.push_back(std::move(*relay));
+  }
+  Emit("RELAY_ENDPOINTS=" + absl::StrJoin(endpoints, ","));
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  return 0;
 }
 
 int RunTcpStoreServer(std::chrono::milliseconds timeout) {

@@ -25,8 +25,9 @@ namespace meshrun::bench {
 //   server_cpu_us_per_op= busy_cores= errors= [error=]
 struct OpsOptions {
   Impl impl = Impl::kMeshrun;
-  std::string target;    // host:port
+  std::string target;    // host:port, or a list (client i takes the i-th, round robin)
   pid_t server_pid = 0;  // 0: server CPU not measured
+  pid_t relay_pid = 0;   // the relays in front of it, counted as server CPU
   int clients = 1;
   // meshrun only: every client's stream on one channel (one TCP connection)
   // instead of a channel and a connection each.
@@ -71,6 +72,11 @@ int RunRdzvClient(const RdzvOptions& options);
 // A c10d TCPStore server on 127.0.0.1, port 0. Prints TCPSTORE_PORT=<port>,
 // then serves until stdin reaches EOF.
 int RunTcpStoreServer(std::chrono::milliseconds timeout);
+// `count` agents' store relays (rendezvous/relay/store_relay.h) to the daemon
+// at `daemon`, in this process: prints RELAY_ENDPOINTS=host:port,... and
+// serves until stdin closes.
+int RunRelays(const std::string& daemon, int count);
+
 
 // "host:port" -> host, port (port -1 when malformed).
 std::pair<std::string, int> SplitHostPort(const std::string& target);

@@ -69,6 +69,10 @@ struct Config {
   std::string meshrun_tcpstore_server = "rdzvd";
   // The daemon's TCPStore I/O threads (--tcpstore-threads); 0: its default.
   int rdzvd_tcpstore_threads = 0;
+  // > 0: the meshrun-tcpstore clients reach meshrun-rdzvd through agents'
+  // store relays, this many clients a relay (a simulated node), as workers
+  // under meshrun --rdzv-backend=c10d do; 0: directly.
+  int meshrun_via_relays = 0;
   std::string json_path;
 
   bool Runs(Impl impl) const {
@@ -143,9 +147,17 @@ std::optional<Report> Expect(ChildProcess& child, const std::string& word,
 
 struct Server {
   std::unique_ptr<ChildProcess> process;
-  std::string target;
+  std::string target;  // host:port, or a comma-separated list (relays)
+  // --meshrun-via-relays: the process hosting the relays, in front of the
+  // daemon; its CPU counts as the server's.
+  std::unique_ptr<ChildProcess> relays;
 
   void Stop() {
+    if (relays) {
+      relays->CloseStdin();
+      relays->Stop(milliseconds(5000));
+      relays.reset();
+    }
     if (!process) return;
     process->CloseStdin();
     process->Stop(milliseconds(5000));
@@ -153,7 +165,8 @@ struct Server {
   }
 };
 
-absl::StatusOr<Server> StartServer(Impl impl, const Config& config) {
+// `clients`: how many will connect (to size the relays).
+absl::StatusOr<Server> StartServer(Impl impl, const Config& config, int clients) {
   std::vector<std::string> argv;
   std::string marker;
   const bool daemon = impl == Impl::kMeshrunTcpStore
@@ -183,7 +196,27 @@ absl::StatusOr<Server> StartServer(Impl impl, const Config& config) {
     if (line->rfind(marker, 0) == 0) {
       std::string value = line->substr(marker.size());
       server.target = daemon ? value : "127.0.0.1:" + value;
-      return server;
+      if (impl != Impl::kMeshrunTcpStore || !daemon || config.meshrun_via_relays <= 0)
+        return server;
+      // The daemon stays the target's server; clients go to the relays.
+      const int count = std::max(1, (clients + config.meshrun_via_relays - 1) /
+                                        config.meshrun_via_relays);
+      auto relays = ChildProcess::Spawn({SelfPath(), "--mode", "relays", "--target",
+                                         server.target, "--clients",
+                                         std::to_string(count)});
+      if (!relays.ok()) {
+        server.Stop();
+        return relays.status();
+      }
+      server.relays = std::move(*relays);
+      const std::string relay_marker = "RELAY_ENDPOINTS=";
+      while (auto relay_line = server.relays->ReadLine(deadline)) {
+        if (relay_line->rfind(relay_marker, 0) == 0) {
+          server.target = relay_line->substr(relay_marker.size());
+          return server;
+        }
+      }
+      break;
     }
   }
   server.Stop();
@@ -207,7 +240,7 @@ struct OpsSample : Outcome {
 
 OpsSample RunOpsCell(const Config& config, Impl impl, int clients, bool shared) {
   OpsSample sample;
-  auto server = StartServer(impl, config);
+  auto server = StartServer(impl, config, clients);
   if (!server.ok()) {
     sample.note = server.status().ToString();
     return sample;
@@ -228,6 +261,8 @@ OpsSample RunOpsCell(const Config& config, Impl impl, int clients, bool shared) 
                                    "--warmup-ms",
                                    std::to_string(config.warmup.count())};
   if (shared) argv.push_back("--shared-channel");
+  if (server->relays)
+    argv.insert(argv.end(), {"--relay-pid", std::to_string(server->relays->pid())});
   auto child = ChildProcess::Spawn(argv);
   if (!child.ok()) {
     sample.note = child.status().ToString();
@@ -259,7 +294,7 @@ struct BarrierSample : Outcome {
 
 BarrierSample RunBarrierCell(const Config& config, Impl impl, int total) {
   BarrierSample sample;
-  auto server = StartServer(impl, config);
+  auto server = StartServer(impl, config, total);
   if (!server.ok()) {
     sample.note = server.status().ToString();
     return sample;
@@ -362,7 +397,7 @@ struct RdzvSample : Outcome {
 
 RdzvSample RunRdzvCell(const Config& config, int nodes, int rep) {
   RdzvSample sample;
-  auto server = StartServer(Impl::kMeshrun, config);
+  auto server = StartServer(Impl::kMeshrun, config, 0);
   if (!server.ok()) {
     sample.note = server.status().ToString();
     return sample;
@@ -509,12 +544,19 @@ std::string MeshTcpServerName(const Config& config) {
   return config.meshrun_tcpstore_server == "torch"
              ? "torch's libuv server (--meshrun-tcpstore-server=torch: an A/A check "
                "of the harness, NOT meshrun)"
-             : absl::StrCat("meshrun-rdzvd's TCPStore endpoint (its gRPC port; ",
-                            config.rdzvd_tcpstore_threads > 0
-                                ? absl::StrCat("--tcpstore-threads ",
-                                               config.rdzvd_tcpstore_threads)
-                                : std::string("its default I/O threads"),
-                            ")");
+             : absl::StrCat(
+                   config.meshrun_via_relays > 0
+                       ? absl::StrCat("agents' store relays (meshrun's workers' store under "
+                                      "--rdzv-backend=c10d; ",
+                                      config.meshrun_via_relays,
+                                      " clients a relay, all relays in one process, each "
+                                      "with its own store link) in front of ")
+                       : std::string(),
+                   "meshrun-rdzvd's TCPStore endpoint (its gRPC port; ",
+                   config.rdzvd_tcpstore_threads > 0
+                       ? absl::StrCat("--tcpstore-threads ", config.rdzvd_tcpstore_threads)
+                       : std::string("its default I/O threads"),
+                   ")", config.meshrun_via_relays > 0 ? "; the relays' CPU counts as the server's" : "");
 }
 
 int RunAll(const Config& config) {
@@ -1080,7 +1122,7 @@ int main(int argc, char** argv) {
   std::string target;
   int clients = 1, total = 1, nodes = 1;
   bool shared_channel = false;
-  pid_t server_pid = 0;
+  pid_t server_pid = 0, relay_pid = 0;
   int64_t duration_ms = config.duration.count(), warmup_ms = config.warmup.count();
   int64_t timeout_ms = 120000, barrier_timeout_s = config.barrier_timeout.count();
   std::string run_id = "bench";
@@ -1088,7 +1130,8 @@ int main(int argc, char** argv) {
   CLI::App app{"store_bench: meshrun's store and rendezvous vs c10d TCPStore"};
   app.add_option("--mode", mode, "all, or a child role")
       ->check(CLI::IsMember(
-          {"all", "tcpstore-server", "ops-client", "barrier-client", "rdzv-client"}))
+          {"all", "tcpstore-server", "relays", "ops-client", "barrier-client",
+           "rdzv-client"}))
       ->capture_default_str();
   app.add_option("--rdzvd", config.rdzvd, "meshrun-rdzvd binary")->capture_default_str();
   app.add_option("--reps", config.reps, "Runs per cell (median reported)")
@@ -1110,6 +1153,10 @@ int main(int argc, char** argv) {
   app.add_option("--rdzv-channels", config.rdzv_channels)->capture_default_str();
   app.add_option("--rdzvd-tcpstore-threads", config.rdzvd_tcpstore_threads,
                  "The daemon's --tcpstore-threads (0: its default)")
+      ->capture_default_str();
+  app.add_option("--meshrun-via-relays", config.meshrun_via_relays,
+                 "Clients of the meshrun-tcpstore runs reach the daemon through agents' "
+                 "store relays, this many a relay (0: directly)")
       ->capture_default_str();
   app.add_option("--sections", config.sections, "ops,barrier,rdzv")
       ->delimiter(',')
@@ -1133,6 +1180,7 @@ int main(int argc, char** argv) {
   app.add_option("--target", target);
   app.add_option("--clients", clients);
   app.add_option("--server-pid", server_pid);
+  app.add_option("--relay-pid", relay_pid);
   app.add_flag("--shared-channel", shared_channel);
   app.add_option("--total", total);
   app.add_option("--nodes", nodes);
@@ -1153,12 +1201,14 @@ int main(int argc, char** argv) {
   if (mode == "all") return RunAll(config);
   DieWithParent();
   if (mode == "tcpstore-server") return RunTcpStoreServer(timeout);
+  if (mode == "relays") return RunRelays(target, clients);
   if (mode == "ops-client") {
     OpsOptions o;
     o.impl = which;
     o.target = target;
     o.clients = clients;
     o.server_pid = server_pid;
+    o.relay_pid = relay_pid;
     o.shared_channel = shared_channel;
     o.duration = config.duration;
     o.warmup = config.warmup;
