@@ -309,7 +309,8 @@ int RunBarrierClient(const BarrierOptions& options) {
   for (size_t i = 0; i < n; ++i) {
     auto thread = std::make_unique<SmallThread>([&, i] {
       connect_gate.Pass();
-      auto store = Connect(options.impl, targets[i % targets.size()], nullptr, options.timeout);
+      auto store =
+          Connect(options.impl, targets[i % targets.size()], nullptr, options.timeout);
       // Connected means served: TCPStore's constructor returns once the
       // kernel completed the handshake, before its server accepted the socket.
       absl::Status served =

@@ -77,7 +77,6 @@ int RunTcpStoreServer(std::chrono::milliseconds timeout);
 // serves until stdin closes.
 int RunRelays(const std::string& daemon, int count);
 
-
 // "host:port" -> host, port (port -1 when malformed).
 std::pair<std::string, int> SplitHostPort(const std::string& target);
 

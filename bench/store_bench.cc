@@ -199,11 +199,11 @@ absl::StatusOr<Server> StartServer(Impl impl, const Config& config, int clients)
       if (impl != Impl::kMeshrunTcpStore || !daemon || config.meshrun_via_relays <= 0)
         return server;
       // The daemon stays the target's server; clients go to the relays.
-      const int count = std::max(1, (clients + config.meshrun_via_relays - 1) /
-                                        config.meshrun_via_relays);
-      auto relays = ChildProcess::Spawn({SelfPath(), "--mode", "relays", "--target",
-                                         server.target, "--clients",
-                                         std::to_string(count)});
+      const int count = std::max(
+          1, (clients + config.meshrun_via_relays - 1) / config.meshrun_via_relays);
+      auto relays =
+          ChildProcess::Spawn({SelfPath(), "--mode", "relays", "--target", server.target,
+                               "--clients", std::to_string(count)});
       if (!relays.ok()) {
         server.Stop();
         return relays.status();
@@ -546,17 +546,22 @@ std::string MeshTcpServerName(const Config& config) {
                "of the harness, NOT meshrun)"
              : absl::StrCat(
                    config.meshrun_via_relays > 0
-                       ? absl::StrCat("agents' store relays (meshrun's workers' store under "
-                                      "--rdzv-backend=c10d; ",
-                                      config.meshrun_via_relays,
-                                      " clients a relay, all relays in one process, each "
-                                      "with its own store link) in front of ")
+                       ? absl::StrCat(
+                             "agents' store relays (meshrun's workers' store under "
+                             "--rdzv-backend=c10d; ",
+                             config.meshrun_via_relays,
+                             " clients a relay, all relays in one process, each "
+                             "with its own store link) in front of ")
                        : std::string(),
                    "meshrun-rdzvd's TCPStore endpoint (its gRPC port; ",
                    config.rdzvd_tcpstore_threads > 0
-                       ? absl::StrCat("--tcpstore-threads ", config.rdzvd_tcpstore_threads)
+                       ? absl::StrCat("--tcpstore-threads ",
+                                      config.rdzvd_tcpstore_threads)
                        : std::string("its default I/O threads"),
-                   ")", config.meshrun_via_relays > 0 ? "; the relays' CPU counts as the server's" : "");
+                   ")",
+                   config.meshrun_via_relays > 0
+                       ? "; the relays' CPU counts as the server's"
+                       : "");
 }
 
 int RunAll(const Config& config) {
@@ -1129,9 +1134,8 @@ int main(int argc, char** argv) {
 
   CLI::App app{"store_bench: meshrun's store and rendezvous vs c10d TCPStore"};
   app.add_option("--mode", mode, "all, or a child role")
-      ->check(CLI::IsMember(
-          {"all", "tcpstore-server", "relays", "ops-client", "barrier-client",
-           "rdzv-client"}))
+      ->check(CLI::IsMember({"all", "tcpstore-server", "relays", "ops-client",
+                             "barrier-client", "rdzv-client"}))
       ->capture_default_str();
   app.add_option("--rdzvd", config.rdzvd, "meshrun-rdzvd binary")->capture_default_str();
   app.add_option("--reps", config.reps, "Runs per cell (median reported)")
