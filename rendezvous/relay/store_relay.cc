@@ -58,8 +58,10 @@ class StoreRelay::Backend final : public StoreBackend {
                   (options_.transport == StoreRelayOptions::Transport::kAuto &&
                    !options_.security.tls())) {}
 
-  void Start() {
-    io_thread_ = std::thread([this] { io_.run(); });
+  // `loop`: where the link's I/O runs (the front-end's thread); it must run
+  // until Stop() returned.
+  void Start(asio::io_context& loop) {
+    io_ = &loop;
     {
       std::lock_guard<std::mutex> lock(mu_);
       OpenStreamLocked();
@@ -77,8 +79,6 @@ class StoreRelay::Backend final : public StoreBackend {
     changed_.wait(lock, [this] { return stream_ == nullptr; });
     lock.unlock();
     if (reconnector_.joinable()) reconnector_.join();
-    io_work_.reset();
-    if (io_thread_.joinable()) io_thread_.join();
   }
   bool using_link() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -340,7 +340,7 @@ class StoreRelay::Backend final : public StoreBackend {
     answered_ = false;
     writing_ = false;
     if (use_link_) {
-      auto stream = std::make_shared<LinkStream>(this, io_);
+      auto stream = std::make_shared<LinkStream>(this, *io_);
       link_stream_ = stream;  // keeps it until OnStreamDone
       stream_ = stream.get();
       stream->Begin();
@@ -464,10 +464,7 @@ class StoreRelay::Backend final : public StoreBackend {
   RelayCore core_;                   // guarded by mu_
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<meshrun::v1::Store::Stub> stub_;
-  asio::io_context io_;  // the store link's
-  asio::executor_work_guard<asio::io_context::executor_type> io_work_ =
-      asio::make_work_guard(io_);
-  std::thread io_thread_;
+  asio::io_context* io_ = nullptr;           // the store link's (Start)
   bool use_link_;                            // guarded by mu_
   Upstream* stream_ = nullptr;               // guarded by mu_
   std::shared_ptr<LinkStream> link_stream_;  // guarded by mu_; the link stream_ is
@@ -495,11 +492,14 @@ absl::StatusOr<std::unique_ptr<StoreRelay>> StoreRelay::Start(StoreRelayOptions 
   front.namespace_for = [backend = relay->backend_.get()](const std::string& /*peer*/) {
     return backend->Namespace();
   };
+  // One thread: the workers' queries, their trip upstream and the replies
+  // all run there, with no hand-off between threads.
+  front.io_threads = 1;
   // No gRPC here: a gRPC client belongs at the daemon.
   auto served = TcpStoreServer::Start(std::move(front), *relay->backend_);
   if (!served.ok()) return served.status();
   relay->front_ = std::move(*served);
-  relay->backend_->Start();
+  relay->backend_->Start(relay->front_->loop());
   return relay;
 }
 
@@ -510,10 +510,11 @@ int StoreRelay::port() const { return front_->port(); }
 void StoreRelay::SetNamespace(std::string ns) { backend_->SetNamespace(std::move(ns)); }
 
 void StoreRelay::Stop() {
-  // Connections first: once they are closed, no request reaches the backend.
-  if (front_) front_->Stop();
   if (!backend_ || stopped_) return;
+  // The stream first, while the loop its link runs on still runs; requests
+  // that come meanwhile wait in the core, and go with their connections.
   backend_->Stop();
+  if (front_) front_->Stop();
   stopped_ = true;
   const RelayStats stats = backend_->Stats();
   if (stats.requests == 0) return;

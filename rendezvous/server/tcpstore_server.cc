@@ -1048,6 +1048,8 @@ int IoThreadsFor(unsigned cores) {
 
 const TcpStoreServerOptions& TcpStoreServer::options() const { return impl_->options_; }
 
+boost::asio::io_context& TcpStoreServer::loop() { return impl_->io(0); }
+
 void TcpStoreServer::Stop() {
   if (!impl_) return;
   impl_->Stop();

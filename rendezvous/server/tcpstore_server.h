@@ -36,6 +36,10 @@
 #include "rendezvous/server/store_backend.h"
 #include "rendezvous/status/metrics.h"
 
+namespace boost::asio {
+class io_context;
+}
+
 namespace meshrun::rdzv {
 
 struct TcpStoreServerOptions {
@@ -97,6 +101,10 @@ class TcpStoreServer {
   // Stops accepting, closes every connection (their parked waits end), and
   // joins the I/O threads. Idempotent.
   void Stop();
+  // The first I/O thread's event loop, for more work on the same thread (an
+  // agent's relay runs its link to the daemon there: no thread hand-off
+  // between a worker's query and its trip upstream). Runs until Stop().
+  boost::asio::io_context& loop();
   void CollectMetrics(std::vector<MetricFamily>* out);
 
   class Impl;
