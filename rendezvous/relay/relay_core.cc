@@ -104,6 +104,9 @@ bool RelayCore::SafeToRepeat(const StoreRequest& request) {
     case StoreRequest::kMultiSet:
     case StoreRequest::kDelete:
       return true;
+    case StoreRequest::kAdd:
+      // add(key, 0) is a read (torch's store barrier counts arrivals so).
+      return request.add().delta() == 0;
     default:
       return IsRead(request);
   }

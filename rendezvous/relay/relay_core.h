@@ -22,9 +22,9 @@
 //
 // When the stream breaks, requests the daemon may not have seen are sent
 // again on the next stream, and so are those sent whose repeat is harmless
-// (reads, waits, set, multi_set, delete); the others (add, compare_set,
-// append, queue push and pop, barrier) may or may not have been applied and
-// are answered STORE_UNAVAILABLE.
+// (reads, waits, set, multi_set, delete, an add of 0); the others (add,
+// compare_set, append, queue push and pop, barrier) may or may not have been
+// applied and are answered STORE_UNAVAILABLE.
 //
 // Not thread-safe: the adapter holds one lock around it.
 

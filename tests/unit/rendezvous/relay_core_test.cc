@@ -221,7 +221,9 @@ TEST(RelayCoreTest, AfterTheStreamBreaksReadsAndSetsAreSentAgainAndAddsInFlightF
   ASSERT_FALSE(core.Submit(&waiter, Wait(1, {"go"})));
   ASSERT_FALSE(core.Submit(&adder, Add(1, "n", 1)));
   ASSERT_FALSE(core.Submit(&setter, Set(1, "k", "v")));
-  ASSERT_EQ(Send(core).requests_size(), 3);
+  Sink counter;  // add(key, 0): a read
+  ASSERT_FALSE(core.Submit(&counter, Add(1, "m", 0)));
+  ASSERT_EQ(Send(core).requests_size(), 4);
   ASSERT_FALSE(core.Submit(&late, Add(1, "n", 5)));  // not sent yet
   std::vector<RelayDelivery> out;
   core.OnStreamLost(&out);
@@ -229,13 +231,15 @@ TEST(RelayCoreTest, AfterTheStreamBreaksReadsAndSetsAreSentAgainAndAddsInFlightF
   EXPECT_EQ(out[0].session, &adder);
   EXPECT_EQ(out[0].reply.code(), meshrun::v1::STORE_UNAVAILABLE);
   EXPECT_EQ(core.stats().failed_in_flight, 1u);
-  // The next stream carries the wait, the set and the unsent add, in order.
+  // The next stream carries the wait, the set, the add of 0 and the unsent
+  // add, in order.
   StoreRequestBatch again = Send(core);
-  ASSERT_EQ(again.requests_size(), 3);
+  ASSERT_EQ(again.requests_size(), 4);
   EXPECT_TRUE(again.requests(0).has_wait());
   EXPECT_TRUE(again.requests(1).has_set());
-  EXPECT_EQ(again.requests(2).add().delta(), 5);
-  EXPECT_EQ(core.stats().repeated, 2u);
+  EXPECT_EQ(again.requests(2).add().delta(), 0);
+  EXPECT_EQ(again.requests(3).add().delta(), 5);
+  EXPECT_EQ(core.stats().repeated, 3u);
 }
 
 TEST(RelayCoreTest, ABatchNotWrittenIsSentAgainWhateverItHolds) {
