@@ -181,6 +181,25 @@ TEST(AgentStoreTest, DynamicWorkersUseTheirAgentsRelayIntoTheRoundsNamespace) {
   for (int rank = 0; rank < 4; ++rank) ExpectKeyAtDaemon(dir, daemon.endpoint(), rank, 0);
 }
 
+// --worker-store=daemon: the workers get the daemon's own port with c10d
+// too (it serves this run to stock clients: no token, the only run), and
+// no agent serves a relay.
+TEST(AgentStoreTest, WorkerStoreDaemonGivesTheDaemonsPortWithC10d) {
+  TempDir dir("agent-store-daemon");
+  DaemonProcess daemon;
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int node = 0; node < 2; ++node) {
+    agents.push_back(Meshrun({"--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                              "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=direct",
+                              "--worker-store=daemon", kScript, dir.path(), "job"}));
+  }
+  for (auto& agent : agents)
+    ASSERT_EQ(ExitCode(*agent, seconds(180)), 0) << agent->output();
+  EXPECT_TRUE(RelayPorts(agents).empty()) << agents[0]->output();
+  ExpectWorkerStore(dir, 2, PortOf(daemon.endpoint()));
+  for (int rank = 0; rank < 2; ++rank) ExpectKeyAtDaemon(dir, daemon.endpoint(), rank, 0);
+}
+
 // Rank 0 SIGKILLed mid-training: the job restarts (--max-restarts=1), the
 // new workers re-initialise through the same relays (the new round's
 // namespace at the same daemon) and the job exits 0.
