@@ -618,6 +618,10 @@ int RunAll(const Config& config) {
     const auto client_cpu_of = [](const OpsSample& s) { return s.client_cpu_us; };
     const auto server_cpu_of = [](const OpsSample& s) { return s.server_cpu_us; };
     const auto busy_of = [](const OpsSample& s) { return s.busy_cores; };
+    // Cores the server process used: its CPU per op times ops per second.
+    const auto server_cores_of = [](const OpsSample& s) {
+      return s.server_cpu_us * s.ops_per_s * 1e-6;
+    };
 
     if (headline) {
       out << "\n## 1. Store ops, c10d's own TCPStore client on both sides: torch's libuv "
@@ -664,11 +668,12 @@ int RunAll(const Config& config) {
             Fmt(m_p99), Fmt(ops_x, "%.2f"), Fmt(p50_x, "%.2f"), Fmt(p99_x, "%.2f"));
         if (!m.ok()) out << "        meshrun failures: " << m.failure() << "\n";
         if (!l.ok()) out << "        libuv failures: " << l.failure() << "\n";
-        cpu_rows << absl::StrFormat("%-7d | %9s %9s %6s | %9s %9s %6s\n", clients,
-                                    Fmt(l.Med(client_cpu_of)), Fmt(l.Med(server_cpu_of)),
-                                    Fmt(l.Med(busy_of), "%.2f"),
-                                    Fmt(m.Med(client_cpu_of)), Fmt(m.Med(server_cpu_of)),
-                                    Fmt(m.Med(busy_of), "%.2f"));
+        cpu_rows << absl::StrFormat(
+            "%-7d | %9s %9s %9s %6s | %9s %9s %9s %6s\n", clients,
+            Fmt(l.Med(client_cpu_of)), Fmt(l.Med(server_cpu_of)),
+            Fmt(l.Med(server_cores_of), "%.2f"), Fmt(l.Med(busy_of), "%.2f"),
+            Fmt(m.Med(client_cpu_of)), Fmt(m.Med(server_cpu_of)),
+            Fmt(m.Med(server_cores_of), "%.2f"), Fmt(m.Med(busy_of), "%.2f"));
         all_ran = all_ran && m.ok() && l.ok();
         json.push_back(absl::StrCat(
             "{\"section\":\"ops\",\"client\":\"c10d-tcpstore\",\"clients\":", clients,
@@ -682,6 +687,8 @@ int RunAll(const Config& config) {
             ",\"libuv_server_cpu_us_per_op\":", JsonNum(l.Med(server_cpu_of)),
             ",\"meshrun_client_cpu_us_per_op\":", JsonNum(m.Med(client_cpu_of)),
             ",\"meshrun_server_cpu_us_per_op\":", JsonNum(m.Med(server_cpu_of)),
+            ",\"libuv_server_cores\":", JsonNum(l.Med(server_cores_of)),
+            ",\"meshrun_server_cores\":", JsonNum(m.Med(server_cores_of)),
             ",\"libuv_ok\":", l.ok() ? "true" : "false", ",\"meshrun_ok\":",
             m.ok() ? "true" : "false", ",\"meshrun_error\":", JsonStr(m.failure()), "}"));
         const bool ran = m.ok() && l.ok();
@@ -704,14 +711,16 @@ int RunAll(const Config& config) {
           << Wrap(absl::StrCat(
                  "Where the time goes: CPU time per op of the client process (the same "
                  "c10d client on both sides) and of the server process (microseconds, "
-                 "from getrusage and /proc/<pid>/stat over the measured window) and how "
+                 "from getrusage and /proc/<pid>/stat over the measured window), the "
+                 "cores the server used (srv cores: its CPU per op x op/s), and how "
                  "many of the machine's ",
                  std::thread::hardware_concurrency(),
-                 " cores were busy. When the cores are all busy, throughput is bounded "
-                 "by cores / (client + server CPU per op)."))
-          << absl::StrFormat("%-7s | %9s %9s %6s | %9s %9s %6s\n", "clients", "libuv cli",
-                             "libuv srv", "busy", "mesh cli", "mesh srv", "busy")
-          << std::string(66, '-') << "\n"
+                 " cores were busy in all. When the cores are all busy, throughput is "
+                 "bounded by cores / (client + server CPU per op)."))
+          << absl::StrFormat("%-7s | %9s %9s %9s %6s | %9s %9s %9s %6s\n", "clients",
+                             "libuv cli", "libuv srv", "srv cores", "busy", "mesh cli",
+                             "mesh srv", "srv cores", "busy")
+          << std::string(86, '-') << "\n"
           << cpu_rows.str();
     }
 
@@ -989,7 +998,7 @@ int RunAll(const Config& config) {
           << absl::StrFormat("%-6s | %9s %9s %9s | %9s %9s %9s | %7s\n", "N", "mesh conn",
                              "barrier", "total s", "tcp conn", "barrier", "total s",
                              "total x")
-          << std::string(84, '-') << "\n";
+          << std::string(86, '-') << "\n";
       for (int n : config.barrier_sizes) {
         const auto& m = cells[{n, Impl::kMeshrun}];
         const auto& t = cells[{n, kLibuv}];

@@ -126,7 +126,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                      absl::StrCat("; the port takes at most ", serving.max_connections,
                                   " connections, ", serving.max_connections_per_peer,
                                   " from one address, handshakes within ",
-                                  serving.handshake_timeout.count(), " ms"));
+                                  serving.handshake_timeout.count(),
+                                  " ms; TCPStore I/O threads: ", serving.io_threads));
     }
     daemon->tcpstore_ = std::move(*served);
     daemon->port_ = daemon->tcpstore_->port();

@@ -1017,9 +1017,9 @@ void TcpStoreServer::Impl::CollectMetrics(std::vector<MetricFamily>* out) {
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     TcpStoreServerOptions options, StoreBackend& store) {
-  const int threads = options.io_threads > 0
-                          ? options.io_threads
-                          : IoThreadsFor(std::thread::hardware_concurrency());
+  if (options.io_threads <= 0)
+    options.io_threads = IoThreadsFor(std::thread::hardware_concurrency());
+  const int threads = options.io_threads;
   if (options.max_connections == 0) {
     rlimit limit{};
     const uint64_t soft = getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur : 1024;

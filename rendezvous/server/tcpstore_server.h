@@ -96,7 +96,7 @@ class TcpStoreServer {
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
   int port() const { return port_; }
-  // As served: max_connections resolved when it was 0.
+  // As served: max_connections and io_threads resolved when they were 0.
   const TcpStoreServerOptions& options() const;
   // Stops accepting, closes every connection (their parked waits end), and
   // joins the I/O threads. Idempotent.
