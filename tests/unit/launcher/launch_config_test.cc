@@ -193,6 +193,11 @@ std::vector<FlagCase> FlagCases() {
        "4",
        {"--restart-scope=replica", "--nproc-per-node=4"},
        [](const LaunchConfig& c) { EXPECT_EQ(c.replica_size, 2); }},
+      {"--worker-store",
+       "daemon",
+       "agent",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.worker_store, WorkerStore::kDaemon); }},
       {"--monitor-interval",
        "0.5",
        "2",
@@ -1055,6 +1060,14 @@ TEST(LaunchConfigTest, RestartScopeDefaultsToTheWholeJob) {
   config = MustParse({"--restart-scope=replica", "--nproc-per-node=3", "train.py"});
   EXPECT_EQ(config.restart_scope, RestartScope::kReplica);
   EXPECT_EQ(config.replica_size, 1);
+}
+
+TEST(LaunchConfigTest, WorkerStoreDefaultsByBackend) {
+  EXPECT_EQ(MustParse({"train.py"}).worker_store, WorkerStore::kDefault);
+  EXPECT_EQ(MustParse({"--worker-store=agent", "train.py"}).worker_store,
+            WorkerStore::kAgent);
+  EXPECT_EQ(ErrorOf({"--worker-store=rank0", "train.py"}),
+            "--worker-store: expected agent or daemon, got 'rank0'");
 }
 
 TEST(LaunchConfigTest, RestartScopeAndReplicaSizeErrors) {
