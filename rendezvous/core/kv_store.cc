@@ -675,23 +675,85 @@ bool ConsumeNumber(std::string_view& text, std::string_view then) {
 
 std::vector<std::string> KvStore::NamespacesOfRun(const std::string& run_id) const {
   const std::string prefix = run_id + "/";
-  std::vector<std::string> names;
-  for (const auto& [name, space] : namespaces_) {
-    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+  auto of_run = [&](const std::string& name) {
+    if (name.compare(0, prefix.size(), prefix) != 0) return false;
     std::string_view rest = std::string_view(name).substr(prefix.size());
     // "e<epoch>.r<round>", or "r<round>" as before epochs.
     if (!rest.empty() && rest[0] == 'e') {
       rest.remove_prefix(1);
-      if (!ConsumeNumber(rest, ".")) continue;
+      if (!ConsumeNumber(rest, ".")) return false;
     }
-    if (rest.empty() || rest[0] != 'r') continue;
+    if (rest.empty() || rest[0] != 'r') return false;
     rest.remove_prefix(1);
-    if (ConsumeNumber(rest, "") && rest.empty()) names.push_back(name);
-  }
+    return ConsumeNumber(rest, "") && rest.empty();
+  };
+  std::vector<std::string> names;
+  for (const auto& [name, space] : namespaces_)
+    if (of_run(name)) names.push_back(name);
+  // A namespace whose keys are all gone may still remember answers.
+  for (const auto& [name, memory] : remembered_)
+    if (namespaces_.count(name) == 0 && of_run(name)) names.push_back(name);
   return names;
 }
 
+size_t KvStore::BytesOf(const std::string& id, const StoredAnswer& answer) {
+  // Each entry's map node, deque slot and strings, roughly.
+  size_t bytes = 2 * id.size() + answer.error.size() + 128;
+  for (const std::string& value : answer.values) bytes += value.size() + 32;
+  return bytes;
+}
+
+bool KvStore::Remember(const std::string& ns, const std::string& id,
+                       StoredAnswer answer) {
+  auto found = remembered_.find(ns);
+  if (found == remembered_.end()) {
+    if (remembered_.size() >= limits_.max_namespaces) return false;
+    found = remembered_.emplace(ns, Memory{}).first;
+  }
+  Memory& memory = found->second;
+  const size_t bytes = BytesOf(id, answer);
+  auto [it, inserted] = memory.answers.try_emplace(id);
+  if (!inserted) {
+    memory.bytes -= BytesOf(id, it->second);
+  } else {
+    memory.order.push_back(id);
+  }
+  it->second = std::move(answer);
+  memory.bytes += bytes;
+  while (memory.order.size() > 1 &&
+         (memory.order.size() > limits_.max_remembered_per_namespace ||
+          memory.bytes > limits_.max_remembered_bytes_per_namespace)) {
+    auto oldest = memory.answers.find(memory.order.front());
+    memory.bytes -= BytesOf(oldest->first, oldest->second);
+    memory.answers.erase(oldest);
+    memory.order.pop_front();
+  }
+  return true;
+}
+
+std::optional<StoredAnswer> KvStore::Recall(const std::string& ns,
+                                            const std::string& id) const {
+  auto found = remembered_.find(ns);
+  if (found == remembered_.end()) return std::nullopt;
+  auto it = found->second.answers.find(id);
+  if (it == found->second.answers.end()) return std::nullopt;
+  return it->second;
+}
+
+size_t KvStore::num_remembered(const std::string& ns) const {
+  auto found = remembered_.find(ns);
+  return found == remembered_.end() ? 0 : found->second.answers.size();
+}
+
+void KvStore::ForEachRemembered(
+    const std::function<void(const std::string&, const std::string&,
+                             const StoredAnswer&)>& visit) const {
+  for (const auto& [ns, memory] : remembered_)
+    for (const std::string& id : memory.order) visit(ns, id, memory.answers.at(id));
+}
+
 void KvStore::DropNamespace(const std::string& ns, std::vector<Wakeup>* woken) {
+  remembered_.erase(ns);
   auto space = namespaces_.find(ns);
   if (space == namespaces_.end()) return;
   // Every parked waiter is registered under at least one key.

@@ -50,6 +50,27 @@ struct StoreLimits {
   // other run's waits.
   size_t max_waiters_per_namespace = 1 << 18;
   size_t max_waiters = 1 << 20;
+  // Answers remembered for repeats (KvStore::Remember), per namespace: the
+  // oldest are forgotten past either bound. A relay repeats a request only
+  // after its connection broke, so far fewer are ever needed.
+  size_t max_remembered_per_namespace = 16384;
+  size_t max_remembered_bytes_per_namespace = 16 << 20;
+};
+
+// The answer to a request that carried a dedup id (StoreRequest.dedup_id),
+// kept so that a repeat gets it without being applied again. `code` is a
+// meshrun.v1.StoreCode; the rest are StoreResponse's fields.
+struct StoredAnswer {
+  int32_t code = 0;
+  std::string error;
+  int64_t number = 0;
+  std::vector<std::string> values;
+  bool flag = false;
+
+  bool operator==(const StoredAnswer& other) const {
+    return code == other.code && error == other.error && number == other.number &&
+           values == other.values && flag == other.flag;
+  }
 };
 
 // What a queue item costs beyond its key and value bytes (its node and
@@ -166,7 +187,23 @@ class KvStore {
   size_t num_waiters() const { return waiters_.size(); }
   size_t num_waiters(const std::string& ns) const;
   size_t num_namespaces() const { return namespaces_.size(); }
-  // Drops a whole namespace (run finished); its waiters fail with ABORTED.
+  // Answers of requests that carried a dedup id, per namespace, oldest
+  // forgotten first past StoreLimits' bounds (one larger than the byte
+  // bound is kept alone). Apart from the keys: not counted in NumKeys,
+  // ListKeys or the per-namespace limits, and kept while the namespace has
+  // no key, until DropNamespace. False when nothing was remembered: the
+  // store already remembers for max_namespaces namespaces. Remembering an
+  // id again replaces its answer.
+  bool Remember(const std::string& ns, const std::string& id, StoredAnswer answer);
+  std::optional<StoredAnswer> Recall(const std::string& ns, const std::string& id) const;
+  size_t num_remembered(const std::string& ns) const;
+  // Every remembered answer, each namespace's oldest first (snapshots).
+  void ForEachRemembered(
+      const std::function<void(const std::string& ns, const std::string& id,
+                               const StoredAnswer& answer)>& visit) const;
+
+  // Drops a whole namespace (run finished), with what it remembers; its
+  // waiters fail with ABORTED.
   void DropNamespace(const std::string& ns, std::vector<Wakeup>* woken);
   // Names of run `run_id`'s namespaces: "<run_id>/e<epoch>.r<round>", the
   // store prefix the rendezvous gives each round (or "<run_id>/r<round>",
@@ -210,6 +247,13 @@ class KvStore {
     // key -> barrier waiters, woken when the key's integer reaches their size.
     std::unordered_map<std::string, std::set<WaiterId>> barriers;
   };
+  // Remembered answers of one namespace, in the order they came.
+  struct Memory {
+    std::unordered_map<std::string, StoredAnswer> answers;  // by dedup id
+    std::deque<std::string> order;                          // oldest first
+    size_t bytes = 0;
+  };
+  static size_t BytesOf(const std::string& id, const StoredAnswer& answer);
   struct Waiter {
     std::string ns;
     std::vector<std::string> keys;  // in request order
@@ -271,6 +315,8 @@ class KvStore {
 
   StoreLimits limits_;
   std::unordered_map<std::string, Namespace> namespaces_;
+  // Apart from namespaces_, which drops a namespace once it has no key.
+  std::unordered_map<std::string, Memory> remembered_;
   std::unordered_map<WaiterId, Waiter> waiters_;
   std::multimap<TimePoint, WaiterId> deadlines_;
   size_t woken_value_budget_ = std::numeric_limits<size_t>::max();

@@ -116,6 +116,10 @@ absl::Status ValidateStoreRequest(const v1::StoreRequest& request,
     return s;
   if (request.ns().find('\0') != std::string::npos)
     return Invalid("store.ns", "must not contain NUL bytes");
+  if (auto s = MaxBytes("store.dedup_id", request.dedup_id().size(),
+                        limits.max_dedup_id_bytes);
+      !s.ok())
+    return s;
   switch (request.op_case()) {
     case v1::StoreRequest::kWait:
       return Keys("store.wait.keys", request.wait().keys(), limits);

@@ -164,6 +164,24 @@ std::string QueuePopRecord(std::string_view ns, std::string_view key) {
   return StoreRecord(RecordType::kQueuePop, ns, key, nullptr);
 }
 
+std::string RememberedRecord(std::string_view ns, std::string_view id,
+                             const StoredAnswer& answer,
+                             const std::vector<std::string>& effects) {
+  ByteWriter w;
+  w.U8(static_cast<uint8_t>(RecordType::kRemembered));
+  w.Str(ns);
+  w.Str(id);
+  w.U32(static_cast<uint32_t>(answer.code));
+  w.Str(answer.error);
+  w.I64(answer.number);
+  w.U8(answer.flag ? 1 : 0);
+  w.U64(answer.values.size());
+  for (const std::string& value : answer.values) w.Str(value);
+  w.U64(effects.size());
+  for (const std::string& effect : effects) w.Str(effect);
+  return w.Take();
+}
+
 std::string DropNamespaceRecord(std::string_view ns) {
   ByteWriter w;
   w.U8(static_cast<uint8_t>(RecordType::kDropNamespace));
@@ -223,6 +241,37 @@ absl::Status ApplyRecord(std::string_view payload, KvStore* store,
       store->DropNamespace(ns, &none);
       return absl::OkStatus();
     }
+    case RecordType::kRemembered: {
+      std::string ns = r.Str();
+      std::string id = r.Str();
+      StoredAnswer answer;
+      answer.code = static_cast<int32_t>(r.U32());
+      answer.error = r.Str();
+      answer.number = r.I64();
+      answer.flag = r.U8() != 0;
+      // Each string costs at least its 8-byte length, so a damaged count
+      // fails the read instead of reserving without bound.
+      for (uint64_t n = r.U64(); r.ok() && n > 0; --n) answer.values.push_back(r.Str());
+      std::vector<std::string> effects;
+      for (uint64_t n = r.U64(); r.ok() && n > 0; --n) effects.push_back(r.Str());
+      if (!r.ok() || !r.done()) break;
+      for (const std::string& effect : effects) {
+        const auto effect_type =
+            effect.empty() ? RecordType{0} : static_cast<RecordType>(effect[0]);
+        if (effect_type != RecordType::kSet && effect_type != RecordType::kAppend &&
+            effect_type != RecordType::kDelete && effect_type != RecordType::kQueuePush &&
+            effect_type != RecordType::kQueuePop) {
+          return absl::DataLossError(absl::StrCat(
+              "a remembered answer's effect is of type ", static_cast<int>(effect_type)));
+        }
+      }
+      for (const std::string& effect : effects) {
+        if (absl::Status s = ApplyRecord(effect, store, rendezvous, now); !s.ok())
+          return s;
+      }
+      store->Remember(ns, id, std::move(answer));
+      return absl::OkStatus();
+    }
     case RecordType::kRun: {
       std::string run_id = r.Str();
       std::string state = r.Str();
@@ -261,6 +310,11 @@ std::string EncodeSnapshot(const KvStore& store, const RendezvousState& rendezvo
   store.ForEachQueueItem(
       [&](const std::string& ns, const std::string& key, const std::string& value) {
         AppendFrame(&out, QueuePushRecord(ns, key, value));
+        ++count;
+      });
+  store.ForEachRemembered(
+      [&](const std::string& ns, const std::string& id, const StoredAnswer& answer) {
+        AppendFrame(&out, RememberedRecord(ns, id, answer, {}));
         ++count;
       });
   for (const std::string& run_id : rendezvous.RunIds()) {

@@ -12,10 +12,14 @@
 //   kSet ns key value, kAppend ns key value, kDelete ns key, kDropNamespace
 //     ns  (the store, as effects: Add and CompareSet are logged as the Set of
 //     their result), kQueuePush ns key value, kQueuePop ns key
+//   kRemembered ns id answer effects  (a request with a dedup id: its answer
+//     (StoredAnswer) and the store records of what it did, applied together,
+//     so a crash can never keep the one without the other)
 //   kRun run_id state         (a whole run of RendezvousState::EncodeRun)
 //   kRunGone run_id           (the run was forgotten)
 // A snapshot file is kSnapshotMagic, then framed records: a header (the log
-// generation that continues it), the entries and runs, and a trailer with
+// generation that continues it), the entries, remembered answers (without
+// effects) and runs, and a trailer with
 // their count. Anything missing or failing its CRC makes the whole snapshot
 // unusable: it is refused, never half-loaded.
 //
@@ -46,6 +50,7 @@ enum class RecordType : uint8_t {
   kDropNamespace = 8,
   kQueuePush = 9,
   kQueuePop = 10,
+  kRemembered = 11,
 };
 
 uint32_t Crc32(std::string_view data);
@@ -103,6 +108,11 @@ std::string DeleteRecord(std::string_view ns, std::string_view key);
 std::string QueuePushRecord(std::string_view ns, std::string_view key,
                             std::string_view value);
 std::string QueuePopRecord(std::string_view ns, std::string_view key);
+// The answer to a request with a dedup id, with the store records of its
+// effects (none when it changed nothing).
+std::string RememberedRecord(std::string_view ns, std::string_view id,
+                             const StoredAnswer& answer,
+                             const std::vector<std::string>& effects);
 // A whole namespace dropped (its run was forgotten).
 std::string DropNamespaceRecord(std::string_view ns);
 // Rendezvous record payloads: the run's current state, or its removal when

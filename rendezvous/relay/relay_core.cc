@@ -46,7 +46,8 @@ const char* OpName(const StoreRequest& request) {
 
 }  // namespace
 
-RelayCore::RelayCore(RelayLimits limits) : limits_(limits) {}
+RelayCore::RelayCore(RelayLimits limits, uint64_t identity)
+    : limits_(limits), identity_(identity) {}
 
 std::string RelayCore::JoinKey(const StoreRequest& request) {
   std::string key;
@@ -95,7 +96,23 @@ bool RelayCore::IsRead(const StoreRequest& request) {
   }
 }
 
+bool RelayCore::NeedsDedupId(const StoreRequest& request) {
+  switch (request.op_case()) {
+    case StoreRequest::kAdd:
+      return request.add().delta() != 0;
+    case StoreRequest::kCompareSet:
+    case StoreRequest::kAppend:
+    case StoreRequest::kQueuePush:
+    case StoreRequest::kQueuePop:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool RelayCore::SafeToRepeat(const StoreRequest& request) {
+  // The daemon answers a repeated dedup id without applying it again.
+  if (!request.dedup_id().empty()) return true;
   // A repeated set, multi_set or delete leaves what the first left, unless
   // another client wrote the same key in between: c10d's users write a
   // key once (addresses, flags), or rewrite it with the same value.
@@ -187,6 +204,16 @@ bool RelayCore::TakeBatch(StoreRequestBatch* batch) {
     const uint64_t id = *unsent_.begin();
     Op& op = ops_.at(id);
     if (batch->requests_size() > 0 && bytes + op.bytes > limits_.max_batch_bytes) break;
+    // Set once, when the request is final (no add joins it once taken), and
+    // kept for its repeats.
+    if (op.request.dedup_id().empty() && NeedsDedupId(op.request)) {
+      std::string dedup_id(16, '\0');
+      for (int i = 0; i < 8; ++i) {
+        dedup_id[i] = static_cast<char>((identity_ >> (8 * i)) & 0xFF);
+        dedup_id[8 + i] = static_cast<char>((id >> (8 * i)) & 0xFF);
+      }
+      op.request.set_dedup_id(std::move(dedup_id));
+    }
     *batch->add_requests() = op.request;
     bytes += op.bytes;
     unsent_bytes_ -= op.bytes;

@@ -22,9 +22,13 @@
 //
 // When the stream breaks, requests the daemon may not have seen are sent
 // again on the next stream, and so are those sent whose repeat is harmless
-// (reads, waits, set, multi_set, delete, an add of 0); the others (add,
-// compare_set, append, queue push and pop, barrier) may or may not have been
-// applied and are answered STORE_UNAVAILABLE.
+// (reads, waits, set, multi_set, delete, an add of 0), and the mutations
+// whose repeat would not be (add, compare_set, append, queue push and pop):
+// each of those carries a dedup_id (this relay's identity and its upstream
+// id), so the daemon applies it once and answers a repeat with the first
+// answer (store.proto), across its restarts with --state-dir. Only a barrier
+// sent and not answered (it parks after its add) may or may not have been
+// applied, and is answered STORE_UNAVAILABLE.
 //
 // Not thread-safe: the adapter holds one lock around it.
 
@@ -68,7 +72,7 @@ struct RelayStats {
   uint64_t sent = 0;              // requests sent upstream (repeats included)
   uint64_t batches = 0;           // upstream messages
   uint64_t repeated = 0;          // sent again after a stream broke
-  uint64_t failed_in_flight = 0;  // answered UNAVAILABLE after a stream broke
+  uint64_t failed_in_flight = 0;  // answered UNAVAILABLE after a stream broke (barriers)
   uint64_t refused = 0;           // over the limits above
 };
 
@@ -79,7 +83,10 @@ struct RelayDelivery {
 
 class RelayCore {
  public:
-  explicit RelayCore(RelayLimits limits = {});
+  // `identity` makes this relay's dedup ids its own: the daemon's memory of
+  // answers is shared by every relay and client of a namespace, so a
+  // relay picks it at random (StoreRelay does) and keeps it while it lives.
+  explicit RelayCore(RelayLimits limits = {}, uint64_t identity = 0);
 
   // A session's request (its id is the session's own). Returns a refusal to
   // deliver when the request is over a limit; nullopt when it was taken.
@@ -127,12 +134,15 @@ class RelayCore {
   };
   static std::string JoinKey(const meshrun::v1::StoreRequest& request);
   static bool SafeToRepeat(const meshrun::v1::StoreRequest& request);
+  // Mutations whose repeat is not harmless, which get a dedup_id when sent.
+  static bool NeedsDedupId(const meshrun::v1::StoreRequest& request);
   // Reads: an unsent one nobody waits for need not be sent at all.
   static bool IsRead(const meshrun::v1::StoreRequest& request);
   void Forget(uint64_t upstream_id);
   void RemoveJoiners(StoreReplySink* session, bool waits_only);
 
   const RelayLimits limits_;
+  const uint64_t identity_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Op> ops_;  // by upstream id
   std::set<uint64_t> unsent_;   // in the order they came

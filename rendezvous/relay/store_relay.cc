@@ -14,6 +14,7 @@
 #include <boost/asio/write.hpp>
 #include <condition_variable>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_set>
 #include <utility>
@@ -40,6 +41,13 @@ namespace {
 // connection with replies of its own queued stops reading (as the daemon's
 // StoreServiceOptions::max_queued_reply_bytes).
 constexpr size_t kMaxQueuedReplyBytes = 512 << 20;
+
+// This relay's part of its dedup ids (RelayCore): 64 random bits, so that no
+// two relays of the daemon's life (restarted agents included) share one.
+uint64_t RandomIdentity() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ device();
+}
 }  // namespace
 
 // The StoreBackend of the relay's TCPStore front-end, and the owner of the
@@ -50,7 +58,7 @@ class StoreRelay::Backend final : public StoreBackend {
  public:
   explicit Backend(StoreRelayOptions options)
       : options_(std::move(options)),
-        core_(options_.relay),
+        core_(options_.relay, RandomIdentity()),
         channel_(MakeStoreChannel(options_.daemon, /*own_connection=*/true,
                                   options_.security)),
         stub_(meshrun::v1::Store::NewStub(channel_)),

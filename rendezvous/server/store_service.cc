@@ -551,6 +551,28 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     return true;
   }
   const std::string& ns = request.ns();
+  // A request with a dedup id is answered once: a repeat gets that answer.
+  const bool dedup = !request.dedup_id().empty() && Deduplicated(request);
+  if (dedup) {
+    if (std::optional<StoredAnswer> answer = store_.Recall(ns, request.dedup_id())) {
+      reply->set_code(static_cast<meshrun::v1::StoreCode>(answer->code));
+      reply->set_error(std::move(answer->error));
+      reply->set_number(answer->number);
+      reply->set_flag(answer->flag);
+      for (std::string& value : answer->values) reply->add_values(std::move(value));
+      return true;
+    }
+  }
+  // Its effects are logged in one record with its answer (below), so that a
+  // restart never keeps one without the other.
+  std::vector<std::string> effects;
+  auto record_effect = [&](std::string record) {
+    if (dedup) {
+      effects.push_back(std::move(record));
+    } else {
+      log_->Append(record);
+    }
+  };
   // Only blocking ops read the clock.
   auto deadline = [&] {
     const auto timeout = request.timeout_ms() > 0
@@ -584,7 +606,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       absl::Status status =
           store_.Set(ns, request.set().key(), request.set().value(), woken);
       if (log_ && status.ok())
-        log_->Append(codec::SetRecord(ns, request.set().key(), request.set().value()));
+        record_effect(codec::SetRecord(ns, request.set().key(), request.set().value()));
       SetStatus(status, reply);
       break;
     }
@@ -604,7 +626,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       SetStatus(sum.status(), reply);
       if (sum.ok()) reply->set_number(*sum);
       if (log_ && sum.ok())
-        log_->Append(codec::SetRecord(ns, request.add().key(), std::to_string(*sum)));
+        record_effect(codec::SetRecord(ns, request.add().key(), std::to_string(*sum)));
       break;
     }
     case StoreRequest::kCompareSet: {
@@ -614,7 +636,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       if (log_ && value.ok() && *value == op.desired()) {
         if (auto now_held = store_.Peek(ns, op.key());
             now_held && *now_held == op.desired())
-          log_->Append(codec::SetRecord(ns, op.key(), *now_held));
+          record_effect(codec::SetRecord(ns, op.key(), *now_held));
       }
       SetStatus(value.status(), reply);
       if (value.ok()) reply->add_values(std::move(*value));
@@ -628,7 +650,8 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     }
     case StoreRequest::kDelete: {
       const bool existed = store_.Delete(ns, request.delete_().key());
-      if (log_ && existed) log_->Append(codec::DeleteRecord(ns, request.delete_().key()));
+      if (log_ && existed)
+        record_effect(codec::DeleteRecord(ns, request.delete_().key()));
       reply->set_flag(existed);
       break;
     }
@@ -663,7 +686,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       absl::Status status = store_.MultiSet(ns, entries, woken);
       if (log_ && status.ok()) {
         for (const auto& [key, value] : entries)
-          log_->Append(codec::SetRecord(ns, key, value));
+          record_effect(codec::SetRecord(ns, key, value));
       }
       SetStatus(status, reply);
       break;
@@ -672,7 +695,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       absl::Status status =
           store_.Append(ns, request.append().key(), request.append().value(), woken);
       if (log_ && status.ok())
-        log_->Append(
+        record_effect(
             codec::AppendRecord(ns, request.append().key(), request.append().value()));
       SetStatus(status, reply);
       break;
@@ -681,7 +704,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       const auto& op = request.queue_push();
       absl::Status status = store_.QueuePush(ns, op.key(), op.value(), woken);
       if (log_ && status.ok())
-        log_->Append(codec::QueuePushRecord(ns, op.key(), op.value()));
+        record_effect(codec::QueuePushRecord(ns, op.key(), op.value()));
       SetStatus(status, reply);
       break;
     }
@@ -691,7 +714,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       if (!popped.ok()) break;
       reply->set_number(popped->length_before);
       if (popped->length_before > 0) {
-        if (log_) log_->Append(codec::QueuePopRecord(ns, request.queue_pop().key()));
+        if (log_) record_effect(codec::QueuePopRecord(ns, request.queue_pop().key()));
         reply->add_values(std::move(popped->value));
       }
       break;
@@ -717,7 +740,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       // The arrival is an Add: logged as the Set of its count.
       if (log_) {
         if (auto count = store_.Peek(ns, op.key()))
-          log_->Append(codec::SetRecord(ns, op.key(), *count));
+          record_effect(codec::SetRecord(ns, op.key(), *count));
       }
       return block(std::move(result), id, when, {});
     }
@@ -725,7 +748,31 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       SetStatus(absl::InvalidArgumentError("store request names no operation"), reply);
       break;
   }
+  if (dedup) {
+    StoredAnswer answer;
+    answer.code = reply->code();
+    answer.error = reply->error();
+    answer.number = reply->number();
+    answer.flag = reply->flag();
+    answer.values.assign(reply->values().begin(), reply->values().end());
+    if (log_)
+      log_->Append(codec::RememberedRecord(ns, request.dedup_id(), answer, effects));
+    store_.Remember(ns, request.dedup_id(), std::move(answer));
+  }
   return true;
+}
+
+bool StoreService::Deduplicated(const StoreRequest& request) {
+  switch (request.op_case()) {
+    case StoreRequest::kAdd:
+    case StoreRequest::kCompareSet:
+    case StoreRequest::kAppend:
+    case StoreRequest::kQueuePush:
+    case StoreRequest::kQueuePop:
+      return true;
+    default:
+      return false;
+  }
 }
 
 bool StoreService::OverReplyBounds(size_t own, size_t own_max) const {

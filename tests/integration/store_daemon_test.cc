@@ -537,6 +537,111 @@ TEST(StoreDaemonTest, SigtermShutsDownPromptlyWithParkedWaits) {
 // The daemon is SIGKILLed and restarted on the same port (without
 // --state-dir, so its store starts empty): clients reconnect on their next
 // call, and a get parked across the restart is sent again and answered.
+// Sends `requests` as one batch on a new BatchSession and reads every reply.
+std::map<uint64_t, meshrun::v1::StoreResponse> Exchange(
+    const std::string& endpoint, const std::vector<meshrun::v1::StoreRequest>& requests) {
+  auto stub = meshrun::v1::Store::NewStub(rdzv::MakeStoreChannel(endpoint, true));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->BatchSession(&context);
+  meshrun::v1::StoreRequestBatch batch;
+  for (const auto& request : requests) *batch.add_requests() = request;
+  EXPECT_TRUE(stream->Write(batch));
+  std::map<uint64_t, meshrun::v1::StoreResponse> replies;
+  meshrun::v1::StoreResponseBatch in;
+  while (replies.size() < requests.size() && stream->Read(&in)) {
+    for (const auto& r : in.responses()) EXPECT_TRUE(replies.emplace(r.id(), r).second);
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  return replies;
+}
+
+meshrun::v1::StoreRequest Request(uint64_t id, const std::string& dedup_id,
+                                  const std::string& ns = "run") {
+  meshrun::v1::StoreRequest r;
+  r.set_id(id);
+  r.set_ns(ns);
+  r.set_dedup_id(dedup_id);
+  return r;
+}
+
+// What a relay relies on to repeat a mutation whose answer a broken
+// connection lost: a repeated dedup id gets the first answer, with its own
+// request id, and is not applied again; with --state-dir, also after the
+// daemon was killed (log) or stopped (snapshot) and restarted.
+TEST(StoreDaemonTest, ARepeatedDedupIdGetsTheFirstAnswerAcrossRestarts) {
+  testing::TempDir state("dedup");
+  const std::string port = std::to_string(testing::FreePort());
+  const std::vector<std::string> args{"--port", port, "--state-dir", state.path()};
+  auto daemon = std::make_unique<DaemonProcess>(args);
+  auto add = [](uint64_t id, const std::string& dedup_id, int64_t delta,
+                const std::string& ns = "run") {
+    auto r = Request(id, dedup_id, ns);
+    r.mutable_add()->set_key("n");
+    r.mutable_add()->set_delta(delta);
+    return r;
+  };
+  auto push = [](uint64_t id, const std::string& dedup_id, const std::string& value) {
+    auto r = Request(id, dedup_id);
+    r.mutable_queue_push()->set_key("q");
+    r.mutable_queue_push()->set_value(value);
+    return r;
+  };
+  auto pop = [](uint64_t id, const std::string& dedup_id) {
+    auto r = Request(id, dedup_id);
+    r.mutable_queue_pop()->set_key("q");
+    return r;
+  };
+  auto append = [](uint64_t id, const std::string& dedup_id) {
+    auto r = Request(id, dedup_id);
+    r.mutable_append()->set_key("s");
+    r.mutable_append()->set_value("+");
+    return r;
+  };
+  auto first = Exchange(daemon->endpoint(),
+                        {add(1, "A", 5), push(2, "P1", "x"), push(3, "P2", "y"),
+                         pop(4, "Q"), append(5, "S"), add(6, "A", 5, "other")});
+  ASSERT_EQ(first.size(), 6u);
+  EXPECT_EQ(first[1].number(), 5);
+  ASSERT_EQ(first[4].values_size(), 1);
+  EXPECT_EQ(first[4].values(0), "x");
+  EXPECT_EQ(first[4].number(), 2);
+  EXPECT_EQ(first[6].number(), 5);  // another namespace: another request
+  for (int restart = 0; restart <= 2; ++restart) {
+    // Everything again, under new request ids: the first answers, nothing
+    // applied twice.
+    auto again = Exchange(daemon->endpoint(),
+                          {add(11, "A", 5), push(12, "P1", "x"), push(13, "P2", "y"),
+                           pop(14, "Q"), append(15, "S")});
+    ASSERT_EQ(again.size(), 5u) << restart;
+    EXPECT_EQ(again[11].number(), 5) << restart;
+    EXPECT_EQ(again[11].code(), meshrun::v1::STORE_OK) << restart;
+    ASSERT_EQ(again[14].values_size(), 1) << restart;
+    EXPECT_EQ(again[14].values(0), "x") << restart;
+    EXPECT_EQ(again[14].number(), 2) << restart;
+    auto client = Connect(daemon->endpoint());
+    EXPECT_EQ(*client->Add("n", 0), 5) << restart;
+    EXPECT_EQ(*client->Get("s"), "+") << restart;
+    meshrun::v1::StoreRequest length = Request(20, "");
+    length.mutable_queue_len()->set_key("q");
+    EXPECT_EQ(Exchange(daemon->endpoint(), {length})[20].number(), 1) << restart;
+    // A new dedup id is a new request.
+    EXPECT_EQ(
+        Exchange(daemon->endpoint(), {add(21, "B" + std::to_string(restart), 1)})[21]
+            .number(),
+        6)
+        << restart;
+    EXPECT_EQ(*client->Add("n", -1), 5) << restart;
+    client.reset();
+    if (restart == 2) break;
+    daemon->process().Signal(restart == 0 ? SIGKILL : SIGTERM);
+    ASSERT_TRUE(testing::GoneWithin(daemon->process().pid(), std::chrono::seconds(20)));
+    daemon.reset();
+    daemon = std::make_unique<DaemonProcess>(args);
+  }
+}
+
 TEST(StoreDaemonTest, ClientsReconnectAfterTheDaemonRestarts) {
   auto first = std::make_unique<DaemonProcess>();
   const std::string endpoint = first->endpoint();

@@ -11,6 +11,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <regex>
@@ -120,6 +121,92 @@ INSTANTIATE_TEST_SUITE_P(Signals, StoreRelayRestartTest,
                          [](const ::testing::TestParamInfo<int>& info) {
                            return info.param == SIGKILL ? "Sigkill" : "Sigterm";
                          });
+
+// An add the relay wrote while the daemon was stopped, and then lost with
+// the daemon (SIGKILL): sent again to the restarted daemon with its dedup id,
+// applied once, answered to the worker, whose connection never noticed.
+TEST(StoreRelayDedupTest, AnAddInFlightWhenTheDaemonDiesIsAppliedOnce) {
+  TempDir state("relay-dedup");
+  const std::string port = std::to_string(testing::FreePort());
+  const std::vector<std::string> args{"--port", port, "--state-dir", state.path()};
+  auto daemon = std::make_unique<DaemonProcess>(args);
+  auto relay = StartRelay(daemon->endpoint());
+  ASSERT_NE(relay, nullptr);
+  RawClient worker(relay->port());
+  ASSERT_TRUE(worker.Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 2)));
+  ASSERT_EQ(worker.ReadI64(30s), 2);
+
+  daemon->process().Signal(SIGSTOP);
+  const uint64_t sent = relay->Stats().sent;
+  ASSERT_TRUE(worker.Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 3)));
+  // Written to the (stopped) daemon's socket.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (relay->Stats().sent == sent && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_GT(relay->Stats().sent, sent);
+  daemon->process().Signal(SIGKILL);
+  ASSERT_TRUE(testing::GoneWithin(daemon->process().pid(), 20s));
+  daemon.reset();
+  daemon = std::make_unique<DaemonProcess>(args);
+
+  EXPECT_EQ(worker.ReadI64(30s), 5);
+  ASSERT_TRUE(worker.Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 0)));
+  EXPECT_EQ(worker.ReadI64(30s), 5);
+  EXPECT_GE(relay->Stats().repeated, 1u);
+  EXPECT_EQ(relay->Stats().failed_in_flight, 0u);
+}
+
+// Workers adding as fast as they can while the daemon is killed and
+// restarted: whatever was in flight (applied and logged but not answered,
+// or not applied) is applied exactly once. Every add is answered, each with
+// its own count, and the counter ends at the number of adds.
+TEST(StoreRelayDedupTest, AddsInFlightWhenTheDaemonIsKilledAreEachAppliedOnce) {
+  TempDir state("relay-dedup-busy");
+  const std::string port = std::to_string(testing::FreePort());
+  const std::vector<std::string> args{"--port", port, "--state-dir", state.path()};
+  auto daemon = std::make_unique<DaemonProcess>(args);
+  auto relay = StartRelay(daemon->endpoint());
+  ASSERT_NE(relay, nullptr);
+  constexpr int kWorkers = 4, kAdds = 150;
+  std::atomic<int> answered{0};
+  std::vector<std::vector<int64_t>> counts(kWorkers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    threads.emplace_back([&, w] {
+      RawClient worker(relay->port());
+      for (int i = 0; i < kAdds; ++i) {
+        if (!worker.Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 1))) return;
+        auto count = worker.ReadI64(60s);
+        if (!count) return;
+        counts[w].push_back(*count);
+        ++answered;
+      }
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (answered < kWorkers * kAdds / 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  daemon->process().Signal(SIGKILL);
+  ASSERT_TRUE(testing::GoneWithin(daemon->process().pid(), 20s));
+  daemon.reset();
+  daemon = std::make_unique<DaemonProcess>(args);
+  for (auto& thread : threads) thread.join();
+
+  std::vector<int64_t> all;
+  for (int w = 0; w < kWorkers; ++w) {
+    EXPECT_EQ(counts[w].size(), static_cast<size_t>(kAdds)) << "worker " << w;
+    EXPECT_TRUE(std::is_sorted(counts[w].begin(), counts[w].end())) << "worker " << w;
+    all.insert(all.end(), counts[w].begin(), counts[w].end());
+  }
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], static_cast<int64_t>(i + 1));
+  auto other_node = DaemonClient(daemon->endpoint());
+  ASSERT_NE(other_node, nullptr);
+  auto total = other_node->Add("n", 0);
+  ASSERT_TRUE(total.ok()) << total.status();
+  EXPECT_EQ(*total, kWorkers * kAdds);
+  EXPECT_EQ(relay->Stats().failed_in_flight, 0u);
+}
 
 // What the daemon's own front-end refuses, the relay refuses the same way:
 // it closes that worker's connection; the stream to the daemon and the

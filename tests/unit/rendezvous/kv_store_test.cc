@@ -1208,5 +1208,102 @@ TEST(KvStoreTest, ANamespaceAtItsWaiterCapLeavesOtherNamespacesTheirWaits) {
   EXPECT_FALSE(store.Wait("a", {"j"}, 9, At(200)).ready);
 }
 
+StoredAnswer Answer(int64_t number, std::vector<std::string> values = {}) {
+  StoredAnswer answer;
+  answer.number = number;
+  answer.values = std::move(values);
+  return answer;
+}
+
+TEST(KvStoreTest, RememberedAnswersAreRecalledByNamespaceAndId) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Set(kNs, "k", "v", &woken).ok());
+  StoredAnswer failed;
+  failed.code = 8;
+  failed.error = "full";
+  failed.flag = true;
+  ASSERT_TRUE(store.Remember(kNs, "id1", Answer(3, {"a", "b"})));
+  ASSERT_TRUE(store.Remember(kNs, "id2", failed));
+  EXPECT_EQ(store.Recall(kNs, "id1"), Answer(3, {"a", "b"}));
+  EXPECT_EQ(store.Recall(kNs, "id2"), failed);
+  EXPECT_EQ(store.Recall(kNs, "id3"), std::nullopt);
+  EXPECT_EQ(store.Recall("other", "id1"), std::nullopt);
+  EXPECT_EQ(store.num_remembered(kNs), 2u);
+  // Apart from the keys.
+  EXPECT_EQ(store.NumKeys(kNs), 1);
+  EXPECT_EQ(*store.ListKeys(kNs), Values{"k"});
+  EXPECT_EQ(store.num_entries(), 1u);
+}
+
+TEST(KvStoreTest, RememberedAnswersOutliveTheirNamespacesKeysUntilItIsDropped) {
+  KvStore store;
+  std::vector<Wakeup> woken;
+  ASSERT_TRUE(store.Add("run/r1", "n", 1, &woken).ok());
+  ASSERT_TRUE(store.Remember("run/r1", "id", Answer(1)));
+  ASSERT_TRUE(store.Delete("run/r1", "n"));
+  EXPECT_EQ(store.num_namespaces(), 0u);
+  EXPECT_EQ(store.Recall("run/r1", "id"), Answer(1));
+  // Its run's namespaces include it, so a forgotten run drops it too.
+  EXPECT_EQ(store.NamespacesOfRun("run"), Values{"run/r1"});
+  store.DropNamespace("run/r1", &woken);
+  EXPECT_EQ(store.Recall("run/r1", "id"), std::nullopt);
+  EXPECT_EQ(store.num_remembered("run/r1"), 0u);
+  EXPECT_TRUE(store.NamespacesOfRun("run").empty());
+}
+
+TEST(KvStoreTest, TheOldestRememberedAnswersAreForgottenPastTheCount) {
+  StoreLimits limits;
+  limits.max_remembered_per_namespace = 3;
+  KvStore store(limits);
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(store.Remember(kNs, absl::StrCat("id", i), Answer(i)));
+  EXPECT_EQ(store.num_remembered(kNs), 3u);
+  EXPECT_EQ(store.Recall(kNs, "id0"), std::nullopt);
+  EXPECT_EQ(store.Recall(kNs, "id1"), std::nullopt);
+  EXPECT_EQ(store.Recall(kNs, "id4"), Answer(4));
+  // Namespaces are bounded apart.
+  ASSERT_TRUE(store.Remember("other", "id0", Answer(0)));
+  EXPECT_EQ(store.num_remembered(kNs), 3u);
+  // Remembering an id again replaces its answer and keeps its place.
+  ASSERT_TRUE(store.Remember(kNs, "id2", Answer(20)));
+  EXPECT_EQ(store.num_remembered(kNs), 3u);
+  EXPECT_EQ(store.Recall(kNs, "id2"), Answer(20));
+  std::vector<std::string> order;
+  store.ForEachRemembered(
+      [&](const std::string& ns, const std::string& id, const StoredAnswer&) {
+        if (ns == kNs) order.push_back(id);
+      });
+  EXPECT_EQ(order, (Values{"id2", "id3", "id4"}));
+}
+
+TEST(KvStoreTest, TheOldestRememberedAnswersAreForgottenPastTheBytes) {
+  StoreLimits limits;
+  limits.max_remembered_bytes_per_namespace = 4096;
+  KvStore store(limits);
+  const std::string kilobyte(1024, 'x');
+  for (int i = 0; i < 10; ++i)
+    ASSERT_TRUE(store.Remember(kNs, absl::StrCat("id", i), Answer(i, {kilobyte})));
+  EXPECT_LT(store.num_remembered(kNs), 4u);
+  EXPECT_GE(store.num_remembered(kNs), 2u);
+  EXPECT_EQ(store.Recall(kNs, "id9"), Answer(9, {kilobyte}));
+  EXPECT_EQ(store.Recall(kNs, "id0"), std::nullopt);
+  // One answer over the bound is still kept, alone.
+  ASSERT_TRUE(store.Remember(kNs, "big", Answer(0, {std::string(8192, 'y')})));
+  EXPECT_EQ(store.num_remembered(kNs), 1u);
+  EXPECT_TRUE(store.Recall(kNs, "big").has_value());
+}
+
+TEST(KvStoreTest, RememberingIsRefusedPastTheNamespaceCount) {
+  StoreLimits limits;
+  limits.max_namespaces = 2;
+  KvStore store(limits);
+  EXPECT_TRUE(store.Remember("a", "id", Answer(1)));
+  EXPECT_TRUE(store.Remember("b", "id", Answer(1)));
+  EXPECT_FALSE(store.Remember("c", "id", Answer(1)));
+  EXPECT_TRUE(store.Remember("a", "id2", Answer(2)));
+  EXPECT_EQ(store.Recall("c", "id"), std::nullopt);
+}
+
 }  // namespace
 }  // namespace meshrun::rdzv

@@ -215,31 +215,99 @@ TEST(RelayCoreTest, RefusesWhatTheDaemonWouldEndTheStreamFor) {
   EXPECT_EQ(core.stats().refused, 2u);
 }
 
-TEST(RelayCoreTest, AfterTheStreamBreaksReadsAndSetsAreSentAgainAndAddsInFlightFail) {
-  RelayCore core;
+TEST(RelayCoreTest, AfterTheStreamBreaksWhatWasInFlightIsSentAgainAddsWithTheirDedupId) {
+  RelayCore core({}, /*identity=*/0x1122334455667788);
   Sink waiter, adder, setter, late;
   ASSERT_FALSE(core.Submit(&waiter, Wait(1, {"go"})));
   ASSERT_FALSE(core.Submit(&adder, Add(1, "n", 1)));
   ASSERT_FALSE(core.Submit(&setter, Set(1, "k", "v")));
   Sink counter;  // add(key, 0): a read
   ASSERT_FALSE(core.Submit(&counter, Add(1, "m", 0)));
-  ASSERT_EQ(Send(core).requests_size(), 4);
+  StoreRequestBatch first = Send(core);
+  ASSERT_EQ(first.requests_size(), 4);
+  // Only the add that changes something carries a dedup id: the relay's
+  // identity, then the upstream id, little-endian.
+  const std::string dedup_id = first.requests(1).dedup_id();
+  ASSERT_EQ(dedup_id.size(), 16u);
+  EXPECT_EQ(dedup_id.substr(0, 8), std::string("\x88\x77\x66\x55\x44\x33\x22\x11", 8));
+  EXPECT_EQ(uint64_t{static_cast<uint8_t>(dedup_id[8])}, first.requests(1).id());
+  EXPECT_TRUE(first.requests(0).dedup_id().empty());
+  EXPECT_TRUE(first.requests(2).dedup_id().empty());
+  EXPECT_TRUE(first.requests(3).dedup_id().empty());
   ASSERT_FALSE(core.Submit(&late, Add(1, "n", 5)));  // not sent yet
   std::vector<RelayDelivery> out;
   core.OnStreamLost(&out);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(core.stats().failed_in_flight, 0u);
+  // The next stream carries the wait, the add (the same request, dedup id
+  // and all), the set, the add of 0 and the unsent add, in order.
+  StoreRequestBatch again = Send(core);
+  ASSERT_EQ(again.requests_size(), 5);
+  EXPECT_TRUE(again.requests(0).has_wait());
+  EXPECT_EQ(again.requests(1).SerializeAsString(), first.requests(1).SerializeAsString());
+  EXPECT_TRUE(again.requests(2).has_set());
+  EXPECT_EQ(again.requests(3).add().delta(), 0);
+  EXPECT_EQ(again.requests(4).add().delta(), 5);
+  EXPECT_EQ(again.requests(4).dedup_id().size(), 16u);
+  EXPECT_NE(again.requests(4).dedup_id(), dedup_id);
+  EXPECT_EQ(core.stats().repeated, 4u);
+  // The daemon's answer (the first one, remembered) reaches the adder.
+  StoreResponse sum = Ok(again.requests(1).id());
+  sum.set_number(1);
+  core.OnReply(sum, &out);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].session, &adder);
-  EXPECT_EQ(out[0].reply.code(), meshrun::v1::STORE_UNAVAILABLE);
-  EXPECT_EQ(core.stats().failed_in_flight, 1u);
-  // The next stream carries the wait, the set, the add of 0 and the unsent
-  // add, in order.
+  EXPECT_EQ(out[0].reply.number(), 1);
+}
+
+TEST(RelayCoreTest, EveryMutationWhoseRepeatIsNotHarmlessIsSentAgain) {
+  RelayCore core({}, /*identity=*/7);
+  Sink a, b, c, d;
+  StoreRequest compare_set = Set(1, "cs", "");
+  compare_set.mutable_compare_set()->set_key("cs");
+  compare_set.mutable_compare_set()->set_desired("x");
+  StoreRequest append = Set(1, "ap", "");
+  append.mutable_append()->set_key("ap");
+  append.mutable_append()->set_value("y");
+  StoreRequest push = Set(1, "q", "");
+  push.mutable_queue_push()->set_key("q");
+  push.mutable_queue_push()->set_value("z");
+  StoreRequest pop = Set(1, "q", "");
+  pop.mutable_queue_pop()->set_key("q");
+  ASSERT_FALSE(core.Submit(&a, compare_set));
+  ASSERT_FALSE(core.Submit(&b, append));
+  ASSERT_FALSE(core.Submit(&c, push));
+  ASSERT_FALSE(core.Submit(&d, pop));
+  StoreRequestBatch first = Send(core);
+  ASSERT_EQ(first.requests_size(), 4);
+  std::vector<RelayDelivery> out;
+  core.OnStreamLost(&out);
+  EXPECT_TRUE(out.empty());
   StoreRequestBatch again = Send(core);
   ASSERT_EQ(again.requests_size(), 4);
-  EXPECT_TRUE(again.requests(0).has_wait());
-  EXPECT_TRUE(again.requests(1).has_set());
-  EXPECT_EQ(again.requests(2).add().delta(), 0);
-  EXPECT_EQ(again.requests(3).add().delta(), 5);
-  EXPECT_EQ(core.stats().repeated, 3u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(again.requests(i).dedup_id().size(), 16u) << i;
+    EXPECT_EQ(again.requests(i).SerializeAsString(),
+              first.requests(i).SerializeAsString())
+        << i;
+  }
+  EXPECT_EQ(core.stats().failed_in_flight, 0u);
+}
+
+TEST(RelayCoreTest, ABarrierInFlightWhenTheStreamBreaksFails) {
+  RelayCore core;
+  Sink arriving;
+  StoreRequest barrier = Set(1, "b", "");
+  barrier.mutable_barrier()->set_key("b");
+  barrier.mutable_barrier()->set_world_size(2);
+  ASSERT_FALSE(core.Submit(&arriving, barrier));
+  EXPECT_TRUE(Send(core).requests(0).dedup_id().empty());
+  std::vector<RelayDelivery> out;
+  core.OnStreamLost(&out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].session, &arriving);
+  EXPECT_EQ(out[0].reply.code(), meshrun::v1::STORE_UNAVAILABLE);
+  EXPECT_EQ(core.stats().failed_in_flight, 1u);
 }
 
 TEST(RelayCoreTest, ABatchNotWrittenIsSentAgainWhateverItHolds) {

@@ -77,6 +77,86 @@ TEST(StateCodec, StoreLogRecordsReplay) {
   EXPECT_EQ(store.NumKeys("r/1"), 2);
 }
 
+StoredAnswer Answer(int32_t code, int64_t number, std::vector<std::string> values,
+                    std::string error = "", bool flag = false) {
+  StoredAnswer answer;
+  answer.code = code;
+  answer.error = std::move(error);
+  answer.number = number;
+  answer.values = std::move(values);
+  answer.flag = flag;
+  return answer;
+}
+
+TEST(StateCodec, ARememberedAnswerReplaysWithItsEffects) {
+  const std::string binary("a\0b\xff", 4);
+  const StoredAnswer added = Answer(0, 5, {});
+  const StoredAnswer popped = Answer(0, 2, {binary}, "", true);
+  const StoredAnswer refused = Answer(8, 0, {}, "over the limit");
+  std::string log = Log({
+      codec::SetRecord("r/1", "n", "2"),
+      codec::RememberedRecord("r/1", "add-id", added,
+                              {codec::SetRecord("r/1", "n", "5")}),
+      codec::QueuePushRecord("r/1", "q", binary),
+      codec::QueuePushRecord("r/1", "q", "second"),
+      codec::RememberedRecord("r/1", binary, popped, {codec::QueuePopRecord("r/1", "q")}),
+      codec::RememberedRecord("r/2", "no-effect", refused, {}),
+  });
+  KvStore store;
+  RendezvousState state;
+  Replay(log, &store, &state, kT0);
+  EXPECT_EQ(Entries(store), (std::vector<std::string>{"r/1|n=5"}));
+  EXPECT_EQ(store.QueueLength("r/1", "q"), 1);
+  EXPECT_EQ(store.Recall("r/1", "add-id"), added);
+  EXPECT_EQ(store.Recall("r/1", binary), popped);
+  EXPECT_EQ(store.Recall("r/2", "no-effect"), refused);
+  EXPECT_EQ(store.num_remembered("r/1"), 2u);
+}
+
+TEST(StateCodec, ARememberedAnswerWithAnEffectThatIsNotAStoreRecordIsRefused) {
+  RendezvousState other;  // no run "job": its record says it is gone
+  KvStore store;
+  RendezvousState state;
+  const std::string record = codec::RememberedRecord(
+      "r/1", "id", Answer(0, 1, {}), {codec::RunRecord(other, "job", kT0)});
+  EXPECT_EQ(codec::ApplyRecord(record, &store, &state, kT0).code(),
+            absl::StatusCode::kDataLoss);
+  std::string cut = codec::RememberedRecord("r/1", "id", Answer(0, 1, {"v"}),
+                                            {codec::SetRecord("r/1", "n", "1")});
+  cut.pop_back();
+  EXPECT_EQ(codec::ApplyRecord(cut, &store, &state, kT0).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store.num_entries(), 0u);
+  EXPECT_EQ(store.num_remembered("r/1"), 0u);
+  EXPECT_TRUE(state.RunIds().empty());
+}
+
+TEST(StateCodec, RememberedAnswersRoundTripThroughASnapshotInOrder) {
+  StoreLimits limits;
+  limits.max_remembered_per_namespace = 3;
+  KvStore store(limits);
+  store.RestoreSet("r/1", "k", "v");
+  for (int i = 0; i < 3; ++i)
+    store.Remember("r/1", "id" + std::to_string(i), Answer(0, i, {"x"}));
+  store.Remember("r/2", "only", Answer(14, 0, {}, "why", true));
+  RendezvousState state;
+  const std::string snapshot = codec::EncodeSnapshot(store, state, 7, kT0);
+  KvStore restored(limits);
+  RendezvousState restored_state;
+  auto generation = codec::DecodeSnapshot(snapshot, &restored, &restored_state, kT0);
+  ASSERT_TRUE(generation.ok()) << generation.status();
+  EXPECT_EQ(*generation, 7u);
+  EXPECT_EQ(Entries(restored), (std::vector<std::string>{"r/1|k=v"}));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(restored.Recall("r/1", "id" + std::to_string(i)), Answer(0, i, {"x"}));
+  }
+  EXPECT_EQ(restored.Recall("r/2", "only"), Answer(14, 0, {}, "why", true));
+  // The oldest is still the first forgotten.
+  restored.Remember("r/1", "id3", Answer(0, 3, {}));
+  EXPECT_EQ(restored.Recall("r/1", "id0"), std::nullopt);
+  EXPECT_TRUE(restored.Recall("r/1", "id1").has_value());
+}
+
 TEST(StateCodec, TornLastRecordIsDroppedAtEveryCut) {
   const std::string whole =
       Log({codec::SetRecord("n", "a", "1"), codec::SetRecord("n", "b", "2")});
