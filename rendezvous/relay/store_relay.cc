@@ -164,6 +164,20 @@ class StoreRelay::Backend final : public StoreBackend {
     bool link = false;
   };
 
+  // How a stream ended, for the choice of the next one's transport.
+  enum class LinkEnd {
+    kNotALink,  // a gRPC stream
+    kEnded,     // a link that was welcomed, or never connected
+    // Connected, not welcomed: answered in another protocol (a daemon whose
+    // port gRPC owns), or closed without a byte (that too, or a daemon
+    // stopping or starting).
+    kRefused,
+    kClosedUnanswered,
+  };
+  // Links closed unanswered in a row before the relay takes gRPC.
+  static constexpr int kUnansweredLinksBeforeGrpc = 5;
+  static constexpr uint32_t kMaxWelcomeBytes = 64 << 10;
+
   // A Store.BatchSession call.
   class GrpcStream final
       : public Upstream,
@@ -194,7 +208,7 @@ class StoreRelay::Backend final : public StoreBackend {
       const std::string why =
           absl::StrCat("gRPC status ", status.error_code(), ": ", status.error_message());
       delete this;
-      backend->OnStreamDone(self, why, /*link_refused=*/false);
+      backend->OnStreamDone(self, why, LinkEnd::kNotALink);
     }
 
    private:
@@ -280,14 +294,20 @@ class StoreRelay::Backend final : public StoreBackend {
       header_.resize(link::kHeaderBytes);
       asio::async_read(
           socket_, asio::buffer(header_),
-          [self = shared_from_this()](boost::system::error_code ec, size_t) {
+          [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+            self->received_ += n;
             if (ec)
               return self->Failed(self->welcomed_ ? "the daemon closed the link"
                                                   : "the daemon took no link");
             const uint32_t length = link::FrameLength(self->header_.data());
+            // A welcome is a few bytes: more is another protocol (gRPC's
+            // settings frame) answering on the port.
+            if (!self->welcomed_ && length > kMaxWelcomeBytes)
+              return self->Failed("the daemon's port answered in another protocol");
             self->body_.resize(length);
             asio::async_read(self->socket_, asio::buffer(self->body_),
-                             [self](boost::system::error_code body_ec, size_t) {
+                             [self](boost::system::error_code body_ec, size_t body_n) {
+                               self->received_ += body_n;
                                if (body_ec)
                                  return self->Failed("read: " + body_ec.message());
                                self->OnFrame();
@@ -322,8 +342,13 @@ class StoreRelay::Backend final : public StoreBackend {
     void Done() {
       if (--in_flight_ > 0 || done_) return;
       done_ = true;
-      // The backend holds no reference to this after OnStreamDone.
-      backend_->OnStreamDone(this, why_, connected_ && !welcomed_);
+      // The backend holds no reference to this after OnStreamDone. Bytes
+      // that were no welcome mean the port speaks another protocol; a close
+      // with none may be a daemon going down or coming up.
+      const LinkEnd end = !connected_ || welcomed_ ? LinkEnd::kEnded
+                          : received_ > 0          ? LinkEnd::kRefused
+                                                   : LinkEnd::kClosedUnanswered;
+      backend_->OnStreamDone(this, why_, end);
     }
 
     Backend* const backend_;
@@ -333,6 +358,7 @@ class StoreRelay::Backend final : public StoreBackend {
     std::atomic<int> in_flight_{0};
     // I/O thread only.
     bool connected_ = false;
+    size_t received_ = 0;  // bytes read
     bool welcomed_ = false;
     bool done_ = false;
     std::string why_;
@@ -407,9 +433,7 @@ class StoreRelay::Backend final : public StoreBackend {
     Deliver();
   }
 
-  // `link_refused`: a link that connected and was not welcomed (a daemon
-  // whose port gRPC owns).
-  void OnStreamDone(const Upstream* stream, const std::string& why, bool link_refused) {
+  void OnStreamDone(const Upstream* stream, const std::string& why, LinkEnd end) {
     std::shared_ptr<LinkStream> finished;
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_ == stream) stream_ = nullptr;
@@ -418,13 +442,25 @@ class StoreRelay::Backend final : public StoreBackend {
     deliveries_.clear();
     core_.OnStreamLost(&deliveries_);
     Deliver();
+    const bool automatic = options_.transport == StoreRelayOptions::Transport::kAuto;
+    if (end == LinkEnd::kClosedUnanswered) {
+      ++unanswered_links_;
+    } else if (end != LinkEnd::kNotALink) {
+      unanswered_links_ = 0;
+    }
     if (!stopping_) {
-      if (link_refused && use_link_ &&
-          options_.transport == StoreRelayOptions::Transport::kAuto) {
+      if (automatic && use_link_ &&
+          (end == LinkEnd::kRefused || unanswered_links_ >= kUnansweredLinksBeforeGrpc)) {
         spdlog::info("store relay: {} takes no store link ({}); using gRPC",
                      options_.daemon, why);
         use_link_ = false;
+        unanswered_links_ = 0;
       } else {
+        // A gRPC stream that worked and ended (the daemon restarting, say):
+        // the next daemon may take a link again.
+        if (automatic && end == LinkEnd::kNotALink && answered_ &&
+            !options_.security.tls())
+          use_link_ = true;
         spdlog::warn("store relay: the stream to {} ended ({}); reconnecting",
                      options_.daemon, why);
       }
@@ -474,6 +510,7 @@ class StoreRelay::Backend final : public StoreBackend {
   std::unique_ptr<meshrun::v1::Store::Stub> stub_;
   asio::io_context* io_ = nullptr;           // the store link's (Start)
   bool use_link_;                            // guarded by mu_
+  int unanswered_links_ = 0;                 // in a row; guarded by mu_
   Upstream* stream_ = nullptr;               // guarded by mu_
   std::shared_ptr<LinkStream> link_stream_;  // guarded by mu_; the link stream_ is
   bool writing_ = false;                     // guarded by mu_

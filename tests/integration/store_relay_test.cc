@@ -114,6 +114,9 @@ TEST_P(StoreRelayRestartTest, AParkedWaitGetsItsKeyAfterTheDaemonRestarts) {
   EXPECT_EQ(worker.ReadValue(30s), "kept");
   EXPECT_GE(relay->streams_opened(), 2u);
   EXPECT_EQ(relay->Stats().failed_in_flight, 0u);
+  // A link closed while the daemon went down or came up is no sign that
+  // the daemon takes none.
+  EXPECT_TRUE(relay->using_link());
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, StoreRelayRestartTest,
@@ -206,6 +209,7 @@ TEST(StoreRelayDedupTest, AddsInFlightWhenTheDaemonIsKilledAreEachAppliedOnce) {
   ASSERT_TRUE(total.ok()) << total.status();
   EXPECT_EQ(*total, kWorkers * kAdds);
   EXPECT_EQ(relay->Stats().failed_in_flight, 0u);
+  EXPECT_TRUE(relay->using_link());
 }
 
 // What the daemon's own front-end refuses, the relay refuses the same way:
