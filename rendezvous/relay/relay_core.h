@@ -1,7 +1,8 @@
 #pragma once
 
 // The pure core of an agent's store relay (store_relay.h): what its workers'
-// requests become on the one gRPC stream the agent keeps to the daemon. No
+// requests become on the one stream (a store link, or gRPC) the agent keeps
+// to the daemon. No
 // sockets, threads or clock; the adapter feeds it requests, replies and the
 // stream's fate, and sends what it hands out.
 //

@@ -4,11 +4,11 @@
 // (core/tcpstore_wire.h) on Boost.Asio, so stock PyTorch workers use the
 // daemon's store as their agent store (TORCHELASTIC_USE_AGENT_STORE=True).
 //
-// It owns the daemon's listening port and tells the two protocols apart by a
+// It owns the daemon's listening port and tells the protocols apart by a
 // connection's first byte: 'P' opens the HTTP/2 preface every gRPC client
 // sends, and that connection is handed to the gRPC server (on_grpc_fd); 'M'
-// opens a store link (on_link_fd); anything else is a TCPStore client, whose first query
-// must be VALIDATE with c10d's magic number.
+// opens a store link (on_link_fd); anything else is a TCPStore client, whose
+// first query must be VALIDATE with c10d's magic number.
 //
 // Each TCPStore connection is a session of a StoreBackend: its queries become
 // StoreRequests in the namespace `namespace_for` picks when it validates. In
