@@ -2,9 +2,8 @@
 
 // The pure core of an agent's store relay (store_relay.h): what its workers'
 // requests become on the one stream (a store link, or gRPC) the agent keeps
-// to the daemon. No
-// sockets, threads or clock; the adapter feeds it requests, replies and the
-// stream's fate, and sends what it hands out.
+// to the daemon. No sockets, threads or clock; the adapter feeds it requests,
+// replies and the stream's fate, and sends what it hands out.
 //
 // Requests are aggregated where c10d's semantics allow it, so that W workers
 // on a node cost the daemon about one request per node, not W:
