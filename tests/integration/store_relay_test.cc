@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <regex>
 #include <string>
@@ -125,6 +126,21 @@ INSTANTIATE_TEST_SUITE_P(Signals, StoreRelayRestartTest,
                            return info.param == SIGKILL ? "Sigkill" : "Sigterm";
                          });
 
+// Whether `pid` is stopped (state T in /proc/<pid>/stat) within `timeout`.
+bool StoppedWithin(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');  // the name may hold spaces
+    if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T')
+      return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
 // An add the relay wrote while the daemon was stopped, and then lost with
 // the daemon (SIGKILL): sent again to the restarted daemon with its dedup id,
 // applied once, answered to the worker, whose connection never noticed.
@@ -140,6 +156,9 @@ TEST(StoreRelayDedupTest, AnAddInFlightWhenTheDaemonDiesIsAppliedOnce) {
   ASSERT_EQ(worker.ReadI64(30s), 2);
 
   daemon->process().Signal(SIGSTOP);
+  // kill() returns before the daemon has stopped: on a loaded machine it
+  // could still answer the add below.
+  ASSERT_TRUE(StoppedWithin(daemon->process().pid(), 20s));
   const uint64_t sent = relay->Stats().sent;
   ASSERT_TRUE(worker.Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 3)));
   // Written to the (stopped) daemon's socket.
