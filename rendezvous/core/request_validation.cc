@@ -105,6 +105,19 @@ absl::Status ValidateId(absl::string_view field, const std::string& id,
   return Printable(field, id);
 }
 
+bool TakesDedupId(const meshrun::v1::StoreRequest& request) {
+  switch (request.op_case()) {
+    case meshrun::v1::StoreRequest::kAdd:
+    case meshrun::v1::StoreRequest::kCompareSet:
+    case meshrun::v1::StoreRequest::kAppend:
+    case meshrun::v1::StoreRequest::kQueuePush:
+    case meshrun::v1::StoreRequest::kQueuePop:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::Status ValidateStoreRequest(const v1::StoreRequest& request,
                                   const RequestLimits& limits) {
   if (request.op_case() == v1::StoreRequest::OP_NOT_SET)

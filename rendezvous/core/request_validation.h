@@ -50,6 +50,10 @@ struct RequestLimits {
 absl::Status ValidateId(absl::string_view field, const std::string& id,
                         const RequestLimits& limits);
 
+// The ops a dedup_id applies to (store.proto): the mutations whose repeat
+// would apply twice. Not barrier: it parks after its add. The daemon ignores
+// the id on any other op.
+bool TakesDedupId(const meshrun::v1::StoreRequest& request);
 absl::Status ValidateStoreRequest(const meshrun::v1::StoreRequest& request,
                                   const RequestLimits& limits);
 absl::Status ValidateJoin(const meshrun::v1::JoinRequest& request,

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "rendezvous/core/request_validation.h"
 
 namespace meshrun::rdzv {
 
@@ -97,17 +98,9 @@ bool RelayCore::IsRead(const StoreRequest& request) {
 }
 
 bool RelayCore::NeedsDedupId(const StoreRequest& request) {
-  switch (request.op_case()) {
-    case StoreRequest::kAdd:
-      return request.add().delta() != 0;
-    case StoreRequest::kCompareSet:
-    case StoreRequest::kAppend:
-    case StoreRequest::kQueuePush:
-    case StoreRequest::kQueuePop:
-      return true;
-    default:
-      return false;
-  }
+  // add(key, 0) is a read: repeating it is harmless already.
+  return TakesDedupId(request) &&
+         !(request.op_case() == StoreRequest::kAdd && request.add().delta() == 0);
 }
 
 bool RelayCore::SafeToRepeat(const StoreRequest& request) {

@@ -552,7 +552,7 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
   }
   const std::string& ns = request.ns();
   // A request with a dedup id is answered once: a repeat gets that answer.
-  const bool dedup = !request.dedup_id().empty() && Deduplicated(request);
+  const bool dedup = !request.dedup_id().empty() && TakesDedupId(request);
   if (dedup) {
     if (std::optional<StoredAnswer> answer = store_.Recall(ns, request.dedup_id())) {
       reply->set_code(static_cast<meshrun::v1::StoreCode>(answer->code));
@@ -760,19 +760,6 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     store_.Remember(ns, request.dedup_id(), std::move(answer));
   }
   return true;
-}
-
-bool StoreService::Deduplicated(const StoreRequest& request) {
-  switch (request.op_case()) {
-    case StoreRequest::kAdd:
-    case StoreRequest::kCompareSet:
-    case StoreRequest::kAppend:
-    case StoreRequest::kQueuePush:
-    case StoreRequest::kQueuePop:
-      return true;
-    default:
-      return false;
-  }
 }
 
 bool StoreService::OverReplyBounds(size_t own, size_t own_max) const {

@@ -153,9 +153,6 @@ class StoreService final : public meshrun::v1::Store::CallbackService,
   bool ExecuteLocked(ReplySink* session, const meshrun::v1::StoreRequest& request,
                      meshrun::v1::StoreResponse* reply, std::vector<Wakeup>* woken,
                      bool validated = false);
-  // The ops a dedup_id makes exactly-once (store.proto): the mutations whose
-  // repeat is not harmless. Barrier is not one: it parks after its add.
-  static bool Deduplicated(const meshrun::v1::StoreRequest& request);
   // Takes mu_, counting whether another thread held it.
   std::unique_lock<std::mutex> LockStore();
   // Answers the session's woken waits that were deferred while it was over

@@ -40,21 +40,6 @@ using Agents = std::vector<std::unique_ptr<ChildProcess>>;
 const std::string kWorker =
     std::string(MESHRUN_SOURCE_DIR) + "/tests/e2e/relay_restart_worker.py";
 
-// Waits until every file in `names` exists in `dir`, reading the agents'
-// output meanwhile (so none blocks on a full pipe); false at the deadline.
-bool AwaitFiles(const TempDir& dir, const std::vector<std::string>& names, Agents& agents,
-                std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  while (true) {
-    bool all = true;
-    for (const std::string& name : names)
-      all = all && std::filesystem::exists(dir / name);
-    if (all) return true;
-    if (Clock::now() >= deadline) return false;
-    for (auto& agent : agents) agent->ReadLine(milliseconds(20));
-  }
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -111,7 +96,8 @@ TEST_P(RelayRestartTest, AWaitingWorkerGetsItsKeyAndNewGroupsAndDdpWorkAfter) {
             dir.path()},
         /*merge_stderr=*/true));
   }
-  ASSERT_TRUE(AwaitFiles(dir, {"waiting", "ready.1"}, agents, seconds(120)))
+  ASSERT_TRUE(
+      testing::FilesWithin(dir.path(), {"waiting", "ready.1"}, agents, seconds(120)))
       << Outputs(agents);
   ASSERT_TRUE(AWaitIsParked(metrics)) << "rank 0's wait never reached the daemon\n"
                                       << Outputs(agents);

@@ -19,30 +19,15 @@ Every wait is bounded (DEADLINE_S).
 import datetime
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.elastic.utils import store as elastic_store
 from torch.nn.parallel import DistributedDataParallel as DDP
+from handshake_files import DEADLINE_S, await_file, write_file
 
-DEADLINE_S = 120
 TIMEOUT = datetime.timedelta(seconds=DEADLINE_S)
-
-
-def write_file(path, text):
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.rename(path + ".tmp", path)
-
-
-def await_file(path):
-    deadline = time.monotonic() + DEADLINE_S
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"relay_restart_worker: no {path} within {DEADLINE_S} s")
-        time.sleep(0.05)
 
 
 def train(rank, group=None, steps=5):

@@ -36,21 +36,6 @@ const std::string kWorker =
     std::string(MESHRUN_SOURCE_DIR) + "/tests/e2e/store_isolation_worker.py";
 constexpr int kNproc = 2;
 
-// Waits until every file in `names` exists in `dir`, reading the agents'
-// output meanwhile (so none blocks on a full pipe); false at the deadline.
-bool AwaitFiles(const TempDir& dir, const std::vector<std::string>& names, Agents& agents,
-                std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  while (true) {
-    bool all = true;
-    for (const std::string& name : names)
-      all = all && std::filesystem::exists(dir / name);
-    if (all) return true;
-    if (Clock::now() >= deadline) return false;
-    for (auto& agent : agents) agent->ReadLine(milliseconds(20));
-  }
-}
-
 std::map<std::string, std::string> ReadResult(const TempDir& dir,
                                               const std::string& name) {
   std::map<std::string, std::string> result;
@@ -92,7 +77,7 @@ TEST(StoreIsolationTest, ThreeRunsOnATokenDaemonSeeOnlyTheirOwnKeys) {
     for (const std::string& run : runs)
       for (int rank = 0; rank < kNproc; ++rank)
         names.push_back(phase + "." + run + "." + std::to_string(rank));
-    ASSERT_TRUE(AwaitFiles(dir, names, agents, seconds(120)))
+    ASSERT_TRUE(testing::FilesWithin(dir.path(), names, agents, seconds(120)))
         << "not every worker was " << phase << "\n"
         << Outputs(agents);
     dir.Write("go." + phase, "");

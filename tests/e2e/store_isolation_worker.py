@@ -21,26 +21,11 @@ it had. Exit 0 when ok, 1 when not.
 import datetime
 import os
 import sys
-import time
 
 import torch.distributed as dist
+from handshake_files import DEADLINE_S, await_file, write_file
 
-DEADLINE_S = 120
 SHORT = datetime.timedelta(milliseconds=300)
-
-
-def write_file(path, text):
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.rename(path + ".tmp", path)
-
-
-def await_file(path):
-    deadline = time.monotonic() + DEADLINE_S
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"store_isolation_worker: no {path} within {DEADLINE_S} s")
-        time.sleep(0.05)
 
 
 def fails(call):

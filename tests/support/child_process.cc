@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
@@ -196,6 +197,20 @@ bool GoneWithin(pid_t pid, std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return true;
+}
+
+bool FilesWithin(const std::string& dir, const std::vector<std::string>& names,
+                 const std::vector<std::unique_ptr<ChildProcess>>& readers,
+                 std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    bool all = true;
+    for (const std::string& name : names)
+      all = all && std::filesystem::exists(dir + "/" + name);
+    if (all) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    for (const auto& reader : readers) reader->ReadLine(std::chrono::milliseconds(20));
+  }
 }
 
 }  // namespace meshrun::testing

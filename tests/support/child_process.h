@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -80,5 +81,11 @@ std::string BinDir();
 bool ProcessAlive(pid_t pid);
 // Whether `pid` is gone (or a zombie) within `timeout`.
 bool GoneWithin(pid_t pid, std::chrono::milliseconds timeout);
+
+// Whether every file `names` in `dir` exists within `timeout`; meanwhile
+// reads the `readers`' output (so none blocks on a full pipe).
+bool FilesWithin(const std::string& dir, const std::vector<std::string>& names,
+                 const std::vector<std::unique_ptr<ChildProcess>>& readers,
+                 std::chrono::milliseconds timeout);
 
 }  // namespace meshrun::testing
