@@ -111,7 +111,6 @@ class RelayCore {
   // reach the daemon, as they would had it sent them there itself.
   void EndSession(StoreReplySink* session);
 
-  bool HasUnsent() const { return !unsent_.empty(); }
   size_t pending(StoreReplySink* session) const {
     auto found = pending_.find(session);
     return found == pending_.end() ? 0 : found->second;

@@ -161,7 +161,6 @@ class StoreRelay::Backend final : public StoreBackend {
     virtual void Cancel() = 0;
     meshrun::v1::StoreRequestBatch out;  // the batch being written
     bool ready = false;                  // guarded by the backend's mu_
-    bool link = false;
   };
 
   // How a stream ended, for the choice of the next one's transport.
@@ -222,9 +221,7 @@ class StoreRelay::Backend final : public StoreBackend {
                            public std::enable_shared_from_this<LinkStream> {
    public:
     LinkStream(Backend* backend, asio::io_context& io)
-        : backend_(backend), socket_(io), resolver_(io) {
-      link = true;
-    }
+        : backend_(backend), socket_(io), resolver_(io) {}
 
     void Begin() {
       auto [host, port] = SplitHostPort(backend_->options_.daemon);
