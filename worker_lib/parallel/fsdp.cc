@@ -397,6 +397,16 @@ absl::Status FullyShard(Param& param, const std::string& mesh_dim, ProcessGroupP
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<FsdpParamGroup>>> ShardIntoGroups(
+    const std::vector<std::shared_ptr<Param>>& params, const std::string& mesh_dim,
+    const ProcessGroupPtr& group, FsdpOptions options) {
+  for (const auto& param : params) {
+    if (absl::Status status = ShardParam(*param, mesh_dim, group); !status.ok())
+      return status;
+  }
+  return MakeGroups(params, group, options);
+}
+
 FsdpParam* FsdpStateOf(const Param& param) {
   return dynamic_cast<FsdpParam*>(param.materializer().get());
 }
@@ -455,13 +465,11 @@ absl::StatusOr<LayerPtr> FullyShardLayer(LayerPtr layer, const std::string& mesh
     return absl::FailedPreconditionError(
         absl::StrCat("FSDP: ", layer->Describe(), " is already fully sharded"));
   }
-  std::vector<std::shared_ptr<Param>> params = layer->Params();
-  for (const auto& param : params) {
-    if (absl::Status status = ShardParam(*param, mesh_dim, group); !status.ok())
-      return status;
-  }
-  return LayerPtr(std::make_shared<FsdpLayer>(
-      std::move(layer), MakeGroups(params, group, options), options));
+  absl::StatusOr<std::vector<std::shared_ptr<FsdpParamGroup>>> groups =
+      ShardIntoGroups(layer->Params(), mesh_dim, group, options);
+  if (!groups.ok()) return groups.status();
+  return LayerPtr(
+      std::make_shared<FsdpLayer>(std::move(layer), *std::move(groups), options));
 }
 
 absl::Status FullyShard(Sequential& model, const std::string& mesh_dim,

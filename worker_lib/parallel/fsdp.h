@@ -183,6 +183,11 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   // grads. Local.
   void FinishReduceScatter();
   bool has_grads() const { return has_grads_; }
+  // Counts every pending use as backpropagated: for FSDP on modules
+  // (fully_shard.h), whose uses are forwards, settled at the end of each
+  // backward (then StartReduceScatter reshards).
+  void ForgetPendingUses() { pending_uses_ = 0; }
+  size_t num_params() const { return params_.size(); }
 
  private:
   std::vector<FsdpParam*> params_;
@@ -214,6 +219,13 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
 // parameter, one already sharded by FSDP.
 absl::Status FullyShard(Param& param, const std::string& mesh_dim, ProcessGroupPtr group,
                         FsdpOptions options = {});
+
+// FSDP-shards every param of `params` (as FullyShard(Param&) does) and groups
+// them, one group per dtype, in order of appearance: one FSDP unit. Errors
+// leave the params whose sharding succeeded sharded, in no group.
+absl::StatusOr<std::vector<std::shared_ptr<FsdpParamGroup>>> ShardIntoGroups(
+    const std::vector<std::shared_ptr<Param>>& params, const std::string& mesh_dim,
+    const ProcessGroupPtr& group, FsdpOptions options);
 
 // The FSDP state of `param`, or null if it is not FSDP-sharded.
 FsdpParam* FsdpStateOf(const Param& param);

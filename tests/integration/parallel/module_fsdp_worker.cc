@@ -1,0 +1,211 @@
+// FullyShard on a user's own torch::nn::Module (fully_shard.h) under meshrun:
+// a residual MLP written in plain libtorch (Linear, LayerNorm, GELU, a
+// ModuleList of blocks called through as<Block>(), as a user writes it),
+// each block a unit and the root one, trained with torch::optim::AdamW on
+// model->parameters(). Every rank also trains the same model in one process
+// on the whole batch and checks every step's loss (the mean over ranks of
+// their rows' losses) and the gathered final parameters against it (rtol
+// 1e-5), the shards' shapes and AdamW's state (shard-sized), and which
+// gathered storage is alive after forward and after backward.
+//
+//   meshrun --standalone --nproc-per-node=4 module_fsdp_worker --reshard-after-forward
+//   true
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/adamw.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <map>
+
+#include "tests/integration/parallel/parity_harness.h"
+#include "worker_lib/device_mesh.h"
+#include "worker_lib/parallel/data.h"
+#include "worker_lib/parallel/fully_shard.h"
+#include "worker_lib/parallel/sharding.h"
+#include "worker_lib/process_group.h"
+
+namespace meshrun::worker::parallel::testing {
+namespace {
+
+constexpr int64_t kIn = 12, kDim = 30, kOut = 5, kBlocks = 3, kBatch = 16;
+constexpr uint64_t kModelSeed = 7, kDataSeed = 11;
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t dim)
+      : norm(register_module("norm",
+                             torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
+        fc1(register_module("fc1", torch::nn::Linear(dim, 2 * dim))),
+        fc2(register_module("fc2", torch::nn::Linear(2 * dim, dim))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    return x + fc2->forward(at::gelu(fc1->forward(norm->forward(x))));
+  }
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Block);
+
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : in(register_module("in", torch::nn::Linear(kIn, kDim))),
+        blocks(register_module("blocks", torch::nn::ModuleList())),
+        norm(register_module("norm",
+                             torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
+        head(register_module("head", torch::nn::Linear(kDim, kOut))) {
+    for (int64_t i = 0; i < kBlocks; ++i) blocks->push_back(Block(kDim));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = in->forward(x);
+    for (const auto& block : *blocks) h = block->as<BlockImpl>()->forward(h);
+    return head->forward(norm->forward(h));
+  }
+  torch::nn::Linear in;
+  torch::nn::ModuleList blocks;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Net);
+
+Net MakeNet() {
+  torch::manual_seed(kModelSeed);
+  return Net();
+}
+
+torch::optim::AdamWOptions Adam() {
+  return torch::optim::AdamWOptions(1e-2).weight_decay(0.05);
+}
+
+struct Reference {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> params;
+};
+
+Reference TrainReference(int steps) {
+  Net net = MakeNet();
+  torch::optim::AdamW optimizer(net->parameters(), Adam());
+  Reference reference;
+  for (int step = 0; step < steps; ++step) {
+    Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
+    optimizer.zero_grad();
+    at::Tensor loss = MseLoss(net->forward(data.input), data.target);
+    loss.backward();
+    optimizer.step();
+    reference.losses.push_back(loss.item<double>());
+  }
+  for (const auto& item : net->named_parameters()) {
+    reference.params[item.key()] = item.value().detach().clone();
+  }
+  return reference;
+}
+
+// Bytes of the parameters of `module` and below it.
+size_t ParamBytes(const torch::nn::Module& module) {
+  size_t total = 0;
+  for (const auto& item : module.named_parameters()) total += item.value().nbytes();
+  return total;
+}
+
+int Train(bool reshard, int steps) {
+  auto world = ValueOrFail(InitProcessGroup("gloo"), "init");
+  auto mesh =
+      ValueOrFail(InitDeviceMesh(world, "cpu", {world->size()}, {{"fsdp"}}), "mesh");
+  ProcessGroupPtr group = ValueOrFail(mesh.GetGroup("fsdp"), "fsdp group");
+  const int rank = world->rank();
+  const int64_t parts = world->size();
+  const Reference reference = TrainReference(steps);
+
+  Net net = MakeNet();
+  // All parameters, and the root's own (in, norm, head): all that stays
+  // gathered after forward with resharding.
+  const size_t all_bytes = ParamBytes(*net);
+  size_t root_bytes = all_bytes;
+  for (const auto& block : *net->blocks) root_bytes -= ParamBytes(*block);
+  for (const auto& block : *net->blocks) {
+    CheckOk(FullyShard(*block, "fsdp", group, FsdpOptions{reshard}), "FullyShard(block)");
+  }
+  CheckOk(FullyShard(*net, "fsdp", group, FsdpOptions{reshard}), "FullyShard(root)");
+
+  // The registered parameters are the shards, padded to the first chunk's rows.
+  for (const auto& item : net->named_parameters()) {
+    const at::Tensor& full = reference.params.at(item.key());
+    const int64_t padded = ChunkOf(full.size(0), parts, rank).padded_size;
+    if (item.value().size(0) != padded || !item.value().is_leaf()) {
+      Fail(item.key() + ": registered " + c10::str(item.value().sizes()) +
+           ", expected a leaf of " + std::to_string(padded) + " rows");
+    }
+  }
+  if (rank == 0) {
+    std::printf("SHARD blocks.0.fc1.weight %s\n",
+                c10::str(net->named_parameters()["blocks.0.fc1.weight"].sizes()).c_str());
+  }
+  if (UnshardedBytes(*net) != 0) Fail("gathered storage alive before the first forward");
+
+  torch::optim::AdamW optimizer(net->parameters(), Adam());
+  for (int step = 0; step < steps; ++step) {
+    Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
+    optimizer.zero_grad();
+    at::Tensor loss = MseLoss(net->forward(DataShard(data.input, parts, rank)),
+                              DataShard(data.target, parts, rank));
+    const size_t after_forward = UnshardedBytes(*net);
+    loss.backward();
+    const size_t after_backward = UnshardedBytes(*net);
+    optimizer.step();
+    at::Tensor mean = loss.detach().clone();
+    std::vector<at::Tensor> tensors{mean};
+    group->allreduce(tensors)->wait();
+    const double global = mean.item<double>() / static_cast<double>(parts);
+    ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
+    if (rank == 0) {
+      std::printf("step %d loss %.6f gathered after forward %zu after backward %zu\n",
+                  step, global, after_forward, after_backward);
+    }
+    // Padding rows make the gathered bytes a little more than the model's.
+    if (after_backward != 0) Fail("gathered storage alive after backward");
+    if (reshard && (after_forward < root_bytes || after_forward >= all_bytes)) {
+      Fail("after forward " + std::to_string(after_forward) +
+           " bytes gathered; expected the root's, about " + std::to_string(root_bytes));
+    }
+    if (!reshard && after_forward < all_bytes) {
+      Fail("after forward " + std::to_string(after_forward) +
+           " bytes gathered; expected all of them, at least " +
+           std::to_string(all_bytes));
+    }
+  }
+
+  // AdamW's moments are the shards' size.
+  for (const auto& param : net->parameters()) {
+    auto& state = static_cast<torch::optim::AdamWParamState&>(
+        *optimizer.state().at(param.unsafeGetTensorImpl()));
+    if (!state.exp_avg().sizes().equals(param.sizes()))
+      Fail("AdamW state is " + c10::str(state.exp_avg().sizes()) + ", not the shard's");
+  }
+  // The gathered final parameters equal the single-process ones.
+  for (const NamedParam& named : ShardedParams(*net)) {
+    ExpectClose("final " + named.name, FullTensor(*named.param),
+                reference.params.at(named.name));
+  }
+  if (ShardedParams(*net).size() != reference.params.size())
+    Fail("not every parameter is sharded");
+  const GatherCounts counts = CountGathers(*net);
+  if (rank == 0)
+    std::printf("GATHERS %d prefetched %d\n", counts.gathers, counts.prefetched);
+  std::printf("DONE rank %d\n", rank);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace meshrun::worker::parallel::testing
+
+int main(int argc, char** argv) {
+  CLI::App app{"FullyShard on a torch::nn::Module against single-process training"};
+  bool reshard = true;
+  int steps = 8;
+  app.add_option("--reshard-after-forward", reshard);
+  app.add_option("--steps", steps);
+  CLI11_PARSE(app, argc, argv);
+  return meshrun::worker::parallel::testing::Train(reshard, steps);
+}
