@@ -1,6 +1,7 @@
 #include "worker_lib/parallel/dp.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -136,6 +137,13 @@ void DataParallel::OnGradReady(size_t index) {
           "before SyncGradients needs set_sync_during_backward(false) first");
     }
     return;
+  }
+  if (sync_at_backward_end_ && !end_callback_queued_) {
+    end_callback_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] {
+      end_callback_queued_ = false;
+      SyncGradients();
+    });
   }
   at::NoGradGuard no_grad;
   // Into the bucket now, so the grad accumulates there in place if another

@@ -80,6 +80,12 @@ class DataParallel {
   // Every param's grad := the mean of it over the group. Collective.
   void SyncGradients();
 
+  // Whether a backward that starts buckets also finishes the sync itself
+  // (SyncGradients from an autograd engine callback at its end), as
+  // PyTorch's DDP does: grads are averaged when backward() returns. Default
+  // off (the caller calls SyncGradients).
+  void set_sync_at_backward_end(bool on) { sync_at_backward_end_ = on; }
+
   // Whether the next backwards start the buckets' all-reduces (default
   // true). Off: grads only accumulate, SyncGradients does all the work.
   void set_sync_during_backward(bool on) { sync_during_backward_ = on; }
@@ -131,6 +137,8 @@ class DataParallel {
   // FSDP params whose shard-grad hook is ours (HSDP).
   std::vector<FsdpParam*> fsdp_hooked_;
   bool sync_during_backward_ = true;
+  bool sync_at_backward_end_ = false;
+  bool end_callback_queued_ = false;
   size_t next_bucket_ = 0;  // the first bucket whose all-reduce has not started
   int started_in_backward_ = 0;
   int last_started_in_backward_ = 0;

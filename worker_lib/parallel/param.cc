@@ -32,6 +32,10 @@ std::shared_ptr<Param> Param::FromFull(std::string name, const at::Tensor& full)
   return std::shared_ptr<Param>(new Param(std::move(name), NewLeaf(full)));
 }
 
+std::shared_ptr<Param> Param::OfLeaf(std::string name, at::Tensor leaf) {
+  return std::shared_ptr<Param>(new Param(std::move(name), std::move(leaf)));
+}
+
 Param::Param(std::string name, at::Tensor data)
     : name_(std::move(name)), global_shape_(data.sizes().vec()), data_(std::move(data)) {}
 

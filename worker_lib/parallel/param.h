@@ -44,6 +44,9 @@ class Param {
  public:
   // A replicated parameter holding a copy of `full` (requires_grad).
   static std::shared_ptr<Param> FromFull(std::string name, const at::Tensor& full);
+  // A replicated parameter over `leaf` itself (no copy): a module's own
+  // parameter, which its forward and the user's optimizer keep using.
+  static std::shared_ptr<Param> OfLeaf(std::string name, at::Tensor leaf);
 
   const std::string& name() const { return name_; }
   const std::vector<int64_t>& global_shape() const { return global_shape_; }

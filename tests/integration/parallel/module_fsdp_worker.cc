@@ -1,105 +1,26 @@
-// FullyShard on a user's own torch::nn::Module (fully_shard.h) under meshrun:
-// a residual MLP written in plain libtorch (Linear, LayerNorm, GELU, a
-// ModuleList of blocks called through as<Block>(), as a user writes it),
-// each block a unit and the root one, trained with torch::optim::AdamW on
-// model->parameters(). Every rank also trains the same model in one process
-// on the whole batch and checks every step's loss (the mean over ranks of
-// their rows' losses) and the gathered final parameters against it (rtol
-// 1e-5), the shards' shapes and AdamW's state (shard-sized), and which
-// gathered storage is alive after forward and after backward.
+// FullyShard on a user's own torch::nn::Module (fully_shard.h) under
+// meshrun: module_net.h's residual MLP, each block a unit and the root one,
+// trained with torch::optim::AdamW on model->parameters(). Every rank also
+// trains the same model in one process on the whole batch and checks every
+// step's loss (the mean over ranks of their rows' losses) and the gathered
+// final parameters against it (rtol 1e-5), the shards' shapes and AdamW's
+// state (shard-sized), and which gathered storage is alive after forward
+// and after backward.
 //
-//   meshrun --standalone --nproc-per-node=4 module_fsdp_worker --reshard-after-forward
-//   true
-
-#include <torch/nn/module.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
-#include <torch/optim/adamw.h>
+//   meshrun --standalone --nproc-per-node=4 module_fsdp_worker
+//   --reshard-after-forward=false
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <map>
 
-#include "tests/integration/parallel/parity_harness.h"
+#include "tests/integration/parallel/module_net.h"
 #include "worker_lib/device_mesh.h"
-#include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/sharding.h"
 #include "worker_lib/process_group.h"
 
 namespace meshrun::worker::parallel::testing {
 namespace {
-
-constexpr int64_t kIn = 12, kDim = 30, kOut = 5, kBlocks = 3, kBatch = 16;
-constexpr uint64_t kModelSeed = 7, kDataSeed = 11;
-
-struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(int64_t dim)
-      : norm(register_module("norm",
-                             torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
-        fc1(register_module("fc1", torch::nn::Linear(dim, 2 * dim))),
-        fc2(register_module("fc2", torch::nn::Linear(2 * dim, dim))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    return x + fc2->forward(at::gelu(fc1->forward(norm->forward(x))));
-  }
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Block);
-
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : in(register_module("in", torch::nn::Linear(kIn, kDim))),
-        blocks(register_module("blocks", torch::nn::ModuleList())),
-        norm(register_module("norm",
-                             torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
-        head(register_module("head", torch::nn::Linear(kDim, kOut))) {
-    for (int64_t i = 0; i < kBlocks; ++i) blocks->push_back(Block(kDim));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = in->forward(x);
-    for (const auto& block : *blocks) h = block->as<BlockImpl>()->forward(h);
-    return head->forward(norm->forward(h));
-  }
-  torch::nn::Linear in;
-  torch::nn::ModuleList blocks;
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(Net);
-
-Net MakeNet() {
-  torch::manual_seed(kModelSeed);
-  return Net();
-}
-
-torch::optim::AdamWOptions Adam() {
-  return torch::optim::AdamWOptions(1e-2).weight_decay(0.05);
-}
-
-struct Reference {
-  std::vector<double> losses;
-  std::map<std::string, at::Tensor> params;
-};
-
-Reference TrainReference(int steps) {
-  Net net = MakeNet();
-  torch::optim::AdamW optimizer(net->parameters(), Adam());
-  Reference reference;
-  for (int step = 0; step < steps; ++step) {
-    Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
-    optimizer.zero_grad();
-    at::Tensor loss = MseLoss(net->forward(data.input), data.target);
-    loss.backward();
-    optimizer.step();
-    reference.losses.push_back(loss.item<double>());
-  }
-  for (const auto& item : net->named_parameters()) {
-    reference.params[item.key()] = item.value().detach().clone();
-  }
-  return reference;
-}
 
 // Bytes of the parameters of `module` and below it.
 size_t ParamBytes(const torch::nn::Module& module) {
@@ -115,7 +36,7 @@ int Train(bool reshard, int steps) {
   ProcessGroupPtr group = ValueOrFail(mesh.GetGroup("fsdp"), "fsdp group");
   const int rank = world->rank();
   const int64_t parts = world->size();
-  const Reference reference = TrainReference(steps);
+  const ModuleReference reference = TrainModuleReference(steps);
 
   Net net = MakeNet();
   // All parameters, and the root's own (in, norm, head): all that stays
