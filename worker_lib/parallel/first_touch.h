@@ -18,30 +18,56 @@
 //   WatchStorage(weight, &gather);   // the next op on weight (or a view) calls OnTouch
 //   first UnwatchStorage(weight);
 //
-// OnTouch runs with touches ignored on its thread (ScopedTouchesIgnored),
-// so the ops it runs itself (copies into the watched storage) do not call it
-// again. Ops called without the dispatcher (a kernel's direct calls into
-// another kernel) are not seen, but the operator that called them was, with
-// the same tensors.
+// OnTouch and OnOperatorEnd run with touches ignored on their thread
+// (ScopedTouchesIgnored), so the ops they run themselves (copies into the
+// watched storage, collectives) do not call them again. Ops called without the dispatcher
+// (a kernel's direct calls into another kernel) are not seen, but the operator that
+// called them was, with the same tensors.
 //
 // Thread-safe. A target must outlive its watch.
 
 #include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
 
 namespace meshrun::worker::parallel {
+
+// An operator call that a target asked to see the end of: its arguments,
+// its results (a target may change their values in place), and the first
+// autograd sequence number it could have used (nodes it created have this
+// or a later one, on its thread).
+struct OperatorCall {
+  std::vector<c10::IValue> inputs;
+  const std::vector<c10::IValue>& outputs;
+  uint64_t first_sequence_nr;
+};
 
 class TouchTarget {
  public:
   virtual ~TouchTarget() = default;
-  // An operator is about to run with a tensor over the watched storage.
-  // Exceptions propagate to the operator's caller.
-  virtual void OnTouch() = 0;
+  // An operator (`op_name`, "aten::mm") is about to run with a tensor over
+  // the watched storage.
+  // Returns whether the target wants OnOperatorEnd for this operator, which
+  // it gets only if no outer operator on the thread was asked for already
+  // (aten::matmul's rather than the aten::mm inside it). Exceptions propagate to the
+  // operator's caller.
+  virtual bool OnTouch(std::string_view op_name) = 0;
+  virtual void OnOperatorEnd(const OperatorCall& /*call*/) {}
 };
 
-// Starts watching `tensor`'s storage (replacing any earlier target of it).
-// The storage must stay the same object (resizing it in place is fine).
+// Starts watching `tensor`'s storage for `target`, after the targets that
+// watch it already (an FSDP unit's gather before tensor parallelism's
+// hooks). The storage must stay the same object (resizing it in place is
+// fine).
 void WatchStorage(const at::Tensor& tensor, TouchTarget* target);
-void UnwatchStorage(const at::Tensor& tensor);
+// Stops `target` watching `tensor`'s storage.
+void UnwatchStorage(const at::Tensor& tensor, TouchTarget* target);
+// The targets watching `from` watch `to`'s storage instead, before its own
+// (a tensor whose storage was replaced, set_data, keeps its hooks).
+void MoveWatches(const c10::Storage& from, const at::Tensor& to);
 
 // While alive, operators on this thread touch nothing.
 class ScopedTouchesIgnored {

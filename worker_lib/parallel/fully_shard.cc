@@ -76,7 +76,7 @@ class ModuleUnit : public TouchTarget, public std::enable_shared_from_this<Modul
         options_(options) {}
 
   ~ModuleUnit() override {
-    for (const at::Tensor& tensor : full_) UnwatchStorage(tensor);
+    for (const at::Tensor& tensor : full_) UnwatchStorage(tensor, this);
   }
 
   const std::vector<std::shared_ptr<Param>>& params() const { return params_; }
@@ -89,7 +89,7 @@ class ModuleUnit : public TouchTarget, public std::enable_shared_from_this<Modul
     return total;
   }
 
-  void OnTouch() override {
+  bool OnTouch(std::string_view /*op_name*/) override {
     const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
     Gather();
     if (in_backward) {
@@ -97,6 +97,7 @@ class ModuleUnit : public TouchTarget, public std::enable_shared_from_this<Modul
     } else {
       OnForwardTouch();
     }
+    return false;
   }
 
   void StartGather() {
@@ -266,21 +267,17 @@ UnitsByModule() {
   return *units;
 }
 
-// The unit whose shard `tensor` is (by TensorImpl), and the Param, if any.
-std::pair<ModuleUnit*, std::shared_ptr<Param>> FindShard(const at::Tensor& tensor) {
+// The unit whose shard `tensor` is (by TensorImpl), if any.
+ModuleUnit* UnitOfShard(const at::Tensor& tensor) {
   for (const auto& [module, units] : UnitsByModule()) {
     for (const auto& unit : units) {
       for (const auto& param : unit->params()) {
         if (param->data().unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl())
-          return {unit.get(), param};
+          return unit.get();
       }
     }
   }
-  return {nullptr, nullptr};
-}
-ModuleUnit* UnitOfShard(const at::Tensor& tensor) { return FindShard(tensor).first; }
-std::shared_ptr<Param> ParamOfShard(const at::Tensor& tensor) {
-  return FindShard(tensor).second;
+  return nullptr;
 }
 
 // A registered parameter to shard: where it is registered (possibly in
@@ -323,8 +320,8 @@ absl::Status FullyShard(torch::nn::Module& module, const std::string& mesh_dim,
   for (const Registration& reg : todo) {
     if (reg.tensor.dim() == 0 || reg.tensor.size(0) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "FullyShard(", module.name(), "): ", reg.name, " is [",
-          c10::str(reg.tensor.sizes()), "]; FSDP shards dim 0, which must not be empty"));
+          "FullyShard(", module.name(), "): ", reg.name, " is ",
+          c10::str(reg.tensor.sizes()), "; FSDP shards dim 0, which must not be empty"));
     }
   }
   for (ModuleUnit* unit : contained) unit->set_contained();
@@ -333,7 +330,10 @@ absl::Status FullyShard(torch::nn::Module& module, const std::string& mesh_dim,
   std::vector<std::shared_ptr<Param>> params;
   std::vector<at::Tensor> full;
   for (const Registration& reg : todo) {
-    params.push_back(Param::FromFull(reg.name, reg.tensor.detach()));
+    // A TP shard (parallelize.h) is sharded again, on its local rows.
+    std::shared_ptr<Param> param = ParamOf(reg.tensor);
+    params.push_back(param != nullptr ? param
+                                      : Param::FromFull(reg.name, reg.tensor.detach()));
     full.push_back(reg.tensor);
   }
   absl::StatusOr<std::vector<std::shared_ptr<FsdpParamGroup>>> groups =
@@ -347,14 +347,17 @@ absl::Status FullyShard(torch::nn::Module& module, const std::string& mesh_dim,
     // The module's own tensor now lies over the unit's gathered storage,
     // empty until the first touch gathers it.
     state->AllocateUnsharded();
+    const c10::Storage before = full[i].storage();
     {
       at::NoGradGuard no_grad;
       full[i].set_data(state->UnshardedAlias());
     }
+    MoveWatches(before, full[i]);
     state->FreeUnsharded();
     for (const auto& [owner, key] : todo[i].slots) {
       ParameterAccess::Of(*owner)[key] = params[i]->data();
     }
+    RecordParam(params[i]->data(), params[i]);
     WatchStorage(full[i], unit.get());
     if (requires_grad) {
       torch::autograd::impl::set_post_acc_grad_hooks(
@@ -363,17 +366,6 @@ absl::Status FullyShard(torch::nn::Module& module, const std::string& mesh_dim,
   }
   UnitsByModule()[&module].push_back(std::move(unit));
   return absl::OkStatus();
-}
-
-std::vector<NamedParam> ShardedParams(const torch::nn::Module& module) {
-  std::vector<NamedParam> found;
-  std::unordered_set<const c10::TensorImpl*> listed;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (!listed.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    if (std::shared_ptr<Param> param = ParamOfShard(item.value()))
-      found.push_back(NamedParam{item.key(), std::move(param)});
-  }
-  return found;
 }
 
 size_t UnshardedBytes(const torch::nn::Module& module) {

@@ -57,6 +57,7 @@
 
 #include "absl/status/status.h"
 #include "worker_lib/parallel/fsdp.h"
+#include "worker_lib/parallel/module_params.h"
 #include "worker_lib/parallel/param.h"
 
 namespace meshrun::worker::parallel {
@@ -68,16 +69,7 @@ namespace meshrun::worker::parallel {
 absl::Status FullyShard(torch::nn::Module& module, const std::string& mesh_dim,
                         ProcessGroupPtr group, FsdpOptions options = {});
 
-struct NamedParam {
-  std::string name;
-  std::shared_ptr<Param> param;
-};
-
-// The sharded parameters of `module` and its submodules, by their names
-// relative to it ("blocks.0.fc1.weight"), in named_parameters() order; each
-// Param's data() is the registered shard (FullTensor(*param) gathers it).
-// Empty for a module never sharded.
-std::vector<NamedParam> ShardedParams(const torch::nn::Module& module);
+// ShardedParams (module_params.h) lists the shards with their Params.
 
 // Bytes of gathered (full) parameter storage alive in the units of `module`
 // and its submodules: 0 between steps.

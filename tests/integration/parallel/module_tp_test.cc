@@ -1,0 +1,68 @@
+// ParallelizeModule on a user's torch::nn::Module trains as one process
+// does: module_tp_worker under the real launcher checks every step's loss
+// and the gathered final parameters against its own single-process run
+// (rtol 1e-5); here the exit codes, the local shapes, and the one-line
+// refusals of bad plans.
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/integration/parallel/driver_support.h"
+
+namespace meshrun {
+namespace {
+
+using testing::MeshrunRun;
+using testing::RunUnderMeshrun;
+
+constexpr int kSteps = 8;
+
+TEST(ModuleTpTest, World2MatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(2, "module_tp_worker", {});
+  ExpectTrained(run, 2, kSteps);
+  // fc1 [60, 30] by rows, fc2 [30, 60] by columns: [30, 30] each.
+  EXPECT_TRUE(Contains(run.output,
+                       "LOCAL blocks.0.fc1.weight [30, 30] blocks.0.fc2.weight [30, 30]"))
+      << run.output;
+  // Three blocks: fc1's weight and bias, fc2's weight.
+  EXPECT_TRUE(Contains(run.output, "SHARDED 9 parameters")) << run.output;
+  EXPECT_TRUE(Contains(run.output,
+                       "PLAN missing: INVALID_ARGUMENT: ParallelizeModule: the plan's "
+                       "'blocks.*.fc3' names no submodule"))
+      << run.output;
+  EXPECT_TRUE(
+      Contains(run.output,
+               "PLAN not a Linear: INVALID_ARGUMENT: ParallelizeModule: blocks.0.norm "
+               "is a torch::nn::LayerNormImpl; ColwiseParallel and RowwiseParallel "
+               "take a torch::nn::Linear"))
+      << run.output;
+  EXPECT_TRUE(
+      Contains(run.output,
+               "PLAN uneven: INVALID_ARGUMENT: ParallelizeModule: head.weight is [5, "
+               "30]; its rows (output features), 5, do not split evenly over 2 ranks "
+               "of 'tp'"))
+      << run.output;
+}
+
+TEST(ModuleTpTest, World4MatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(4, "module_tp_worker", {});
+  ExpectTrained(run, 4, kSteps);
+  EXPECT_TRUE(Contains(run.output,
+                       "LOCAL blocks.0.fc1.weight [15, 30] blocks.0.fc2.weight [30, 15]"))
+      << run.output;
+}
+
+// FSDP over dp on top of TP over tp, on a (2, 2) mesh: every parameter is
+// sharded (the TP shards again, by rows).
+TEST(ModuleTpTest, FsdpWithTpOnA2x2MeshMatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(4, "module_tp_worker", {"--fsdp"});
+  ExpectTrained(run, 4, kSteps);
+  EXPECT_TRUE(Contains(run.output,
+                       "LOCAL blocks.0.fc1.weight [15, 30] blocks.0.fc2.weight [15, 30]"))
+      << run.output;
+  EXPECT_TRUE(Contains(run.output, "SHARDED 24 parameters")) << run.output;
+}
+
+}  // namespace
+}  // namespace meshrun

@@ -1,0 +1,35 @@
+#pragma once
+
+// The Params (param.h) behind a user module's sharded parameters: what
+// ParallelizeModule (parallelize.h) and FullyShard (fully_shard.h) did to
+// each, so that FullyShard shards a TP shard again (FSDP + TP) and
+// FullTensor reassembles any of them. Keyed by the tensor the module has
+// registered (its TensorImpl). Thread-safe.
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker_lib/parallel/param.h"
+
+namespace meshrun::worker::parallel {
+
+// `param` is what `registered` holds.
+void RecordParam(const at::Tensor& registered, std::shared_ptr<Param> param);
+// The Param recorded for `registered`, or null.
+std::shared_ptr<Param> ParamOf(const at::Tensor& registered);
+
+struct NamedParam {
+  std::string name;
+  std::shared_ptr<Param> param;
+};
+
+// The sharded parameters of `module` and its submodules, by their names
+// relative to it ("blocks.0.fc1.weight"), in named_parameters() order (a
+// tied one once): FullTensor(*param) gives each one's global value. Empty
+// for a module never sharded.
+std::vector<NamedParam> ShardedParams(const torch::nn::Module& module);
+
+}  // namespace meshrun::worker::parallel

@@ -1,0 +1,62 @@
+#pragma once
+
+// PyTorch's parallelize_module with ColwiseParallel and RowwiseParallel, on
+// the torch::nn::Linear modules of a user's own libtorch module:
+//
+//   ParallelizePlan plan = {{"blocks.*.fc1", ColwiseParallel()},
+//                           {"blocks.*.fc2", RowwiseParallel()}};
+//   CheckOk(ParallelizeModule(*model, "tp", tp_group, plan));
+//   // then, for FSDP + TP: FullyShard(...) over the other mesh dimension
+//
+// As in PyTorch (Megatron-LM's layout):
+//   - ColwiseParallel: the weight's rows (output features) and the bias are
+//     split over the group; the input is replicated, the output is this
+//     rank's slice of the last dim (use_local_output). In backward the
+//     input's gradient from this layer is all-reduced (Megatron's f).
+//   - RowwiseParallel: the weight's columns are split; the input is this
+//     rank's slice of the last dim (a Colwise layer's output), the output
+//     is all-reduced (g) and replicated; the bias is replicated and added
+//     once.
+// After the call the module's parameters are this rank's shards (the
+// optimizer steps them); FullTensor of ShardedParams (module_params.h)
+// gives the global values. A module whose code splits attention heads must
+// compute with the local number (view(B, T, -1, head_dim) does).
+//
+// Hooks without forward hooks (libtorch modules have none): the forward of
+// a parallelized Linear is the first operator that touches its weight
+// (first_touch.h), at::linear; g runs when it returns, f is a post hook on
+// the autograd node that consumes the input inside it.
+//
+// Plan keys are module paths relative to `module`; "*" matches one name
+// component. Errors (nothing changed then): a key matching no module, a
+// module that is not a torch::nn::Linear, a split dimension the group's
+// size does not divide, a module already parallelized.
+//
+// Collective: every rank of `group` runs the same forwards and backwards on
+// the same (replicated) inputs. Setup is not collective and expects the same
+// parameters on every rank.
+
+#include <torch/nn/module.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker_lib/parallel/param.h"
+
+namespace meshrun::worker::parallel {
+
+struct ParallelStyle {
+  enum class Kind { kColwise, kRowwise };
+  Kind kind;
+};
+inline ParallelStyle ColwiseParallel() { return {ParallelStyle::Kind::kColwise}; }
+inline ParallelStyle RowwiseParallel() { return {ParallelStyle::Kind::kRowwise}; }
+
+using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
+
+absl::Status ParallelizeModule(torch::nn::Module& module, const std::string& mesh_dim,
+                               ProcessGroupPtr group, const ParallelizePlan& plan);
+
+}  // namespace meshrun::worker::parallel
