@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "worker_lib/parallel/module_params.h"
 
 namespace meshrun::worker::parallel {
 
@@ -93,7 +94,7 @@ class StepRunner {
         if (first) mb.input = inputs_[m];
         TORCH_CHECK(mb.input.defined(), "pipeline stage ", stage, ": microbatch ", m,
                     " has no input");
-        mb.output = stage_.module(chunk).Forward(mb.input);
+        mb.output = stage_.Forward(chunk, mb.input);
         if (last) {
           at::Tensor loss = loss_fn_(mb.output, targets_[m]);
           TORCH_CHECK(loss.numel() == 1, "pipeline loss must be a scalar, got shape ",
@@ -261,28 +262,22 @@ int64_t InputShapeKey(const at::Tensor& input, int microbatches, Schedule schedu
 std::vector<std::shared_ptr<Param>> PipelineStage::Params() const {
   std::vector<std::shared_ptr<Param>> params;
   for (const Chunk& chunk : chunks_) {
-    for (auto& param : chunk.module.Params()) params.push_back(std::move(param));
+    for (const auto& param : chunk.params) params.push_back(param);
   }
   return params;
 }
 
 std::vector<at::Tensor> PipelineStage::Leaves() const {
   std::vector<at::Tensor> leaves;
-  for (const Chunk& chunk : chunks_) {
-    for (auto& leaf : chunk.module.Leaves()) leaves.push_back(std::move(leaf));
-  }
+  for (const auto& param : Params()) leaves.push_back(param->data());
   return leaves;
 }
 
 std::string PipelineStage::Describe() const {
   std::vector<std::string> stages;
   for (int c = 0; c < virtual_stages(); ++c) {
-    std::vector<std::string> layers;
-    for (const LayerPtr& layer : chunks_[c].module.layers)
-      layers.push_back(layer->Describe());
-    stages.push_back(absl::StrCat("stage ", stage(c), "/", num_stages(), ": layers [",
-                                  chunks_[c].layer_begin, ", ", chunks_[c].layer_end,
-                                  "): ", absl::StrJoin(layers, ", ")));
+    stages.push_back(absl::StrCat("stage ", stage(c), "/", num_stages(), ": ",
+                                  chunks_[c].description));
   }
   if (virtual_stages() == 1) return stages.front();
   return absl::StrCat("rank ", rank_, "/", pp_size_, ", ", virtual_stages(),
@@ -318,8 +313,49 @@ absl::StatusOr<PipelineStage> MakeStage(Sequential model, ProcessGroupPtr pp_gro
     const int global = stage.stage(c);
     chunk.layer_begin = stage.boundaries_[global];
     chunk.layer_end = stage.boundaries_[global + 1];
-    chunk.module.layers.assign(model.layers.begin() + chunk.layer_begin,
-                               model.layers.begin() + chunk.layer_end);
+    chunk.layers = std::make_shared<Sequential>();
+    chunk.layers->layers.assign(model.layers.begin() + chunk.layer_begin,
+                                model.layers.begin() + chunk.layer_end);
+    std::vector<std::string> layers;
+    for (const LayerPtr& layer : chunk.layers->layers)
+      layers.push_back(layer->Describe());
+    chunk.description = absl::StrCat("layers [", chunk.layer_begin, ", ", chunk.layer_end,
+                                     "): ", absl::StrJoin(layers, ", "));
+    chunk.params = chunk.layers->Params();
+    chunk.forward = [layers = chunk.layers](const at::Tensor& x) {
+      return layers->Forward(x);
+    };
+    stage.chunks_.push_back(std::move(chunk));
+  }
+  return stage;
+}
+
+absl::StatusOr<PipelineStage> MakeStage(std::vector<torch::nn::AnyModule> modules,
+                                        ProcessGroupPtr pp_group) {
+  if (!pp_group) return absl::InvalidArgumentError("MakeStage: no pp process group");
+  if (modules.empty()) return absl::InvalidArgumentError("MakeStage: no stage modules");
+  PipelineStage stage;
+  stage.rank_ = pp_group->getRank();
+  stage.pp_size_ = pp_group->getSize();
+  stage.group_ = std::move(pp_group);
+  for (size_t c = 0; c < modules.size(); ++c) {
+    if (modules[c].is_empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MakeStage: stage module ", c, " is empty"));
+    }
+    PipelineStage::Chunk chunk;
+    std::shared_ptr<torch::nn::Module> module = modules[c].ptr();
+    const std::string name = module->name();
+    chunk.description =
+        name.substr(name.rfind("::") == std::string::npos ? 0 : name.rfind("::") + 2);
+    for (const auto& item : module->named_parameters()) {
+      std::shared_ptr<Param> param = ParamOf(item.value());
+      chunk.params.push_back(param != nullptr ? param
+                                              : Param::OfLeaf(item.key(), item.value()));
+    }
+    chunk.forward = [any = std::move(modules[c])](const at::Tensor& x) mutable {
+      return any.forward<at::Tensor>(x);
+    };
     stage.chunks_.push_back(std::move(chunk));
   }
   return stage;

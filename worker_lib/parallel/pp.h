@@ -55,9 +55,11 @@
 // (every rank calls RunStep with the same schedule and microbatches).
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/container/any.h>
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -96,10 +98,15 @@ class PipelineStage {
   ShapeCache& shape_cache() { return shape_cache_; }
 
   // A chunk's layers: layers [layer_begin(c), layer_end(c)) of the model
-  // given to MakeStage; the other ranks' layers were dropped.
+  // given to MakeStage; the other ranks' layers were dropped. Only for a
+  // stage cut from a Sequential (not one of torch::nn modules).
   // REQUIRES: 0 <= chunk < virtual_stages().
-  Sequential& module(int chunk = 0) { return chunks_[chunk].module; }
-  const Sequential& module(int chunk = 0) const { return chunks_[chunk].module; }
+  Sequential& module(int chunk = 0) { return *chunks_[chunk].layers; }
+  const Sequential& module(int chunk = 0) const { return *chunks_[chunk].layers; }
+  // A chunk's forward: its layers', or its torch::nn module's.
+  at::Tensor Forward(int chunk, const at::Tensor& input) const {
+    return chunks_[chunk].forward(input);
+  }
   int layer_begin(int chunk = 0) const { return chunks_[chunk].layer_begin; }
   int layer_end(int chunk = 0) const { return chunks_[chunk].layer_end; }
   // Every global stage's first layer index, and the model's layer count at
@@ -120,10 +127,16 @@ class PipelineStage {
                                                  ProcessGroupPtr pp_group,
                                                  std::vector<int> split_points,
                                                  int virtual_stages);
+  friend absl::StatusOr<PipelineStage> MakeStage(
+      std::vector<torch::nn::AnyModule> modules, ProcessGroupPtr pp_group);
   PipelineStage() = default;
 
   struct Chunk {
-    Sequential module;
+    std::function<at::Tensor(const at::Tensor&)> forward;
+    std::vector<std::shared_ptr<Param>> params;
+    std::string description;
+    // A chunk cut from a Sequential: its layers and their indices.
+    std::shared_ptr<Sequential> layers;
     int layer_begin = 0;
     int layer_end = 0;
   };
@@ -148,6 +161,17 @@ class PipelineStage {
 absl::StatusOr<PipelineStage> MakeStage(Sequential model, ProcessGroupPtr pp_group,
                                         std::vector<int> split_points = {},
                                         int virtual_stages = 1);
+
+// PyTorch's PipelineStage(submodule, stage_index, num_stages) on the user's
+// own modules: `modules[c]` is this rank's global stage c * pp + rank (one
+// module, or V for the interleaved schedule), each taking one tensor and
+// returning one (torch::nn::AnyModule holds any module with such a
+// forward). The user builds them, e.g. the whole model on every rank and a
+// module per stage holding its part, as TorchTitan does. Their parameters
+// (ParamOf for sharded ones, else the module's own) are the stage's. Not
+// collective. INVALID_ARGUMENT for a null group, no modules, an empty one.
+absl::StatusOr<PipelineStage> MakeStage(std::vector<torch::nn::AnyModule> modules,
+                                        ProcessGroupPtr pp_group);
 
 // The loss of one microbatch: a scalar, the mean over its rows (e.g. MSE), so
 // that the mean over equal microbatches is the full batch's loss.
