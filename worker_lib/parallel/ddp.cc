@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker_lib/parallel/module_params.h"
 
 namespace meshrun::worker::parallel {
 namespace {
@@ -80,8 +81,11 @@ absl::StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel
   }
   std::vector<std::shared_ptr<Param>> params;
   for (const auto& item : module.named_parameters()) {
-    if (item.value().requires_grad())
-      params.push_back(Param::OfLeaf(item.key(), item.value()));
+    if (!item.value().requires_grad()) continue;
+    // A sharded parameter's Param: an FSDP shard's grad comes from its
+    // group's reduce-scatter (HSDP), not from autograd.
+    std::shared_ptr<Param> param = ParamOf(item.value());
+    params.push_back(param != nullptr ? param : Param::OfLeaf(item.key(), item.value()));
   }
   try {
     if (absl::Status status = VerifySameParams(params, *group); !status.ok())

@@ -18,6 +18,10 @@
 // engine callback at the end of backward waits for them. Only parameters
 // that require grad take part, as in DDP.
 //
+// HSDP: FullyShard over the shard dimension first, then Wrap over the
+// replicate dimension: the shards' reduce-scattered grads are all-reduced
+// as their groups finish, during backward, as FSDP2's HSDP does.
+//
 // Differences from PyTorch's DDP: buffers are broadcast once, at Wrap, not
 // before every forward (libtorch modules have no forward hooks); unused
 // parameters need no flag (their grads count as zeros).
@@ -62,6 +66,10 @@ class DistributedDataParallel {
     DataParallel& reducer_;
   };
   NoSync no_sync() { return NoSync(*reducer_); }
+
+  // For pipeline stages, whose schedule runs a backward per microbatch: hold
+  // a NoSync over the step, then average the accumulated grads here.
+  void SyncGradients() { reducer_->SyncGradients(); }
 
   const DataParallel& reducer() const { return *reducer_; }
 

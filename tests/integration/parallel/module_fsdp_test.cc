@@ -48,5 +48,18 @@ TEST(ModuleFsdpTest, World4WithoutReshardAfterForwardMatchesSingleProcess) {
   EXPECT_TRUE(Contains(run.output, "GATHERS 32 prefetched 21")) << run.output;
 }
 
+// HSDP: FullyShard over pairs of ranks, DistributedDataParallel across the
+// pairs; the shards' grads are all-reduced during backward as their
+// reduce-scatters finish.
+TEST(ModuleFsdpTest, World4HsdpMatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(4, "module_fsdp_worker", {"--hsdp"});
+  ExpectTrained(run, 4, kSteps);
+  EXPECT_TRUE(Contains(run.output, "SHARD blocks.0.fc1.weight [30, 30]")) << run.output;
+  // One 25 MiB bucket holds the shards.
+  EXPECT_TRUE(
+      Contains(run.output, "REPLICATE 1 buckets, 1 all-reduced during the last backward"))
+      << run.output;
+}
+
 }  // namespace
 }  // namespace meshrun

@@ -7,6 +7,9 @@
 // state (shard-sized), and which gathered storage is alive after forward
 // and after backward.
 //
+// --hsdp: on a (world / 2, 2) mesh, FullyShard over pairs of ranks and
+// DistributedDataParallel across the pairs, every rank on its own rows.
+//
 //   meshrun --standalone --nproc-per-node=4 module_fsdp_worker
 //   --reshard-after-forward=false
 
@@ -15,6 +18,7 @@
 
 #include "tests/integration/parallel/module_net.h"
 #include "worker_lib/device_mesh.h"
+#include "worker_lib/parallel/ddp.h"
 #include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/sharding.h"
 #include "worker_lib/process_group.h"
@@ -29,13 +33,17 @@ size_t ParamBytes(const torch::nn::Module& module) {
   return total;
 }
 
-int Train(bool reshard, int steps) {
+int Train(bool reshard, bool hsdp, int steps) {
   auto world = ValueOrFail(InitProcessGroup("gloo"), "init");
-  auto mesh =
-      ValueOrFail(InitDeviceMesh(world, "cpu", {world->size()}, {{"fsdp"}}), "mesh");
+  // HSDP: shard over pairs of ranks, replicate across the pairs.
+  const int64_t shards = hsdp ? 2 : world->size();
+  auto mesh = ValueOrFail(InitDeviceMesh(world, "cpu", {world->size() / shards, shards},
+                                         {{"replicate", "fsdp"}}),
+                          "mesh");
   ProcessGroupPtr group = ValueOrFail(mesh.GetGroup("fsdp"), "fsdp group");
   const int rank = world->rank();
-  const int64_t parts = world->size();
+  const int64_t parts = shards;
+  const int shard_rank = group->getRank();
   const ModuleReference reference = TrainModuleReference(steps);
 
   Net net = MakeNet();
@@ -48,11 +56,17 @@ int Train(bool reshard, int steps) {
     CheckOk(FullyShard(*block, "fsdp", group, FsdpOptions{reshard}), "FullyShard(block)");
   }
   CheckOk(FullyShard(*net, "fsdp", group, FsdpOptions{reshard}), "FullyShard(root)");
+  std::unique_ptr<DistributedDataParallel> replicate;
+  if (hsdp) {
+    replicate = ValueOrFail(DistributedDataParallel::Wrap(
+                                *net, ValueOrFail(mesh.GetGroup("replicate"), "group")),
+                            "Wrap over replicate");
+  }
 
   // The registered parameters are the shards, padded to the first chunk's rows.
   for (const auto& item : net->named_parameters()) {
     const at::Tensor& full = reference.params.at(item.key());
-    const int64_t padded = ChunkOf(full.size(0), parts, rank).padded_size;
+    const int64_t padded = ChunkOf(full.size(0), parts, shard_rank).padded_size;
     if (item.value().size(0) != padded || !item.value().is_leaf()) {
       Fail(item.key() + ": registered " + c10::str(item.value().sizes()) +
            ", expected a leaf of " + std::to_string(padded) + " rows");
@@ -68,16 +82,16 @@ int Train(bool reshard, int steps) {
   for (int step = 0; step < steps; ++step) {
     Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
     optimizer.zero_grad();
-    at::Tensor loss = MseLoss(net->forward(DataShard(data.input, parts, rank)),
-                              DataShard(data.target, parts, rank));
+    at::Tensor loss = MseLoss(net->forward(DataShard(data.input, world->size(), rank)),
+                              DataShard(data.target, world->size(), rank));
     const size_t after_forward = UnshardedBytes(*net);
     loss.backward();
     const size_t after_backward = UnshardedBytes(*net);
     optimizer.step();
     at::Tensor mean = loss.detach().clone();
     std::vector<at::Tensor> tensors{mean};
-    group->allreduce(tensors)->wait();
-    const double global = mean.item<double>() / static_cast<double>(parts);
+    world->group()->allreduce(tensors)->wait();
+    const double global = mean.item<double>() / static_cast<double>(world->size());
     ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
     if (rank == 0) {
       std::printf("step %d loss %.6f gathered after forward %zu after backward %zu\n",
@@ -110,6 +124,11 @@ int Train(bool reshard, int steps) {
   }
   if (ShardedParams(*net).size() != reference.params.size())
     Fail("not every parameter is sharded");
+  if (replicate != nullptr && rank == 0) {
+    std::printf("REPLICATE %d buckets, %d all-reduced during the last backward\n",
+                replicate->reducer().num_buckets(),
+                replicate->reducer().buckets_started_in_backward());
+  }
   const GatherCounts counts = CountGathers(*net);
   if (rank == 0)
     std::printf("GATHERS %d prefetched %d\n", counts.gathers, counts.prefetched);
@@ -124,9 +143,11 @@ int Train(bool reshard, int steps) {
 int main(int argc, char** argv) {
   CLI::App app{"FullyShard on a torch::nn::Module against single-process training"};
   bool reshard = true;
+  bool hsdp = false;
   int steps = 8;
   app.add_option("--reshard-after-forward", reshard);
+  app.add_flag("--hsdp", hsdp);
   app.add_option("--steps", steps);
   CLI11_PARSE(app, argc, argv);
-  return meshrun::worker::parallel::testing::Train(reshard, steps);
+  return meshrun::worker::parallel::testing::Train(reshard, hsdp, steps);
 }
