@@ -36,6 +36,14 @@ std::shared_ptr<Param> Param::OfLeaf(std::string name, at::Tensor leaf) {
   return std::shared_ptr<Param>(new Param(std::move(name), std::move(leaf)));
 }
 
+std::shared_ptr<Param> Param::Alias(std::string name, at::Tensor data) const {
+  auto alias = std::shared_ptr<Param>(new Param(std::move(name), std::move(data)));
+  alias->global_shape_ = global_shape_;
+  alias->steps_ = steps_;
+  alias->groups_ = groups_;
+  return alias;
+}
+
 Param::Param(std::string name, at::Tensor data)
     : name_(std::move(name)), global_shape_(data.sizes().vec()), data_(std::move(data)) {}
 

@@ -48,6 +48,11 @@ class Param {
   // parameter, which its forward and the user's optimizer keep using.
   static std::shared_ptr<Param> OfLeaf(std::string name, at::Tensor leaf);
 
+  // A Param of another name over `data`, sharded as this one (its global
+  // shape, steps and groups), e.g. an optimizer's state of the same shape
+  // as data(), or data() under its name in a module's state dict.
+  std::shared_ptr<Param> Alias(std::string name, at::Tensor data) const;
+
   const std::string& name() const { return name_; }
   const std::vector<int64_t>& global_shape() const { return global_shape_; }
   // The sharding steps in the order they were applied, and their groups.
