@@ -17,8 +17,14 @@
 // per-rank memory measure that needs no allocator hooks on either side.
 // Modes: dp (DataParallel), fsdp (FullyShard, reshard after forward),
 // fsdp_noreshard, dptp (mesh (world/2, 2) ["dp", "tp"]: ParallelizeMlp over
-// tp, DataParallel over dp; tp ranks share their dp rank's rows).
+// tp, DataParallel over dp; tp ranks share their dp rank's rows);
+// module_ddp, module_fsdp, module_fsdp_noreshard: the same MLP as a
+// torch::nn::Sequential under DistributedDataParallel / FullyShard on every
+// Linear and the root (the torch::nn::Module API), as the PyTorch peer does.
 
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
 #include <CLI/CLI.hpp>
@@ -35,8 +41,10 @@
 #include "worker_lib/device_mesh.h"
 #include "worker_lib/examples/memory_usage.h"
 #include "worker_lib/parallel/data.h"
+#include "worker_lib/parallel/ddp.h"
 #include "worker_lib/parallel/dp.h"
 #include "worker_lib/parallel/fsdp.h"
+#include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/layers.h"
 #include "worker_lib/parallel/tp.h"
 #include "worker_lib/process_group.h"
@@ -69,7 +77,8 @@ int Main(int argc, char** argv) {
   int steps = 30;
   int warmup = 5;
   app.add_option("--mode", mode)
-      ->check(CLI::IsMember({"dp", "fsdp", "fsdp_noreshard", "dptp"}));
+      ->check(CLI::IsMember({"dp", "fsdp", "fsdp_noreshard", "dptp", "module_ddp",
+                             "module_fsdp", "module_fsdp_noreshard"}));
   app.add_option("--sizes", sizes_text);
   app.add_option("--batch", batch, "global batch");
   app.add_option("--steps", steps, "timed steps");
@@ -96,21 +105,49 @@ int Main(int argc, char** argv) {
   if (batch % data_parts != 0) return Fail("--batch must divide over the dp ranks");
 
   const double rss_before_model = RssMb();
-  Sequential model = MakeMlp(sizes, /*seed=*/1);
+  // The module_* modes: the same MLP as a torch::nn::Sequential of Linear and
+  // ReLU, under the torch::nn::Module API (ddp.h, fully_shard.h), as the
+  // PyTorch peer builds it.
+  const bool on_module = mode.rfind("module_", 0) == 0;
+  torch::nn::Sequential net;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  if (on_module) {
+    torch::manual_seed(1);
+    for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+      if (i > 0) net->push_back(torch::nn::ReLU());
+      net->push_back(torch::nn::Linear(sizes[i], sizes[i + 1]));
+    }
+    if (mode == "module_ddp") {
+      auto wrapped = DistributedDataParallel::Wrap(*net, group);
+      if (!wrapped.ok()) return Fail(std::string(wrapped.status().message()));
+      ddp = *std::move(wrapped);
+    } else {
+      const FsdpOptions options{mode == "module_fsdp"};
+      for (const auto& child : net->children()) {
+        if (child->named_parameters().is_empty()) continue;
+        absl::Status status = FullyShard(*child, "dp", group, options);
+        if (!status.ok()) return Fail(std::string(status.message()));
+      }
+      absl::Status status = FullyShard(*net, "dp", group, options);
+      if (!status.ok()) return Fail(std::string(status.message()));
+    }
+  }
+  Sequential model = on_module ? Sequential{} : MakeMlp(sizes, /*seed=*/1);
   std::unique_ptr<DataParallel> dp;
-  if (mode == "dp" || mode == "dptp") {
+  if (!on_module && (mode == "dp" || mode == "dptp")) {
     if (mode == "dptp") {
       absl::Status status = ParallelizeMlp(model, "tp", *mesh->GetGroup("tp"));
       if (!status.ok()) return Fail(std::string(status.message()));
     }
     dp = std::make_unique<DataParallel>(model.Params(), group);
-  } else {
+  } else if (!on_module) {
     FsdpOptions options;
     options.reshard_after_forward = mode == "fsdp";
     absl::Status status = FullyShard(model, "dp", group, options);
     if (!status.ok()) return Fail(std::string(status.message()));
   }
-  torch::optim::SGD optimizer(model.Leaves(), torch::optim::SGDOptions(0.01));
+  torch::optim::SGD optimizer(on_module ? net->parameters() : model.Leaves(),
+                              torch::optim::SGDOptions(0.01));
 
   std::vector<double> times;
   double first_loss = 0, last_loss = 0;
@@ -121,7 +158,8 @@ int Main(int argc, char** argv) {
     (*world)->group()->barrier()->wait();
     const auto start = std::chrono::steady_clock::now();
     optimizer.zero_grad();
-    at::Tensor loss = (model.Forward(input) - target).pow(2).mean();
+    at::Tensor loss =
+        ((on_module ? net->forward(input) : model.Forward(input)) - target).pow(2).mean();
     loss.backward();
     if (dp) dp->SyncGradients();
     optimizer.step();
