@@ -201,7 +201,20 @@ absl::StatusOr<std::unique_ptr<FaultTolerantReplicas>> FaultTolerantReplicas::Cr
   return replicas;
 }
 
+std::vector<at::Tensor> TrainerState::Tensors() {
+  std::vector<at::Tensor> tensors;
+  for (const auto& param : trainer_.Params()) tensors.push_back(param->data().detach());
+  for (const at::Tensor& buffer : trainer_.OptimizerState())
+    tensors.push_back(buffer.detach());
+  return tensors;
+}
+
 absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(Trainer& trainer) {
+  TrainerState state(trainer);
+  return BeginStep(state);
+}
+
+absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(TrainingState& state) {
   v1::QuorumRequest request;
   request.set_run_id(id_.run_id);
   request.set_replica(id_.replica);
@@ -261,7 +274,7 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(Trainer& trainer) {
     const int source_index = static_cast<int>(source - quorum.participants.begin());
     quorum.healed = committed_steps_ < reply->max_committed_steps();
     quorum.source_replica = static_cast<int>(reply->source_replica());
-    if (absl::Status healed = Heal(trainer, source_index); !healed.ok()) {
+    if (absl::Status healed = Heal(state, source_index); !healed.ok()) {
       group_.reset();
       group_id_ = 0;
       last_discard_reason_ = std::string(healed.message());
@@ -278,7 +291,8 @@ absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(Trainer& trainer) {
   return quorum;
 }
 
-absl::Status FaultTolerantReplicas::Heal(Trainer& trainer, int source_index) {
+absl::Status FaultTolerantReplicas::Heal(TrainingState& training_state,
+                                         int source_index) {
   // The step count and history, flattened as [steps, n, p0..p(n-1), n, ...].
   std::vector<int64_t> state{static_cast<int64_t>(committed_steps_)};
   for (const auto& participants : history_) {
@@ -295,14 +309,11 @@ absl::Status FaultTolerantReplicas::Heal(Trainer& trainer, int source_index) {
     if (group_->getRank() == source_index) flat.copy_(at::tensor(state, at::kLong));
     std::vector<at::Tensor> state_tensors{flat};
     group_->broadcast(state_tensors, from_source)->wait();
-    std::vector<at::Tensor> copied;
-    for (const auto& param : trainer.Params()) copied.push_back(param->data().detach());
-    for (const at::Tensor& buffer : trainer.OptimizerState())
-      copied.push_back(buffer.detach());
-    for (at::Tensor& tensor : copied) {
+    for (const at::Tensor& tensor : training_state.Tensors()) {
       std::vector<at::Tensor> data{tensor};
       group_->broadcast(data, from_source)->wait();
     }
+    training_state.Received();
     const int64_t* values = flat.data_ptr<int64_t>();
     const int64_t size = flat.numel();
     std::vector<std::vector<uint32_t>> history;

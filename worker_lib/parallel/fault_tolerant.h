@@ -132,6 +132,28 @@ struct StepQuorum {
   int source_replica = -1;  // where it came from when healed
 };
 
+// What a heal copies from the most advanced replica, in place: the same
+// tensors in the same order on every replica (a replica that has not
+// stepped yet makes its optimizer state first, as zeros).
+class TrainingState {
+ public:
+  virtual ~TrainingState() = default;
+  virtual std::vector<at::Tensor> Tensors() = 0;
+  // After a heal filled Tensors() (to apply what they carry elsewhere,
+  // e.g. an optimizer's step counts).
+  virtual void Received() {}
+};
+
+// A Trainer's: its params and its optimizer's buffers.
+class TrainerState final : public TrainingState {
+ public:
+  explicit TrainerState(Trainer& trainer) : trainer_(trainer) {}
+  std::vector<at::Tensor> Tensors() override;
+
+ private:
+  Trainer& trainer_;
+};
+
 class FaultTolerantReplicas final : public ReplicaGradientSync {
  public:
   // `world`: the replica group's (InitReplicaGroupWorld). Sets SIGPIPE to
@@ -147,6 +169,9 @@ class FaultTolerantReplicas final : public ReplicaGradientSync {
   // after the groups that finished training left: nobody can hand it the
   // final state, so it has nothing to do.
   absl::StatusOr<StepQuorum> BeginStep(Trainer& trainer);
+  // The same, healing `state` (module_fault_tolerance.h has one for a
+  // torch::nn::Module and its optimizer).
+  absl::StatusOr<StepQuorum> BeginStep(TrainingState& state);
 
   // Averages grads and *loss over the step's participants and votes; true
   // when the step commits (the caller applies it). Called by Trainer::Step.
@@ -164,7 +189,7 @@ class FaultTolerantReplicas final : public ReplicaGradientSync {
  private:
   FaultTolerantReplicas(std::shared_ptr<World> world, ReplicaIdentity id,
                         FaultToleranceOptions options);
-  absl::Status Heal(Trainer& trainer, int source_index);
+  absl::Status Heal(TrainingState& state, int source_index);
 
   std::shared_ptr<World> world_;
   ReplicaIdentity id_;

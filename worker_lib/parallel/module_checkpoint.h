@@ -12,12 +12,12 @@
 // Entries are named by the module's state dict: every parameter and buffer
 // by its named_parameters() / named_buffers() name (sharded ones with their
 // global shape, ShardedParams of module_params.h), and the optimizer's state
-// per parameter as "<name>.<field>": Adam's and AdamW's step, exp_avg,
-// exp_avg_sq (and max_exp_avg_sq with amsgrad), SGD's momentum_buffer. An
-// optimizer state tensor is sharded as its parameter, so it is resharded
-// with it. A load creates the state an optimizer has not made yet (before
-// its first step). Other optimizers: INVALID_ARGUMENT (save the module
-// alone, optimizer null).
+// per parameter as "<name>.<field>" (optimizer_state.h: Adam's and AdamW's
+// step, exp_avg, exp_avg_sq, ...; SGD's momentum_buffer; RMSprop's and
+// Adagrad's). An optimizer state tensor is sharded as its parameter, so it
+// is resharded with it. A load creates the state an optimizer has not made
+// yet (before its first step). Other optimizers: INVALID_ARGUMENT (save the
+// module alone, optimizer null).
 //
 // Replicated entries are written by every rank that holds them (harmless
 // duplicates). Not collective.

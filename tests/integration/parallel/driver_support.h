@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <ostream>
 #include <regex>
 #include <set>
@@ -56,6 +57,28 @@ inline void ExpectTrained(const testing::MeshrunRun& run, int world, int steps) 
   EXPECT_EQ(Lines(run.output, "DONE rank").size(), static_cast<size_t>(world))
       << run.output;
   EXPECT_EQ(CountSteps(run.output), steps) << run.output;
+}
+
+// rank -> the pids it started with ("rank R pid P: replica ..."), in order.
+inline std::map<int, std::vector<std::string>> StartedPids(const std::string& output) {
+  std::map<int, std::vector<std::string>> pids;
+  std::regex re("rank (\\d+) pid (\\d+): replica");
+  for (const std::string& line : Lines(output, ": replica ")) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) pids[std::stoi(m[1])].push_back(m[2]);
+  }
+  return pids;
+}
+
+// rank -> the pid of its "verified rank R pid P" line.
+inline std::map<int, std::string> VerifiedPids(const std::string& output) {
+  std::map<int, std::string> pids;
+  std::regex re("verified rank (\\d+) pid (\\d+): ");
+  for (const std::string& line : Lines(output, "verified rank")) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) pids[std::stoi(m[1])] = m[2];
+  }
+  return pids;
 }
 
 // A train_example command line that must be refused: its flags, the world

@@ -37,28 +37,6 @@ std::vector<std::string> Args(const std::string& text) {
   return absl::StrSplit(text, ' ', absl::SkipEmpty());
 }
 
-// rank -> the pids it started with ("rank R pid P: replica ..."), in order.
-std::map<int, std::vector<std::string>> StartedPids(const std::string& output) {
-  std::map<int, std::vector<std::string>> pids;
-  std::regex re("rank (\\d+) pid (\\d+): replica");
-  for (const std::string& line : Lines(output, ": replica ")) {
-    std::smatch m;
-    if (std::regex_search(line, m, re)) pids[std::stoi(m[1])].push_back(m[2]);
-  }
-  return pids;
-}
-
-// rank -> the pid of its "verified rank R pid P" line.
-std::map<int, std::string> VerifiedPids(const std::string& output) {
-  std::map<int, std::string> pids;
-  std::regex re("verified rank (\\d+) pid (\\d+): ");
-  for (const std::string& line : Lines(output, "verified rank")) {
-    std::smatch m;
-    if (std::regex_search(line, m, re)) pids[std::stoi(m[1])] = m[2];
-  }
-  return pids;
-}
-
 struct Failure {
   std::string args;         // train_example's, after --fault-tolerant --verify
   int replica_size;         // meshrun --replica-size

@@ -1,0 +1,59 @@
+#include "worker_lib/parallel/module_fault_tolerance.h"
+
+#include <torch/csrc/autograd/variable.h>
+
+#include <unordered_set>
+
+#include "worker_lib/parallel/module_params.h"
+#include "worker_lib/parallel/optimizer_state.h"
+
+namespace meshrun::worker::parallel {
+
+ModuleTrainingState::ModuleTrainingState(torch::nn::Module& module,
+                                         torch::optim::Optimizer& optimizer)
+    : module_(module), optimizer_(optimizer) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : module_.named_parameters()) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    std::shared_ptr<Param> param = ParamOf(item.value());
+    params_.push_back(param != nullptr ? param->Alias(item.key(), item.value())
+                                       : Param::OfLeaf(item.key(), item.value()));
+  }
+}
+
+std::vector<at::Tensor> ModuleTrainingState::Tensors() {
+  std::vector<at::Tensor> tensors;
+  steps_.clear();
+  for (const auto& param : params_) {
+    const at::Tensor& tensor = param->data();
+    tensors.push_back(tensor.detach());
+    absl::StatusOr<ParamState> state =
+        OptimizerStateOf(optimizer_, tensor, /*create=*/true);
+    TORCH_CHECK(state.ok(), "ModuleTrainingState: ", state.status().message());
+    for (const StateField& field : state->fields)
+      tensors.push_back(field.tensor.detach());
+    if (state->step) {
+      steps_.push_back(at::full({1}, state->step(), at::kLong));
+      tensors.push_back(steps_.back());
+    }
+  }
+  for (const auto& item : module_.named_buffers())
+    tensors.push_back(item.value().detach());
+  return tensors;
+}
+
+void ModuleTrainingState::Received() {
+  size_t next_step = 0;
+  for (const auto& param : params_) {
+    // Values written under autograd's eyes (a broadcast into the storage):
+    // bump the version so that what caches them (an FSDP unit's gathered
+    // copy) sees the change.
+    torch::autograd::impl::bump_version(param->data());
+    absl::StatusOr<ParamState> state =
+        OptimizerStateOf(optimizer_, param->data(), /*create=*/false);
+    if (state.ok() && state->set_step && next_step < steps_.size())
+      state->set_step(steps_[next_step++].item<int64_t>());
+  }
+}
+
+}  // namespace meshrun::worker::parallel
