@@ -60,10 +60,10 @@ cmake --build "$project/build" > "$work/build.log" 2>&1 ||
 built=$(date +%s)
 
 # The job bounds itself (meshrun ends its workers); timeout bounds meshrun.
-out=$(timeout 120 "$prefix/bin/meshrun" --standalone --nproc-per-node=2 \
-        "$project/build/dp_trainer" --steps 30 2>&1) || fail "the job failed: $out"
+out=$(timeout 120 "$prefix/bin/meshrun" --standalone --nproc-per-node=4 \
+        "$project/build/trainer" --steps 30 2>&1) || fail "the job failed: $out"
 echo "$out"
-grep -q "^dp_trainer: 2 ranks on mesh DeviceMesh(\[0, 1\], mesh_dim_names=('dp',)), loss .* replicas identical$" <<< "$out" ||
-  fail "no success line from dp_trainer"
+grep -q "^trainer: 4 ranks on mesh DeviceMesh(\[\[0, 1\], \[2, 3\]\], mesh_dim_names=('dp', 'tp')), FSDP x TP, loss .* every rank holds the same model$" <<< "$out" ||
+  fail "no success line from trainer"
 echo "install_test: installed, built out of tree in $((built - start)) s, trained under the installed meshrun in $(($(date +%s) - built)) s"
 rm -rf "$work"
