@@ -157,6 +157,10 @@ fi
   echo "  FSDP ran one all-gather and one reduce-scatter per parameter, and DP synced after backward)."
   echo "- \`--mode dptp\`: mesh (2, 2) [dp, tp]; ParallelizeMlp (tp.h: column -> row pairs) over tp,"
   echo "  DataParallel over dp; the two tp ranks of a dp rank share its half of the batch."
+  echo "- \`--mode module_ddp|module_fsdp|module_fsdp_noreshard\`: the same MLP as a"
+  echo "  torch::nn::Sequential of Linear and ReLU (what the PyTorch peer builds) under the"
+  echo "  torch::nn::Module API: DistributedDataParallel::Wrap (ddp.h), or FullyShard (fully_shard.h)"
+  echo "  on every Linear and then the root, whose hooks are RecordFunction first-touch observers."
   echo
   echo "## Results"
   echo

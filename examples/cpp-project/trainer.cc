@@ -28,7 +28,8 @@ namespace parallel = meshrun::worker::parallel;
 
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(int64_t dim)
-      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
+      : norm(register_module("norm",
+                             torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
         up(register_module("up", torch::nn::Linear(dim, 4 * dim))),
         down(register_module("down", torch::nn::Linear(4 * dim, dim))) {}
   torch::Tensor forward(const torch::Tensor& x) {
@@ -74,22 +75,24 @@ int main(int argc, char** argv) {
   const int rank = (*world)->rank();
   const int size = (*world)->size();
   if (size % 2 != 0 || kGlobalBatch % (size / 2) != 0) {
-    std::cerr << "trainer: needs an even world whose half divides " << kGlobalBatch << "\n";
+    std::cerr << "trainer: needs an even world whose half divides " << kGlobalBatch
+              << "\n";
     return 2;
   }
   auto mesh = worker::InitDeviceMesh(*world, "cpu", {size / 2, 2}, {{"dp", "tp"}});
   if (!mesh.ok()) return Fail("device mesh", mesh.status());
   auto dp = mesh->GetGroup("dp");
   auto tp = mesh->GetGroup("tp");
-  if (!dp.ok() || !tp.ok()) return Fail("mesh groups", dp.ok() ? tp.status() : dp.status());
+  if (!dp.ok() || !tp.ok())
+    return Fail("mesh groups", dp.ok() ? tp.status() : dp.status());
 
   // The same model on every rank (same seed), then sharded in place.
   torch::manual_seed(1);
   Model model(8, 32, 1, 2);
-  if (absl::Status status = parallel::ParallelizeModule(
-          *model, "tp", *tp,
-          {{"blocks.*.up", parallel::ColwiseParallel()},
-           {"blocks.*.down", parallel::RowwiseParallel()}});
+  if (absl::Status status =
+          parallel::ParallelizeModule(*model, "tp", *tp,
+                                      {{"blocks.*.up", parallel::ColwiseParallel()},
+                                       {"blocks.*.down", parallel::RowwiseParallel()}});
       !status.ok())
     return Fail("ParallelizeModule", status);
   for (const auto& block : *model->blocks) {
@@ -108,8 +111,8 @@ int main(int argc, char** argv) {
   double last_loss = 0;
   for (int step = 0; step < steps; ++step) {
     torch::manual_seed(1000 + step);
-    torch::Tensor x =
-        torch::randn({kGlobalBatch, 8}).narrow(0, (*dp)->getRank() * local_batch, local_batch);
+    torch::Tensor x = torch::randn({kGlobalBatch, 8})
+                          .narrow(0, (*dp)->getRank() * local_batch, local_batch);
     torch::Tensor y = x.sum(1, /*keepdim=*/true);
     optimizer.zero_grad();
     torch::Tensor loss = torch::mse_loss(model->forward(x), y);
@@ -122,7 +125,8 @@ int main(int argc, char** argv) {
     if (step == 0) first_loss = value;
     last_loss = value;
     if (rank == 0 && (step % 10 == 0 || step + 1 == steps))
-      std::cout << "step " + std::to_string(step) + " loss " + std::to_string(value) + "\n"
+      std::cout << "step " + std::to_string(step) + " loss " + std::to_string(value) +
+                       "\n"
                 << std::flush;
   }
   // Every rank gathers the whole model; rank 0's copy must equal everyone's.
@@ -136,9 +140,10 @@ int main(int argc, char** argv) {
     }
   }
   if (rank == 0) {
-    std::cout << "trainer: " + std::to_string(size) + " ranks on mesh " + mesh->ToString() +
-                     ", FSDP x TP, loss " + std::to_string(first_loss) + " -> " +
-                     std::to_string(last_loss) + ", every rank holds the same model\n"
+    std::cout << "trainer: " + std::to_string(size) + " ranks on mesh " +
+                     mesh->ToString() + ", FSDP x TP, loss " +
+                     std::to_string(first_loss) + " -> " + std::to_string(last_loss) +
+                     ", every rank holds the same model\n"
               << std::flush;
   }
   return last_loss < first_loss ? 0 : 1;
