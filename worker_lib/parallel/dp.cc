@@ -66,7 +66,11 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
   for (BucketLayout& layout : layouts) {
     Bucket bucket;
     const at::ScalarType dtype = params_[layout.members.front()]->data().scalar_type();
-    bucket.flat = at::zeros({layout.numel}, at::TensorOptions().dtype(dtype));
+    // On the params' device (CUDA params: a CUDA bucket for NCCL).
+    bucket.flat = at::zeros(
+        {layout.numel},
+        params_[layout.members.front()]->data().options().dtype(dtype).requires_grad(
+            false));
     bucket.ready.assign(layout.members.size(), false);
     bucket.layout = std::move(layout);
     buckets_.push_back(std::move(bucket));

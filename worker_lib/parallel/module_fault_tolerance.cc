@@ -45,7 +45,7 @@ std::vector<at::Tensor> ModuleTrainingState::Tensors() {
 void ModuleTrainingState::Received() {
   size_t next_step = 0;
   for (const auto& param : params_) {
-    // Values written under autograd's eyes (a broadcast into the storage):
+    // Values written behind autograd's back (a broadcast into the storage):
     // bump the version so that what caches them (an FSDP unit's gathered
     // copy) sees the change.
     torch::autograd::impl::bump_version(param->data());
