@@ -8,6 +8,7 @@ global batch can be compared line by line.
     meshrun --standalone --nproc-per-node=4 examples/ddp_train.py --epochs 5
     torchrun --standalone --nproc-per-node=4 examples/ddp_train.py --epochs 5
 """
+
 import argparse
 import gc
 import os
@@ -35,16 +36,21 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--samples", type=int, default=1024)
-    parser.add_argument("--fail-rank", type=int, default=-1,
-                        help="this rank raises in epoch 1 of the first attempt (tests)")
+    parser.add_argument(
+        "--fail-rank",
+        type=int,
+        default=-1,
+        help="this rank raises in epoch 1 of the first attempt (tests)",
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # env://: RANK, WORLD_SIZE, MASTER_ADDR/PORT
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                    torch.nn.Linear(32, 1)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = make_dataset(args.samples)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=7)

@@ -51,8 +51,9 @@ failure (kill line at t_kill, step F):
   replicas 0,1,2,3` line with s > F; restart, the first step line after the
   new world's `layout` line.
 - breakdown: the launcher saw it (meshrun's `worker failed; restarting`,
-  torchrun's `failed (exitcode: -9)`); restart, kill -> `torch imported` (torchrun: the agent saw the
-  failure, stopped the others and started Python workers that imported
+  torchrun's `failed (exitcode: -9)`); restart, kill -> `torch imported`
+  (torchrun: the agent saw the failure, stopped the others and started
+  Python workers that imported
   torch) -> `layout` (processes started, process group and model set up) ->
   `resumed` (checkpoint read) -> first step; FT, kill ->
   the survivors' `discarded` line (failure detected), -> the new incarnation's
@@ -94,8 +95,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "parity"))
 import layouts  # noqa: E402
 
 SETUPS = ("ft", "restart", "torch")
-NAMES = {"ft": "meshrun FT replicas", "restart": "meshrun full restart",
-         "torch": "torchrun 2 + DCP"}
+NAMES = {
+    "ft": "meshrun FT replicas",
+    "restart": "meshrun full restart",
+    "torch": "torchrun 2 + DCP",
+}
 WORLD = 4
 
 STEP_RE = re.compile(r"\bstep (\d+) loss (\S+)\s*$")
@@ -111,8 +115,10 @@ TORCH_IMPORTED_RE = re.compile(r"^torch imported$")
 # torchrun's error line.
 # meshrun's word that a worker died (fault-tolerant scope: one line each).
 DEATH_RE = re.compile(r"\[meshrun\] \[warning\] rank (\d+) failed \(([^)]*)\)")
-LAUNCHER_RE = re.compile(r"\[meshrun\] \[warning\] worker failed; restarting|"
-                         r"\bfailed \(exitcode: -?\d+\) local_rank: \d+")
+LAUNCHER_RE = re.compile(
+    r"\[meshrun\] \[warning\] worker failed; restarting|"
+    r"\bfailed \(exitcode: -?\d+\) local_rank: \d+"
+)
 
 
 class BadFlags(argparse.ArgumentParser):
@@ -128,9 +134,12 @@ def log(*args):
 
 
 def bench_env(threads, setup):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
-           and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
+        and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     env["OMP_NUM_THREADS"] = str(threads)
     env["PYTHONUNBUFFERED"] = "1"
     if setup == "torch":
@@ -197,8 +206,14 @@ def launch(cmd, env, timeout, log_path):
     """Runs `cmd` in its own session, timestamping each output line as it is
     read. Returns (exit code or None on timeout, [(monotonic s, line)])."""
     lines = []
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
 
     def read():
         for raw in iter(proc.stdout.readline, b""):
@@ -346,10 +361,11 @@ class Analysis:
         self.partial_steps = sum(1 for _, _, full in steps if not full)
 
         # The failure-free step time, and what a checkpoint write adds.
-        windows = [(f.t_kill, f.t_full if f.t_full is not None else float("inf"))
-                   for f in self.failures]
+        windows = [
+            (f.t_kill, f.t_full if f.t_full is not None else float("inf")) for f in self.failures
+        ]
         plain, saving = [], []
-        for (t0, s0, _), (t1, s1, _) in zip(steps, steps[1:]):
+        for (t0, s0, _), (t1, s1, _) in zip(steps, steps[1:], strict=False):
             if s1 != s0 + 1 or any(a < t1 <= b for a, b in windows):
                 continue
             if checkpoint_every and setup != "ft" and s1 % checkpoint_every == 0:
@@ -357,12 +373,16 @@ class Analysis:
             else:
                 plain.append(t1 - t0)
         self.step_s = statistics.median(plain) if plain else None
-        self.checkpoint_s = (statistics.median(saving) - self.step_s
-                             if saving and self.step_s is not None else None)
+        self.checkpoint_s = (
+            statistics.median(saving) - self.step_s if saving and self.step_s is not None else None
+        )
         for f in self.failures:
             f.back_s = f.t_full - f.t_kill if f.t_full is not None else None
-            f.lost_s = (f.t_step_again - f.t_kill - self.step_s
-                        if f.t_step_again is not None and self.step_s is not None else None)
+            f.lost_s = (
+                f.t_step_again - f.t_kill - self.step_s
+                if f.t_step_again is not None and self.step_s is not None
+                else None
+            )
         self.wall_s = steps[-1][0] - steps[0][0] if len(steps) > 1 else None
 
     def efficiency(self, total_steps):
@@ -392,24 +412,49 @@ def parameter_bytes():
 
 def command(args, setup, steps, kill, checkpoint_dir, restarts):
     """The launch of `setup`; kill = ("at", F) or ("every", N)."""
-    kill_flags = ["--kill-at-step", str(kill[1])] if kill[0] == "at" else \
-        ["--kill-every", str(kill[1])]
+    kill_flags = (
+        ["--kill-at-step", str(kill[1])] if kill[0] == "at" else ["--kill-every", str(kill[1])]
+    )
     if setup == "torch":
-        return [args.torchrun, "--standalone", f"--nproc-per-node={WORLD}",
-                f"--max-restarts={restarts}", os.path.join(HERE, "torch_ddp_recovery.py"),
-                "--sizes", args.sizes, "--steps", str(steps), "--lr", str(layouts.LR),
-                "--checkpoint-dir", checkpoint_dir,
-                "--checkpoint-every", str(args.checkpoint_every), *kill_flags]
+        return [
+            args.torchrun,
+            "--standalone",
+            f"--nproc-per-node={WORLD}",
+            f"--max-restarts={restarts}",
+            os.path.join(HERE, "torch_ddp_recovery.py"),
+            "--sizes",
+            args.sizes,
+            "--steps",
+            str(steps),
+            "--lr",
+            str(layouts.LR),
+            "--checkpoint-dir",
+            checkpoint_dir,
+            "--checkpoint-every",
+            str(args.checkpoint_every),
+            *kill_flags,
+        ]
     cmd = [args.meshrun, "--standalone", f"--nproc-per-node={WORLD}", "--no-python"]
     if setup == "ft":
         cmd += ["--restart-scope=replica"]
-    cmd += [f"--max-restarts={restarts}", args.train_example, *model_flags(),
-            "--dp", str(WORLD), "--steps", str(steps)]
+    cmd += [
+        f"--max-restarts={restarts}",
+        args.train_example,
+        *model_flags(),
+        "--dp",
+        str(WORLD),
+        "--steps",
+        str(steps),
+    ]
     if setup == "ft":
         cmd += ["--fault-tolerant"]
     else:
-        cmd += ["--checkpoint-dir", checkpoint_dir,
-                "--checkpoint-every", str(args.checkpoint_every)]
+        cmd += [
+            "--checkpoint-dir",
+            checkpoint_dir,
+            "--checkpoint-every",
+            str(args.checkpoint_every),
+        ]
     return cmd + kill_flags
 
 
@@ -426,8 +471,9 @@ def run_one(args, work, setup, experiment, round_index, raw):
     checkpoint_dir = os.path.join(work, tag + "-ckpt")
     cmd = command(args, setup, steps, kill, checkpoint_dir, expected + 1)
     t0 = time.monotonic()
-    rc, lines = launch(cmd, bench_env(args.threads, setup), args.timeout,
-                       os.path.join(work, tag + ".log"))
+    rc, lines = launch(
+        cmd, bench_env(args.threads, setup), args.timeout, os.path.join(work, tag + ".log")
+    )
     took = time.monotonic() - t0
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
     raw.append(f"$ {' '.join(cmd)}   # exit {rc}, {took:.1f} s")
@@ -439,8 +485,9 @@ def run_one(args, work, setup, experiment, round_index, raw):
         problem = "timed out" if rc is None else f"exit {rc}"
     elif last != steps - 1:
         problem = f"last step line {last}, not {steps - 1}"
-    elif len(result.failures) != expected and not (result.unplanned and
-                                                   len(result.failures) < expected):
+    elif len(result.failures) != expected and not (
+        result.unplanned and len(result.failures) < expected
+    ):
         # (A worker that died unplanned restarts as a new incarnation, whose
         # planned failure comes later: fewer of them in the run.)
         problem = f"{len(result.failures)} failures, not {expected}"
@@ -453,22 +500,34 @@ def run_one(args, work, setup, experiment, round_index, raw):
     if problem:
         tail = " | ".join(line for _, line in lines[-4:])
         raise RuntimeError(f"{tag}: {problem} (log {os.path.join(work, tag + '.log')}): {tail}")
-    summary = (f"{tag}: step {result.step_s * 1e3:.1f} ms, "
-               + ", ".join(f"kill@{f.step}: lost {f.steps_lost} steps / {f.lost_s:.2f} s, "
-                           + (f"full after {f.back_s:.2f} s" if f.back_s is not None
-                              else "not back before the end")
-                           for f in result.failures[:3])
-               + (f" (+{len(result.failures) - 3} more)" if len(result.failures) > 3 else "")
-               + (f", wall {result.wall_s:.1f} s, efficiency "
-                  f"{result.efficiency(steps):.3f}" if experiment == "every" else ""))
+    summary = (
+        f"{tag}: step {result.step_s * 1e3:.1f} ms, "
+        + ", ".join(
+            f"kill@{f.step}: lost {f.steps_lost} steps / {f.lost_s:.2f} s, "
+            + (
+                f"full after {f.back_s:.2f} s"
+                if f.back_s is not None
+                else "not back before the end"
+            )
+            for f in result.failures[:3]
+        )
+        + (f" (+{len(result.failures) - 3} more)" if len(result.failures) > 3 else "")
+        + (
+            f", wall {result.wall_s:.1f} s, efficiency {result.efficiency(steps):.3f}"
+            if experiment == "every"
+            else ""
+        )
+    )
     if result.unplanned:
         summary += ", UNPLANNED: " + ", ".join(
             f"rank {rank} {why}" + (f" {dt:.2f} s after the kill" if dt is not None else "")
-            for rank, why, dt in result.unplanned)
+            for rank, why, dt in result.unplanned
+        )
     raw.append(summary)
     for f in result.failures[:1]:
-        raw.append(f"  {tag} breakdown: " + ", ".join(f"{k} +{v:.2f} s"
-                                                       for k, v in f.marks.items()))
+        raw.append(
+            f"  {tag} breakdown: " + ", ".join(f"{k} +{v:.2f} s" for k, v in f.marks.items())
+        )
     log(summary)
     return result
 
@@ -510,78 +569,104 @@ def measured(setups, results, experiment, columns):
 def report_one(args, setups, results):
     """The one-failure table (Markdown on stdout)."""
     mb = parameter_bytes() / 2**20
-    print(f"### One failure: the last rank SIGKILLed at the start of step "
-          f"F = {args.kill_at_step} of {args.steps}")
+    print(
+        f"### One failure: the last rank SIGKILLed at the start of step "
+        f"F = {args.kill_at_step} of {args.steps}"
+    )
     print()
-    print("| setup | step ms | checkpoint write ms | steps lost | seconds lost "
-          "| back to full strength s | breakdown (s after the kill, medians) |")
+    print(
+        "| setup | step ms | checkpoint write ms | steps lost | seconds lost "
+        "| back to full strength s | breakdown (s after the kill, medians) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---|")
     rows = {}
     for setup, runs in measured(setups, results, "one", columns=7):
         fs = [run.failures[0] for run in runs]
-        row = dict(step=med(r.step_s for r in runs), ckpt=med(r.checkpoint_s for r in runs),
-                   lost=med(f.steps_lost for f in fs), lost_s=med(f.lost_s for f in fs),
-                   back=med(f.back_s for f in fs))
+        row = dict(
+            step=med(r.step_s for r in runs),
+            ckpt=med(r.checkpoint_s for r in runs),
+            lost=med(f.steps_lost for f in fs),
+            lost_s=med(f.lost_s for f in fs),
+            back=med(f.back_s for f in fs),
+        )
         rows[setup] = row
         marks = {}
         for f in fs:
             for k, v in f.marks.items():
                 marks.setdefault(k, []).append(v)
-        breakdown = ", ".join(f"{k} {med(v):.2f}" for k, v in
-                              sorted(marks.items(), key=lambda kv: med(kv[1])))
+        breakdown = ", ".join(
+            f"{k} {med(v):.2f}" for k, v in sorted(marks.items(), key=lambda kv: med(kv[1]))
+        )
         if setup == "ft":
             ckpt = "-"
         elif row["ckpt"] is None:
             ckpt = "n/a"
         else:  # a write cheaper than the steps' noise can come out negative
-            ckpt = (f"{row['ckpt'] * 1e3:.1f}" if row["ckpt"] >= 0
-                    else f"~0 ({row['ckpt'] * 1e3:.1f})")
-        print(f"| {NAMES[setup]} | {row['step'] * 1e3:.1f} | {ckpt} | {row['lost']:g} "
-              f"| {row['lost_s']:.2f} | {row['back']:.2f} | {breakdown} |")
+            ckpt = (
+                f"{row['ckpt'] * 1e3:.1f}" if row["ckpt"] >= 0 else f"~0 ({row['ckpt'] * 1e3:.1f})"
+            )
+        print(
+            f"| {NAMES[setup]} | {row['step'] * 1e3:.1f} | {ckpt} | {row['lost']:g} "
+            f"| {row['lost_s']:.2f} | {row['back']:.2f} | {breakdown} |"
+        )
     ratio_rows(rows, ["step", None, "lost", "lost_s", "back", None])
     print()
     if "ft" in rows:
         ft = rows["ft"]
-        print(f"Goal (FT): survivors lose at most one step: {ft['lost']:g} "
-              f"({'MET' if ft['lost'] <= 1 else 'NOT MET'}); full strength within 2 s plus "
-              f"the weight copy ({mb:.1f} MiB, milliseconds at loopback speed): "
-              f"{ft['back']:.2f} s ({'MET' if ft['back'] <= 2.0 else 'NOT MET'}).")
+        print(
+            f"Goal (FT): survivors lose at most one step: {ft['lost']:g} "
+            f"({'MET' if ft['lost'] <= 1 else 'NOT MET'}); full strength within 2 s plus "
+            f"the weight copy ({mb:.1f} MiB, milliseconds at loopback speed): "
+            f"{ft['back']:.2f} s ({'MET' if ft['back'] <= 2.0 else 'NOT MET'})."
+        )
         print()
 
 
 def report_every(args, setups, results):
     """The failure-every-N-steps table (Markdown on stdout)."""
     failures = plan(args, "every")[2]
-    print(f"### A failure every N = {args.kill_every} steps: {failures} failures in "
-          f"{args.every_steps} steps")
+    print(
+        f"### A failure every N = {args.kill_every} steps: {failures} failures in "
+        f"{args.every_steps} steps"
+    )
     print()
-    print("| setup | step ms | failures (+ unplanned) | training wall s | steps lost "
-          "| steps without every replica | efficiency | throughput steps/s |")
+    print(
+        "| setup | step ms | failures (+ unplanned) | training wall s | steps lost "
+        "| steps without every replica | efficiency | throughput steps/s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = {}
     for setup, runs in measured(setups, results, "every", columns=8):
-        row = dict(step=med(r.step_s for r in runs), wall=med(r.wall_s for r in runs),
-                   failures=med(len(r.failures) for r in runs),
-                   unplanned=med(len(r.unplanned) for r in runs),
-                   lost=med(sum(f.steps_lost for f in r.failures) for r in runs),
-                   partial=med(r.partial_steps for r in runs),
-                   eff=med(r.efficiency(args.every_steps) for r in runs),
-                   tput=med((args.every_steps - 1) / r.wall_s for r in runs))
+        row = dict(
+            step=med(r.step_s for r in runs),
+            wall=med(r.wall_s for r in runs),
+            failures=med(len(r.failures) for r in runs),
+            unplanned=med(len(r.unplanned) for r in runs),
+            lost=med(sum(f.steps_lost for f in r.failures) for r in runs),
+            partial=med(r.partial_steps for r in runs),
+            eff=med(r.efficiency(args.every_steps) for r in runs),
+            tput=med((args.every_steps - 1) / r.wall_s for r in runs),
+        )
         rows[setup] = row
-        print(f"| {NAMES[setup]} | {row['step'] * 1e3:.1f} "
-              f"| {row['failures']:g} (+ {row['unplanned']:g}) | {row['wall']:.1f} "
-              f"| {row['lost']:g} | {row['partial']:g} | {row['eff']:.3f} "
-              f"| {row['tput']:.2f} |")
+        print(
+            f"| {NAMES[setup]} | {row['step'] * 1e3:.1f} "
+            f"| {row['failures']:g} (+ {row['unplanned']:g}) | {row['wall']:.1f} "
+            f"| {row['lost']:g} | {row['partial']:g} | {row['eff']:.3f} "
+            f"| {row['tput']:.2f} |"
+        )
     ratio_rows(rows, ["step", None, "wall", "lost", None, "eff", "tput"])
     print()
 
 
 def report_unplanned(results):
     """The workers that died without a kill line of their own."""
-    deaths = [f"- {run.tag}: rank {rank} died ({why})"
-              + (f", {dt:.2f} s after the last kill line" if dt is not None else "")
-              for runs in results.values() for run in runs
-              for rank, why, dt in run.unplanned]
+    deaths = [
+        f"- {run.tag}: rank {rank} died ({why})"
+        + (f", {dt:.2f} s after the last kill line" if dt is not None else "")
+        for runs in results.values()
+        for run in runs
+        for rank, why, dt in run.unplanned
+    ]
     print("### Workers that died without being killed")
     print()
     print("\n".join(deaths) if deaths else "None.")
@@ -595,29 +680,50 @@ def main():
     parser.add_argument("--torchrun", help="the venv's torchrun (setup torch)")
     parser.add_argument("--setups", default=",".join(SETUPS), help="of ft,restart,torch")
     parser.add_argument("--experiments", default="one,every", help="of one,every")
-    parser.add_argument("--sizes", default="bench", choices=list(layouts.SIZES),
-                        help="the transformer and batch (tests/parity/layouts.py SIZES)")
+    parser.add_argument(
+        "--sizes",
+        default="bench",
+        choices=list(layouts.SIZES),
+        help="the transformer and batch (tests/parity/layouts.py SIZES)",
+    )
     parser.add_argument("--steps", type=int, default=30, help="steps of a one-failure run")
-    parser.add_argument("--checkpoint-every", type=int, default=10,
-                        help="C: the restart setups' checkpoint interval")
-    parser.add_argument("--kill-at-step", type=int,
-                        help="F: the one failure's step (default C + C/2 + 1)")
-    parser.add_argument("--every-steps", type=int, default=100,
-                        help="steps of a --kill-every run")
-    parser.add_argument("--kill-every", type=int, default=33,
-                        help="N: a failure every N steps (best not a multiple of C, so "
-                             "failures fall at varied points of the checkpoint interval)")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=10,
+        help="C: the restart setups' checkpoint interval",
+    )
+    parser.add_argument(
+        "--kill-at-step", type=int, help="F: the one failure's step (default C + C/2 + 1)"
+    )
+    parser.add_argument("--every-steps", type=int, default=100, help="steps of a --kill-every run")
+    parser.add_argument(
+        "--kill-every",
+        type=int,
+        default=33,
+        help="N: a failure every N steps (best not a multiple of C, so "
+        "failures fall at varied points of the checkpoint interval)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="medians over this many rounds")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: parity sizes, 1 round, 150 + 60 steps, C 4, "
-                             "F 7, N 23 (150: a loaded 2-core machine takes 3 s or more "
-                             "to start the failed replica again)")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 unless every one-failure run lost the steps its design "
-                             "says (FT at most 1; restart F - N + 1 from the checkpoint after "
-                             "N steps): the smoke test's verdict, timing aside")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="check the flags, print the launches' commands, run nothing")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: parity sizes, 1 round, 150 + 60 steps, C 4, "
+        "F 7, N 23 (150: a loaded 2-core machine takes 3 s or more "
+        "to start the failed replica again)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 unless every one-failure run lost the steps its design "
+        "says (FT at most 1; restart F - N + 1 from the checkpoint after "
+        "N steps): the smoke test's verdict, timing aside",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the flags, print the launches' commands, run nothing",
+    )
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every rank")
     parser.add_argument("--timeout", type=float, default=300, help="seconds a launch")
     parser.add_argument("--raw", help="file for each launch's command and numbers")
@@ -637,11 +743,15 @@ def main():
     if args.kill_at_step is None:
         args.kill_at_step = args.checkpoint_every + args.checkpoint_every // 2 + 1
     if not 0 < args.kill_at_step < args.steps - 1:
-        parser.error(f"--kill-at-step {args.kill_at_step} must lie within 1..{args.steps - 2} "
-                     f"(--steps {args.steps})")
+        parser.error(
+            f"--kill-at-step {args.kill_at_step} must lie within 1..{args.steps - 2} "
+            f"(--steps {args.steps})"
+        )
     if not 1 < args.kill_every < args.every_steps - 1:
-        parser.error(f"--kill-every {args.kill_every} must lie within 2..{args.every_steps - 2} "
-                     f"(--every-steps {args.every_steps})")
+        parser.error(
+            f"--kill-every {args.kill_every} must lie within 2..{args.every_steps - 2} "
+            f"(--every-steps {args.every_steps})"
+        )
     needed = [(args.torchrun, "--torchrun")] if "torch" in setups else []
     if set(setups) & {"ft", "restart"}:
         needed += [(args.meshrun, "--meshrun"), (args.train_example, "--train-example")]
@@ -655,8 +765,7 @@ def main():
         for experiment in experiments:
             for setup in setups:
                 steps, kill, failures = plan(args, experiment)
-                print(" ".join(command(args, setup, steps, kill, "CHECKPOINT_DIR",
-                                       failures + 1)))
+                print(" ".join(command(args, setup, steps, kill, "CHECKPOINT_DIR", failures + 1)))
         return 0
 
     work = args.work or tempfile.mkdtemp(prefix="meshrun-bench-recovery-")
@@ -665,12 +774,13 @@ def main():
     failed, raw = [], []
     try:
         for r in range(args.rounds):
-            order = setups[r % len(setups):] + setups[:r % len(setups)]
+            order = setups[r % len(setups) :] + setups[: r % len(setups)]
             for experiment in experiments:
                 for setup in order:
                     try:
                         results[(experiment, setup)].append(
-                            run_one(args, work, setup, experiment, r + 1, raw))
+                            run_one(args, work, setup, experiment, r + 1, raw)
+                        )
                     except RuntimeError as e:
                         failed.append(str(e))
                         log(f"FAILED {e}")
@@ -681,12 +791,14 @@ def main():
 
     c = layouts.TRANSFORMER
     mb = parameter_bytes() / 2**20
-    print(f"Model (layouts.SIZES[\"{args.sizes}\"]): train_example's transformer LM, vocab "
-          f"{c['vocab']}, d_model {c['d_model']}, {c['heads']} heads, d_ff {c['d_ff']}, "
-          f"{c['layers']} blocks, seq {c['seq']}: {mb:.1f} MiB of fp32 parameters. Global "
-          f"batch {layouts.BATCH} over world {WORLD} (dp {WORLD}), SGD lr {layouts.LR}, gloo, "
-          f"OMP_NUM_THREADS={args.threads}. Checkpoint every C = {args.checkpoint_every} "
-          f"steps (restart setups). {args.rounds} round(s), medians over rounds.")
+    print(
+        f'Model (layouts.SIZES["{args.sizes}"]): train_example\'s transformer LM, vocab '
+        f"{c['vocab']}, d_model {c['d_model']}, {c['heads']} heads, d_ff {c['d_ff']}, "
+        f"{c['layers']} blocks, seq {c['seq']}: {mb:.1f} MiB of fp32 parameters. Global "
+        f"batch {layouts.BATCH} over world {WORLD} (dp {WORLD}), SGD lr {layouts.LR}, gloo, "
+        f"OMP_NUM_THREADS={args.threads}. Checkpoint every C = {args.checkpoint_every} "
+        f"steps (restart setups). {args.rounds} round(s), medians over rounds."
+    )
     print()
     if "one" in experiments:
         report_one(args, setups, results)

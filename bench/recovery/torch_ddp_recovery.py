@@ -52,14 +52,13 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "parity"))
 
+import layouts  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
+import torch_parallel  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
-
-import layouts  # noqa: E402
-import torch_parallel  # noqa: E402
 
 CHECKPOINT_RE = re.compile(r"^step-(\d+)$")
 
@@ -104,20 +103,37 @@ def main():
     if os.environ.get("RANK") == "0":
         say("torch imported")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="bench", choices=list(layouts.SIZES),
-                        help="the transformer's sizes and the global batch (layouts.SIZES)")
+    parser.add_argument(
+        "--sizes",
+        default="bench",
+        choices=list(layouts.SIZES),
+        help="the transformer's sizes and the global batch (layouts.SIZES)",
+    )
     parser.add_argument("--steps", type=int, default=10, help="training steps")
     parser.add_argument("--lr", type=float, default=layouts.LR, help="SGD learning rate")
     parser.add_argument("--seed", type=int, default=0, help="model and data seed")
     parser.add_argument("--checkpoint-dir", default="", help="DCP checkpoints here")
-    parser.add_argument("--checkpoint-every", type=int, default=0,
-                        help="a checkpoint after every this many steps")
-    parser.add_argument("--kill-at-step", type=int, default=-1,
-                        help="rank --kill-rank SIGKILLs itself at this step (first attempt)")
-    parser.add_argument("--kill-rank", type=int, default=-1,
-                        help="the rank --kill-at-step kills (default: the last)")
-    parser.add_argument("--kill-every", type=int, default=0,
-                        help="the j-th failure at step j*N, one a restart attempt")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="a checkpoint after every this many steps"
+    )
+    parser.add_argument(
+        "--kill-at-step",
+        type=int,
+        default=-1,
+        help="rank --kill-rank SIGKILLs itself at this step (first attempt)",
+    )
+    parser.add_argument(
+        "--kill-rank",
+        type=int,
+        default=-1,
+        help="the rank --kill-at-step kills (default: the last)",
+    )
+    parser.add_argument(
+        "--kill-every",
+        type=int,
+        default=0,
+        help="the j-th failure at step j*N, one a restart attempt",
+    )
     args = parser.parse_args()
 
     def bad_flags(why):
@@ -143,7 +159,9 @@ def main():
         bad_flags(f"the global batch {layouts.BATCH} does not split over {world} ranks")
 
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(torch_parallel.Layers(torch_parallel.make_layers("transformer")))
+    model = DistributedDataParallel(
+        torch_parallel.Layers(torch_parallel.make_layers("transformer"))
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     if rank == 0:
         say(f"layout DDP x {world} (torch {torch.__version__})")
@@ -160,8 +178,9 @@ def main():
             model_state, optim_state = get_state_dict(model, optimizer)
             state = {"model": model_state, "optim": optim_state}
             dcp.load(state, checkpoint_id=os.path.join(args.checkpoint_dir, f"step-{last}"))
-            set_state_dict(model, optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+            set_state_dict(
+                model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
             first = last
             if rank == 0:
                 say(f"resumed from the checkpoint after step {last}")
@@ -173,7 +192,7 @@ def main():
             say(f"rank {rank} SIGKILLs itself at step {step} (start)")
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = batch_of(step, args.seed)
-        x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+        x, y = x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
         optimizer.zero_grad()
         loss = torch_parallel.loss_of("transformer", model(x), y)
         loss.backward()

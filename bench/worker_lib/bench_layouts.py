@@ -35,7 +35,6 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,9 +56,12 @@ def log(*args):
 
 
 def bench_env(threads):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
-           and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
+        and k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     env["OMP_NUM_THREADS"] = str(threads)
     return env
 
@@ -83,26 +85,52 @@ def launch(args, work, layout, model, side, init, data, raw):
     cmd = [args.meshrun, "--standalone", f"--nproc-per-node={layout.world}", "--no-python"]
     if side != "torch":
         binary = args.baseline if side == "baseline" else args.train_example
-        cmd += [binary, *layouts.cpp_flags(layout, model), "--steps", str(steps),
-                "--data", data, "--load", init, "--time-steps",
-                *shlex.split(args.meshrun_flags)]
+        cmd += [
+            binary,
+            *layouts.cpp_flags(layout, model),
+            "--steps",
+            str(steps),
+            "--data",
+            data,
+            "--load",
+            init,
+            "--time-steps",
+            *shlex.split(args.meshrun_flags),
+        ]
         if side == "baseline":
             cmd += shlex.split(args.baseline_flags)
     else:
-        cmd += [args.python, os.path.join(PARITY, "torch_parallel.py"), "--layout",
-                layout.name, "--model", model, "--sizes", args.sizes, "--init", init,
-                "--data", data, "--out", os.path.join(work, tag), "--steps", str(steps),
-                "--time-steps"]
+        cmd += [
+            args.python,
+            os.path.join(PARITY, "torch_parallel.py"),
+            "--layout",
+            layout.name,
+            "--model",
+            model,
+            "--sizes",
+            args.sizes,
+            "--init",
+            init,
+            "--data",
+            data,
+            "--out",
+            os.path.join(work, tag),
+            "--steps",
+            str(steps),
+            "--time-steps",
+        ]
     t0 = time.perf_counter()
     try:
-        output = parity.run(cmd, args.timeout, os.path.join(work, tag + ".log"),
-                            env=bench_env(args.threads))
+        output = parity.run(
+            cmd, args.timeout, os.path.join(work, tag + ".log"), env=bench_env(args.threads)
+        )
     finally:
         raw.append(f"$ {' '.join(cmd)}   # {time.perf_counter() - t0:.1f} s")
     result = Side(output, args.warmup)
-    raw.append(f"{tag}: median_ms={result.median:.3f} max_rss_mb={result.peak} "
-               f"rss_growth_mb={result.growth} step_ms="
-               + ",".join(f"{t:.2f}" for t in result.steps))
+    raw.append(
+        f"{tag}: median_ms={result.median:.3f} max_rss_mb={result.peak} "
+        f"rss_growth_mb={result.growth} step_ms=" + ",".join(f"{t:.2f}" for t in result.steps)
+    )
     if side != "torch":
         result.losses = [float(v) for v in LOSS_RE.findall(output)]
     else:
@@ -114,17 +142,20 @@ def launch(args, work, layout, model, side, init, data, raw):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("layouts", nargs="*",
-                        help="LAYOUT or LAYOUT:MODEL (default: every parity layout)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "layouts", nargs="*", help="LAYOUT or LAYOUT:MODEL (default: every parity layout)"
+    )
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--train-example", required=True)
     parser.add_argument("--baseline", help="another train_example to time alongside")
     parser.add_argument("--meshrun-flags", default="", help="more train_example flags")
     parser.add_argument("--baseline-flags", default="", help="more flags for --baseline")
-    parser.add_argument("--python", default=sys.executable,
-                        help="runs torch_parallel.py (the venv's python3)")
+    parser.add_argument(
+        "--python", default=sys.executable, help="runs torch_parallel.py (the venv's python3)"
+    )
     parser.add_argument("--models", default="transformer,mlp")
     parser.add_argument("--sizes", default="bench", choices=list(layouts.SIZES))
     parser.add_argument("--steps", type=int, default=20, help="timed steps a launch")
@@ -138,7 +169,7 @@ def main():
     layouts.use_sizes(args.sizes)
 
     runs = []
-    for arg in args.layouts or [l.name for l in layouts.LAYOUTS]:
+    for arg in args.layouts or [layout.name for layout in layouts.LAYOUTS]:
         name, _, model = arg.partition(":")
         models = [model] if model else args.models.split(",")
         if name not in layouts.BY_NAME or not set(models) <= {"mlp", "transformer"}:
@@ -147,10 +178,16 @@ def main():
 
     work = args.work or tempfile.mkdtemp(prefix="meshrun-bench-layouts-")
     # Initial weights (train_example's) and batches, as the parity check makes them.
-    prep = parity.Parity(argparse.Namespace(
-        work=work, meshrun=args.meshrun, train_example=args.train_example,
-        timeout=args.timeout, steps=args.warmup + args.steps))
-    results = {(l.name, m): {"meshrun": [], "torch": [], "baseline": []} for l, m in runs}
+    prep = parity.Parity(
+        argparse.Namespace(
+            work=work,
+            meshrun=args.meshrun,
+            train_example=args.train_example,
+            timeout=args.timeout,
+            steps=args.warmup + args.steps,
+        )
+    )
+    results = {(layout.name, m): {"meshrun": [], "torch": [], "baseline": []} for layout, m in runs}
     failures, raw = {}, []
     try:
         for r in range(args.rounds):
@@ -165,9 +202,11 @@ def main():
                     for side in sides:
                         result = launch(args, work, layout, model, side, init, data, raw)
                         results[(layout.name, model)][side].append(result)
-                        log(f"round {r + 1}/{args.rounds} {layout.name} {model} {side}: "
+                        log(
+                            f"round {r + 1}/{args.rounds} {layout.name} {model} {side}: "
                             f"{result.median:.2f} ms, peak RSS {result.peak:.0f} MiB "
-                            f"(+{result.growth:.0f})")
+                            f"(+{result.growth:.0f})"
+                        )
                 except parity.SideFailed as e:
                     failures[(layout.name, model)] = f"{side}: {e}"
                     log(f"{layout.name} {model} {side} FAILED: {e}")
@@ -177,28 +216,38 @@ def main():
                 f.write("\n".join(raw) + "\n")
 
     c = layouts.TRANSFORMER
-    print(f"Models (layouts.SIZES[\"{args.sizes}\"]): transformer LM vocab {c['vocab']}, "
-          f"d_model {c['d_model']}, {c['heads']} heads, d_ff {c['d_ff']}, {c['layers']} "
-          f"blocks, seq {c['seq']}; MLP {','.join(map(str, layouts.MLP_SIZES))}. Global "
-          f"batch {layouts.BATCH}; {args.warmup} warm-up + {args.steps} timed steps a launch, "
-          f"{args.rounds} round(s); OMP_NUM_THREADS={args.threads}.")
+    print(
+        f'Models (layouts.SIZES["{args.sizes}"]): transformer LM vocab {c["vocab"]}, '
+        f"d_model {c['d_model']}, {c['heads']} heads, d_ff {c['d_ff']}, {c['layers']} "
+        f"blocks, seq {c['seq']}; MLP {','.join(map(str, layouts.MLP_SIZES))}. Global "
+        f"batch {layouts.BATCH}; {args.warmup} warm-up + {args.steps} timed steps a launch, "
+        f"{args.rounds} round(s); OMP_NUM_THREADS={args.threads}."
+    )
     print()
-    print("Ratio = meshrun / PyTorch median step time (at most 1.00: the goal met). "
-          "RSS: the largest rank's peak, and (growth) over its RSS before the model was "
-          "built, MiB. Loss diff: largest relative difference of the two sides' per-step "
-          "losses.")
+    print(
+        "Ratio = meshrun / PyTorch median step time (at most 1.00: the goal met). "
+        "RSS: the largest rank's peak, and (growth) over its RSS before the model was "
+        "built, MiB. Loss diff: largest relative difference of the two sides' per-step "
+        "losses."
+    )
     print()
     base_head = " baseline ms | baseline ratio | now / baseline |" if args.baseline else ""
-    print("| layout | world | model | PyTorch control | meshrun ms | PyTorch ms | ratio "
-          "| meshrun RSS (growth) | PyTorch RSS (growth) | loss diff |" + base_head)
-    print("|---|---:|---|---|---:|---:|---:|---|---|---:|" +
-          ("---:|---:|---:|" if args.baseline else ""))
+    print(
+        "| layout | world | model | PyTorch control | meshrun ms | PyTorch ms | ratio "
+        "| meshrun RSS (growth) | PyTorch RSS (growth) | loss diff |" + base_head
+    )
+    print(
+        "|---|---:|---|---|---:|---:|---:|---|---|---:|"
+        + ("---:|---:|---:|" if args.baseline else "")
+    )
     verdicts = []
     for layout, model in runs:
         key = (layout.name, model)
         if key in failures:
-            print(f"| {layout.name} | {layout.world} | {model} | {layout.control} "
-                  f"| FAILED: {failures[key]} | | | | | |")
+            print(
+                f"| {layout.name} | {layout.world} | {model} | {layout.control} "
+                f"| FAILED: {failures[key]} | | | | | |"
+            )
             verdicts.append(f"- {layout.name} {model}: FAILED ({failures[key]})")
             continue
         mine, theirs = results[key]["meshrun"], results[key]["torch"]
@@ -212,16 +261,25 @@ def main():
         if args.baseline:
             bs = statistics.median(s.median for s in results[key]["baseline"])
             base_cells = f" {bs:.2f} | {bs / ts:.2f} | {ms / bs:.2f} |"
-        diff = max((abs(a - b) / abs(b) if b else abs(a))
-                   for a, b in zip(mine[-1].losses, theirs[-1].losses))
-        print(f"| {layout.name} | {layout.world} | {model} | {layout.control} | {ms:.2f} "
-              f"| {ts:.2f} | {ms / ts:.2f} | {peak:.0f} ({growth:.1f}) "
-              f"| {tpeak:.0f} ({tgrowth:.1f}) | {diff:.1g} |" + base_cells)
-        verdicts.append(f"- {layout.name} {model}: meshrun / PyTorch = {ms / ts:.2f} "
-                        f"({'MET' if ms <= ts else 'NOT MET'})"
-                        + (f"; RSS growth {growth:.1f} vs FSDP2's {tgrowth:.1f} MiB "
-                           f"({'MET' if growth <= tgrowth else 'NOT MET'})"
-                           if layout.name in SHARDED else ""))
+        diff = max(
+            (abs(a - b) / abs(b) if b else abs(a))
+            for a, b in zip(mine[-1].losses, theirs[-1].losses, strict=False)
+        )
+        print(
+            f"| {layout.name} | {layout.world} | {model} | {layout.control} | {ms:.2f} "
+            f"| {ts:.2f} | {ms / ts:.2f} | {peak:.0f} ({growth:.1f}) "
+            f"| {tpeak:.0f} ({tgrowth:.1f}) | {diff:.1g} |" + base_cells
+        )
+        verdicts.append(
+            f"- {layout.name} {model}: meshrun / PyTorch = {ms / ts:.2f} "
+            f"({'MET' if ms <= ts else 'NOT MET'})"
+            + (
+                f"; RSS growth {growth:.1f} vs FSDP2's {tgrowth:.1f} MiB "
+                f"({'MET' if growth <= tgrowth else 'NOT MET'})"
+                if layout.name in SHARDED
+                else ""
+            )
+        )
     print()
     print("### Verdicts: at most 1.0x PyTorch's step time; FSDP layouts' memory at most FSDP2's")
     print()

@@ -31,19 +31,31 @@ import time
 RESULT_RE = re.compile(r"RESULT (impl=.*)$", re.M)
 TORCH_MODES = ("ddp", "fsdp2", "fsdp2_noreshard")
 BASELINE_SUFFIX = "@baseline"
-LABEL = {"dp": "meshrun DP", "ddp": "PyTorch DDP", "fsdp": "meshrun FSDP",
-         "fsdp_noreshard": "meshrun FSDP (no reshard)", "dptp": "meshrun DP x TP",
-         "fsdp2": "PyTorch FSDP2", "fsdp2_noreshard": "PyTorch FSDP2 (no reshard)",
-         "module_ddp": "meshrun DDP (torch::nn)", "module_fsdp": "meshrun FSDP (torch::nn)",
-         "module_fsdp_noreshard": "meshrun FSDP (torch::nn, no reshard)"}
+LABEL = {
+    "dp": "meshrun DP",
+    "ddp": "PyTorch DDP",
+    "fsdp": "meshrun FSDP",
+    "fsdp_noreshard": "meshrun FSDP (no reshard)",
+    "dptp": "meshrun DP x TP",
+    "fsdp2": "PyTorch FSDP2",
+    "fsdp2_noreshard": "PyTorch FSDP2 (no reshard)",
+    "module_ddp": "meshrun DDP (torch::nn)",
+    "module_fsdp": "meshrun FSDP (torch::nn)",
+    "module_fsdp_noreshard": "meshrun FSDP (torch::nn, no reshard)",
+}
 # The PyTorch peer each meshrun mode is compared with besides DDP.
-PEER = {"fsdp": "fsdp2", "fsdp_noreshard": "fsdp2_noreshard", "module_ddp": "ddp",
-        "module_fsdp": "fsdp2", "module_fsdp_noreshard": "fsdp2_noreshard"}
+PEER = {
+    "fsdp": "fsdp2",
+    "fsdp_noreshard": "fsdp2_noreshard",
+    "module_ddp": "ddp",
+    "module_fsdp": "fsdp2",
+    "module_fsdp_noreshard": "fsdp2_noreshard",
+}
 
 
 def label(impl):
     if impl.endswith(BASELINE_SUFFIX):
-        return LABEL.get(impl[:-len(BASELINE_SUFFIX)], impl) + ", baseline"
+        return LABEL.get(impl[: -len(BASELINE_SUFFIX)], impl) + ", baseline"
     return LABEL.get(impl, impl)
 
 
@@ -56,27 +68,40 @@ def log(*args):
 
 
 def bench_env(python):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
-           and k not in ("OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "RANK",
-                         "WORLD_SIZE", "LOCAL_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
+        and k
+        not in ("OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     env["PYTHON_EXEC"] = python
     return env
 
 
 def launch(args, impl, sizes, raw):
-    common = [f"--sizes={sizes}", f"--batch={args.batch}", f"--steps={args.steps}",
-              f"--warmup={args.warmup}"]
+    common = [
+        f"--sizes={sizes}",
+        f"--batch={args.batch}",
+        f"--steps={args.steps}",
+        f"--warmup={args.warmup}",
+    ]
     launcher = [args.meshrun, "--standalone", f"--nproc-per-node={args.world}", "--no-python"]
     if impl in TORCH_MODES:
         cmd = [*launcher, args.python, args.ddp_script, f"--mode={impl}", *common]
     elif impl.endswith(BASELINE_SUFFIX):
-        cmd = [*launcher, args.baseline, f"--mode={impl[:-len(BASELINE_SUFFIX)]}", *common]
+        cmd = [*launcher, args.baseline, f"--mode={impl[: -len(BASELINE_SUFFIX)]}", *common]
     else:
         cmd = [*launcher, args.dp_step_bench, f"--mode={impl}", *common]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=bench_env(args.python), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=args.launch_timeout)
+    proc = subprocess.run(
+        cmd,
+        env=bench_env(args.python),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=args.launch_timeout,
+    )
     wall = time.perf_counter() - t0
     raw.append(f"$ {' '.join(cmd)}   # exit {proc.returncode}, {wall:.1f} s")
     results = RESULT_RE.findall(proc.stdout)
@@ -97,22 +122,28 @@ def launch(args, impl, sizes, raw):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--dp-step-bench", required=True)
     parser.add_argument("--ddp-script", required=True)
-    parser.add_argument("--python", default=os.environ.get("PYTHON_EXEC", sys.executable),
-                        help="runs ddp_step_bench.py (default $PYTHON_EXEC, else this Python)")
+    parser.add_argument(
+        "--python",
+        default=os.environ.get("PYTHON_EXEC", sys.executable),
+        help="runs ddp_step_bench.py (default $PYTHON_EXEC, else this Python)",
+    )
     parser.add_argument("--world", type=int, default=4)
-    parser.add_argument("--models", default="50,50,50,50,4;256,1024,1024,1024,256",
-                        help="MLP sizes, ';' between models")
+    parser.add_argument(
+        "--models",
+        default="50,50,50,50,4;256,1024,1024,1024,256",
+        help="MLP sizes, ';' between models",
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--impls",
-                        default="dp,ddp,fsdp,fsdp_noreshard,fsdp2,fsdp2_noreshard,dptp")
+    parser.add_argument("--impls", default="dp,ddp,fsdp,fsdp_noreshard,fsdp2,fsdp2_noreshard,dptp")
     parser.add_argument("--baseline", help="another dp_step_bench binary to compare with")
     parser.add_argument("--baseline-impls", default="dp,fsdp,fsdp_noreshard")
     parser.add_argument("--launch-timeout", type=float, default=300)
@@ -131,13 +162,14 @@ def main():
     try:
         for r in range(args.rounds):
             for model in models:
-                order = impls[r % len(impls):] + impls[:r % len(impls)]
+                order = impls[r % len(impls) :] + impls[: r % len(impls)]
                 for impl in order:
                     median, fields = launch(args, impl, model, raw)
                     medians[(model, impl)].append(median)
                     if "max_rss_mb" in fields:
-                        memory[(model, impl)].append((float(fields["max_rss_mb"]),
-                                                      float(fields["rss_growth_mb"])))
+                        memory[(model, impl)].append(
+                            (float(fields["max_rss_mb"]), float(fields["rss_growth_mb"]))
+                        )
                     log(f"round {r + 1}/{args.rounds} model {model} {impl}: {median:.3f} ms")
     finally:
         if args.raw:
@@ -148,20 +180,26 @@ def main():
     for model in models:
         params = 0
         sizes = [int(s) for s in model.split(",")]
-        for a, b in zip(sizes, sizes[1:]):
+        for a, b in zip(sizes, sizes[1:], strict=False):
             params += a * b + b
-        print(f"### MLP {model} ({params} params, {params * 4 / 1e6:.2f} MB of fp32 grads), "
-              f"global batch {args.batch}, world {args.world}")
+        print(
+            f"### MLP {model} ({params} params, {params * 4 / 1e6:.2f} MB of fp32 grads), "
+            f"global batch {args.batch}, world {args.world}"
+        )
         print()
-        print("Median step time over rounds (each round: one launch per implementation, "
-              f"median of its {args.steps} timed steps, each step the slowest rank). "
-              "Ratio = implementation / PyTorch DDP, and meshrun FSDP / PyTorch FSDP2 with "
-              "the same reshard_after_forward (below 1: faster). Peak RSS: the largest "
-              "rank's, median over launches; growth: over its RSS before the model was "
-              "built (\"-\": not reported by that binary).")
+        print(
+            "Median step time over rounds (each round: one launch per implementation, "
+            f"median of its {args.steps} timed steps, each step the slowest rank). "
+            "Ratio = implementation / PyTorch DDP, and meshrun FSDP / PyTorch FSDP2 with "
+            "the same reshard_after_forward (below 1: faster). Peak RSS: the largest "
+            "rank's, median over launches; growth: over its RSS before the model was "
+            'built ("-": not reported by that binary).'
+        )
         print()
-        print("| implementation | median ms | launches (ms) | ratio vs DDP | ratio vs FSDP2 "
-              "| peak RSS MiB | RSS growth MiB |")
+        print(
+            "| implementation | median ms | launches (ms) | ratio vs DDP | ratio vs FSDP2 "
+            "| peak RSS MiB | RSS growth MiB |"
+        )
         print("|---|---:|---|---:|---:|---:|---:|")
         med_of = {i: statistics.median(medians[(model, i)]) for i in impls}
         ddp = med_of.get("ddp")
@@ -173,31 +211,35 @@ def main():
             mem = memory[(model, impl)]
             rss = f"{statistics.median(p for p, _ in mem):.1f}" if mem else "-"
             growth = f"{statistics.median(g for _, g in mem):.1f}" if mem else "-"
-            print(f"| {label(impl)} | {med:.3f} | {launches} | {ratio} | {versus} | {rss} "
-                  f"| {growth} |")
+            print(
+                f"| {label(impl)} | {med:.3f} | {launches} | {ratio} | {versus} | {rss} "
+                f"| {growth} |"
+            )
         print()
         if ddp and "dp" in impls:
             dp = statistics.median(medians[(model, "dp")])
-            wins = sum(1 for a, b in zip(medians[(model, "dp")], medians[(model, "ddp")])
-                       if a <= b)
+            pairs = zip(medians[(model, "dp")], medians[(model, "ddp")], strict=False)
+            wins = sum(1 for a, b in pairs if a <= b)
             verdicts.append(
                 f"- MLP {model}: meshrun DP / PyTorch DDP = {dp / ddp:.2f} "
                 f"({'MET' if dp <= ddp else 'NOT MET'}: meshrun DP "
                 f"{'no slower' if dp <= ddp else 'slower'}); meshrun DP faster or equal in "
-                f"{wins} of {len(medians[(model, 'dp')])} rounds")
+                f"{wins} of {len(medians[(model, 'dp')])} rounds"
+            )
         for impl in impls:
             base = impl + BASELINE_SUFFIX
             if base in med_of:
                 verdicts.append(
                     f"- MLP {model}: {label(impl)} now / baseline = "
-                    f"{med_of[impl] / med_of[base]:.2f}")
+                    f"{med_of[impl] / med_of[base]:.2f}"
+                )
             if peer(impl) in med_of and not impl.endswith(BASELINE_SUFFIX):
                 verdicts.append(
                     f"- MLP {model}: {label(impl)} / {label(peer(impl))} = "
                     f"{med_of[impl] / med_of[peer(impl)]:.2f} "
-                    f"({'MET' if med_of[impl] <= med_of[peer(impl)] else 'NOT MET'})")
-    print("### Verdicts: meshrun DP no slower than PyTorch DDP, meshrun FSDP no slower "
-          "than FSDP2")
+                    f"({'MET' if med_of[impl] <= med_of[peer(impl)] else 'NOT MET'})"
+                )
+    print("### Verdicts: meshrun DP no slower than PyTorch DDP, meshrun FSDP no slower than FSDP2")
     print()
     print("\n".join(verdicts))
 

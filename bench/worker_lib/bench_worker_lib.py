@@ -43,19 +43,42 @@ def log(*args):
 
 
 def bench_env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
-           and k not in ("OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT",
-                         "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_SOCKET_IFNAME")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PET_", "TORCHELASTIC_", "MESHRUN_"))
+        and k
+        not in (
+            "OMP_NUM_THREADS",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "GLOO_SOCKET_IFNAME",
+        )
+    }
     return env
 
 
 def launch(args, nproc, worker_args, raw):
-    cmd = [args.meshrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python",
-           args.pg_bench, *worker_args]
+    cmd = [
+        args.meshrun,
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--no-python",
+        args.pg_bench,
+        *worker_args,
+    ]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=bench_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=args.launch_timeout)
+    proc = subprocess.run(
+        cmd,
+        env=bench_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=args.launch_timeout,
+    )
     wall = time.perf_counter() - t0
     raw.append(f"$ {' '.join(cmd)}   # exit {proc.returncode}, {wall:.1f} s")
     results = []
@@ -118,31 +141,38 @@ def main():
     for n in ranks:
         for r in range(args.rounds):
             for store in order(r):
-                for res in launch(args, n, ["allreduce", "--store", store,
-                                            "--sizes", args.sizes], raw):
+                for res in launch(
+                    args, n, ["allreduce", "--store", store, "--sizes", args.sizes], raw
+                ):
                     assert res["store"] == store, res
                     times.setdefault((n, store, int(res["bytes"])), []).append(
-                        float(res["median_us"]))
+                        float(res["median_us"])
+                    )
 
     # (2) mesh creation: mesh[store] = [result dicts]
     mesh = {s: [] for s in STORES}
     for i in range(args.mesh_launches):
         for store in order(i):
-            res = launch(args, mesh_n, ["mesh", "--store", store, "--shape",
-                                        args.mesh_shape], raw)
+            res = launch(args, mesh_n, ["mesh", "--store", store, "--shape", args.mesh_shape], raw)
             assert len(res) == 1 and res[0]["store"] == store, res
             mesh[store].append(res[0])
 
     summary = {"allreduce": [], "mesh": {}}
     print("### (1) Gloo all-reduce (SUM, float32), bus bandwidth\n")
-    print(f"busbw = 2(n-1)/n x bytes / time; time = median over {args.rounds} launch(es) of "
-          "each launch's median call time (max over ranks).\n"
-          "Ratio = meshrun / TCPStore bus bandwidth (above 1: meshrun faster).\n")
-    print("Launch ranges: each store's [fastest, slowest] launch median in us; \"overlap\" = "
-          "the two ranges intersect, i.e. the difference is within this run's "
-          "launch-to-launch noise.\n")
-    print("| ranks | size | meshrun GB/s | TCPStore GB/s | ratio | meshrun us (range) "
-          "| TCPStore us (range) | overlap |")
+    print(
+        f"busbw = 2(n-1)/n x bytes / time; time = median over {args.rounds} launch(es) of "
+        "each launch's median call time (max over ranks).\n"
+        "Ratio = meshrun / TCPStore bus bandwidth (above 1: meshrun faster).\n"
+    )
+    print(
+        'Launch ranges: each store\'s [fastest, slowest] launch median in us; "overlap" = '
+        "the two ranges intersect, i.e. the difference is within this run's "
+        "launch-to-launch noise.\n"
+    )
+    print(
+        "| ranks | size | meshrun GB/s | TCPStore GB/s | ratio | meshrun us (range) "
+        "| TCPStore us (range) | overlap |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|:---:|")
     ratios = []
     for n in ranks:
@@ -159,81 +189,141 @@ def main():
             row["overlap"] = lo["meshrun"] <= hi["tcpstore"] and lo["tcpstore"] <= hi["meshrun"]
             ratios.append(row["ratio"])
             summary["allreduce"].append(row)
-            print(f"| {n} | {human(b)} | {row['meshrun_gbps']:.4f} | {row['tcpstore_gbps']:.4f} "
-                  f"| {row['ratio']:.2f} "
-                  f"| {row['meshrun_us']:.0f} ({lo['meshrun']:.0f}-{hi['meshrun']:.0f}) "
-                  f"| {row['tcpstore_us']:.0f} ({lo['tcpstore']:.0f}-{hi['tcpstore']:.0f}) "
-                  f"| {'yes' if row['overlap'] else 'no'} |")
+            print(
+                f"| {n} | {human(b)} | {row['meshrun_gbps']:.4f} | {row['tcpstore_gbps']:.4f} "
+                f"| {row['ratio']:.2f} "
+                f"| {row['meshrun_us']:.0f} ({lo['meshrun']:.0f}-{hi['meshrun']:.0f}) "
+                f"| {row['tcpstore_us']:.0f} ({lo['tcpstore']:.0f}-{hi['tcpstore']:.0f}) "
+                f"| {'yes' if row['overlap'] else 'no'} |"
+            )
     geo = statistics.geometric_mean(ratios)
-    print(f"\nGeometric mean of the ratios: {geo:.3f} "
-          f"(min {min(ratios):.2f}, max {max(ratios):.2f}).\n")
+    print(
+        f"\nGeometric mean of the ratios: {geo:.3f} "
+        f"(min {min(ratios):.2f}, max {max(ratios):.2f}).\n"
+    )
 
     print(f"### (2) Process-group creation, DeviceMesh ({args.mesh_shape}), {mesh_n} ranks\n")
-    print(f"Median over {args.mesh_launches} launches per store. Ratio = meshrun / TCPStore "
-          "time (below 1: meshrun faster).\n")
+    print(
+        f"Median over {args.mesh_launches} launches per store. Ratio = meshrun / TCPStore "
+        "time (below 1: meshrun faster).\n"
+    )
     print("| metric (ms) | meshrun | TCPStore | ratio |")
     print("|---|---:|---:|---:|")
-    metrics = (("max_rank_ms", "InitProcessGroup + InitDeviceMesh, max over ranks"),
-               ("span_ms", "first rank's start to last rank's finish"),
-               ("last_start_ms", "last rank's start to last rank's finish"),
-               ("init_pg_ms", "InitProcessGroup part (max over ranks)"),
-               ("mesh_ms", "InitDeviceMesh part (max over ranks)"))
+    metrics = (
+        ("max_rank_ms", "InitProcessGroup + InitDeviceMesh, max over ranks"),
+        ("span_ms", "first rank's start to last rank's finish"),
+        ("last_start_ms", "last rank's start to last rank's finish"),
+        ("init_pg_ms", "InitProcessGroup part (max over ranks)"),
+        ("mesh_ms", "InitDeviceMesh part (max over ranks)"),
+    )
     for key, text in metrics:
         med = {s: statistics.median(float(r[key]) for r in mesh[s]) for s in STORES}
-        summary["mesh"][key] = {**med, "ratio": med["meshrun"] / med["tcpstore"],
-                                "all": {s: [float(r[key]) for r in mesh[s]] for s in STORES}}
-        print(f"| {text} | {med['meshrun']:.1f} | {med['tcpstore']:.1f} "
-              f"| {med['meshrun'] / med['tcpstore']:.2f} |")
-    print("\nPer launch (max over ranks, ms): " + "; ".join(
-        f"{LABEL[s]} {', '.join(r['max_rank_ms'] for r in mesh[s])}" for s in STORES) + "\n")
+        summary["mesh"][key] = {
+            **med,
+            "ratio": med["meshrun"] / med["tcpstore"],
+            "all": {s: [float(r[key]) for r in mesh[s]] for s in STORES},
+        }
+        print(
+            f"| {text} | {med['meshrun']:.1f} | {med['tcpstore']:.1f} "
+            f"| {med['meshrun'] / med['tcpstore']:.2f} |"
+        )
+    print(
+        "\nPer launch (max over ranks, ms): "
+        + "; ".join(f"{LABEL[s]} {', '.join(r['max_rank_ms'] for r in mesh[s])}" for s in STORES)
+        + "\n"
+    )
 
     creation = summary["mesh"]["max_rank_ms"]["ratio"]
     slower_sizes = [r for r in summary["allreduce"] if r["ratio"] < 0.9]
-    print("### Verdict: \"the store must not be the slower path\"\n")
-    print(f"- Process-group creation ({args.mesh_shape} mesh): meshrun / TCPStore = "
-          f"{creation:.2f} -> " + ("MET: meshrun's store is not slower." if creation <= 1.0
-                                    else "NOT MET: meshrun's store is slower here."))
+    print('### Verdict: "the store must not be the slower path"\n')
+    print(
+        f"- Process-group creation ({args.mesh_shape} mesh): meshrun / TCPStore = "
+        f"{creation:.2f} -> "
+        + (
+            "MET: meshrun's store is not slower."
+            if creation <= 1.0
+            else "NOT MET: meshrun's store is slower here."
+        )
+    )
     ls = summary["mesh"]["last_start_ms"]["ratio"]
-    print(f"- The same without process start-up skew (last rank's start to last finish): "
-          f"meshrun / TCPStore = {ls:.2f} -> " + (
-              "not slower." if ls <= 1.0 else
-              "meshrun's store IS slower once all processes are up: TCPStore's total is "
-              "higher because its clients wait (with retry back-off) for rank 0's server, "
-              "which meshrun's store, up before the workers start, avoids."))
+    print(
+        f"- The same without process start-up skew (last rank's start to last finish): "
+        f"meshrun / TCPStore = {ls:.2f} -> "
+        + (
+            "not slower."
+            if ls <= 1.0
+            else "meshrun's store IS slower once all processes are up: TCPStore's total is "
+            "higher because its clients wait (with retry back-off) for rank 0's server, "
+            "which meshrun's store, up before the workers start, avoids."
+        )
+    )
     mesh_part = summary["mesh"]["mesh_ms"]["ratio"]
-    print(f"- InitDeviceMesh alone (12 NewGroup calls once the default group exists; "
-          f"{args.mesh_launches} launches each, noisy): "
-          f"meshrun / TCPStore = {mesh_part:.2f} -> " +
-          ("not slower." if mesh_part <= 1.0 else
-           "meshrun's store IS slower for this part; the total is lower only because "
-           "InitProcessGroup through TCPStore costs more."))
+    print(
+        f"- InitDeviceMesh alone (12 NewGroup calls once the default group exists; "
+        f"{args.mesh_launches} launches each, noisy): "
+        f"meshrun / TCPStore = {mesh_part:.2f} -> "
+        + (
+            "not slower."
+            if mesh_part <= 1.0
+            else "meshrun's store IS slower for this part; the total is lower only because "
+            "InitProcessGroup through TCPStore costs more."
+        )
+    )
     clear_slower = [r for r in summary["allreduce"] if r["ratio"] < 1.0 and not r["overlap"]]
-    print(f"- All-reduce bus bandwidth: geometric mean meshrun / TCPStore = {geo:.3f} "
-          f"(min {min(ratios):.2f}, max {max(ratios):.2f}); {len(slower_sizes)} of {len(ratios)} "
-          "(ranks, size) points have meshrun more than 10% slower" +
-          (" (" + ", ".join(f"n={r['ranks']} {human(r['bytes'])}: {r['ratio']:.2f}"
-                            for r in slower_sizes) + ")" if slower_sizes else "") +
-          f", of which {len(clear_slower)} lie outside the launch-to-launch noise (ranges not "
-          "overlapping)" + (" (" + ", ".join(f"n={r['ranks']} {human(r['bytes'])}"
-                                             for r in clear_slower) + ")" if clear_slower else "") +
-          ". The store is not on the data path (after the rendezvous Gloo's own TCP pairs "
-          "carry the tensors), so the same bandwidth is expected -> " +
-          ("MET in the sense that no point has meshrun measurably slower; the launch-to-launch "
-           "spread is large on a loaded machine, so the per-point ratios (both directions) "
-           "are noise, not a ranking." if not clear_slower else
-           "NOT SHOWN: some points have meshrun measurably slower in this run."))
+    print(
+        f"- All-reduce bus bandwidth: geometric mean meshrun / TCPStore = {geo:.3f} "
+        f"(min {min(ratios):.2f}, max {max(ratios):.2f}); {len(slower_sizes)} of {len(ratios)} "
+        "(ranks, size) points have meshrun more than 10% slower"
+        + (
+            " ("
+            + ", ".join(
+                f"n={r['ranks']} {human(r['bytes'])}: {r['ratio']:.2f}" for r in slower_sizes
+            )
+            + ")"
+            if slower_sizes
+            else ""
+        )
+        + f", of which {len(clear_slower)} lie outside the launch-to-launch noise (ranges not "
+        "overlapping)"
+        + (
+            " (" + ", ".join(f"n={r['ranks']} {human(r['bytes'])}" for r in clear_slower) + ")"
+            if clear_slower
+            else ""
+        )
+        + ". The store is not on the data path (after the rendezvous Gloo's own TCP pairs "
+        "carry the tensors), so the same bandwidth is expected -> "
+        + (
+            "MET in the sense that no point has meshrun measurably slower; the launch-to-launch "
+            "spread is large on a loaded machine, so the per-point ratios (both directions) "
+            "are noise, not a ranking."
+            if not clear_slower
+            else "NOT SHOWN: some points have meshrun measurably slower in this run."
+        )
+    )
     headline = creation <= 1.0 and not clear_slower
     store_bound = ls <= 1.0 and mesh_part <= 1.0
-    print("\n**Overall: " + (
-        "target met" if headline and store_bound else
-        "target met on the headline numbers (creation time max over ranks, all-reduce "
-        "bandwidth), but NOT for the store-bound part of group creation" if headline else
-        "target NOT met") + ".**")
-    summary["verdict"] = {"headline_met": headline, "store_bound_met": store_bound,
-                          "last_start_ratio": ls, "creation_ratio": creation,
-                          "busbw_geomean_ratio": geo,
-                          "creation_met": creation <= 1.0, "mesh_part_ratio": mesh_part,
-                          "busbw_points_meshrun_clearly_slower": len(clear_slower)}
+    print(
+        "\n**Overall: "
+        + (
+            "target met"
+            if headline and store_bound
+            else "target met on the headline numbers (creation time max over ranks, all-reduce "
+            "bandwidth), but NOT for the store-bound part of group creation"
+            if headline
+            else "target NOT met"
+        )
+        + ".**"
+    )
+    summary["verdict"] = {
+        "headline_met": headline,
+        "store_bound_met": store_bound,
+        "last_start_ratio": ls,
+        "creation_ratio": creation,
+        "busbw_geomean_ratio": geo,
+        "creation_met": creation <= 1.0,
+        "mesh_part_ratio": mesh_part,
+        "busbw_points_meshrun_clearly_slower": len(clear_slower),
+    }
     print()
     print("SUMMARY_JSON " + json.dumps(summary))
     if args.raw:

@@ -90,7 +90,7 @@ def main():
     for step in range(args.warmup + args.steps):
         x = torch.randn(args.batch, sizes[0], generator=generator)
         y = torch.randn(args.batch, sizes[-1], generator=generator)
-        x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
+        x, y = x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local]
         dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad()
@@ -110,14 +110,18 @@ def main():
     memory = torch.tensor([peak, peak - rss_before_model], dtype=torch.float64)
     dist.all_reduce(memory, op=dist.ReduceOp.MAX)
     if rank == 0:
-        print(f"RESULT impl=torch mode={args.mode} world={n} sizes={args.sizes} "
-              f"batch={args.batch} median_ms={statistics.median(step_ms):.3f} "
-              f"p10_ms={percentile(step_ms, 0.1):.3f} p90_ms={percentile(step_ms, 0.9):.3f} "
-              f"steps={args.steps} first_loss={first_loss:.6f} last_loss={last_loss:.6f} "
-              f"max_rss_mb={memory[0].item():.1f} rss_growth_mb={memory[1].item():.1f}",
-              flush=True)
-        print(f"STEPS impl=torch mode={args.mode} " + ",".join(f"{t:.3f}" for t in step_ms),
-              flush=True)
+        print(
+            f"RESULT impl=torch mode={args.mode} world={n} sizes={args.sizes} "
+            f"batch={args.batch} median_ms={statistics.median(step_ms):.3f} "
+            f"p10_ms={percentile(step_ms, 0.1):.3f} p90_ms={percentile(step_ms, 0.9):.3f} "
+            f"steps={args.steps} first_loss={first_loss:.6f} last_loss={last_loss:.6f} "
+            f"max_rss_mb={memory[0].item():.1f} rss_growth_mb={memory[1].item():.1f}",
+            flush=True,
+        )
+        print(
+            f"STEPS impl=torch mode={args.mode} " + ",".join(f"{t:.3f}" for t in step_ms),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

@@ -13,6 +13,7 @@ this process listens on, comma-separated, from /proc/self).
 writes its pid to OUT_DIR/TAG.stalled.pid after a few steps, and every rank
 keeps training until something ends the job (bounded: exit 3 after 120 s).
 """
+
 import argparse
 import os
 import sys
@@ -32,7 +33,7 @@ def listening_ports():
         except OSError:
             continue
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     ports = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         with open(table) as f:
@@ -63,8 +64,9 @@ def main():
     rank = dist.get_rank()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
-                                    torch.nn.Linear(16, 1)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(rank)
 
@@ -79,8 +81,9 @@ def main():
         for n in range(1_000_000):
             step()
             if n == 3 and rank == args.stall_rank:
-                write_file(os.path.join(args.out_dir, f"{args.tag}.stalled.pid"),
-                           f"{os.getpid()}\n")
+                write_file(
+                    os.path.join(args.out_dir, f"{args.tag}.stalled.pid"), f"{os.getpid()}\n"
+                )
             if time.monotonic() > deadline:
                 raise SystemExit(3)
             time.sleep(0.05)
@@ -88,14 +91,17 @@ def main():
     for _ in range(args.steps):
         step()
 
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
+    )
     store.set(f"trained/{restart}/{rank}", "1")
     env = dict(os.environ)
     env["_PID"] = str(os.getpid())
     env["_LISTEN"] = ",".join(str(p) for p in listening_ports())
-    write_file(os.path.join(args.out_dir, f"{args.tag}.{rank}.a{restart}.env"),
-               "".join(k + "=" + env[k].replace("\n", "\\n") + "\n" for k in sorted(env)))
+    write_file(
+        os.path.join(args.out_dir, f"{args.tag}.{rank}.a{restart}.env"),
+        "".join(k + "=" + env[k].replace("\n", "\\n") + "\n" for k in sorted(env)),
+    )
     del store
     dist.destroy_process_group()
 

@@ -18,10 +18,13 @@ import sys
 
 
 def installed_packages():
-    fmt = ("${Package}\t${binary:Package}\t${db:Status-Abbrev}\t${Essential}\t${Pre-Depends}\t"
-           "${Depends}\t${Provides}\n")
-    out = subprocess.run(["dpkg-query", "-W", "-f", fmt], check=True, capture_output=True,
-                         text=True).stdout
+    fmt = (
+        "${Package}\t${binary:Package}\t${db:Status-Abbrev}\t${Essential}\t${Pre-Depends}\t"
+        "${Depends}\t${Provides}\n"
+    )
+    out = subprocess.run(
+        ["dpkg-query", "-W", "-f", fmt], check=True, capture_output=True, text=True
+    ).stdout
     packages, providers = {}, {}
     for line in out.splitlines():
         name, arch_name, status, essential, pre, depends, provides = line.split("\t")
@@ -77,29 +80,36 @@ def main():
         os.makedirs(os.path.join(admin, sub), exist_ok=True)
     paths = []
     for name in wanted:
-        listing = subprocess.run(["dpkg-query", "-L", name], check=True, capture_output=True,
-                                 text=True).stdout
+        listing = subprocess.run(
+            ["dpkg-query", "-L", name], check=True, capture_output=True, text=True
+        ).stdout
         listed = [p for p in listing.splitlines() if p.startswith("/")]
         paths.extend(p.lstrip("/") for p in listed if p != "/." and os.path.lexists(p))
         # dpkg's list of the package's files, as on a real installation.
         with open(os.path.join(admin, "info", packages[name][2] + ".list"), "w") as f:
             f.write("\n".join(listed) + "\n")
-    tar = subprocess.Popen(["tar", "-C", "/", "--no-recursion", "-cf", "-", "-T", "-"],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    untar = subprocess.Popen(["tar", "-C", root, "--keep-directory-symlink", "-xf", "-"],
-                             stdin=tar.stdout)
+    tar = subprocess.Popen(
+        ["tar", "-C", "/", "--no-recursion", "-cf", "-", "-T", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    untar = subprocess.Popen(
+        ["tar", "-C", root, "--keep-directory-symlink", "-xf", "-"], stdin=tar.stdout
+    )
     tar.stdout.close()
     tar.stdin.write("\n".join(paths).encode() + b"\n")
     tar.stdin.close()
     if tar.wait() != 0 or untar.wait() != 0:
         raise SystemExit("clean_root: copying the packages' files failed")
-    status = subprocess.run(["dpkg-query", "-s"] + wanted, check=True, capture_output=True,
-                            text=True).stdout
+    status = subprocess.run(
+        ["dpkg-query", "-s"] + wanted, check=True, capture_output=True, text=True
+    ).stdout
     with open(os.path.join(admin, "status"), "w") as f:
         f.write(status)
     open(os.path.join(admin, "available"), "w").close()
-    size = subprocess.run(["du", "-sm", root], check=True, capture_output=True,
-                          text=True).stdout.split()[0]
+    size = subprocess.run(
+        ["du", "-sm", root], check=True, capture_output=True, text=True
+    ).stdout.split()[0]
     print(f"clean_root: {len(wanted)} packages, {size} MiB: {' '.join(wanted)}")
 
 

@@ -16,6 +16,7 @@ new group with an all_reduce checked; then each writes "done.<rank>" (rank 0
 also "released.0": the value it got). Any failure: an exception, exit 1.
 Every wait is bounded (DEADLINE_S).
 """
+
 import datetime
 import os
 import sys
@@ -23,17 +24,19 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from handshake_files import DEADLINE_S, await_file, write_file
 from torch.distributed.elastic.utils import store as elastic_store
 from torch.nn.parallel import DistributedDataParallel as DDP
-from handshake_files import DEADLINE_S, await_file, write_file
 
 TIMEOUT = datetime.timedelta(seconds=DEADLINE_S)
 
 
 def train(rank, group=None, steps=5):
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
-                                    torch.nn.Linear(16, 1)), process_group=group)
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)),
+        process_group=group,
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(rank)
     for _ in range(steps):
@@ -49,8 +52,9 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == 2, world
     train(rank)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=TIMEOUT)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=TIMEOUT
+    )
     if rank == 0:
         write_file(os.path.join(out_dir, "waiting"), f"{os.getpid()}\n")
         store.wait(["released"])  # through the daemon's restart
@@ -63,9 +67,12 @@ def main():
     dist.barrier()
     group = dist.new_group(list(range(world)))
     dist.barrier(group=group)
-    elastic_store.barrier(dist.distributed_c10d._get_default_store(), world,
-                          key_prefix="relay-restart/store-barrier",
-                          barrier_timeout=DEADLINE_S)
+    elastic_store.barrier(
+        dist.distributed_c10d._get_default_store(),
+        world,
+        key_prefix="relay-restart/store-barrier",
+        barrier_timeout=DEADLINE_S,
+    )
     train(rank, group)
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total, group=group)

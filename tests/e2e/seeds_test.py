@@ -41,53 +41,100 @@ Case = collections.namedtuple("Case", "script flags nodes exit_code pinned")
 
 CASES = {
     # Seed 000: the mesh printouts for (2, 3) and (3, 2).
-    "mesh_2x3": Case("000_parallelism/mesh_2x3.py",
-                     ["--node_rank=0", "--nproc_per_node=6", "--nnodes=1", "--standalone"], 1, 0,
-                     "Rank: 5, DeviceMesh((tp=3), 'cpu', stride=(1,))"),
-    "mesh_3x2": Case("000_parallelism/mesh_3x2.py",
-                     ["--node_rank=0", "--nproc_per_node=6", "--nnodes=1", "--standalone"], 1, 0,
-                     "Rank: 5, DeviceMesh((tp=2), 'cpu', stride=(1,))"),
+    "mesh_2x3": Case(
+        "000_parallelism/mesh_2x3.py",
+        ["--node_rank=0", "--nproc_per_node=6", "--nnodes=1", "--standalone"],
+        1,
+        0,
+        "Rank: 5, DeviceMesh((tp=3), 'cpu', stride=(1,))",
+    ),
+    "mesh_3x2": Case(
+        "000_parallelism/mesh_3x2.py",
+        ["--node_rank=0", "--nproc_per_node=6", "--nnodes=1", "--standalone"],
+        1,
+        0,
+        "Rank: 5, DeviceMesh((tp=2), 'cpu', stride=(1,))",
+    ),
     # Seed 000: FSDP1 HYBRID_SHARD on (2, 4). torch 2.15's FSDP1 refuses a
     # CPU-only machine; that is what both launchers must show.
-    "hsdp_fsdp1": Case("000_parallelism/hsdp_fsdp1.py",
-                       ["--node_rank=0", "--nproc_per_node=8", "--nnodes=1", "--standalone"], 1, 1,
-                       "RuntimeError: FSDP needs a non-CPU accelerator device, but no accelerator "
-                       "device is detected."),
+    "hsdp_fsdp1": Case(
+        "000_parallelism/hsdp_fsdp1.py",
+        ["--node_rank=0", "--nproc_per_node=8", "--nnodes=1", "--standalone"],
+        1,
+        1,
+        "RuntimeError: FSDP needs a non-CPU accelerator device, but no accelerator "
+        "device is detected.",
+    ),
     # Seed 000: FSDP2 HSDP on (2, 4), and FSDP2 + TP with full_tensor.
-    "hsdp_fsdp2": Case("000_parallelism/hsdp_fsdp2.py",
-                       ["--node_rank=0", "--nproc_per_node=8", "--nnodes=1", "--standalone"], 1, 0,
-                       "Global rank: 6, dp_rank: 1, fsdp_rank:2, Weights array: "
-                       "[DTensor(local_tensor=tensor([151., 152., 153., 154., 155., 156., 157., "
-                       "158., 159., 160., 161., 162.,"),
-    "fsdp2_tp": Case("000_parallelism/fsdp2_tp.py",
-                     ["--node_rank=0", "--nproc_per_node=4", "--nnodes=1", "--standalone"], 1, 0,
-                     # full_tensor()'s third row: in order (the seed saw 137.. in its second).
-                     "125., 126., 127., 128., 129., 130., 131., 132., 133., 134., 135., 136.,"),
+    "hsdp_fsdp2": Case(
+        "000_parallelism/hsdp_fsdp2.py",
+        ["--node_rank=0", "--nproc_per_node=8", "--nnodes=1", "--standalone"],
+        1,
+        0,
+        "Global rank: 6, dp_rank: 1, fsdp_rank:2, Weights array: "
+        "[DTensor(local_tensor=tensor([151., 152., 153., 154., 155., 156., 157., "
+        "158., 159., 160., 161., 162.,",
+    ),
+    "fsdp2_tp": Case(
+        "000_parallelism/fsdp2_tp.py",
+        ["--node_rank=0", "--nproc_per_node=4", "--nnodes=1", "--standalone"],
+        1,
+        0,
+        # full_tensor()'s third row: in order (the seed saw 137.. in its second).
+        "125., 126., 127., 128., 129., 130., 131., 132., 133., 134., 135., 136.,",
+    ),
     # Seed 001: the recipe's programs, CUDA and NCCL as written, with its
     # command lines (the first one's fixed endpoint included).
-    "recipe_2d_setup": Case("001_device_mesh_recipe/2d_setup.py",
-                            ["--nproc_per_node=8", "--rdzv_id=100",
-                             "--rdzv_endpoint=localhost:29400"], 1, 1,
-                            "RuntimeError: nccl2 requires at least one CUDA device"),
-    "recipe_hsdp": Case("001_device_mesh_recipe/hsdp.py", ["--nproc_per_node=8"], 1, 1,
-                        "RuntimeError: Found no NVIDIA driver on your system. Please check that "
-                        "you have an NVIDIA GPU and installed a driver from "
-                        "http://www.nvidia.com/Download/index.aspx"),
+    "recipe_2d_setup": Case(
+        "001_device_mesh_recipe/2d_setup.py",
+        ["--nproc_per_node=8", "--rdzv_id=100", "--rdzv_endpoint=localhost:29400"],
+        1,
+        1,
+        "RuntimeError: nccl2 requires at least one CUDA device",
+    ),
+    "recipe_hsdp": Case(
+        "001_device_mesh_recipe/hsdp.py",
+        ["--nproc_per_node=8"],
+        1,
+        1,
+        "RuntimeError: Found no NVIDIA driver on your system. Please check that "
+        "you have an NVIDIA GPU and installed a driver from "
+        "http://www.nvidia.com/Download/index.aspx",
+    ),
     # Seed 002: DDP with @record, DistributedSampler and a checkpoint around a
     # barrier, elastic as its multinode.sh: two agents of 2 workers.
-    "ddp_elastic": Case("002_ddp_elastic/train_script.py",
-                        ["--nnodes=1:4", "--nproc_per_node=2", "--node_rank=0", "--max-restarts=3",
-                         "--rdzv_id=seed002", "--rdzv_backend=c10d",
-                         "--rdzv_endpoint=127.0.0.1:29400"], 2, 0,
-                        "rank 3 epoch 2 loss"),
+    "ddp_elastic": Case(
+        "002_ddp_elastic/train_script.py",
+        [
+            "--nnodes=1:4",
+            "--nproc_per_node=2",
+            "--node_rank=0",
+            "--max-restarts=3",
+            "--rdzv_id=seed002",
+            "--rdzv_backend=c10d",
+            "--rdzv_endpoint=127.0.0.1:29400",
+        ],
+        2,
+        0,
+        "rank 3 epoch 2 loss",
+    ),
     # Seed 003: TP + PP on 2 nodes x 2 workers, the seed's torchrun line. Its
     # layers live on cuda:LOCAL_RANK as written.
-    "tp_pp": Case("003_tp_pp/2d_parallelism.py",
-                  ["--nnodes=2", "--nproc_per_node=2", "--rdzv_id=1234", "--rdzv_backend=c10d",
-                   "--rdzv_endpoint=127.0.0.1:29500"], 2, 1,
-                  "RuntimeError: Found no NVIDIA driver on your system. Please check that "
-                  "you have an NVIDIA GPU and installed a driver from "
-                  "http://www.nvidia.com/Download/index.aspx"),
+    "tp_pp": Case(
+        "003_tp_pp/2d_parallelism.py",
+        [
+            "--nnodes=2",
+            "--nproc_per_node=2",
+            "--rdzv_id=1234",
+            "--rdzv_backend=c10d",
+            "--rdzv_endpoint=127.0.0.1:29500",
+        ],
+        2,
+        1,
+        "RuntimeError: Found no NVIDIA driver on your system. Please check that "
+        "you have an NVIDIA GPU and installed a driver from "
+        "http://www.nvidia.com/Download/index.aspx",
+    ),
 }
 
 # The launchers' own lines, left out of the comparison.
@@ -98,15 +145,19 @@ MESHRUN_LOG = re.compile(r"^\[\d\d:\d\d:\d\d\.\d{3}\] \[[\w-]+\] \[\w+\] ")  # m
 # meshrun's workers use its daemon's (TORCHELASTIC_USE_AGENT_STORE=True, or
 # rank 0's own with a token or TLS), so the count of these lines tells which
 # process serves the store, not what the program printed.
-STORE_SERVER_LOG = re.compile(r"^\[W\d{4} [\d:.]+ socket\.cpp:\d+\] \[c10d\] The hostname of "
-                              r"the client socket cannot be retrieved")
+STORE_SERVER_LOG = re.compile(
+    r"^\[W\d{4} [\d:.]+ socket\.cpp:\d+\] \[c10d\] The hostname of "
+    r"the client socket cannot be retrieved"
+)
 # Likewise c10d's reports of a store connection closing at the end of a run
 # (with the C++ stack they carry): torchrun's second agent prints them when the
 # first, its store's host, exits before it (in its exit barrier, whose wait
 # and next call fail); they tell who held the store.
-STORE_CLOSED_LOG = re.compile(r"^(\[W\d{4} [\d:.]+ TCPStore\.cpp:\d+\] \[c10d\] "
-                              r"(recvVector|recvValueWithTimeout|sendBytes) failed"
-                              r"|Exception raised from (recvBytes|sendBytes) at |frame #\d+: )")
+STORE_CLOSED_LOG = re.compile(
+    r"^(\[W\d{4} [\d:.]+ TCPStore\.cpp:\d+\] \[c10d\] "
+    r"(recvVector|recvValueWithTimeout|sendBytes) failed"
+    r"|Exception raised from (recvBytes|sendBytes) at |frame #\d+: )"
+)
 
 NORMALIZE = [
     (re.compile(r"\b([IWEDC])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ "), r"\1<time> <pid> "),
@@ -130,7 +181,8 @@ def launcher_lines_dropped(stderr):
     for i, line in enumerate(lines):
         following = lines[i + 1] if i + 1 < len(lines) else ""
         if line == "Traceback (most recent call last):" and following.rstrip().endswith(
-                '/bin/torchrun", line 8, in <module>'):
+            '/bin/torchrun", line 8, in <module>'
+        ):
             break  # torchrun's own failure report runs to the end
         if line.startswith("meshrun: ") and following.startswith("====="):
             break  # so does meshrun's
@@ -151,9 +203,11 @@ def normalized(line, ranks_too):
 # so another worker's line can land between them ("A..B..\n\n"; meshrun
 # passes whole lines). The comparison splits such a line where a second one
 # begins, and drops empty lines.
-LINE_STARTS = re.compile(r"(?<=.)(?<!\]: )(?=\[rank\d+\]:|Rank: \d|Global rank: \d|rank \d+ epoch \d"
-                         r"|Running example on rank=\d"
-                         r"|Traceback \(most recent call last\))")
+LINE_STARTS = re.compile(
+    r"(?<=.)(?<!\]: )(?=\[rank\d+\]:|Rank: \d|Global rank: \d|rank \d+ epoch \d"
+    r"|Running example on rank=\d"
+    r"|Traceback \(most recent call last\))"
+)
 # What a failing worker reports: its exception's line.
 EXCEPTION = re.compile(r"^(\[rankN\]: )?[\w.]*(Error|Exception)\b.*: ")
 
@@ -170,14 +224,29 @@ def reported(lines):
     """The distinct lines a failed run's workers reported: what they printed
     (stdout-style lines) and their exceptions' lines, without traceback
     detail."""
-    return sorted({line for line in lines if EXCEPTION.match(line) or not line.startswith(
-        ("[rankN]:", " ", "Traceback", "^", "~"))})
+    return sorted(
+        {
+            line
+            for line in lines
+            if EXCEPTION.match(line)
+            or not line.startswith(("[rankN]:", " ", "Traceback", "^", "~"))
+        }
+    )
 
 
 def launch(commands, env):
     """Starts every command at once; returns (exit codes, [(stdout, stderr)])."""
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                              text=True, start_new_session=True) for cmd in commands]
+    procs = [
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
+        for cmd in commands
+    ]
     results = [None] * len(procs)
 
     def drain(i):  # each launcher's pipes read at once: none can fill and stall
@@ -215,10 +284,14 @@ GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
 def aborted_at_exit_only(case, codes, runs):
-    return (case.exit_code == 0 and any(code != 0 for code in codes) and
-            any(GLOO_EXIT_ABORT in err for _, err in runs) and
-            not any("Traceback (most recent call last)" in err.split(GLOO_EXIT_ABORT)[0]
-                    for _, err in runs))
+    return (
+        case.exit_code == 0
+        and any(code != 0 for code in codes)
+        and any(GLOO_EXIT_ABORT in err for _, err in runs)
+        and not any(
+            "Traceback (most recent call last)" in err.split(GLOO_EXIT_ABORT)[0] for _, err in runs
+        )
+    )
 
 
 def run_case(name, case, args):
@@ -234,8 +307,10 @@ def run_case(name, case, args):
         started = time.monotonic()
         codes, runs = launch([[binary] + case.flags + [script]] * case.nodes, env)
         if aborted_at_exit_only(case, codes, runs):
-            print(f"{name}: {launcher} exited {codes}: a worker aborted at exit "
-                  f"({GLOO_EXIT_ABORT!r}, torch's Gloo race); running it again")
+            print(
+                f"{name}: {launcher} exited {codes}: a worker aborted at exit "
+                f"({GLOO_EXIT_ABORT!r}, torch's Gloo race); running it again"
+            )
             codes, runs = launch([[binary] + case.flags + [script]] * case.nodes, env)
         outcome[launcher] = codes, runs
         print(f"{name}: {launcher} exited {codes} in {time.monotonic() - started:.1f} s")
@@ -262,20 +337,25 @@ def run_case(name, case, args):
     if want != got:
         missing = list((collections.Counter(want) - collections.Counter(got)).elements())
         extra = list((collections.Counter(got) - collections.Counter(want)).elements())
-        problems.append("worker lines differ\n  only under torchrun:\n    " +
-                        "\n    ".join(missing[:40]) + "\n  only under meshrun:\n    " +
-                        "\n    ".join(extra[:40]))
+        problems.append(
+            "worker lines differ\n  only under torchrun:\n    "
+            + "\n    ".join(missing[:40])
+            + "\n  only under meshrun:\n    "
+            + "\n    ".join(extra[:40])
+        )
     pinned = normalized(case.pinned, failed)
     if not any(pinned in line for line in got):
         problems.append(f"meshrun's workers never printed the pinned line: {case.pinned}")
     if problems:
-        for launcher, (codes, runs) in outcome.items():
+        for launcher, (_codes, runs) in outcome.items():
             for node, (out, err) in enumerate(runs):
                 print(f"----- {launcher} node {node} stdout\n{out}----- stderr\n{err}")
         print(f"FAIL {name}:\n" + "\n".join(problems))
         return 1
-    print(f"PASS {name}: exit {mesh_codes}, {len(got)} "
-          f"{'distinct ' if failed else ''}worker lines equal")
+    print(
+        f"PASS {name}: exit {mesh_codes}, {len(got)} "
+        f"{'distinct ' if failed else ''}worker lines equal"
+    )
     subprocess.run(["rm", "-rf", workdir], check=False)
     return 0
 

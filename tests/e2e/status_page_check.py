@@ -10,6 +10,7 @@
 Prints one line per step; exits 0 when every check passed, 1 otherwise.
 chromedriver (and the Chromium it starts) is ended by its pid.
 """
+
 import argparse
 import base64
 import json
@@ -44,20 +45,37 @@ class WebDriver:
 
     def call(self, method, path, body=None, timeout=30):
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read() or b"{}").get("value")
 
     def start(self, user_data_dir, width, height):
-        value = self.call("POST", "/session", {"capabilities": {"alwaysMatch": {
-            "browserName": "chrome",
-            "goog:chromeOptions": {
-                "binary": "/usr/bin/chromium",
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", "--no-first-run",
-                         f"--user-data-dir={user_data_dir}",
-                         f"--window-size={width},{height}"]}}}}, timeout=60)
+        value = self.call(
+            "POST",
+            "/session",
+            {
+                "capabilities": {
+                    "alwaysMatch": {
+                        "browserName": "chrome",
+                        "goog:chromeOptions": {
+                            "binary": "/usr/bin/chromium",
+                            "args": [
+                                "--headless=new",
+                                "--no-sandbox",
+                                "--disable-gpu",
+                                "--disable-dev-shm-usage",
+                                "--no-first-run",
+                                f"--user-data-dir={user_data_dir}",
+                                f"--window-size={width},{height}",
+                            ],
+                        },
+                    }
+                }
+            },
+            timeout=60,
+        )
         self.session = value["sessionId"]
 
     def s(self, path):
@@ -82,9 +100,13 @@ class WebDriver:
 
 
 def start_chromedriver():
-    process = subprocess.Popen(["/usr/bin/chromedriver", "--port=0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+    process = subprocess.Popen(
+        ["/usr/bin/chromedriver", "--port=0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         line = process.stdout.readline()
@@ -148,32 +170,52 @@ def main():
     try:
         driver.start(user_data_dir, 1280, 860)
         driver.open(args.url)
-        before = wait_for(driver, "both nodes are participants, 0 restarts",
-                          lambda s: (r := run_of(s)) is not None
-                          and len(participants(r)) == 2 and r["restarts"] == "0 / 1"
-                          and r["round"] == "1", args.timeout)
+        before = wait_for(
+            driver,
+            "both nodes are participants, 0 restarts",
+            lambda s: (
+                (r := run_of(s)) is not None
+                and len(participants(r)) == 2
+                and r["restarts"] == "0 / 1"
+                and r["round"] == "1"
+            ),
+            args.timeout,
+        )
         if before:
             ranks = sorted(n[4] for n in participants(run_of(before)))
             print(f"ok: global ranks shown {ranks}", flush=True)
             # The daemon's build in the header: "0.1.0 (commit 0123456789ab)".
-            version_ok = re.fullmatch(r"\d+\.\d+\.\d+ \(commit [0-9a-z-]+\)",
-                                      before["version"]) is not None
-            print(f"{'ok' if version_ok else 'FAIL'}: daemon build shown "
-                  f"'{before['version']}'", flush=True)
+            version_ok = (
+                re.fullmatch(r"\d+\.\d+\.\d+ \(commit [0-9a-z-]+\)", before["version"]) is not None
+            )
+            print(
+                f"{'ok' if version_ok else 'FAIL'}: daemon build shown '{before['version']}'",
+                flush=True,
+            )
             with open(args.fail_file, "w") as f:
                 f.write("fail\n")
             after = wait_for(
-                driver, "1 restart, round 2, last failure with its traceback",
-                lambda s: (r := run_of(s)) is not None and r["restarts"] == "1 / 1"
-                and r["round"] == "2" and len(participants(r)) == 2
-                and "exit 1" in r["failure"] and "corrupt batch at step 17" in r["failure"]
-                and "load_batch" in r["failure"], args.timeout)
+                driver,
+                "1 restart, round 2, last failure with its traceback",
+                lambda s: (
+                    (r := run_of(s)) is not None
+                    and r["restarts"] == "1 / 1"
+                    and r["round"] == "2"
+                    and len(participants(r)) == 2
+                    and "exit 1" in r["failure"]
+                    and "corrupt batch at step 17" in r["failure"]
+                    and "load_batch" in r["failure"]
+                ),
+                args.timeout,
+            )
             if after:
                 # Let the heartbeat ages tick once more, so the picture is live.
                 time.sleep(1.2)
                 driver.screenshot(args.screenshot)
-                print(f"ok: screenshot {args.screenshot} "
-                      f"({os.path.getsize(args.screenshot)} bytes)", flush=True)
+                print(
+                    f"ok: screenshot {args.screenshot} ({os.path.getsize(args.screenshot)} bytes)",
+                    flush=True,
+                )
                 ok = ranks == ["0 - 1", "2 - 3"] and version_ok
                 if not ok:
                     print(f"FAILED: ranks {ranks}", flush=True)

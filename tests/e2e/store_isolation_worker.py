@@ -18,6 +18,7 @@ Then it checks and writes result.<RUN>.<rank>: KEY=VALUE lines, "result=ok"
 or "result=" and what failed, plus the MASTER_PORT and MESHRUN_STORE_PREFIX
 it had. Exit 0 when ok, 1 when not.
 """
+
 import datetime
 import os
 import sys
@@ -41,8 +42,12 @@ def main():
     out_dir, run, runs, keys = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=DEADLINE_S))
     rank, world = dist.get_rank(), dist.get_world_size()
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=datetime.timedelta(seconds=DEADLINE_S))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=DEADLINE_S),
+    )
 
     def phase(name):
         write_file(os.path.join(out_dir, f"{name}.{run}.{rank}"), "")
@@ -72,14 +77,16 @@ def main():
         theirs = [f"iso/{other}/{r}/0" for r in range(world)]
         if store.check(theirs):
             problems.append(f"check({theirs}) is true")
-        if not fails(lambda: store.get(theirs[0])):
+        if not fails(lambda theirs=theirs: store.get(theirs[0])):
             problems.append(f"get({theirs[0]}) answered")
-        if not fails(lambda: store.wait(theirs, SHORT)):
+        if not fails(lambda theirs=theirs: store.wait(theirs, SHORT)):
             problems.append(f"wait({theirs}) returned")
-    write_file(os.path.join(out_dir, f"result.{run}.{rank}"),
-               f"result={'ok' if not problems else '; '.join(problems)}\n"
-               f"MASTER_PORT={os.environ['MASTER_PORT']}\n"
-               f"MESHRUN_STORE_PREFIX={os.environ['MESHRUN_STORE_PREFIX']}\n")
+    write_file(
+        os.path.join(out_dir, f"result.{run}.{rank}"),
+        f"result={'ok' if not problems else '; '.join(problems)}\n"
+        f"MASTER_PORT={os.environ['MASTER_PORT']}\n"
+        f"MESHRUN_STORE_PREFIX={os.environ['MESHRUN_STORE_PREFIX']}\n",
+    )
     dist.destroy_process_group()
     return 0 if not problems else 1
 

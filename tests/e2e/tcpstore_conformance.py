@@ -78,18 +78,21 @@ TORCH_BACKEND_DIFFERENCES = {
         "torch-classic",
         "libuv's server refuses a payload over its 8 MiB limit and closes the connection "
         "(the client sees DistNetworkError); the classic server stores and returns 64 MiB; "
-        "meshrun supports 64 MiB, as the classic one"),
+        "meshrun supports 64 MiB, as the classic one",
+    ),
     "queue": (
         "torch-libuv",
         "the classic server has no queue queries: it closes the connection at the first "
-        "(DistNetworkError); libuv implements queue_push/pop/len"),
+        "(DistNetworkError); libuv implements queue_push/pop/len",
+    ),
     "queue_pop_blocks_until_push": ("torch-libuv", "as 'queue'"),
     "queue_name_reads": ("torch-libuv", "as 'queue'"),
     "parked_get_and_wait_then_queue_push": ("torch-libuv", "as 'queue'"),
     "libuv_limits": (
         "torch-libuv",
         "libuv's server closes the connection of a key over 8 KiB or a query of more than "
-        "128 Ki keys; the classic server has no such limit; meshrun has libuv's"),
+        "128 Ki keys; the classic server has no such limit; meshrun has libuv's",
+    ),
 }
 # Garbage on the socket: the classic server closes the connection at once;
 # libuv's keeps it open (still open at the 8 s deadline) when the garbage comes before a
@@ -98,11 +101,13 @@ for _name in ("garbage_raw_bytes", "garbage_wrong_magic", "garbage_query_before_
     TORCH_BACKEND_DIFFERENCES[_name] = (
         "torch-classic",
         "libuv's server leaves a connection that sent garbage before a valid VALIDATE open "
-        "(8 s later); the classic server closes it; meshrun must close it, as the classic")
+        "(8 s later); the classic server closes it; meshrun must close it, as the classic",
+    )
 
 
 # --------------------------------------------------------------------------
 # Servers, each ended by its pid.
+
 
 def read_line_with_deadline(proc, prefix, deadline_s):
     """The value after `prefix` on the first stdout line carrying it."""
@@ -121,7 +126,7 @@ def read_line_with_deadline(proc, prefix, deadline_s):
             line, buf = buf.split(b"\n", 1)
             text = line.decode(errors="replace").strip()
             if text.startswith(prefix):
-                return text[len(prefix):]
+                return text[len(prefix) :]
     return None
 
 
@@ -164,8 +169,9 @@ class Server:
                 if kind == "meshrun-agent":
                     if not relay:
                         raise SystemExit("--relay is required for the meshrun-agent server")
-                    endpoint = self.start([relay, endpoint, "conformance"],
-                                          "MESHRUN_RELAY_ENDPOINT=")
+                    endpoint = self.start(
+                        [relay, endpoint, "conformance"], "MESHRUN_RELAY_ENDPOINT="
+                    )
             else:
                 libuv = "True" if kind == "torch-libuv" else "False"
                 endpoint = self.start([PYTHON, "-c", TORCH_SERVER.format(libuv=libuv)], "PORT=")
@@ -175,12 +181,15 @@ class Server:
         self.port = int(endpoint.rsplit(":", 1)[-1])
 
     def start(self, cmd, prefix):
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
         self.procs.append(proc)
         value = read_line_with_deadline(proc, prefix, START_DEADLINE_S)
         if value is None:
-            raise RuntimeError("%s did not report its port within %d s" % (cmd[0], START_DEADLINE_S))
+            raise RuntimeError(
+                "%s did not report its port within %d s" % (cmd[0], START_DEADLINE_S)
+            )
         return value
 
     def alive(self):
@@ -304,6 +313,7 @@ class Ctx:
 
     def client(self, timeout=CLIENT_TIMEOUT):
         import torch.distributed as dist
+
         return dist.TCPStore(HOST, self.port, is_master=False, timeout=timeout)
 
     def short_client(self):
@@ -334,10 +344,12 @@ class Ctx:
 
     def serves_others(self):
         """A new stock client can still set and read back a value."""
+
         def rt():
             c = self.client()
             c.set(self.p + "probe", "alive")
             return c.get(self.p + "probe")
+
         return attempt(rt) == "alive"
 
 
@@ -351,8 +363,11 @@ def fresh_server(x):
 def connect_ping(x):
     # A stock client's constructor validates (magic) and pings.
     c = x.client()
-    return {"connected": True, "libuvBackend_attr": attempt(lambda: c.libuvBackend),
-            "has_extended_api": attempt(c.has_extended_api)}
+    return {
+        "connected": True,
+        "libuvBackend_attr": attempt(lambda: c.libuvBackend),
+        "has_extended_api": attempt(c.has_extended_api),
+    }
 
 
 @case
@@ -401,11 +416,15 @@ def client_usable_after_timeout(x):
     first = attempt(lambda: c.get(x.p + "missing"))
     second = attempt(lambda: c.wait([x.p + "missing2"], SHORT))
     c.set_timeout(CLIENT_TIMEOUT)
-    return {"first": first, "second": second,
-            "then_set_get": attempt(lambda: (c.set(x.p + "k", "v"), c.get(x.p + "k"))[1]),
-            "then_add": attempt(lambda: c.add(x.p + "n", 3)),
-            "then_late_key_then_get": attempt(
-                lambda: (x.client().set(x.p + "missing", "late"), c.get(x.p + "missing"))[1])}
+    return {
+        "first": first,
+        "second": second,
+        "then_set_get": attempt(lambda: (c.set(x.p + "k", "v"), c.get(x.p + "k"))[1]),
+        "then_add": attempt(lambda: c.add(x.p + "n", 3)),
+        "then_late_key_then_get": attempt(
+            lambda: (x.client().set(x.p + "missing", "late"), c.get(x.p + "missing"))[1]
+        ),
+    }
 
 
 @case
@@ -426,10 +445,12 @@ def add(x):
 def add_non_integer(x):
     c = x.client()
     c.set(x.p + "s", "abc")
-    return {"add": attempt(lambda: c.add(x.p + "s", 1)),
-            "same_client_after": attempt(lambda: c.get(x.p + "s")),
-            "serves_others": x.serves_others(),
-            "value_kept": attempt(lambda: x.client().get(x.p + "s"))}
+    return {
+        "add": attempt(lambda: c.add(x.p + "s", 1)),
+        "same_client_after": attempt(lambda: c.get(x.p + "s")),
+        "serves_others": x.serves_others(),
+        "value_kept": attempt(lambda: x.client().get(x.p + "s")),
+    }
 
 
 @case
@@ -458,33 +479,41 @@ def compare_set(x):
 def check(x):
     c, p = x.client(), x.p
     c.set(p + "a", "1")
-    return {"empty_list": attempt(lambda: x.client().check([])),  # a client of its own
-            "present": attempt(lambda: c.check([p + "a"])),
-            "present_and_absent": attempt(lambda: c.check([p + "a", p + "z"])),
-            "absent": attempt(lambda: c.check([p + "z"]))}
+    return {
+        "empty_list": attempt(lambda: x.client().check([])),  # a client of its own
+        "present": attempt(lambda: c.check([p + "a"])),
+        "present_and_absent": attempt(lambda: c.check([p + "a", p + "z"])),
+        "absent": attempt(lambda: c.check([p + "z"])),
+    }
 
 
 @case
 def wait_timeout(x):
     c = x.client()
-    return {"one_key": attempt(lambda: c.wait([x.p + "a"], SHORT)),
-            "two_keys": attempt(lambda: x.client().wait([x.p + "a", x.p + "b"], SHORT)),
-            "default_timeout": attempt(lambda: x.short_client().wait([x.p + "a"])),
-            "empty_list": attempt(lambda: x.client().wait([], SHORT)),
-            "present_returns": attempt(
-                lambda: (x.client().set(x.p + "c", "1"), x.client().wait([x.p + "c"], SHORT))[1])}
+    return {
+        "one_key": attempt(lambda: c.wait([x.p + "a"], SHORT)),
+        "two_keys": attempt(lambda: x.client().wait([x.p + "a", x.p + "b"], SHORT)),
+        "default_timeout": attempt(lambda: x.short_client().wait([x.p + "a"])),
+        "empty_list": attempt(lambda: x.client().wait([], SHORT)),
+        "present_returns": attempt(
+            lambda: (x.client().set(x.p + "c", "1"), x.client().wait([x.p + "c"], SHORT))[1]
+        ),
+    }
 
 
 @case
 def delete_key(x):
     c, p = x.client(), x.p
     c.set(p + "a", "1")
-    return {"present": attempt(lambda: c.delete_key(p + "a")),
-            "again": attempt(lambda: c.delete_key(p + "a")),
-            "absent": attempt(lambda: c.delete_key(p + "never")),
-            "check_after": attempt(lambda: c.check([p + "a"])),
-            "counter_deleted_then_add": attempt(
-                lambda: (c.add(p + "n", 4), c.delete_key(p + "n"), c.add(p + "n", 1))[2])}
+    return {
+        "present": attempt(lambda: c.delete_key(p + "a")),
+        "again": attempt(lambda: c.delete_key(p + "a")),
+        "absent": attempt(lambda: c.delete_key(p + "never")),
+        "check_after": attempt(lambda: c.check([p + "a"])),
+        "counter_deleted_then_add": attempt(
+            lambda: (c.add(p + "n", 4), c.delete_key(p + "n"), c.add(p + "n", 1))[2]
+        ),
+    }
 
 
 @case
@@ -507,9 +536,12 @@ def multi_get_set(x):
     c, p = x.client(), x.p
     return {
         "multi_set_then_get": attempt(
-            lambda: (c.multi_set([p + "a", p + "b"], ["1", b"\x00"]), c.multi_get([p + "a", p + "b"]))[1]),
-        "overwrite": attempt(
-            lambda: (c.multi_set([p + "a"], ["9"]), c.get(p + "a"))[1]),
+            lambda: (
+                c.multi_set([p + "a", p + "b"], ["1", b"\x00"]),
+                c.multi_get([p + "a", p + "b"]),
+            )[1]
+        ),
+        "overwrite": attempt(lambda: (c.multi_set([p + "a"], ["9"]), c.get(p + "a"))[1]),
         "empty_multi_set": attempt(lambda: x.client().multi_set([], [])),  # clients of their own
         "empty_multi_get": attempt(lambda: x.client().multi_get([])),
         "duplicate_keys": attempt(lambda: c.multi_get([p + "a", p + "a"])),
@@ -520,10 +552,13 @@ def multi_get_set(x):
 @case
 def append(x):
     c, p = x.client(), x.p
-    return {"absent_creates": attempt(lambda: (c.append(p + "a", "x"), c.get(p + "a"))[1]),
-            "present_appends": attempt(lambda: (c.append(p + "a", "yz"), c.get(p + "a"))[1]),
-            "to_counter": attempt(lambda: (c.add(p + "n", 41), c.append(p + "n", "0"),
-                                           c.add(p + "n", 1))[2])}
+    return {
+        "absent_creates": attempt(lambda: (c.append(p + "a", "x"), c.get(p + "a"))[1]),
+        "present_appends": attempt(lambda: (c.append(p + "a", "yz"), c.get(p + "a"))[1]),
+        "to_counter": attempt(
+            lambda: (c.add(p + "n", 41), c.append(p + "n", "0"), c.add(p + "n", 1))[2]
+        ),
+    }
 
 
 @case
@@ -586,8 +621,11 @@ def many_waiters_one_set(x):
     waiters = [Blocked(c, lambda s: s.get(p + "k")) for c in x.clients(16)]
     all_parked = all([w.wait_parked() for w in waiters])
     x.client().set(p + "k", "go")
-    return {"parked": all_parked, "returned": all([w.join() for w in waiters]),
-            "results": sorted(set(json.dumps(w.result) for w in waiters))}
+    return {
+        "parked": all_parked,
+        "returned": all([w.join() for w in waiters]),
+        "results": sorted(set(json.dumps(w.result) for w in waiters)),
+    }
 
 
 @case
@@ -613,9 +651,12 @@ def concurrent_add_64_clients(x):
     for t in threads:
         t.join(max(0.0, end - time.monotonic()))
     all_values = sorted(v for r in returned for v in r)
-    return {"finished": not any(t.is_alive() for t in threads), "errors": errors[:3],
-            "final": attempt(lambda: x.client().add(key, 0)),
-            "each_value_once": all_values == list(range(1, n_clients * n_adds + 1))}
+    return {
+        "finished": not any(t.is_alive() for t in threads),
+        "errors": errors[:3],
+        "final": attempt(lambda: x.client().add(key, 0)),
+        "each_value_once": all_values == list(range(1, n_clients * n_adds + 1)),
+    }
 
 
 @case
@@ -624,10 +665,13 @@ def barrier(x):
     b = [Blocked(c, lambda s: s.barrier(p + "b", 3, CLIENT_TIMEOUT)) for c in x.clients(3)]
     done = all([t.join() for t in b])
     keys = attempt(x.client().list_keys)
-    return {"returned": done, "results": [t.result for t in b],
-            "keys_left": sorted(k for k in keys if k.startswith(p)) if isinstance(keys, list) else keys,
-            "short_times_out": attempt(lambda: x.client().barrier(p + "c", 2, SHORT)),
-            "world_1": attempt(lambda: x.client().barrier(p + "d", 1))}
+    return {
+        "returned": done,
+        "results": [t.result for t in b],
+        "keys_left": sorted(k for k in keys if k.startswith(p)) if isinstance(keys, list) else keys,
+        "short_times_out": attempt(lambda: x.client().barrier(p + "c", 2, SHORT)),
+        "world_1": attempt(lambda: x.client().barrier(p + "d", 1)),
+    }
 
 
 @case
@@ -635,12 +679,14 @@ def queue_name_reads(x):
     """A wait or check sees a queue's item; a get of the name reads no value."""
     c, p = x.client(), x.p
     c.queue_push(p + "q", "item")
-    return {"wait": attempt(lambda: c.wait([p + "q"], SHORT)),
-            "check": attempt(lambda: c.check([p + "q"])),
-            "get": attempt(lambda: x.short_client().get(p + "q")),
-            "multi_get": attempt(lambda: x.short_client().multi_get([p + "q"])),
-            "len": attempt(lambda: c.queue_len(p + "q")),
-            "serves_others": x.serves_others()}
+    return {
+        "wait": attempt(lambda: c.wait([p + "q"], SHORT)),
+        "check": attempt(lambda: c.check([p + "q"])),
+        "get": attempt(lambda: x.short_client().get(p + "q")),
+        "multi_get": attempt(lambda: x.short_client().multi_get([p + "q"])),
+        "len": attempt(lambda: c.queue_len(p + "q")),
+        "serves_others": x.serves_others(),
+    }
 
 
 @case
@@ -651,9 +697,15 @@ def parked_get_and_wait_then_queue_push(x):
     out = {"parked": getter.wait_parked() and waiter.wait_parked()}
     pusher.queue_push(p + "g", "item")
     pusher.queue_push(p + "w", "item")
-    out.update({"get_returned": getter.join(), "get": getter.result,
-                "wait_returned": waiter.join(), "wait": waiter.result,
-                "serves_others": x.serves_others()})
+    out.update(
+        {
+            "get_returned": getter.join(),
+            "get": getter.result,
+            "wait_returned": waiter.join(),
+            "wait": waiter.result,
+            "serves_others": x.serves_others(),
+        }
+    )
     return out
 
 
@@ -662,21 +714,27 @@ def libuv_limits(x):
     p = x.p
     at_limit = p + "k" * (8192 - 1 - len(p))  # the client adds a leading "/"
     c = x.client()
-    return {"key_8_kib": attempt(lambda: (c.set(at_limit, "v"), c.get(at_limit))[1]),
-            "key_over_8_kib": attempt(lambda: x.client().check([at_limit + "k"])),
-            "check_128_ki_keys": attempt(lambda: x.client().check(
-                ["%sm%d" % (p, i) for i in range(128 << 10)])),
-            "check_over_128_ki_keys": attempt(lambda: x.client().check(
-                ["%sm%d" % (p, i) for i in range((128 << 10) + 1)])),
-            "serves_others": x.serves_others()}
+    return {
+        "key_8_kib": attempt(lambda: (c.set(at_limit, "v"), c.get(at_limit))[1]),
+        "key_over_8_kib": attempt(lambda: x.client().check([at_limit + "k"])),
+        "check_128_ki_keys": attempt(
+            lambda: x.client().check(["%sm%d" % (p, i) for i in range(128 << 10)])
+        ),
+        "check_over_128_ki_keys": attempt(
+            lambda: x.client().check(["%sm%d" % (p, i) for i in range((128 << 10) + 1)])
+        ),
+        "serves_others": x.serves_others(),
+    }
 
 
 @case
 def barrier_world_size_zero_or_less(x):
     c, p = x.client(), x.p
-    return {"zero": attempt(lambda: c.barrier(p + "b", 0, SHORT)),
-            "negative": attempt(lambda: c.barrier(p + "b", -3, SHORT)),
-            "arrivals": attempt(lambda: c.get(p + "b"))}
+    return {
+        "zero": attempt(lambda: c.barrier(p + "b", 0, SHORT)),
+        "negative": attempt(lambda: c.barrier(p + "b", -3, SHORT)),
+        "arrivals": attempt(lambda: c.get(p + "b")),
+    }
 
 
 @case
@@ -684,10 +742,16 @@ def add_reads_a_leading_integer(x):
     """As std::stoll reads it: '12abc' is 12; no leading integer closes."""
     p = x.p
     out = {}
-    for name, stored in (("trailing_text", "12abc"), ("blanks", " 7"), ("sign", "-5x"),
-                         ("no_integer", "abc")):
+    for name, stored in (
+        ("trailing_text", "12abc"),
+        ("blanks", " 7"),
+        ("sign", "-5x"),
+        ("no_integer", "abc"),
+    ):
         c = x.client()
-        out[name] = attempt(lambda: (c.set(p + name, stored), c.add(p + name, 1))[1])
+        out[name] = attempt(
+            lambda c=c, name=name, stored=stored: (c.set(p + name, stored), c.add(p + name, 1))[1]
+        )
     out["serves_others"] = x.serves_others()
     return out
 
@@ -723,26 +787,32 @@ print("RETURNED", flush=True)
 @case
 def client_killed_mid_wait(x):
     p = x.p
-    proc = subprocess.Popen([PYTHON, "-c", VANISHING_CLIENT, str(x.port), p],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [PYTHON, "-c", VANISHING_CLIENT, str(x.port), p],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         ready = read_line_with_deadline(proc, "READY", START_DEADLINE_S) is not None
         # Another waiter on the same key, started only now and with a long
         # timeout: its client's clock must not run out while the subprocess
         # imports torch and is watched (tens of seconds on a loaded machine;
         # the CI run saw it time out after 20 s).
-        other = Blocked(x.client(datetime.timedelta(seconds=120)),
-                        lambda s: s.get(p + "never"))
+        other = Blocked(x.client(datetime.timedelta(seconds=120)), lambda s: s.get(p + "never"))
         # The subprocess's only thread, blocked on its socket after READY, has sent its WAIT.
-        was_parked = ready and wait_parked(proc.pid, proc.pid,
-                                           returned=lambda: proc.poll() is not None)
+        was_parked = ready and wait_parked(
+            proc.pid, proc.pid, returned=lambda: proc.poll() is not None
+        )
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         end_process(proc)
-    out = {"ready": ready, "parked": was_parked and other.wait_parked(),
-           "serves_others": x.serves_others()}
+    out = {
+        "ready": ready,
+        "parked": was_parked and other.wait_parked(),
+        "serves_others": x.serves_others(),
+    }
     out["set_waited_key"] = attempt(lambda: x.client().set(p + "never", "now"))
     out["other_waiter_returned"] = other.join()
     out["other_waiter_got"] = other.result
@@ -762,7 +832,7 @@ def raw_exchange(port, payload, close_ourselves=False, deadline_s=8):
             got = s.recv(64)
         except ConnectionResetError:
             return "closed"
-        except socket.timeout:
+        except TimeoutError:
             return "open"
         return "closed" if not got else "replied"
     finally:
@@ -771,19 +841,29 @@ def raw_exchange(port, payload, close_ourselves=False, deadline_s=8):
 
 def garbage_case(payload, close_ourselves=False):
     def run(x):
-        return {"connection": attempt(lambda: raw_exchange(x.port, payload, close_ourselves)),
-                "serves_others": x.serves_others()}
+        return {
+            "connection": attempt(lambda: raw_exchange(x.port, payload, close_ourselves)),
+            "serves_others": x.serves_others(),
+        }
+
     return run
 
 
 for _name, _payload, _close in [
-        ("garbage_raw_bytes", b"\xde\xad\xbe\xef" * 16, False),
-        ("garbage_wrong_magic", struct.pack("<BI", VALIDATE, 0xDEADBEEF), False),
-        ("garbage_query_before_validate", struct.pack("<BQ", SET, 1) + b"k" + struct.pack("<Q", 1) + b"v",
-         False),
-        ("garbage_unknown_query_type", struct.pack("<BI", VALIDATE, MAGIC) + b"\xfe", False),
-        ("garbage_truncated_then_close", struct.pack("<BI", VALIDATE, MAGIC) +
-         struct.pack("<BQ", SET, 100) + b"short", True)]:
+    ("garbage_raw_bytes", b"\xde\xad\xbe\xef" * 16, False),
+    ("garbage_wrong_magic", struct.pack("<BI", VALIDATE, 0xDEADBEEF), False),
+    (
+        "garbage_query_before_validate",
+        struct.pack("<BQ", SET, 1) + b"k" + struct.pack("<Q", 1) + b"v",
+        False,
+    ),
+    ("garbage_unknown_query_type", struct.pack("<BI", VALIDATE, MAGIC) + b"\xfe", False),
+    (
+        "garbage_truncated_then_close",
+        struct.pack("<BI", VALIDATE, MAGIC) + struct.pack("<BQ", SET, 100) + b"short",
+        True,
+    ),
+]:
     _fn = garbage_case(_payload, _close)
     _fn.__name__ = _name
     case(_fn)
@@ -809,8 +889,9 @@ def run_python_cases(server, names):
 
 def run_cpp_cases(server, cpp_client, names):
     cmd = [cpp_client, "--host", HOST, "--port", str(server.port)] + list(names)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
     try:
         out, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -844,18 +925,33 @@ def run_all_in_parallel(args):
     with tempfile.TemporaryDirectory(prefix="tcpstore_conformance.") as tmp:
         children = {}
         for kind in SERVERS:
-            cmd = [PYTHON, os.path.abspath(__file__), "--server", kind, "--client", args.client,
-                   "--json", os.path.join(tmp, kind + ".json")]
-            for flag, value in (("--rdzvd", args.rdzvd), ("--relay", args.relay),
-                                ("--cpp-client", args.cpp_client)):
+            cmd = [
+                PYTHON,
+                os.path.abspath(__file__),
+                "--server",
+                kind,
+                "--client",
+                args.client,
+                "--json",
+                os.path.join(tmp, kind + ".json"),
+            ]
+            for flag, value in (
+                ("--rdzvd", args.rdzvd),
+                ("--relay", args.relay),
+                ("--cpp-client", args.cpp_client),
+            ):
                 if value:
                     cmd += [flag, value]
             if args.rdzvd_threads:
                 cmd += ["--rdzvd-threads", str(args.rdzvd_threads)]
             for name in args.case:
                 cmd += ["--case", name]
-            children[kind] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                              stderr=open(os.path.join(tmp, kind + ".log"), "w"))
+            children[kind] = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(tmp, kind + ".log"), "w"),
+            )
         end = time.monotonic() + ALL_DEADLINE_S
         results = {}
         for kind, child in children.items():
@@ -865,7 +961,7 @@ def run_all_in_parallel(args):
                 pass
             end_process(child)
             with open(os.path.join(tmp, kind + ".log")) as f:
-                log = [l for l in f.read().splitlines() if l.startswith(("==", "  "))]
+                log = [line for line in f.read().splitlines() if line.startswith(("==", "  "))]
             print("\n".join(log), file=sys.stderr)
             try:
                 with open(os.path.join(tmp, kind + ".json")) as f:
@@ -877,6 +973,7 @@ def run_all_in_parallel(args):
 
 # --------------------------------------------------------------------------
 # Comparison.
+
 
 def short(outcome):
     text = json.dumps(outcome, sort_keys=True)
@@ -897,27 +994,45 @@ def compare(all_results):
         ref_kind, why = TORCH_BACKEND_DIFFERENCES.get(n, ("torch-libuv", None))
         ref = all_results[ref_kind].get(n, "<missing>")
         if why is None and libuv != classic:
-            failures.append("%s: torch-libuv and torch-classic differ (not a known difference)\n"
-                            "    torch-libuv:   %s\n    torch-classic: %s"
-                            % (n, json.dumps(libuv, sort_keys=True),
-                               json.dumps(classic, sort_keys=True)))
+            failures.append(
+                "%s: torch-libuv and torch-classic differ (not a known difference)\n"
+                "    torch-libuv:   %s\n    torch-classic: %s"
+                % (n, json.dumps(libuv, sort_keys=True), json.dumps(classic, sort_keys=True))
+            )
         marks = []
         for kind in MESHRUN_SERVERS:
             mesh = all_results[kind].get(n, "<missing>")
             if mesh != ref:
-                failures.append("%s: %s differs from %s\n    expected: %s\n    got:      %s"
-                                % (n, kind, ref_kind, json.dumps(ref, sort_keys=True),
-                                   json.dumps(mesh, sort_keys=True)))
+                failures.append(
+                    "%s: %s differs from %s\n    expected: %s\n    got:      %s"
+                    % (
+                        n,
+                        kind,
+                        ref_kind,
+                        json.dumps(ref, sort_keys=True),
+                        json.dumps(mesh, sort_keys=True),
+                    )
+                )
             marks.append("=" if mesh == ref else "DIFF")
-        rows.append((n, "ref" if ref_kind == "torch-libuv" else ("=" if libuv == ref else "DIFF*"),
-                     "ref" if ref_kind == "torch-classic" else ("=" if classic == ref else "DIFF*"),
-                     marks, ref))
-    print("\n%-32s %-12s %-13s %-8s %-14s %s" % ("case", "torch-libuv", "torch-classic", "meshrun",
-                                                 "meshrun-agent", "reference outcome"))
+        rows.append(
+            (
+                n,
+                "ref" if ref_kind == "torch-libuv" else ("=" if libuv == ref else "DIFF*"),
+                "ref" if ref_kind == "torch-classic" else ("=" if classic == ref else "DIFF*"),
+                marks,
+                ref,
+            )
+        )
+    print(
+        "\n%-32s %-12s %-13s %-8s %-14s %s"
+        % ("case", "torch-libuv", "torch-classic", "meshrun", "meshrun-agent", "reference outcome")
+    )
     for n, a, b, marks, ref in rows:
         print("%-32s %-12s %-13s %-8s %-14s %s" % (n, a, b, marks[0], marks[1], short(ref)))
-    print("(ref: the reference for meshrun; =: same outcome; DIFF*: a known torch backend "
-          "difference; DIFF: a failure)")
+    print(
+        "(ref: the reference for meshrun; =: same outcome; DIFF*: a known torch backend "
+        "difference; DIFF: a failure)"
+    )
     for n, (kind, why) in TORCH_BACKEND_DIFFERENCES.items():
         if n in names:
             print("  %s: meshrun must match %s: %s" % (n, kind, why))
@@ -931,9 +1046,13 @@ def main():
     ap.add_argument("--server", choices=SERVERS + ["all"], required=True)
     ap.add_argument("--client", choices=["python", "cpp"], default="python")
     ap.add_argument("--rdzvd", help="meshrun-rdzvd binary (for --server meshrun or all)")
-    ap.add_argument("--rdzvd-threads", type=int, default=0,
-                    help="meshrun-rdzvd's --tcpstore-threads (0: its default); its"
-                    " cases' clients are then dealt over that many event loops")
+    ap.add_argument(
+        "--rdzvd-threads",
+        type=int,
+        default=0,
+        help="meshrun-rdzvd's --tcpstore-threads (0: its default); its"
+        " cases' clients are then dealt over that many event loops",
+    )
     ap.add_argument("--relay", help="store_relay_tool binary (for --server meshrun-agent or all)")
     ap.add_argument("--cpp-client", help="tcpstore_client_conformance binary (--client cpp)")
     ap.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")

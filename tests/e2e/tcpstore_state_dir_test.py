@@ -10,7 +10,6 @@ stock client reads back exactly what was written, and the store serves on.
 
 import argparse
 import datetime
-import os
 import signal
 import subprocess
 import sys
@@ -21,9 +20,20 @@ from torch.distributed import TCPStore
 
 def start_daemon(rdzvd, state_dir, port):
     daemon = subprocess.Popen(
-        [rdzvd, "--host", "127.0.0.1", "--port", str(port), "--state-dir", state_dir,
-         "--log-level", "warn"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            rdzvd,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--state-dir",
+            state_dir,
+            "--log-level",
+            "warn",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = daemon.stdout.readline().strip()  # printed once it serves
     if not line.startswith("MESHRUN_RDZVD_ENDPOINT="):
         daemon.kill()
@@ -33,8 +43,7 @@ def start_daemon(rdzvd, state_dir, port):
 
 
 def client(port):
-    return TCPStore("127.0.0.1", port, is_master=False,
-                    timeout=datetime.timedelta(seconds=10))
+    return TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
 
 
 def main():
@@ -80,8 +89,14 @@ def main():
                 "num_keys": store.num_keys(),
             }
             expected = {
-                "key": b"value", "counter": b"42", "log": b"ab", "multi": [b"v1", b"v2"],
-                "cas": b"first", "gone": False, "queue_len": 1, "queue": b"two",
+                "key": b"value",
+                "counter": b"42",
+                "log": b"ab",
+                "multi": [b"v1", b"v2"],
+                "cas": b"first",
+                "gone": False,
+                "queue_len": 1,
+                "queue": b"two",
                 "num_keys": 6,
             }
             if got != expected:

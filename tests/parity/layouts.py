@@ -35,21 +35,37 @@ class Layout:
 LAYOUTS = [
     Layout("ddp", dp=4, control="DistributedDataParallel"),
     Layout("fsdp", fsdp=4, control="fully_shard per block + root"),
-    Layout("fsdp_noreshard", fsdp=4, reshard=False,
-           control="fully_shard(reshard_after_forward=False)"),
+    Layout(
+        "fsdp_noreshard", fsdp=4, reshard=False, control="fully_shard(reshard_after_forward=False)"
+    ),
     Layout("hsdp", dp=2, fsdp=2, control="fully_shard on a (replicate, shard) mesh"),
     Layout("tp", tp=4, control="parallelize_module + loss_parallel"),
     Layout("fsdp_tp", fsdp=2, tp=2, control="parallelize_module on tp, fully_shard on dp"),
-    Layout("pp_gpipe", pp=4, schedule="gpipe", microbatches=8,
-           control="PipelineStage + ScheduleGPipe"),
-    Layout("pp_1f1b", pp=4, schedule="1f1b", microbatches=8,
-           control="PipelineStage + Schedule1F1B"),
-    Layout("pp_interleaved", pp=4, schedule="interleaved", virtual=2, microbatches=8,
-           control="2 PipelineStages a rank + ScheduleInterleaved1F1B",
-           models=("transformer",),
-           skipped="mlp: its 4 Linear layers cannot fill 4 x 2 virtual stages"),
-    Layout("dp_tp_pp", pp=2, dp=2, tp=2, schedule="1f1b", microbatches=4,
-           control="parallelize_module + PipelineStage/Schedule1F1B + replicate"),
+    Layout(
+        "pp_gpipe", pp=4, schedule="gpipe", microbatches=8, control="PipelineStage + ScheduleGPipe"
+    ),
+    Layout(
+        "pp_1f1b", pp=4, schedule="1f1b", microbatches=8, control="PipelineStage + Schedule1F1B"
+    ),
+    Layout(
+        "pp_interleaved",
+        pp=4,
+        schedule="interleaved",
+        virtual=2,
+        microbatches=8,
+        control="2 PipelineStages a rank + ScheduleInterleaved1F1B",
+        models=("transformer",),
+        skipped="mlp: its 4 Linear layers cannot fill 4 x 2 virtual stages",
+    ),
+    Layout(
+        "dp_tp_pp",
+        pp=2,
+        dp=2,
+        tp=2,
+        schedule="1f1b",
+        microbatches=4,
+        control="parallelize_module + PipelineStage/Schedule1F1B + replicate",
+    ),
 ]
 BY_NAME = {layout.name: layout for layout in LAYOUTS}
 
@@ -58,13 +74,16 @@ BY_NAME = {layout.name: layout for layout in LAYOUTS}
 # "parity": small, for the loss comparison; "bench": larger, so that a timed
 # step (scripts/bench-parallel.sh --layouts) is more compute than overhead.
 SIZES = {
-    "parity": dict(mlp=[32, 64, 64, 64, 8],
-                   transformer=dict(vocab=64, d_model=32, heads=4, d_ff=64, layers=6, seq=8),
-                   batch=32),
-    "bench": dict(mlp=[256, 1024, 1024, 1024, 256],
-                  transformer=dict(vocab=256, d_model=128, heads=4, d_ff=512, layers=6,
-                                   seq=32),
-                  batch=32),
+    "parity": dict(
+        mlp=[32, 64, 64, 64, 8],
+        transformer=dict(vocab=64, d_model=32, heads=4, d_ff=64, layers=6, seq=8),
+        batch=32,
+    ),
+    "bench": dict(
+        mlp=[256, 1024, 1024, 1024, 256],
+        transformer=dict(vocab=256, d_model=128, heads=4, d_ff=512, layers=6, seq=32),
+        batch=32,
+    ),
 }
 MLP_SIZES = SIZES["parity"]["mlp"]
 TRANSFORMER = SIZES["parity"]["transformer"]
@@ -115,7 +134,7 @@ def stage_boundaries(weights, num_stages):
     prefix = [0]
     for b in range(blocks):
         end = block_start[b + 1] if b + 1 < blocks else len(weights)
-        prefix.append(prefix[-1] + sum(weights[block_start[b]:end]))
+        prefix.append(prefix[-1] + sum(weights[block_start[b] : end]))
     inf = float("inf")
     best = [[inf] * (blocks + 1) for _ in range(num_stages + 1)]
     cut = [[-1] * (blocks + 1) for _ in range(num_stages + 1)]

@@ -49,8 +49,9 @@ def run(cmd, timeout, log_path, env=None):
     """Runs `cmd` in its own process group with a deadline; the whole group is
     ended (by the leader's pid) when it runs over. Returns its output."""
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -70,10 +71,15 @@ def run(cmd, timeout, log_path, env=None):
 
 def first_error(output):
     """The line of `output` that best says what went wrong."""
-    lines = [l.strip() for l in output.splitlines() if l.strip()]
-    for pattern in (r"^\[rank\d+\]: \w*(Error|Exception)\b", r"\b\w*(Error|Exception): ",
-                    r"train_example rank", r"not expected|schedule",
-                    r"\berror\b(?!_file)", r"unknown|invalid|fail"):
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for pattern in (
+        r"^\[rank\d+\]: \w*(Error|Exception)\b",
+        r"\b\w*(Error|Exception): ",
+        r"train_example rank",
+        r"not expected|schedule",
+        r"\berror\b(?!_file)",
+        r"unknown|invalid|fail",
+    ):
         for line in lines:
             if re.search(pattern, line, re.IGNORECASE):
                 return line[:400]
@@ -88,9 +94,11 @@ def make_batches(model, steps, seed=1):
             x = torch.randn(layouts.BATCH, layouts.MLP_SIZES[0], generator=g)
             # A fixed nonlinear function plus noise: learnable, like SyntheticBatch.
             w = torch.linspace(-1, 1, layouts.MLP_SIZES[0] * layouts.MLP_SIZES[-1]).view(
-                layouts.MLP_SIZES[0], layouts.MLP_SIZES[-1])
-            y = torch.sin(x) @ w / 4 + 0.01 * torch.randn(layouts.BATCH, layouts.MLP_SIZES[-1],
-                                                           generator=g)
+                layouts.MLP_SIZES[0], layouts.MLP_SIZES[-1]
+            )
+            y = torch.sin(x) @ w / 4 + 0.01 * torch.randn(
+                layouts.BATCH, layouts.MLP_SIZES[-1], generator=g
+            )
         else:
             c = layouts.TRANSFORMER
             seq = torch.randint(0, c["vocab"], (layouts.BATCH, c["seq"] + 1), generator=g)
@@ -104,8 +112,18 @@ def make_batches(model, steps, seed=1):
     return batches
 
 
-DTYPE_BYTES = {"Float": 4, "Double": 8, "Long": 8, "Int": 4, "Half": 2, "BFloat16": 2,
-               "Bool": 1, "Byte": 1, "Char": 1, "Short": 2}
+DTYPE_BYTES = {
+    "Float": 4,
+    "Double": 8,
+    "Long": 8,
+    "Int": 4,
+    "Half": 2,
+    "BFloat16": 2,
+    "Bool": 1,
+    "Byte": 1,
+    "Char": 1,
+    "Short": 2,
+}
 
 
 def count_collectives(trace_dir, steps):
@@ -123,15 +141,17 @@ def count_collectives(trace_dir, steps):
         if not name.endswith(".after.json"):
             continue
         ranks += 1
-        seen = {(e["pg_id"], e["record_id"]) for e in
-                entries(os.path.join(trace_dir, name.replace(".after.", ".before.")))}
+        seen = {
+            (e["pg_id"], e["record_id"])
+            for e in entries(os.path.join(trace_dir, name.replace(".after.", ".before.")))
+        }
         for e in entries(os.path.join(trace_dir, name)):
             if (e["pg_id"], e["record_id"]) in seen:
                 continue
             kind = e["profiling_name"].split(":", 1)[-1]
             ops[kind] += 1
             if "recv" not in kind:
-                for shape, dtype in zip(e["input_sizes"], e["input_dtypes"]):
+                for shape, dtype in zip(e["input_sizes"], e["input_dtypes"], strict=False):
                     nbytes += math.prod(shape) * DTYPE_BYTES.get(dtype, 4)
     scale = 1 / (ranks * steps) if ranks else 0
     return {k: v * scale for k, v in ops.items()}, nbytes * scale
@@ -161,8 +181,13 @@ class Parity:
 
     def launch_cpp(self, world, flags, log):
         a = self.args
-        cmd = [a.meshrun, "--standalone", f"--nproc-per-node={world}", "--no-python",
-               a.train_example] + flags
+        cmd = [
+            a.meshrun,
+            "--standalone",
+            f"--nproc-per-node={world}",
+            "--no-python",
+            a.train_example,
+        ] + flags
         return run(cmd, a.timeout, log, env=self.env)
 
     def prepare(self, model):
@@ -171,7 +196,11 @@ class Parity:
             return self.prepared[model]
         init = os.path.join(self.work, f"init-{model}")
         flags = layouts.cpp_flags(layouts.Layout("single"), model) + [
-            "--steps", "0", "--save", init]
+            "--steps",
+            "0",
+            "--save",
+            init,
+        ]
         self.launch_cpp(1, flags, os.path.join(self.work, f"init-{model}.log"))
         data = os.path.join(self.work, f"data-{model}.pt")
         torch.save(make_batches(model, self.args.steps), data)
@@ -187,27 +216,55 @@ class Parity:
         torch_out = os.path.join(self.work, f"torch-{tag}")
         # The control first: a layout meshrun cannot run yet still shows
         # whether PyTorch can.
-        cmd = [a.torchrun, "--standalone", f"--nproc-per-node={layout.world}",
-               os.path.join(HERE, "torch_parallel.py"), "--layout", layout.name,
-               "--model", model, "--init", init, "--data", data, "--out", torch_out,
-               "--steps", str(a.steps), "--trace-collectives", torch_out + "-collectives"]
+        cmd = [
+            a.torchrun,
+            "--standalone",
+            f"--nproc-per-node={layout.world}",
+            os.path.join(HERE, "torch_parallel.py"),
+            "--layout",
+            layout.name,
+            "--model",
+            model,
+            "--init",
+            init,
+            "--data",
+            data,
+            "--out",
+            torch_out,
+            "--steps",
+            str(a.steps),
+            "--trace-collectives",
+            torch_out + "-collectives",
+        ]
         try:
             run(cmd, a.timeout, torch_out + ".log", env=self.env)
         except SideFailed as e:
-            raise SideFailed(f"torch: {e}")
+            raise SideFailed(f"torch: {e}") from e
 
         flags = layouts.cpp_flags(layout, model) + [
-            "--steps", str(a.steps), "--data", data, "--load", init, "--save", cpp_out,
-            "--trace-collectives", cpp_out + "-collectives"]
+            "--steps",
+            str(a.steps),
+            "--data",
+            data,
+            "--load",
+            init,
+            "--save",
+            cpp_out,
+            "--trace-collectives",
+            cpp_out + "-collectives",
+        ]
         try:
             cpp_log = self.launch_cpp(layout.world, flags, cpp_out + ".log")
         except SideFailed as e:
             if layout.schedule == "interleaved" and re.search(
-                    r"virtual-stages|interleaved", str(e)):
-                raise SideFailed("torch's side ran; meshrun's train_example has no "
-                                 "interleaved schedule yet (--schedule interleaved "
-                                 f"--virtual-stages 2; branch interleaved): {e}")
-            raise SideFailed(f"meshrun: {e}")
+                r"virtual-stages|interleaved", str(e)
+            ):
+                raise SideFailed(
+                    "torch's side ran; meshrun's train_example has no "
+                    "interleaved schedule yet (--schedule interleaved "
+                    f"--virtual-stages 2; branch interleaved): {e}"
+                ) from e
+            raise SideFailed(f"meshrun: {e}") from e
         cpp_losses = [float(v) for v in re.findall(r"^step \d+ loss (\S+)$", cpp_log, re.M)]
         if len(cpp_losses) != a.steps:
             raise SideFailed(f"meshrun printed {len(cpp_losses)} losses, not {a.steps}")
@@ -220,16 +277,25 @@ class Parity:
             torch_params.update(saved["params"])
             torch_losses = saved.get("losses", torch_losses)
         cpp_params = load_meshrun_checkpoint(cpp_out)
+        cpp_counts = count_collectives(cpp_out + "-collectives", a.steps)
+        torch_counts = count_collectives(torch_out + "-collectives", a.steps)
         self.collectives.append(
-            f"  {model}: meshrun {describe_collectives(*count_collectives(cpp_out + '-collectives', a.steps))}"
-            f"; torch {describe_collectives(*count_collectives(torch_out + '-collectives', a.steps))}"
-            + ("; pipeline sends/receives not counted (gloo's flight recorder does not "
-               "record point-to-point ops)" if layout.pp > 1 else ""))
+            f"  {model}: meshrun {describe_collectives(*cpp_counts)}"
+            f"; torch {describe_collectives(*torch_counts)}"
+            + (
+                "; pipeline sends/receives not counted (gloo's flight recorder does not "
+                "record point-to-point ops)"
+                if layout.pp > 1
+                else ""
+            )
+        )
 
         if set(cpp_params) != set(torch_params):
-            raise SideFailed(f"parameter names differ: {sorted(set(cpp_params) ^ set(torch_params))}")
+            raise SideFailed(
+                f"parameter names differ: {sorted(set(cpp_params) ^ set(torch_params))}"
+            )
         worst, where = 0.0, ""
-        for step, (got, want) in enumerate(zip(cpp_losses, torch_losses)):
+        for step, (got, want) in enumerate(zip(cpp_losses, torch_losses, strict=False)):
             d = abs(got - want) / abs(want) if want else abs(got)
             if not d <= worst:
                 worst, where = d, f"loss of step {step} ({got:.9g} vs {want:.9g})"
@@ -247,18 +313,27 @@ class Parity:
             return
         import torch_parallel
 
-        weights = [sum(p.numel() for p in layer.parameters())
-                   for _, layer in torch_parallel.make_layers(model)]
+        weights = [
+            sum(p.numel() for p in layer.parameters())
+            for _, layer in torch_parallel.make_layers(model)
+        ]
         want = layouts.stage_boundaries(weights, layout.pp * layout.virtual)[:2]
         if [int(m.group(1)), int(m.group(2))] != want:
-            raise SideFailed(f"meshrun's stage 0 holds layers [{m.group(1)}, {m.group(2)}), "
-                             f"the torch side's [{want[0]}, {want[1]})")
+            raise SideFailed(
+                f"meshrun's stage 0 holds layers [{m.group(1)}, {m.group(2)}), "
+                f"the torch side's [{want[0]}, {want[1]})"
+            )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("layouts", nargs="*", help="LAYOUT or LAYOUT:MODEL (default: all of " +
-                        ", ".join(l.name for l in layouts.LAYOUTS) + ")")
+    parser.add_argument(
+        "layouts",
+        nargs="*",
+        help="LAYOUT or LAYOUT:MODEL (default: all of "
+        + ", ".join(layout.name for layout in layouts.LAYOUTS)
+        + ")",
+    )
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--train-example", required=True)
     parser.add_argument("--torchrun", required=True)
@@ -268,11 +343,14 @@ def main():
     parser.add_argument("--timeout", type=float, default=300, help="seconds a run")
     parser.add_argument("--work", help="keep inputs, outputs and logs here")
     parser.add_argument("--verbose", action="store_true")
-    parser.add_argument("--collectives", action="store_true",
-                        help="also print each side's collectives per step and rank")
+    parser.add_argument(
+        "--collectives",
+        action="store_true",
+        help="also print each side's collectives per step and rank",
+    )
     args = parser.parse_args()
     runs = []  # (layout name, models)
-    for arg in args.layouts or [l.name for l in layouts.LAYOUTS]:
+    for arg in args.layouts or [layout.name for layout in layouts.LAYOUTS]:
         name, _, model = arg.partition(":")
         models = [model] if model else args.models.split(",")
         if name not in layouts.BY_NAME or not set(models) <= {"mlp", "transformer"}:
@@ -302,9 +380,12 @@ def main():
             parts.append(layout.skipped)
         bad = not worst <= args.tolerance
         failed |= bad
-        print(f"{name} max_rel_diff={worst:.3g} ({', '.join(parts)}; "
-              f"world {layout.world}, {layout.control}; {time.monotonic() - started:.0f} s)"
-              + (f" > {args.tolerance:g}" if bad else ""), flush=True)
+        print(
+            f"{name} max_rel_diff={worst:.3g} ({', '.join(parts)}; "
+            f"world {layout.world}, {layout.control}; {time.monotonic() - started:.0f} s)"
+            + (f" > {args.tolerance:g}" if bad else ""),
+            flush=True,
+        )
         if args.collectives:
             print("\n".join(parity.collectives), flush=True)
         parity.collectives.clear()

@@ -32,20 +32,21 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.jit._pickle  # restore_type_tag, for meshrun checkpoints
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.jit._pickle  # restore_type_tag, for meshrun checkpoints
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import layouts  # noqa: E402
 
 # --time-steps measures memory as the DDP / FSDP2 step benchmark does.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "bench", "worker_lib"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "worker_lib")
+)
 from ddp_step_bench import peak_rss_mb, rss_mb  # noqa: E402
 
-
 # --- The models, as worker_lib/parallel builds them. ---------------------------
+
 
 class Block(nn.Module):
     """transformer.cc's TransformerBlock: pre-LN, causal MHA with separate q,
@@ -139,19 +140,21 @@ def load_meshrun_checkpoint(directory):
     full = {}
     for path in sorted(glob.glob(os.path.join(directory, "shard-*.pt"))):
         # torch::pickle_save's typed lists and int lists.
-        with torch.serialization.safe_globals([torch.jit._pickle.restore_type_tag,
-                                               torch.jit._pickle.build_intlist]):
+        with torch.serialization.safe_globals(
+            [torch.jit._pickle.restore_type_tag, torch.jit._pickle.build_intlist]
+        ):
             entries = torch.load(path, weights_only=True)
         for name, shape, offsets, values in entries:
             t = full.setdefault(name, torch.zeros(shape, dtype=values.dtype))
             region = t
-            for dim, (offset, size) in enumerate(zip(offsets, values.shape)):
+            for dim, (offset, size) in enumerate(zip(offsets, values.shape, strict=False)):
                 region = region.narrow(dim, offset, size)
             region.copy_(values)
     return full
 
 
 # --- Tensor parallelism plans, mirroring tp.cc / transformer.cc. ---------------
+
 
 def tp_plan(model, module):
     from torch.distributed.tensor import Replicate, Shard
@@ -212,13 +215,23 @@ def main():
     parser.add_argument("--data", required=True, help="batches file (list of (input, target))")
     parser.add_argument("--out", required=True, help="directory for torch-rank<R>.pt")
     parser.add_argument("--steps", type=int, default=0, help="0: every batch in --data")
-    parser.add_argument("--trace-collectives", metavar="DIR",
-                        help="write the flight recorder's collectives before and after the "
-                        "steps to DIR/rank<R>.{before,after}.json")
-    parser.add_argument("--sizes", default="parity", choices=list(layouts.SIZES),
-                        help="model sizes and batch (layouts.SIZES)")
-    parser.add_argument("--time-steps", action="store_true",
-                        help="time each step and print the times and peak RSS at the end")
+    parser.add_argument(
+        "--trace-collectives",
+        metavar="DIR",
+        help="write the flight recorder's collectives before and after the "
+        "steps to DIR/rank<R>.{before,after}.json",
+    )
+    parser.add_argument(
+        "--sizes",
+        default="parity",
+        choices=list(layouts.SIZES),
+        help="model sizes and batch (layouts.SIZES)",
+    )
+    parser.add_argument(
+        "--time-steps",
+        action="store_true",
+        help="time each step and print the times and peak RSS at the end",
+    )
     args = parser.parse_args()
     layouts.use_sizes(args.sizes)
     layout = layouts.BY_NAME[args.layout]
@@ -231,7 +244,9 @@ def main():
 
     # Mesh dims as meshrun's Trainer orders them: (pp, dp, fsdp, tp), sizes > 1.
     dims = [(n, getattr(layout, n)) for n in ("pp", "dp", "fsdp", "tp") if getattr(layout, n) > 1]
-    mesh = init_device_mesh("cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims))
+    mesh = init_device_mesh(
+        "cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims)
+    )
     coord = {n: mesh.get_local_rank(n) for n, _ in dims}
     pp_rank, dp_rank, fsdp_rank, tp_rank = (coord.get(n, 0) for n in ("pp", "dp", "fsdp", "tp"))
     rss_before_model = rss_mb()
@@ -288,12 +303,18 @@ def main():
 
     schedule = None
     if layout.pp > 1:
-        from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                                  ScheduleInterleaved1F1B)
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
 
         num_stages = layout.pp * layout.virtual
-        stages = [PipelineStage(m, s, num_stages, torch.device("cpu"), group=mesh["pp"].get_group())
-                  for m, s in zip(modules, stage_ids)]
+        stages = [
+            PipelineStage(m, s, num_stages, torch.device("cpu"), group=mesh["pp"].get_group())
+            for m, s in zip(modules, stage_ids, strict=False)
+        ]
 
         def pipeline_loss(output, target):
             return loss_of(args.model, output, target)
@@ -315,6 +336,7 @@ def main():
     # and only where the loss is (the last pipeline stage).
     reports = (tp_rank == 0) and (layout.pp == 1 or has_last)
     losses = []
+
     def dump_collectives(when):
         # As train_example --trace-collectives: the flight recorder's entries
         # before and after the steps.
@@ -330,8 +352,8 @@ def main():
     for step in range(steps):
         x, y = batches[step]
         rows = x.shape[0] // data_parts
-        x = x[data_index * rows:(data_index + 1) * rows]
-        y = y[data_index * rows:(data_index + 1) * rows]
+        x = x[data_index * rows : (data_index + 1) * rows]
+        y = y[data_index * rows : (data_index + 1) * rows]
         if args.time_steps:
             dist.barrier()
         start = time.perf_counter()
@@ -343,11 +365,16 @@ def main():
                 local = full_value(loss).item()
             else:
                 mb_losses = []
-                schedule.step(*([x] if has_first else []),
-                              target=y if has_last else None,
-                              losses=mb_losses if has_last else None)
-                local = (sum(full_value(l).item() for l in mb_losses) / len(mb_losses)
-                         if has_last else 0.0)
+                schedule.step(
+                    *([x] if has_first else []),
+                    target=y if has_last else None,
+                    losses=mb_losses if has_last else None,
+                )
+                local = (
+                    sum(full_value(mb).item() for mb in mb_losses) / len(mb_losses)
+                    if has_last
+                    else 0.0
+                )
         optimizer.step()
         total = torch.tensor([local / data_parts if reports else 0.0], dtype=torch.float64)
         dist.all_reduce(total)
@@ -361,9 +388,12 @@ def main():
         timing = torch.tensor(step_ms + [peak, peak - rss_before_model], dtype=torch.float64)
         dist.all_reduce(timing, op=dist.ReduceOp.MAX)
         if rank == 0:
-            print(f"timing step_ms={','.join(f'{t:.6f}' for t in timing[:steps].tolist())} "
-                  f"max_rss_mb={timing[steps].item():.1f} "
-                  f"rss_growth_mb={timing[steps + 1].item():.1f}", flush=True)
+            print(
+                f"timing step_ms={','.join(f'{t:.6f}' for t in timing[:steps].tolist())} "
+                f"max_rss_mb={timing[steps].item():.1f} "
+                f"rss_growth_mb={timing[steps + 1].item():.1f}",
+                flush=True,
+            )
 
     # Full parameter values (collective), written by each stage's first rank.
     full = {}

@@ -1,4 +1,5 @@
 """Fails inside torch's @record, so TORCHELASTIC_ERROR_FILE holds a traceback."""
+
 import os
 
 from torch.distributed.elastic.multiprocessing.errors import record

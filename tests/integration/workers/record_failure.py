@@ -1,4 +1,5 @@
 """Raises inside torch's @record so TORCHELASTIC_ERROR_FILE gets the traceback."""
+
 import os
 
 from torch.distributed.elastic.multiprocessing.errors import record

@@ -6,8 +6,10 @@ import time
 
 go, limit = sys.argv[1], float(sys.argv[2])
 rank = os.environ["RANK"]
-print(f"WORKER rank={rank} pid={os.getpid()} "
-      f"restart={os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
+print(
+    f"WORKER rank={rank} pid={os.getpid()} restart={os.environ['TORCHELASTIC_RESTART_COUNT']}",
+    flush=True,
+)
 deadline = time.monotonic() + limit
 while not os.path.exists(go):
     if time.monotonic() > deadline:
