@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's main job: a character-level GPT (build/bin/train_text: the
-# worker library's TransformerLm, C++ on libtorch, gloo on CPU) trained on the
-# fortune cookies of Debian's `fortunes` package by 4 workers on a dp=2 x tp=2
-# mesh under `meshrun --standalone` (embedded rendezvous daemon, status page).
+# plain-libtorch GPT of worker_lib/examples/gpt.h with AdamW, through the
+# worker library's torch::nn::Module API, gloo on CPU) trained on the fortune
+# cookies of Debian's `fortunes` package by 4 workers on a dp=2 x tp=2 mesh
+# under `meshrun --standalone` (embedded rendezvous daemon, status page).
 # Midway one worker SIGKILLs itself; meshrun restarts the world and training
 # resumes from the last sharded checkpoint. Then an uninterrupted run of the
 # same training checks that the healed run ended with the same final loss
@@ -12,8 +13,8 @@
 # --fault-tolerant shows restart-free recovery instead: the two dp replicas
 # (of 2 tp workers each) are fault-tolerant replica groups under
 # `meshrun --restart-scope=replica --replica-size=2`; when the worker dies,
-# only its replica group restarts and copies the parameters from the live
-# one, which trains on alone meanwhile, keeping its processes. The check is
+# only its replica group restarts and copies the parameters and AdamW's
+# state from the live one, which trains on alone meanwhile, keeping its processes. The check is
 # then a reference run that replays every committed step with exactly the
 # replicas that took part in it (--replay-history), against both replicas'
 # final parameters.

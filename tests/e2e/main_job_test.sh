@@ -20,7 +20,7 @@ fail() { echo "main_job_test: $*"; echo "--- job.log:"; cat "$run_dir/job.log" 2
 # The job bounds itself: its own launcher ends every worker, and CTest's
 # timeout ends the job.
 out=$(SKIP_SETUP=1 BUILD_DIR="$build_dir" RUN_DIR="$run_dir" bash scripts/main-job.sh \
-        --steps 24 --layers 1 --d-model 64 --d-ff 128 --seq 32 --batch 16 --eval-every 8 \
+        --steps 24 --layers 1 --d-model 64 --seq 32 --batch 16 --eval-every 8 \
         --sample 40 $mode 2>&1) || fail "the job failed: $out"
 echo "$out"
 

@@ -1,17 +1,19 @@
-// The main job: a small GPT-style character-level language model (the
-// TransformerLm of transformer.h) trained on real text — by default the
-// fortune cookies of Debian's `fortunes` package — on a dp x tp mesh, with
-// validation loss, sharded checkpoints, a failure it heals, and text sampled
-// at the end. Run by scripts/main-job.sh:
+// The main job: a small character-level GPT written in plain libtorch
+// (worker_lib/examples/gpt.h, torch::nn modules) trained with AdamW on real
+// text — by default the fortune cookies of Debian's `fortunes` package — on
+// a (dp, fsdp, tp) mesh through the torch::nn::Module API (gpt_run.h: the TP
+// plan, FullyShard, DistributedDataParallel), with validation loss, sharded
+// checkpoints of the model and AdamW's state, a failure it heals, and text
+// sampled at the end. Run by scripts/main-job.sh:
 //
 //   meshrun --standalone --nproc-per-node=4 --max-restarts=2 build/bin/train_text
 //       --dp 2 --tp 2 --steps 300 --checkpoint-dir run/ckpt --kill-at-step 150
 //       --log run/loss.csv
 //
-// Resuming: a checkpoint "step-N" holds the parameters after N steps (SGD
-// keeps no other state), and the batch of step s depends on (seed, s) alone,
-// so a run restarted from the latest checkpoint continues exactly as an
-// uninterrupted run would. --kill-at-step makes one rank SIGKILL itself on
+// Resuming: a checkpoint "step-N" holds the parameters and AdamW's moments
+// and step after N steps, and the batch of step s depends on (seed, s)
+// alone, so a run restarted from the latest checkpoint continues exactly as
+// an uninterrupted run would. --kill-at-step makes one rank SIGKILL itself on
 // the first attempt (TORCHELASTIC_RESTART_COUNT 0) before that step, so that
 // meshrun stops and restarts the world. --save-final / --compare-with check
 // that claim: a run that was healed ends with the final loss and parameters
@@ -20,7 +22,8 @@
 // --fault-tolerant (under `meshrun --restart-scope=replica
 // --replica-size=<tp>`): the --dp replicas are fault-tolerant replica groups
 // (worker_lib/parallel/fault_tolerant.h). A killed worker's group restarts
-// alone and copies the parameters from a live replica, while the others
+// alone and copies the parameters and AdamW's state from a live replica
+// (module_fault_tolerance.h), while the others
 // keep training without a restart or a checkpoint; each step's gradients
 // are averaged over the replicas that took part. --save-final then writes
 // each replica's parameters (DIR/replica-<r>) and the participants of every
@@ -57,13 +60,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "worker_lib/examples/example_output.h"
+#include "worker_lib/examples/gpt_run.h"
 #include "worker_lib/parallel/checkpoint.h"
 #include "worker_lib/parallel/checkpoint_series.h"
 #include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/fault_tolerant.h"
 #include "worker_lib/parallel/text_corpus.h"
-#include "worker_lib/parallel/trainer.h"
-#include "worker_lib/parallel/transformer.h"
 #include "worker_lib/process_group.h"
 
 namespace {
@@ -143,16 +145,16 @@ absl::StatusOr<StepHistory> ReadHistory(const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app("meshrun main job: a character-level GPT on real text, healed mid-run");
   std::vector<std::string> corpus_paths{"/usr/share/games/fortunes"};
-  TransformerConfig lm;
+  examples::GptConfig lm;
   lm.layers = 2;
-  lm.d_model = 128;
+  lm.dim = 128;
   lm.heads = 4;
-  lm.d_ff = 512;
-  lm.seq = 64;
-  TrainOptions options;
-  options.layout.dp = 2;
-  options.layout.tp = 2;
-  options.lr = 0.5;
+  lm.context = 64;
+  ParallelLayout layout;
+  layout.dp = 2;
+  layout.tp = 2;
+  double lr = 6e-3;
+  double weight_decay = 0.1;
   int64_t steps = 300;
   int64_t batch = 32;
   uint64_t seed = 0;
@@ -170,18 +172,16 @@ int main(int argc, char** argv) {
   app.add_option("--corpus", corpus_paths,
                  "text files, or a fortunes directory (default: Debian's fortunes)");
   app.add_option("--layers", lm.layers, "transformer blocks");
-  app.add_option("--d-model", lm.d_model, "model width");
+  app.add_option("--d-model", lm.dim, "model width (the MLP is 4x as wide)");
   app.add_option("--heads", lm.heads, "attention heads");
-  app.add_option("--d-ff", lm.d_ff, "MLP hidden size");
-  app.add_option("--seq", lm.seq, "context length (characters)");
-  app.add_option("--dp", options.layout.dp, "data-parallel replicas");
-  app.add_option("--fsdp", options.layout.fsdp, "FSDP shards");
-  app.add_option("--tp", options.layout.tp, "tensor-parallel ranks");
+  app.add_option("--seq", lm.context, "context length (characters)");
+  app.add_option("--dp", layout.dp, "data-parallel replicas (DistributedDataParallel)");
+  app.add_option("--fsdp", layout.fsdp, "FSDP shards (FullyShard)");
+  app.add_option("--tp", layout.tp, "tensor-parallel ranks (the GPT's TP plan)");
   app.add_option("--steps", steps, "training steps");
   app.add_option("--batch", batch, "global batch (sequences)");
-  app.add_option("--lr", options.lr, "SGD learning rate");
-  app.add_option("--momentum", options.momentum,
-                 "SGD momentum (fault-tolerant: a heal copies its buffers too)");
+  app.add_option("--lr", lr, "AdamW learning rate");
+  app.add_option("--weight-decay", weight_decay, "AdamW weight decay");
   app.add_option("--seed", seed, "model and data seed");
   app.add_option("--validation-fraction", validation_fraction,
                  "the corpus's tail held out for validation");
@@ -225,18 +225,9 @@ int main(int argc, char** argv) {
                  "--checkpoint-dir or --replay-history\n";
     return 2;
   }
-  if (options.momentum != 0 && !checkpoint_dir.empty()) {
-    std::cerr << "--momentum does not go with --checkpoint-dir: checkpoints hold "
-                 "parameters only, a resumed run would lose the momentum\n";
-    return 2;
-  }
-  if (fault_tolerant && batch % options.layout.dp != 0) {
+  if (fault_tolerant && batch % layout.dp != 0) {
     std::cerr << "--fault-tolerant: --batch " << batch << " does not split into --dp "
-              << options.layout.dp << " replicas\n";
-    return 2;
-  }
-  if (options.layout.pp != 1) {
-    std::cerr << "train_text evaluates and samples, which pipeline parallelism lacks\n";
+              << layout.dp << " replicas\n";
     return 2;
   }
   std::optional<StepHistory> replay;
@@ -266,7 +257,8 @@ int main(int argc, char** argv) {
   std::shared_ptr<World> world;
   std::optional<ReplicaIdentity> id;
   std::unique_ptr<FaultTolerantReplicas> replicas;
-  const int num_replicas = options.layout.dp;
+  const int num_replicas = layout.dp;
+  ReplicaGradientSync* replica_sync = nullptr;
   if (fault_tolerant) {
     auto identity = ReplicaIdentityFromEnv(*env, num_replicas);
     if (!identity.ok()) return Fail(rank, std::string(identity.status().message()));
@@ -282,8 +274,8 @@ int main(int argc, char** argv) {
     auto created = FaultTolerantReplicas::Create(world, *id, ft_options);
     if (!created.ok()) return Fail(rank, std::string(created.status().message()));
     replicas = *std::move(created);
-    options.layout.dp = 1;
-    options.replica_sync = replicas.get();
+    layout.dp = 1;  // the replicas are the data-parallel dimension
+    replica_sync = replicas.get();
     Say(absl::StrFormat("rank %d pid %d: replica %d member %d, incarnation %d", rank,
                         getpid(), id->replica, id->member, id->incarnation));
   } else {
@@ -292,12 +284,12 @@ int main(int argc, char** argv) {
     world = *std::move(world_or);
   }
   ReplayedReplicaSync replayed;
-  if (replay) options.replica_sync = &replayed;
+  if (replay) replica_sync = &replayed;
 
   // The corpus: a directory is read as fortunes, anything else as text files.
   CorpusOptions corpus_options;
   corpus_options.validation_fraction = validation_fraction;
-  corpus_options.vocab_multiple = 8 * options.layout.tp;
+  corpus_options.vocab_multiple = 8 * layout.tp;
   absl::StatusOr<TextCorpus> corpus = absl::UnknownError("no corpus");
   if (corpus_paths.size() == 1 && fs::is_directory(corpus_paths[0])) {
     auto text = ReadFortunes(corpus_paths[0]);
@@ -309,28 +301,28 @@ int main(int argc, char** argv) {
   if (!corpus.ok()) return Fail(rank, std::string(corpus.status().message()));
   lm.vocab = corpus->vocab_size();
 
-  auto trainer_or = Trainer::Create(world, TransformerModel(lm, seed), options);
-  if (!trainer_or.ok()) return Fail(rank, std::string(trainer_or.status().message()));
-  Trainer& trainer = **trainer_or;
-  {
-    int64_t params = 0;  // gathering is collective: every rank counts
-    for (const auto& [name, value] : trainer.GatherFullParams()) params += value.numel();
-    if (rank == 0) {
-      Say(absl::StrFormat(
-          "main job: a character-level GPT (%d blocks, d_model %d, %d heads, context %d, "
-          "vocabulary %d, %.2f M parameters) on %.1f MB of text (%.1f MB held out), "
-          "global batch %d x %d characters, layout %s%s, attempt %d",
-          lm.layers, lm.d_model, lm.heads, lm.seq, lm.vocab, params / 1e6,
-          (corpus->size(Split::kTrain) + corpus->size(Split::kValidation)) / 1e6,
-          corpus->size(Split::kValidation) / 1e6, batch, lm.seq, trainer.Describe(),
-          replicas ? absl::StrFormat(" x %d fault-tolerant replicas", num_replicas) : "",
-          attempt));
-    }
+  auto adamw =
+      torch::optim::AdamWOptions(lr).betas({0.9, 0.99}).weight_decay(weight_decay);
+  auto run_or = examples::GptRun::Create(world, lm, seed, layout, adamw, replica_sync);
+  if (!run_or.ok()) return Fail(rank, std::string(run_or.status().message()));
+  examples::GptRun& trainer = **run_or;
+  if (rank == 0) {
+    Say(absl::StrFormat(
+        "main job: a character-level GPT in plain libtorch (%d blocks, d_model %d, %d "
+        "heads, "
+        "context %d, vocabulary %d, %.2f M parameters) on %.1f MB of text (%.1f MB held "
+        "out), global batch %d x %d characters, layout %s%s, attempt %d",
+        lm.layers, lm.dim, lm.heads, lm.context, lm.vocab, trainer.ParameterCount() / 1e6,
+        (corpus->size(Split::kTrain) + corpus->size(Split::kValidation)) / 1e6,
+        corpus->size(Split::kValidation) / 1e6, batch, lm.context, trainer.Describe(),
+        replicas ? absl::StrFormat(" x %d fault-tolerant replicas", num_replicas) : "",
+        attempt));
   }
 
   int64_t first_step = 0;
   if (!checkpoint_dir.empty()) {
-    auto resumed = ResumeFromLatestCheckpoint(trainer, checkpoint_dir);
+    auto resumed = ResumeFromLatestCheckpoint(
+        [&](const std::string& dir) { return trainer.Load(dir); }, checkpoint_dir);
     if (!resumed.ok()) return Fail(rank, std::string(resumed.status().message()));
     first_step = *resumed;
     if (rank == 0 && first_step > 0)
@@ -357,7 +349,7 @@ int main(int argc, char** argv) {
     double sum = 0;
     for (int64_t b = 0; b < eval_batches; ++b) {
       auto [input, target] =
-          ToTensors(corpus->Windows(Split::kValidation, seed, b, batch, lm.seq));
+          ToTensors(corpus->Windows(Split::kValidation, seed, b, batch, lm.context));
       auto loss = trainer.Evaluate(input, target);
       if (!loss.ok()) return loss.status();
       sum += *loss;
@@ -375,15 +367,15 @@ int main(int argc, char** argv) {
   int64_t step = first_step;
   while (true) {
     if (replicas) {
-      auto quorum = replicas->BeginStep(trainer);
+      auto quorum = replicas->BeginStep(trainer.training_state());
       if (!quorum.ok()) return Fail(rank, std::string(quorum.status().message()));
       if (!quorum->participating) continue;  // arrived late: the next quorum
       reports =
           id->member == 0 && id->replica == static_cast<int>(quorum->participants[0]);
       if (quorum->healed) {
         Say(absl::StrFormat(
-            "replica %d member %d (rank %d) healed: the parameters after %d steps "
-            "copied from replica %d",
+            "replica %d member %d (rank %d) healed: the parameters and AdamW's state "
+            "after %d steps copied from replica %d",
             id->replica, id->member, rank, quorum->step, quorum->source_replica));
       }
       if (reports && quorum->participants != participants &&
@@ -409,7 +401,7 @@ int main(int argc, char** argv) {
       std::raise(SIGKILL);
     }
     auto [input, target] =
-        ToTensors(corpus->Windows(Split::kTrain, seed, step, batch, lm.seq));
+        ToTensors(corpus->Windows(Split::kTrain, seed, step, batch, lm.context));
     size_t trained_by = static_cast<size_t>(num_replicas);
     absl::StatusOr<double> step_loss;
     if (replicas) {
@@ -455,13 +447,15 @@ int main(int argc, char** argv) {
         Say(absl::StrFormat(
             "step %4d/%d | loss %.4f%s | %.0f tokens/s | elapsed %s | eta %s", done,
             steps, loss, validation ? absl::StrFormat(" | val %.4f", *validation) : "",
-            static_cast<double>(batch * lm.seq) / per_step, Duration(seconds),
+            static_cast<double>(batch * lm.context) / per_step, Duration(seconds),
             Duration(per_step * static_cast<double>(steps - done))));
       }
     }
     if (!checkpoint_dir.empty() && checkpoint_every > 0 && done % checkpoint_every == 0 &&
         done < steps) {
-      if (auto status = SaveCheckpointStep(trainer, rank, checkpoint_dir, done);
+      if (auto status = SaveCheckpointStep(
+              [&](const std::string& dir) { return trainer.Save(dir); }, rank,
+              checkpoint_dir, done);
           !status.ok())
         return Fail(rank, std::string(status.message()));
     }
@@ -484,7 +478,8 @@ int main(int argc, char** argv) {
     std::vector<int64_t> context = corpus->Encode("\n");
     std::string text;
     for (int i = 0; i < sample_chars; ++i) {
-      const size_t keep = std::min<size_t>(context.size(), static_cast<size_t>(lm.seq));
+      const size_t keep =
+          std::min<size_t>(context.size(), static_cast<size_t>(lm.context));
       std::vector<int64_t> window(context.end() - static_cast<std::ptrdiff_t>(keep),
                                   context.end());
       auto logits = trainer.Predict(

@@ -20,23 +20,35 @@ std::optional<int64_t> LatestCheckpointStep(const std::string& dir) {
   return std::nullopt;
 }
 
-absl::Status SaveCheckpointStep(Trainer& trainer, int rank, const std::string& dir,
+absl::Status SaveCheckpointStep(const SaveFn& save, int rank, const std::string& dir,
                                 int64_t step) {
-  // Save ends with a barrier: every rank's shards are in before the marker.
-  if (absl::Status status = trainer.Save(CheckpointStepPath(dir, step)); !status.ok())
+  if (absl::Status status = save(CheckpointStepPath(dir, step)); !status.ok())
     return status;
   if (rank != 0) return absl::OkStatus();
   return WriteFileAtomically((fs::path(dir) / "latest").string(),
                              std::to_string(step) + "\n");
 }
 
-absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(Trainer& trainer,
+absl::Status SaveCheckpointStep(Trainer& trainer, int rank, const std::string& dir,
+                                int64_t step) {
+  // Save ends with a barrier: every rank's shards are in before the marker.
+  return SaveCheckpointStep([&](const std::string& path) { return trainer.Save(path); },
+                            rank, dir, step);
+}
+
+absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(const LoadFn& load,
                                                    const std::string& dir) {
   const std::optional<int64_t> latest = LatestCheckpointStep(dir);
   if (!latest) return 0;
-  if (absl::Status status = trainer.Load(CheckpointStepPath(dir, *latest)); !status.ok())
+  if (absl::Status status = load(CheckpointStepPath(dir, *latest)); !status.ok())
     return status;
   return *latest;
+}
+
+absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(Trainer& trainer,
+                                                   const std::string& dir) {
+  return ResumeFromLatestCheckpoint(
+      [&](const std::string& path) { return trainer.Load(path); }, dir);
 }
 
 }  // namespace meshrun::worker::parallel

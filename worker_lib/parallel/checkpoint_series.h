@@ -7,12 +7,14 @@
 // written only after every rank's shards are in, and atomically, so a crash
 // mid-save resumes from the checkpoint before.
 //
-// A checkpoint holds the parameters only: SGD without momentum keeps no
-// other state, and a step's batch depends on the step alone, so such a run
-// resumed from step N continues exactly as an uninterrupted one would (the
-// example trainers refuse --momentum with checkpoints).
+// Trainer's checkpoints hold the parameters only: SGD without momentum
+// keeps no other state, and a step's batch depends on the step alone, so
+// such a run resumed from step N continues exactly as an uninterrupted one
+// would (train_example refuses --momentum with checkpoints). Checkpoints of
+// torch::nn modules (module_checkpoint.h) hold the optimizer's state too.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -28,13 +30,22 @@ std::string CheckpointStepPath(const std::string& dir, int64_t step);
 // The newest complete checkpoint's step in DIR, if any.
 std::optional<int64_t> LatestCheckpointStep(const std::string& dir);
 
-// Collective over `trainer`'s world: saves the params after `step` steps,
-// then `rank` 0 marks the checkpoint the latest.
+// Saves a checkpoint into a directory; collective, and every rank's
+// shards are in when it returns (it ends with a barrier).
+using SaveFn = std::function<absl::Status(const std::string& dir)>;
+using LoadFn = std::function<absl::Status(const std::string& dir)>;
+
+// Collective: `save` after `step` steps, then `rank` 0 marks the checkpoint
+// the latest.
+absl::Status SaveCheckpointStep(const SaveFn& save, int rank, const std::string& dir,
+                                int64_t step);
 absl::Status SaveCheckpointStep(Trainer& trainer, int rank, const std::string& dir,
                                 int64_t step);
 
-// Collective: loads DIR's latest checkpoint into `trainer` and returns its
-// step; 0, loading nothing, when DIR has none (a fresh start).
+// Collective: loads DIR's latest checkpoint and returns its step; 0,
+// loading nothing, when DIR has none (a fresh start).
+absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(const LoadFn& load,
+                                                   const std::string& dir);
 absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(Trainer& trainer,
                                                    const std::string& dir);
 
