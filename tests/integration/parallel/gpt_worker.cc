@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <map>
 
+#include "tests/integration/parallel/module_checks.h"
 #include "tests/integration/parallel/parity_harness.h"
 #include "worker_lib/device_mesh.h"
 #include "worker_lib/examples/gpt.h"
@@ -104,21 +105,11 @@ int Train(const std::string& layout, int steps) {
                            DataShard(data.targets, dp_size, dp->getRank()));
     loss.backward();
     optimizer.step();
-    at::Tensor mean = loss.detach().clone();
-    std::vector<at::Tensor> tensors{mean};
-    dp->allreduce(tensors)->wait();
-    const double global = mean.item<double>() / static_cast<double>(dp_size);
+    const double global = MeanOver(*dp, loss);
     ExpectClose("loss at step " + std::to_string(step), global, reference_losses[step]);
     if (rank == 0) std::printf("step %d loss %.6f\n", step, global);
   }
-  for (const NamedParam& named : ShardedParams(*gpt)) {
-    ExpectClose("final " + named.name, FullTensor(*named.param),
-                reference_params.at(named.name));
-  }
-  for (const auto& item : gpt->named_parameters()) {
-    if (ParamOf(item.value()) == nullptr)
-      ExpectClose("final " + item.key(), item.value(), reference_params.at(item.key()));
-  }
+  ExpectModuleParams(*gpt, reference_params);
   std::printf("DONE rank %d\n", rank);
   std::fflush(stdout);
   return 0;

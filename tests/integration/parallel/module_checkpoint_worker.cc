@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "tests/integration/parallel/module_checks.h"
 #include "tests/integration/parallel/module_net.h"
 #include "worker_lib/device_mesh.h"
 #include "worker_lib/parallel/ddp.h"
@@ -81,10 +82,7 @@ int Train(const Flags& flags) {
                               DataShard(data.target, dp_size, dp_rank));
     loss.backward();
     optimizer.step();
-    at::Tensor mean = loss.detach().clone();
-    std::vector<at::Tensor> tensors{mean};
-    dp->allreduce(tensors)->wait();
-    const double global = mean.item<double>() / static_cast<double>(dp_size);
+    const double global = MeanOver(*dp, loss);
     ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
     if (rank == 0) std::printf("step %d loss %.6f\n", step, global);
   }
@@ -93,14 +91,7 @@ int Train(const Flags& flags) {
             "save");
   }
   if (flags.to == static_cast<int>(reference.losses.size())) {
-    for (const NamedParam& named : ShardedParams(*net)) {
-      ExpectClose("final " + named.name, FullTensor(*named.param),
-                  reference.params.at(named.name));
-    }
-    for (const auto& item : net->named_parameters()) {
-      if (ParamOf(item.value()) == nullptr)
-        ExpectClose("final " + item.key(), item.value(), reference.params.at(item.key()));
-    }
+    ExpectModuleParams(*net, reference.params);
   }
   world->group()->barrier()->wait();
   std::printf("DONE rank %d\n", rank);

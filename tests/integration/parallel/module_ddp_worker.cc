@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "tests/integration/parallel/module_checks.h"
 #include "tests/integration/parallel/module_net.h"
 #include "worker_lib/device_mesh.h"
 #include "worker_lib/parallel/ddp.h"
@@ -79,10 +80,7 @@ int Train(const Flags& flags) {
     if ((*ddp)->reducer().buckets_started_in_backward() == 0)
       Fail("no bucket's all-reduce started during backward");
     optimizer.step();
-    at::Tensor mean = loss.detach().clone();
-    std::vector<at::Tensor> tensors{mean};
-    group->allreduce(tensors)->wait();
-    const double global = mean.item<double>() / static_cast<double>(parts);
+    const double global = MeanOver(*group, loss);
     ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
     if (rank == 0) std::printf("step %d loss %.6f\n", step, global);
   }

@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "tests/integration/parallel/module_checks.h"
 #include "tests/integration/parallel/module_net.h"
 #include "worker_lib/device_mesh.h"
 #include "worker_lib/parallel/ddp.h"
@@ -88,10 +89,7 @@ int Train(bool reshard, bool hsdp, int steps) {
     loss.backward();
     const size_t after_backward = UnshardedBytes(*net);
     optimizer.step();
-    at::Tensor mean = loss.detach().clone();
-    std::vector<at::Tensor> tensors{mean};
-    world->group()->allreduce(tensors)->wait();
-    const double global = mean.item<double>() / static_cast<double>(world->size());
+    const double global = MeanOver(*world->group(), loss);
     ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
     if (rank == 0) {
       std::printf("step %d loss %.6f gathered after forward %zu after backward %zu\n",

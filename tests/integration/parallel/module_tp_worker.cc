@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "tests/integration/parallel/module_checks.h"
 #include "tests/integration/parallel/module_net.h"
 #include "worker_lib/device_mesh.h"
 #include "worker_lib/parallel/fully_shard.h"
@@ -75,26 +76,14 @@ int Train(bool fsdp, int steps) {
                               DataShard(data.target, dp_size, dp_rank));
     loss.backward();
     optimizer.step();
-    at::Tensor mean = loss.detach().clone();
-    std::vector<at::Tensor> tensors{mean};
-    dp->allreduce(tensors)->wait();
-    const double global = mean.item<double>() / static_cast<double>(dp_size);
+    const double global = MeanOver(*dp, loss);
     ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
     if (rank == 0) std::printf("step %d loss %.6f\n", step, global);
   }
-  size_t checked = 0;
-  for (const NamedParam& named : ShardedParams(*net)) {
-    ExpectClose("final " + named.name, FullTensor(*named.param),
-                reference.params.at(named.name));
-    ++checked;
-  }
   // Without FSDP only the blocks' Linears are sharded; the rest is
   // replicated and must equal the reference as it is.
-  for (const auto& item : net->named_parameters()) {
-    if (ParamOf(item.value()) == nullptr)
-      ExpectClose("final " + item.key(), item.value(), reference.params.at(item.key()));
-  }
-  if (rank == 0) std::printf("SHARDED %zu parameters\n", checked);
+  ExpectModuleParams(*net, reference.params);
+  if (rank == 0) std::printf("SHARDED %zu parameters\n", ShardedParams(*net).size());
   std::printf("DONE rank %d\n", rank);
   std::fflush(stdout);
   return 0;
