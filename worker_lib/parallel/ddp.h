@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,15 +56,19 @@ class DistributedDataParallel {
   // the first backward after it averages everything accumulated.
   class NoSync {
    public:
-    explicit NoSync(DataParallel& reducer) : reducer_(reducer) {
-      reducer_.set_sync_during_backward(false);
+    explicit NoSync(DataParallel& reducer) : reducer_(&reducer) {
+      reducer_->set_sync_during_backward(false);
     }
-    ~NoSync() { reducer_.set_sync_during_backward(true); }
+    ~NoSync() {
+      if (reducer_ != nullptr) reducer_->set_sync_during_backward(true);
+    }
+    NoSync(NoSync&& other) noexcept : reducer_(std::exchange(other.reducer_, nullptr)) {}
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
 
    private:
-    DataParallel& reducer_;
+    DataParallel* reducer_;
   };
   NoSync no_sync() { return NoSync(*reducer_); }
 

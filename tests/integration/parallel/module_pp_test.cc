@@ -44,5 +44,13 @@ TEST(ModulePpTest, Interleaved1F1BMatchesSingleProcess) {
       << run.output;
 }
 
+// DP x TP x PP on 8 ranks, (dp, pp, tp) = (2, 2, 2): the blocks
+// tensor-parallel, the stages DistributedDataParallel over dp.
+TEST(ModulePpTest, DpTimesTpTimesPpMatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(8, "module_pp_worker",
+                                   {"--schedule", "1f1b", "--dp", "2", "--tp", "2"});
+  ExpectTrained(run, 8, kSteps);
+}
+
 }  // namespace
 }  // namespace meshrun

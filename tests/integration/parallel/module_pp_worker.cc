@@ -7,6 +7,13 @@
 // 1e-5).
 //
 //   meshrun --standalone --nproc-per-node=2 module_pp_worker --schedule 1f1b
+//   meshrun --standalone --nproc-per-node=8 module_pp_worker --dp 2 --tp 2   # DP x TP x
+//   PP
+//
+// --dp D --tp T: a (D, world / (D T), T) mesh ["dp", "pp", "tp"]: the net's
+// blocks tensor-parallel over tp (ParallelizeModule) before it is cut, each
+// stage module in DistributedDataParallel over dp (no_sync over the
+// schedule's backwards, SyncGradients after), each dp rank on its rows.
 //
 // Stages: the 5 parts [in], [block 0], [block 1], [block 2], [norm, head]
 // spread over the stages in order: 2 stages take [in, block 0, block 1] and
@@ -18,8 +25,11 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "tests/integration/parallel/module_checks.h"
 #include "tests/integration/parallel/module_net.h"
 #include "worker_lib/device_mesh.h"
+#include "worker_lib/parallel/ddp.h"
+#include "worker_lib/parallel/parallelize.h"
 #include "worker_lib/parallel/pp.h"
 #include "worker_lib/process_group.h"
 
@@ -66,13 +76,16 @@ Schedule ParseSchedule(const std::string& name) {
   Fail("unknown schedule " + name);
 }
 
-int Train(const std::string& schedule_name, int steps) {
+int Train(const std::string& schedule_name, int steps, int dp_size, int tp_size) {
   auto world = ValueOrFail(InitProcessGroup("gloo"), "init");
-  auto mesh =
-      ValueOrFail(InitDeviceMesh(world, "cpu", {world->size()}, {{"pp"}}), "mesh");
+  const int pp_size = world->size() / (dp_size * tp_size);
+  auto mesh = ValueOrFail(
+      InitDeviceMesh(world, "cpu", {dp_size, pp_size, tp_size}, {{"dp", "pp", "tp"}}),
+      "mesh");
   ProcessGroupPtr pp = ValueOrFail(mesh.GetGroup("pp"), "pp group");
+  ProcessGroupPtr dp = ValueOrFail(mesh.GetGroup("dp"), "dp group");
   const int rank = world->rank();
-  const int pp_size = world->size();
+  const int pp_rank = pp->getRank();
   const Schedule schedule = ParseSchedule(schedule_name);
   const int chunks = schedule == Schedule::kInterleaved1F1B ? 2 : 1;
   const int num_stages = pp_size * chunks;
@@ -85,12 +98,22 @@ int Train(const std::string& schedule_name, int steps) {
   const ModuleReference reference = TrainModuleReference(steps);
 
   Net net = MakeNet();
+  if (tp_size > 1) {
+    CheckOk(ParallelizeModule(*net, "tp", ValueOrFail(mesh.GetGroup("tp"), "tp group"),
+                              {{"blocks.*.fc1", ColwiseParallel()},
+                               {"blocks.*.fc2", RowwiseParallel()}}),
+            "ParallelizeModule");
+  }
   std::vector<torch::nn::AnyModule> modules;
   std::vector<NetStage> mine;
+  std::vector<std::unique_ptr<DistributedDataParallel>> replicas;
   for (int c = 0; c < chunks; ++c) {
-    const auto [first, last] = parts[static_cast<size_t>(c * pp_size + rank)];
+    const auto [first, last] = parts[static_cast<size_t>(c * pp_size + pp_rank)];
     mine.push_back(NetStage(net, first, last));
     modules.emplace_back(mine.back());
+    if (dp_size > 1)
+      replicas.push_back(
+          ValueOrFail(DistributedDataParallel::Wrap(*mine.back(), dp), "Wrap"));
   }
   PipelineStage stage = ValueOrFail(MakeStage(std::move(modules), pp), "MakeStage");
   std::printf("STAGES rank %d: %s, %zu parameters\n", rank, stage.Describe().c_str(),
@@ -99,10 +122,19 @@ int Train(const std::string& schedule_name, int steps) {
   for (int step = 0; step < steps; ++step) {
     Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
     optimizer.zero_grad();
-    const double loss = ValueOrFail(
-        RunStep(stage, schedule, kMicrobatches, data.input, data.target, MseLoss),
-        "step");
+    double loss = 0;
+    {
+      // A backward per microbatch: DDP averages once, after the schedule.
+      std::vector<DistributedDataParallel::NoSync> no_sync;
+      for (auto& replica : replicas) no_sync.push_back(replica->no_sync());
+      loss = ValueOrFail(RunStep(stage, schedule, kMicrobatches,
+                                 DataShard(data.input, dp_size, dp->getRank()),
+                                 DataShard(data.target, dp_size, dp->getRank()), MseLoss),
+                         "step");
+    }
+    for (auto& replica : replicas) replica->SyncGradients();
     optimizer.step();
+    loss = MeanOver(*dp, at::tensor(loss));
     ExpectClose("loss at step " + std::to_string(step), loss, reference.losses[step]);
     if (rank == 0) std::printf("step %d loss %.6f\n", step, loss);
   }
@@ -111,7 +143,9 @@ int Train(const std::string& schedule_name, int steps) {
   for (const auto& item : net->named_parameters()) {
     for (const at::Tensor& leaf : stage.Leaves()) {
       if (!leaf.is_same(item.value())) continue;
-      ExpectClose("final " + item.key(), item.value(), reference.params.at(item.key()));
+      const std::shared_ptr<Param> sharded = ParamOf(item.value());
+      ExpectClose("final " + item.key(), sharded ? FullTensor(*sharded) : item.value(),
+                  reference.params.at(item.key()));
       ++checked;
     }
   }
@@ -128,8 +162,12 @@ int main(int argc, char** argv) {
   CLI::App app{"Pipeline stages of a torch::nn::Module against one process"};
   std::string schedule = "1f1b";
   int steps = 8;
+  int dp = 1;
+  int tp = 1;
   app.add_option("--schedule", schedule);
   app.add_option("--steps", steps);
+  app.add_option("--dp", dp, "DistributedDataParallel replicas of each stage");
+  app.add_option("--tp", tp, "tensor-parallel ranks of each stage");
   CLI11_PARSE(app, argc, argv);
-  return meshrun::worker::parallel::testing::Train(schedule, steps);
+  return meshrun::worker::parallel::testing::Train(schedule, steps, dp, tp);
 }
