@@ -78,7 +78,11 @@ absl::Status SaveShards(const std::string& dir, const std::string& tag,
     Box box = param->box();
     entries.push_back(c10::ivalue::Tuple::create(
         {param->name(), c10::IValue(param->global_shape()), c10::IValue(box.offsets),
-         param->LocalValues().detach().contiguous().clone()}));
+         // On the CPU: a file written from CUDA tensors loads anywhere.
+         param->LocalValues()
+             .detach()
+             .to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)
+             .contiguous()}));
   }
   std::vector<char> bytes = torch::pickle_save(c10::IValue(entries));
   return WriteFileAtomically(

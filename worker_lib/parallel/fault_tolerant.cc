@@ -59,8 +59,9 @@ at::Tensor FlattenGradsAndLoss(const std::vector<std::shared_ptr<Param>>& params
                         ? grad.detach().flatten()
                         : at::zeros({param->data().numel()}, param->data().options()));
   }
-  const auto dtype = parts.empty() ? at::kFloat : parts.front().scalar_type();
-  parts.push_back(at::tensor({loss}, at::TensorOptions().dtype(dtype)));
+  const at::TensorOptions options =
+      parts.empty() ? at::TensorOptions().dtype(at::kFloat) : parts.front().options();
+  parts.push_back(at::full({1}, loss, options));
   return at::cat(parts);
 }
 

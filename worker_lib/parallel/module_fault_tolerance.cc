@@ -33,7 +33,8 @@ std::vector<at::Tensor> ModuleTrainingState::Tensors() {
     for (const StateField& field : state->fields)
       tensors.push_back(field.tensor.detach());
     if (state->step) {
-      steps_.push_back(at::full({1}, state->step(), at::kLong));
+      // On the parameter's device: NCCL broadcasts CUDA tensors only.
+      steps_.push_back(at::full({1}, state->step(), tensor.options().dtype(at::kLong)));
       tensors.push_back(steps_.back());
     }
   }
