@@ -101,8 +101,8 @@ class PipelineStage {
   // given to MakeStage; the other ranks' layers were dropped. Only for a
   // stage cut from a Sequential (not one of torch::nn modules).
   // REQUIRES: 0 <= chunk < virtual_stages().
-  Sequential& module(int chunk = 0) { return *chunks_[chunk].layers; }
-  const Sequential& module(int chunk = 0) const { return *chunks_[chunk].layers; }
+  Sequential& module(int chunk = 0) { return LayersOf(chunk); }
+  const Sequential& module(int chunk = 0) const { return LayersOf(chunk); }
   // A chunk's forward: its layers', or its torch::nn module's.
   at::Tensor Forward(int chunk, const at::Tensor& input) const {
     return chunks_[chunk].forward(input);
@@ -130,6 +130,11 @@ class PipelineStage {
   friend absl::StatusOr<PipelineStage> MakeStage(
       std::vector<torch::nn::AnyModule> modules, ProcessGroupPtr pp_group);
   PipelineStage() = default;
+  Sequential& LayersOf(int chunk) const {
+    TORCH_CHECK(chunks_[chunk].layers != nullptr, "PipelineStage::module: stage ",
+                stage(chunk), " is a torch::nn module, not layers cut from a Sequential");
+    return *chunks_[chunk].layers;
+  }
 
   struct Chunk {
     std::function<at::Tensor(const at::Tensor&)> forward;
