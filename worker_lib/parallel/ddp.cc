@@ -80,12 +80,10 @@ absl::StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel
     return absl::InvalidArgumentError("DistributedDataParallel: no process group");
   }
   std::vector<std::shared_ptr<Param>> params;
-  for (const auto& item : module.named_parameters()) {
-    if (!item.value().requires_grad()) continue;
-    // A sharded parameter's Param: an FSDP shard's grad comes from its
-    // group's reduce-scatter (HSDP), not from autograd.
-    std::shared_ptr<Param> param = ParamOf(item.value());
-    params.push_back(param != nullptr ? param : Param::OfLeaf(item.key(), item.value()));
+  // A sharded parameter's recorded Param: an FSDP shard's grad comes from
+  // its group's reduce-scatter (HSDP), not from autograd.
+  for (const NamedParam& named : ModuleParams(module)) {
+    if (named.param->data().requires_grad()) params.push_back(named.param);
   }
   try {
     if (absl::Status status = VerifySameParams(params, *group); !status.ok())

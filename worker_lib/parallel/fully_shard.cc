@@ -28,17 +28,6 @@ struct ParameterAccess : torch::nn::Module {
   }
 };
 
-// Every module below `module` (itself first), depth first in registration
-// order, with its name prefix ("" for `module`, "blocks.0." below it).
-void ForEachModule(
-    const torch::nn::Module& module, const std::string& prefix,
-    const std::function<void(torch::nn::Module&, const std::string&)>& visit) {
-  visit(const_cast<torch::nn::Module&>(module), prefix);
-  for (const auto& child : module.named_children()) {
-    ForEachModule(*child.value(), prefix + child.key() + ".", visit);
-  }
-}
-
 class ModuleUnit;
 
 // The order in which forward touched the units, for prefetching and
@@ -301,7 +290,8 @@ absl::Status FullyShard(torch::nn::Module& module, const std::string& mesh_dim,
   std::vector<Registration> todo;
   std::unordered_map<const c10::TensorImpl*, size_t> seen;
   std::unordered_set<ModuleUnit*> contained;
-  ForEachModule(module, "", [&](torch::nn::Module& owner, const std::string& prefix) {
+  ForEachSubmodule(module, [&](torch::nn::Module& owner, const std::string& path) {
+    const std::string prefix = path.empty() ? "" : path + ".";
     for (const auto& item : owner.named_parameters(/*recurse=*/false)) {
       const at::Tensor& tensor = item.value();
       if (ModuleUnit* unit = UnitOfShard(tensor)) {
@@ -372,25 +362,27 @@ absl::Status FullyShard(torch::nn::Module& module, const std::string& mesh_dim,
 size_t UnshardedBytes(const torch::nn::Module& module) {
   size_t total = 0;
   const auto& units = UnitsByModule();
-  ForEachModule(module, "", [&](torch::nn::Module& owner, const std::string& /*prefix*/) {
-    auto it = units.find(&owner);
-    if (it == units.end()) return;
-    for (const auto& unit : it->second) total += unit->unsharded_bytes();
-  });
+  ForEachSubmodule(const_cast<torch::nn::Module&>(module),
+                   [&](torch::nn::Module& owner, const std::string& /*path*/) {
+                     auto it = units.find(&owner);
+                     if (it == units.end()) return;
+                     for (const auto& unit : it->second) total += unit->unsharded_bytes();
+                   });
   return total;
 }
 
 GatherCounts CountGathers(const torch::nn::Module& module) {
   GatherCounts total;
   const auto& units = UnitsByModule();
-  ForEachModule(module, "", [&](torch::nn::Module& owner, const std::string& /*prefix*/) {
-    auto it = units.find(&owner);
-    if (it == units.end()) return;
-    for (const auto& unit : it->second) {
-      total.gathers += unit->counts().gathers;
-      total.prefetched += unit->counts().prefetched;
-    }
-  });
+  ForEachSubmodule(const_cast<torch::nn::Module&>(module),
+                   [&](torch::nn::Module& owner, const std::string& /*path*/) {
+                     auto it = units.find(&owner);
+                     if (it == units.end()) return;
+                     for (const auto& unit : it->second) {
+                       total.gathers += unit->counts().gathers;
+                       total.prefetched += unit->counts().prefetched;
+                     }
+                   });
   return total;
 }
 

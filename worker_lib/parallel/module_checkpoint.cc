@@ -2,7 +2,6 @@
 
 #include <functional>
 #include <memory>
-#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,28 +23,24 @@ struct Entries {
 absl::StatusOr<Entries> EntriesOf(const torch::nn::Module& module,
                                   torch::optim::Optimizer* optimizer, bool create_state) {
   Entries entries;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& item : module.named_parameters()) {
-    const at::Tensor& tensor = item.value();
-    if (!seen.insert(tensor.unsafeGetTensorImpl()).second) continue;
-    std::shared_ptr<Param> base = ParamOf(tensor);
-    if (base == nullptr) base = Param::OfLeaf(item.key(), tensor);
-    entries.params.push_back(base->Alias(item.key(), tensor));
+  for (const NamedParam& named : ModuleParams(module)) {
+    const std::shared_ptr<Param>& base = named.param;
+    const at::Tensor& tensor = base->data();
+    entries.params.push_back(base->Alias(named.name, tensor));
     if (optimizer == nullptr) continue;
     absl::StatusOr<ParamState> state = OptimizerStateOf(*optimizer, tensor, create_state);
     if (!state.ok()) return state.status();
     for (const StateField& field : state->fields) {
-      entries.params.push_back(base->Alias(item.key() + "." + field.name, field.tensor));
+      entries.params.push_back(base->Alias(named.name + "." + field.name, field.tensor));
     }
     if (state->step) {
       auto step =
-          Param::OfLeaf(item.key() + ".step", at::full({1}, state->step(), at::kLong));
+          Param::OfLeaf(named.name + ".step", at::full({1}, state->step(), at::kLong));
       entries.params.push_back(step);
       entries.steps.emplace_back(step, state->set_step);
     }
   }
   for (const auto& item : module.named_buffers()) {
-    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     entries.params.push_back(Param::OfLeaf(item.key(), item.value()));
   }
   return entries;

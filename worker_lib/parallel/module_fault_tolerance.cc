@@ -2,8 +2,6 @@
 
 #include <torch/csrc/autograd/variable.h>
 
-#include <unordered_set>
-
 #include "worker_lib/parallel/module_params.h"
 #include "worker_lib/parallel/optimizer_state.h"
 
@@ -12,12 +10,9 @@ namespace meshrun::worker::parallel {
 ModuleTrainingState::ModuleTrainingState(torch::nn::Module& module,
                                          torch::optim::Optimizer& optimizer)
     : module_(module), optimizer_(optimizer) {
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& item : module_.named_parameters()) {
-    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    std::shared_ptr<Param> param = ParamOf(item.value());
-    params_.push_back(param != nullptr ? param->Alias(item.key(), item.value())
-                                       : Param::OfLeaf(item.key(), item.value()));
+  // Under their state-dict names (a shard's Param has its own).
+  for (const NamedParam& named : ModuleParams(module_)) {
+    params_.push_back(named.param->Alias(named.name, named.param->data()));
   }
 }
 

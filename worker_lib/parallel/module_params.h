@@ -8,6 +8,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,18 @@ struct NamedParam {
   std::string name;
   std::shared_ptr<Param> param;
 };
+
+// Every parameter of `module` and its submodules once (a tied one under its
+// first name), by its state-dict name, in named_parameters() order: the
+// Param recorded for it (a shard: its data() is the registered tensor), or
+// else one over the module's own tensor (Param::OfLeaf).
+std::vector<NamedParam> ModuleParams(const torch::nn::Module& module);
+
+// Calls `visit` on `module` and every module below it, depth first in
+// registration order, with its path ("" for `module`, "blocks.0" below).
+void ForEachSubmodule(
+    torch::nn::Module& module,
+    const std::function<void(torch::nn::Module&, const std::string& path)>& visit);
 
 // The sharded parameters of `module` and its submodules, by their names
 // relative to it ("blocks.0.fc1.weight"), in named_parameters() order (a

@@ -33,16 +33,6 @@ bool Matches(const std::string& pattern, const std::string& path) {
   return true;
 }
 
-void ForEachNamedModule(
-    torch::nn::Module& module, const std::string& path,
-    const std::function<void(torch::nn::Module&, const std::string&)>& visit) {
-  visit(module, path);
-  for (const auto& child : module.named_children()) {
-    ForEachNamedModule(*child.value(),
-                       path.empty() ? child.key() : path + "." + child.key(), visit);
-  }
-}
-
 c10::intrusive_ptr<c10d::Work> AllReduceSum(c10d::ProcessGroup& group,
                                             at::Tensor& tensor) {
   std::vector<at::Tensor> tensors{tensor};
@@ -216,35 +206,33 @@ absl::Status ParallelizeModule(torch::nn::Module& module, const std::string& mes
   for (const auto& [pattern, style] : plan) {
     bool matched = false;
     absl::Status error;
-    ForEachNamedModule(
-        module, "", [&](torch::nn::Module& found, const std::string& path) {
-          if (path.empty() || !Matches(pattern, path) || !error.ok()) return;
-          matched = true;
-          auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&found);
-          if (linear == nullptr) {
-            error = absl::InvalidArgumentError(absl::StrCat(
-                "ParallelizeModule: ", path, " is a ", found.name(),
-                "; ColwiseParallel and RowwiseParallel take a torch::nn::Linear"));
-            return;
-          }
-          if (ParamOf(linear->weight) != nullptr) {
-            error = absl::FailedPreconditionError(absl::StrCat(
-                "ParallelizeModule: ", path, " is already parallelized or sharded"));
-            return;
-          }
-          const bool colwise = style.kind == ParallelStyle::Kind::kColwise;
-          const int64_t size = linear->weight.size(colwise ? 0 : 1);
-          if (size % parts != 0) {
-            error = absl::InvalidArgumentError(absl::StrCat(
-                "ParallelizeModule: ", path, ".weight is ",
-                c10::str(linear->weight.sizes()), "; its ",
-                colwise ? "rows (output features)" : "columns (input features)", ", ",
-                size, ", do not split evenly over ", parts, " ranks of '", mesh_dim,
-                "'"));
-            return;
-          }
-          targets.push_back(Target{path, linear, style});
-        });
+    ForEachSubmodule(module, [&](torch::nn::Module& found, const std::string& path) {
+      if (path.empty() || !Matches(pattern, path) || !error.ok()) return;
+      matched = true;
+      auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&found);
+      if (linear == nullptr) {
+        error = absl::InvalidArgumentError(absl::StrCat(
+            "ParallelizeModule: ", path, " is a ", found.name(),
+            "; ColwiseParallel and RowwiseParallel take a torch::nn::Linear"));
+        return;
+      }
+      if (ParamOf(linear->weight) != nullptr) {
+        error = absl::FailedPreconditionError(absl::StrCat(
+            "ParallelizeModule: ", path, " is already parallelized or sharded"));
+        return;
+      }
+      const bool colwise = style.kind == ParallelStyle::Kind::kColwise;
+      const int64_t size = linear->weight.size(colwise ? 0 : 1);
+      if (size % parts != 0) {
+        error = absl::InvalidArgumentError(absl::StrCat(
+            "ParallelizeModule: ", path, ".weight is ", c10::str(linear->weight.sizes()),
+            "; its ", colwise ? "rows (output features)" : "columns (input features)",
+            ", ", size, ", do not split evenly over ", parts, " ranks of '", mesh_dim,
+            "'"));
+        return;
+      }
+      targets.push_back(Target{path, linear, style});
+    });
     if (!error.ok()) return error;
     if (!matched) {
       return absl::InvalidArgumentError(absl::StrCat("ParallelizeModule: the plan's '",

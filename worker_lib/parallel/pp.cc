@@ -348,11 +348,8 @@ absl::StatusOr<PipelineStage> MakeStage(std::vector<torch::nn::AnyModule> module
     const std::string name = module->name();
     chunk.description =
         name.substr(name.rfind("::") == std::string::npos ? 0 : name.rfind("::") + 2);
-    for (const auto& item : module->named_parameters()) {
-      std::shared_ptr<Param> param = ParamOf(item.value());
-      chunk.params.push_back(param != nullptr ? param
-                                              : Param::OfLeaf(item.key(), item.value()));
-    }
+    for (const NamedParam& named : ModuleParams(*module))
+      chunk.params.push_back(named.param);
     chunk.forward = [any = std::move(modules[c])](const at::Tensor& x) mutable {
       return any.forward<at::Tensor>(x);
     };

@@ -84,9 +84,7 @@ int Train(const Flags& flags) {
     ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
     if (rank == 0) std::printf("step %d loss %.6f\n", step, global);
   }
-  for (const auto& item : net->named_parameters()) {
-    ExpectClose("final " + item.key(), item.value(), reference.params.at(item.key()));
-  }
+  ExpectModuleParams(*net, reference.params);
   if (rank == 0) {
     std::printf("BUCKETS %d, %d started during the last backward\n",
                 (*ddp)->reducer().num_buckets(),

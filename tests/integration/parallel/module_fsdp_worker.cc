@@ -116,10 +116,7 @@ int Train(bool reshard, bool hsdp, int steps) {
       Fail("AdamW state is " + c10::str(state.exp_avg().sizes()) + ", not the shard's");
   }
   // The gathered final parameters equal the single-process ones.
-  for (const NamedParam& named : ShardedParams(*net)) {
-    ExpectClose("final " + named.name, FullTensor(*named.param),
-                reference.params.at(named.name));
-  }
+  ExpectModuleParams(*net, reference.params);
   if (ShardedParams(*net).size() != reference.params.size())
     Fail("not every parameter is sharded");
   if (replicate != nullptr && rank == 0) {
