@@ -75,12 +75,12 @@ absl::Status ReduceScatterTensor(c10d::ProcessGroup& group, at::Tensor& output,
         " x ", output.numel(), " of the output's dtype"));
   }
   try {
-    // reduce_scatter_single wants input = n outputs laid end to end.
+    // The flat reduce-scatter wants input = n outputs laid end to end.
     at::Tensor flat_input = input.contiguous().reshape({n * output.numel()});
     at::Tensor flat_output = output.is_contiguous()
                                  ? output.view({-1})
                                  : at::empty({output.numel()}, output.options());
-    group.reduce_scatter_single(flat_output, flat_input, WireOptions(group, op))->wait();
+    ReduceScatterSingle(group, flat_output, flat_input, WireOptions(group, op))->wait();
     if (!output.is_contiguous()) output.copy_(flat_output.view(output.sizes()));
     FinishAverage(group, output, op);
     return absl::OkStatus();

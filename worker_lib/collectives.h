@@ -31,4 +31,30 @@ absl::Status ReduceScatterTensor(c10d::ProcessGroup& group, at::Tensor& output,
                                  const at::Tensor& input,
                                  c10d::ReduceOp op = c10d::ReduceOp::SUM);
 
+// c10d's flat reduce-scatter (input = the group's outputs end to end), by its
+// name in this libtorch: reduce_scatter_single, _reduce_scatter_base before
+// it was renamed (libtorch 2.11, the GPU machine's, has only that one).
+template <typename Group>
+c10::intrusive_ptr<c10d::Work> ReduceScatterSingle(
+    Group& group, at::Tensor& output, at::Tensor& input,
+    const c10d::ReduceScatterOptions& options) {
+  if constexpr (requires { group.reduce_scatter_single(output, input, options); }) {
+    return group.reduce_scatter_single(output, input, options);
+  } else {
+    return group._reduce_scatter_base(output, input, options);
+  }
+}
+
+// c10d's flat all-gather (output = the group's inputs end to end):
+// all_gather_single, or _allgather_base before it was renamed (libtorch 2.11).
+template <typename Group>
+c10::intrusive_ptr<c10d::Work> AllGatherSingle(Group& group, at::Tensor& output,
+                                               at::Tensor& input) {
+  if constexpr (requires { group.all_gather_single(output, input); }) {
+    return group.all_gather_single(output, input);
+  } else {
+    return group._allgather_base(output, input);
+  }
+}
+
 }  // namespace meshrun::worker

@@ -16,7 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#ifndef MESHRUN_WORKER_WITHOUT_GRPC_STORE
 #include "worker_lib/grpc_store.h"
+#endif
 
 #ifdef MESHRUN_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -96,6 +98,19 @@ absl::StatusOr<std::vector<std::shared_ptr<::gloo::transport::Device>>> MakeGloo
   return devices;
 }
 
+// meshrun's gRPC store waits for a key and reads it in one round trip; other
+// stores answer nullopt (wait, then get).
+std::optional<std::vector<uint8_t>> GetInOneRoundTrip(c10d::Store& store,
+                                                      const std::string& key,
+                                                      std::chrono::milliseconds timeout) {
+#ifndef MESHRUN_WORKER_WITHOUT_GRPC_STORE
+  if (auto* grpc = dynamic_cast<GrpcStore*>(&store)) return grpc->get(key, timeout);
+#else
+  (void)store, (void)key, (void)timeout;
+#endif
+  return std::nullopt;
+}
+
 // The store a group rendezvouses through: the world's store with the group's
 // own timeout for get() and wait(keys). Gloo's connectFullMesh blocks in
 // get() with the store's timeout, not the group's; without this a group that
@@ -105,9 +120,7 @@ class GroupTimeoutStore final : public c10d::Store {
  public:
   GroupTimeoutStore(c10::intrusive_ptr<c10d::Store> store,
                     std::chrono::milliseconds timeout)
-      : c10d::Store(timeout),
-        store_(std::move(store)),
-        grpc_(dynamic_cast<GrpcStore*>(store_.get())) {}
+      : c10d::Store(timeout), store_(std::move(store)) {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     store_->set(key, value);
@@ -118,7 +131,7 @@ class GroupTimeoutStore final : public c10d::Store {
     return store_->compareSet(key, expected, desired);
   }
   std::vector<uint8_t> get(const std::string& key) override {
-    if (grpc_ != nullptr) return grpc_->get(key, timeout_);  // one round trip
+    if (auto value = GetInOneRoundTrip(*store_, key, timeout_)) return *std::move(value);
     store_->wait({key}, timeout_);
     return store_->get(key);
   }
@@ -143,7 +156,6 @@ class GroupTimeoutStore final : public c10d::Store {
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
-  GrpcStore* grpc_;  // store_ when it is a GrpcStore (owned by store_)
 };
 
 // libtorch 2 splits a group into a ProcessGroup (what users call collectives
@@ -356,6 +368,11 @@ absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& b
           "MESHRUN_STORE_ENDPOINT is not set: start this program with meshrun to use "
           "meshrun's store");
     }
+#ifdef MESHRUN_WORKER_WITHOUT_GRPC_STORE
+    return absl::UnimplementedError(
+        "meshrun_worker was built without meshrun's gRPC store (MESHRUN_WORKER_ONLY): "
+        "use the TCPStore");
+#else
     GrpcStoreOptions store_options;
     store_options.endpoint = *env.store_endpoint;
     store_options.ns = *env.store_prefix;
@@ -365,6 +382,7 @@ absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& b
     if (!store.ok()) return store.status();
     world->store_ = *store;
     world->store_kind_ = "meshrun";
+#endif
   } else {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(env.master_port);

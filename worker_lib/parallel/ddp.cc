@@ -36,7 +36,10 @@ std::string Describe(const at::Tensor& tensor) {
 absl::Status VerifySameParams(const std::vector<std::shared_ptr<Param>>& params,
                               c10d::ProcessGroup& group) {
   const int64_t count = static_cast<int64_t>(params.size());
-  at::Tensor counts = AllGatherAlong(group, at::full({1}, count, at::kLong), 0);
+  // On the parameters' device: NCCL gathers CUDA tensors only.
+  const at::TensorOptions on_device = at::TensorOptions(at::kLong).device(
+      params.empty() ? at::kCPU : params[0]->data().device());
+  at::Tensor counts = AllGatherAlong(group, at::full({1}, count, on_device), 0).cpu();
   for (int rank = 0; rank < group.getSize(); ++rank) {
     const int64_t theirs = counts[rank].item<int64_t>();
     if (theirs != count) {
@@ -48,7 +51,9 @@ absl::Status VerifySameParams(const std::vector<std::shared_ptr<Param>>& params,
   if (count == 0) return absl::OkStatus();
   at::Tensor mine = at::empty({count}, at::kLong);
   for (int64_t i = 0; i < count; ++i) mine[i] = Signature(params[i]->data());
-  at::Tensor all = AllGatherAlong(group, mine, 0).view({group.getSize(), count});
+  at::Tensor all = AllGatherAlong(group, mine.to(on_device.device()), 0)
+                       .cpu()
+                       .view({group.getSize(), count});
   for (int64_t i = 0; i < count; ++i) {
     for (int rank = 0; rank < group.getSize(); ++rank) {
       if (all[rank][i].item<int64_t>() != mine[i].item<int64_t>()) {

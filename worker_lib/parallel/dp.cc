@@ -85,8 +85,7 @@ DataParallel::DataParallel(std::vector<std::shared_ptr<Param>> params,
       fsdp_hooked_.push_back(fsdp);
       continue;
     }
-    c10::intrusive_ptr<torch::autograd::Node> accumulator =
-        torch::autograd::impl::grad_accumulator(data);
+    NodePtr accumulator = torch::autograd::impl::grad_accumulator(data);
     // inputs[0]: the gradient AccumulateGrad received; undefined when none
     // flowed (an FSDP shard's grad is set outside autograd).
     hook_keys_.push_back(accumulator->add_post_hook(
@@ -279,7 +278,11 @@ absl::Status DataParallel::VerifyParamsEqual() {
         }
       }
     }
-    at::Tensor flag = at::full({1}, first_different, at::kLong);
+    // On the parameters' device: NCCL reduces CUDA tensors only.
+    at::Tensor flag =
+        at::full({1}, first_different,
+                 at::TensorOptions(at::kLong).device(
+                     params_.empty() ? at::kCPU : params_[0]->data().device()));
     AllReduce(*group_, flag, c10d::ReduceOp::MIN)->wait();
     first_different = flag.item<int64_t>();
   } catch (const std::exception& e) {

@@ -43,7 +43,7 @@
 // of `group`, with the same params (shapes, dtypes, order), and every rank
 // must run the same backward passes. Not thread-safe.
 
-#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -132,7 +132,11 @@ class DataParallel {
   std::vector<BucketSlot> slots_;
   // The params' AccumulateGrad nodes (kept alive so the hooks stay on
   // them, as DDP's reducer does) and the hooks' keys.
-  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators_;
+  // As grad_accumulator gives it: a shared_ptr in libtorch 2.11, an intrusive_ptr
+  // in 2.15.
+  using NodePtr = decltype(torch::autograd::impl::grad_accumulator(
+      std::declval<const at::Tensor&>()));
+  std::vector<NodePtr> accumulators_;
   std::vector<uintptr_t> hook_keys_;
   // FSDP params whose shard-grad hook is ours (HSDP).
   std::vector<FsdpParam*> fsdp_hooked_;

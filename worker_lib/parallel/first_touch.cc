@@ -66,7 +66,7 @@ void Collect(const c10::IValue& value, Registry& reg, std::vector<TouchTarget*>&
   if (value.isTensor()) {
     look_up(value.toTensor());
   } else if (value.isTensorList()) {
-    for (const at::Tensor& tensor : value.toTensorList()) look_up(tensor);
+    for (const at::Tensor tensor : value.toTensorList()) look_up(tensor);
   } else if (value.isList()) {
     for (const c10::IValue& element : value.toListRef()) {
       if (element.isTensor()) look_up(element.toTensor());

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker_lib/collectives.h"
 
 namespace meshrun::worker::parallel {
 
@@ -220,7 +221,7 @@ void FsdpParamGroup::StartUnshard() {
     return;
   }
   gather_output_ = at::empty({layout_.total_numel()}, options);
-  gather_work_ = group_->all_gather_single(gather_output_, gather_input_);
+  gather_work_ = AllGatherSingle(*group_, gather_output_, gather_input_);
 }
 
 void FsdpParamGroup::Unshard() {
@@ -293,7 +294,7 @@ void FsdpParamGroup::StartReduceScatter() {
       scatter_output_ = at::empty({layout_.segment_numel}, options);
       c10d::ReduceScatterOptions sum;
       sum.reduceOp = c10d::ReduceOp::SUM;
-      scatter_work_ = group_->reduce_scatter_single(scatter_output_, scatter_input_, sum);
+      scatter_work_ = ReduceScatterSingle(*group_, scatter_output_, scatter_input_, sum);
     }
     scatter_pending_ = true;
     backward_pass.scattering = shared_from_this();

@@ -52,6 +52,7 @@ class StepRunner {
         loss_fn_(loss_fn),
         headers_(headers),
         cache_(stage.shape_cache()),
+        on_device_(at::TensorOptions().device(stage.device())),
         state_(stage.virtual_stages(), std::vector<Microbatch>(microbatches)) {}
 
   // Returns the sum of the microbatches' (unscaled) losses on the rank
@@ -143,7 +144,7 @@ class StepRunner {
     h[1] = static_cast<int64_t>(activation.scalar_type());
     for (int64_t d = 0; d < activation.dim(); ++d) h[2 + d] = activation.size(d);
     if (headers_) {
-      Send(at::tensor(h, at::kLong), peer, tags.header);
+      Send(at::tensor(h, at::kLong).to(on_device_.device()), peer, tags.header);
       cache_.sent[tags.header] = h;
     } else {
       // The receiver expects the shape sent in an earlier step.
@@ -159,7 +160,9 @@ class StepRunner {
   at::Tensor RecvActivation(int peer, const Tags& tags) {
     std::vector<int64_t> h;
     if (headers_) {
-      at::Tensor header = Recv(at::empty({kHeaderLength}, at::kLong), peer, tags.header);
+      at::Tensor header =
+          Recv(at::empty({kHeaderLength}, on_device_.dtype(at::kLong)), peer, tags.header)
+              .cpu();
       h.assign(header.data_ptr<int64_t>(), header.data_ptr<int64_t>() + kHeaderLength);
       cache_.received[tags.header] = h;
     } else {
@@ -171,17 +174,32 @@ class StepRunner {
     TORCH_CHECK(h[0] >= 0 && h[0] <= kMaxDims, "pipeline rank ", rank_,
                 ": bad activation header from rank ", peer);
     std::vector<int64_t> sizes(h.data() + 2, h.data() + 2 + h[0]);
-    return Recv(
-        at::empty(sizes, at::TensorOptions().dtype(static_cast<at::ScalarType>(h[1]))),
-        peer, tags.activation);
+    return Recv(at::empty(sizes, on_device_.dtype(static_cast<at::ScalarType>(h[1]))),
+                peer, tags.activation);
   }
 
+  // A message to this rank itself (one rank holding consecutive stages:
+  // interleaved chunks with pp = 1) is handed over in memory: neither Gloo
+  // nor a blocking NCCL recv talks to itself. The schedule runs the send
+  // before the matching recv.
   void Send(at::Tensor tensor, int peer, int tag) {
+    if (peer == rank_) {
+      to_self_[tag] = std::move(tensor);
+      return;
+    }
     std::vector<at::Tensor> tensors{std::move(tensor)};
     pending_sends_.push_back(group_.send(tensors, peer, tag));
   }
 
   at::Tensor Recv(at::Tensor buffer, int peer, int tag) {
+    if (peer == rank_) {
+      auto sent = to_self_.find(tag);
+      TORCH_CHECK(sent != to_self_.end(), "pipeline rank ", rank_,
+                  ": no message to itself with tag ", tag);
+      buffer.copy_(sent->second);
+      to_self_.erase(sent);
+      return buffer;
+    }
     std::vector<at::Tensor> tensors{buffer};
     group_.recv(tensors, peer, tag)->wait();
     return buffer;
@@ -197,7 +215,9 @@ class StepRunner {
   const LossFn& loss_fn_;
   const bool headers_;
   PipelineStage::ShapeCache& cache_;
+  const at::TensorOptions on_device_;           // the stage's device
   std::vector<std::vector<Microbatch>> state_;  // [chunk][microbatch]
+  std::map<int, at::Tensor> to_self_;           // by tag
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_sends_;
   double loss_sum_ = 0;
 };
@@ -209,7 +229,8 @@ int64_t Rows(const at::Tensor& batch) {
 
 // Every stage's StepArgs, `mine` included (index = stage): one small
 // all-gather over the pp group. Throws c10::Error on a c10d failure.
-std::vector<StepArgs> ExchangeStepArgs(c10d::ProcessGroup& group, const StepArgs& mine) {
+std::vector<StepArgs> ExchangeStepArgs(c10d::ProcessGroup& group, const StepArgs& mine,
+                                       at::Device device) {
   constexpr int kFields = 8;
   at::Tensor packed = at::tensor(
       {static_cast<int64_t>(mine.schedule), static_cast<int64_t>(mine.microbatches),
@@ -217,13 +238,15 @@ std::vector<StepArgs> ExchangeStepArgs(c10d::ProcessGroup& group, const StepArgs
        static_cast<int64_t>(mine.virtual_stages), mine.input_shape_key,
        mine.cached_shape_key},
       at::kLong);
-  std::vector<at::Tensor> input{packed};
+  std::vector<at::Tensor> input{packed.to(device)};
   std::vector<std::vector<at::Tensor>> output(1);
   for (int s = 0; s < group.getSize(); ++s)
-    output[0].push_back(at::empty({kFields}, at::kLong));
+    output[0].push_back(
+        at::empty({kFields}, at::TensorOptions(at::kLong).device(device)));
   group.allgather(output, input)->wait();
   std::vector<StepArgs> all;
-  for (const at::Tensor& t : output[0]) {
+  for (const at::Tensor& on_device : output[0]) {
+    const at::Tensor t = on_device.cpu();
     auto f = t.accessor<int64_t, 1>();
     StepArgs args;
     for (Schedule schedule :
@@ -271,6 +294,13 @@ std::vector<at::Tensor> PipelineStage::Leaves() const {
   std::vector<at::Tensor> leaves;
   for (const auto& param : Params()) leaves.push_back(param->data());
   return leaves;
+}
+
+at::Device PipelineStage::device() const {
+  for (const Chunk& chunk : chunks_) {
+    for (const auto& param : chunk.params) return param->data().device();
+  }
+  return at::kCPU;
 }
 
 std::string PipelineStage::Describe() const {
@@ -386,7 +416,8 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
       mine.target_rows = Rows(target);
       mine.has_loss_fn = static_cast<bool>(loss_fn);
     }
-    const std::vector<StepArgs> all = ExchangeStepArgs(*stage.group(), mine);
+    const std::vector<StepArgs> all =
+        ExchangeStepArgs(*stage.group(), mine, stage.device());
     if (absl::Status status = ValidateStep(all); !status.ok()) return status;
     // Headers unless every stage holds the shapes for this input shape.
     const int64_t key = all.front().input_shape_key;
@@ -406,7 +437,8 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
     const double loss_sum = runner.Run(*actions);
     cache.key = key;
     // The step's loss lives on the last stage's rank; every rank returns it.
-    at::Tensor loss = at::full({1}, loss_sum / microbatches, at::kDouble);
+    at::Tensor loss = at::full({1}, loss_sum / microbatches,
+                               at::TensorOptions(at::kDouble).device(stage.device()));
     std::vector<at::Tensor> tensors{loss};
     c10d::BroadcastOptions options;
     options.rootRank = stage.pp_size() - 1;

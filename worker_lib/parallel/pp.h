@@ -117,6 +117,10 @@ class PipelineStage {
   // (e.g. for an optimizer, DataParallel, checkpoints).
   std::vector<std::shared_ptr<Param>> Params() const;
   std::vector<at::Tensor> Leaves() const;
+  // Where the pipeline's messages (activations, headers, step arguments, the
+  // loss) live: the device of the stage's parameters, CPU without any. NCCL
+  // sends only CUDA tensors, Gloo's CPU ones.
+  at::Device device() const;
   // One stage: "stage 1/2: layers [4, 7): ReLU(), Linear(50 -> 50), ...".
   // Several: "rank 0/2, 2 virtual stages: stage 0/4: layers [0, 2): ...;
   // stage 2/4: layers [4, 6): ...".

@@ -1,10 +1,12 @@
-// The plain-libtorch GPT (worker_lib/examples/gpt.h) trains under meshrun's
-// parallelisms on torch::nn modules as in one process: gpt_worker checks
-// every step's loss and the final parameters (rtol 1e-5, AdamW); here the
-// exit codes and steps.
+// The plain-libtorch GPT (worker_lib/examples/gpt.h) trains under every
+// layout of meshrun's parallelisms on torch::nn modules as in one process:
+// gpt_worker checks every step's loss and the final parameters (rtol 1e-5,
+// AdamW); here the exit codes and steps. EveryLayoutOnOneRank runs, on CPU,
+// what scripts/device-check.sh runs on one GPU.
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "tests/integration/parallel/driver_support.h"
@@ -30,6 +32,39 @@ TEST(GptTest, FsdpWithTensorParallelMatchesSingleProcess) {
 TEST(GptTest, DistributedDataParallelMatchesSingleProcess) {
   MeshrunRun run = RunUnderMeshrun(2, "gpt_worker", {"--layout", "ddp"});
   ExpectTrained(run, 2, kSteps);
+}
+
+// gpt_worker under each of `layouts` on `world` ranks, one run each.
+void ExpectLayoutsTrained(int world, std::initializer_list<const char*> layouts) {
+  for (const char* layout : layouts) {
+    SCOPED_TRACE(layout);
+    MeshrunRun run = RunUnderMeshrun(world, "gpt_worker", {"--layout", layout});
+    ExpectTrained(run, world, kSteps);
+  }
+}
+
+TEST(GptTest, FullyShardWithAndWithoutReshardMatchesSingleProcess) {
+  ExpectLayoutsTrained(2, {"fsdp", "fsdp_noreshard"});
+}
+
+TEST(GptTest, HsdpMatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(4, "gpt_worker", {"--layout", "hsdp"});
+  ExpectTrained(run, 4, kSteps);
+}
+
+TEST(GptTest, PipelineSchedulesMatchSingleProcess) {
+  ExpectLayoutsTrained(2, {"pp_gpipe", "pp_1f1b", "pp_interleaved"});
+}
+
+TEST(GptTest, DpTimesTpTimesPpMatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(8, "gpt_worker", {"--layout", "dp_tp_pp"});
+  ExpectTrained(run, 8, kSteps);
+}
+
+// Each parallelism over groups of one (interleaved 1F1B needs two ranks).
+TEST(GptTest, EveryLayoutOnOneRank) {
+  ExpectLayoutsTrained(1, {"ddp", "fsdp", "fsdp_noreshard", "hsdp", "tp", "fsdp_tp",
+                           "pp_gpipe", "pp_1f1b", "dp_tp_pp"});
 }
 
 }  // namespace

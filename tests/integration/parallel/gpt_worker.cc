@@ -1,20 +1,35 @@
-// The plain-libtorch GPT of worker_lib/examples/gpt.h trained under
-// meshrun's parallelisms on torch::nn modules, against the same GPT trained
-// in one process (AdamW, cross-entropy on SyntheticTokens): every step's
-// loss and the final parameters within rtol 1e-5.
+// The plain-libtorch GPT of worker_lib/examples/gpt.h trained under every
+// layout of meshrun's parallelisms on torch::nn modules, against the same GPT
+// trained in one process on the same device (AdamW, cross-entropy on
+// SyntheticTokens): every step's loss and the final parameters within rtol
+// 1e-5. Any world size runs every layout, 1 included (each parallelism then
+// over groups of one, as the GPU check does on its one GPU):
 //
-//   --layout tp        GptTpPlan over all ranks (which share the batch)
-//   --layout fsdp_tp   GptTpPlan over pairs of ranks, FullyShard of every
-//                      block and the root across them
-//   --layout ddp       DistributedDataParallel over all ranks
+//   ddp             DistributedDataParallel over all ranks
+//   fsdp            FullyShard of every block and the root over all ranks
+//   fsdp_noreshard  the same, reshard_after_forward off
+//   hsdp            FullyShard over pairs of ranks, DDP across the pairs
+//   tp              GptTpPlan over all ranks (which share the batch)
+//   fsdp_tp         GptTpPlan over pairs of ranks, FullyShard across them
+//   pp_gpipe, pp_1f1b, pp_interleaved
+//                   pipeline stages over all ranks (two chunks a rank for
+//                   interleaved): [embeddings], [block i]..., [ln_f, head]
+//                   cut into contiguous stages
+//   dp_tp_pp        GptTpPlan over pairs, then 1F1B stages over pairs of
+//                   those, each stage in DDP across the rest (8 ranks: 2x2x2)
+//
+// --device cuda: the GPU of LOCAL_RANK over NCCL (scripts/device-check.sh).
 //
 //   meshrun --standalone --nproc-per-node=4 gpt_worker --layout fsdp_tp
 
+#include <torch/nn/modules/container/any.h>
 #include <torch/optim/adamw.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "tests/integration/parallel/module_checks.h"
 #include "tests/integration/parallel/parity_harness.h"
@@ -24,6 +39,7 @@
 #include "worker_lib/parallel/ddp.h"
 #include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/module_params.h"
+#include "worker_lib/parallel/pp.h"
 #include "worker_lib/parallel/transformer.h"
 #include "worker_lib/process_group.h"
 
@@ -31,86 +47,229 @@ namespace meshrun::worker::parallel::testing {
 namespace {
 
 using examples::Gpt;
+using examples::GptBlockImpl;
 using examples::GptConfig;
 
 constexpr GptConfig kConfig{/*vocab=*/32, /*context=*/16, /*dim=*/32, /*heads=*/4,
                             /*layers=*/2};
 constexpr int64_t kBatch = 8;
+constexpr int kMicrobatches = 4;
 constexpr uint64_t kSeed = 5;
 
-Gpt MakeGpt() {
+Gpt MakeGpt(const at::Device& device) {
   torch::manual_seed(kSeed);
-  return Gpt(kConfig);
+  Gpt gpt(kConfig);
+  gpt->to(device);
+  return gpt;
 }
 
 torch::optim::AdamWOptions Adam() {
   return torch::optim::AdamWOptions(3e-3).weight_decay(0.1);
 }
 
-at::Tensor Loss(Gpt& gpt, const at::Tensor& tokens, const at::Tensor& targets) {
-  at::Tensor logits = gpt->forward(tokens);
+at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets) {
   return at::cross_entropy_loss(logits.reshape({-1, kConfig.vocab}),
                                 targets.reshape({-1}));
 }
 
-int Train(const std::string& layout, int steps) {
-  auto world = ValueOrFail(InitProcessGroup("gloo"), "init");
-  const int rank = world->rank();
-  const int n = world->size();
-  const int tp_size = layout == "tp" ? n : (layout == "fsdp_tp" ? 2 : 1);
-  auto mesh = ValueOrFail(
-      InitDeviceMesh(world, "cpu", {n / tp_size, tp_size}, {{"dp", "tp"}}), "mesh");
-  ProcessGroupPtr dp = ValueOrFail(mesh.GetGroup("dp"), "dp group");
+TokenBatch BatchOf(int step, const at::Device& device) {
+  TokenBatch data = SyntheticTokens(kSeed, step, kBatch, kConfig.context, kConfig.vocab);
+  return {data.tokens.to(device), data.targets.to(device)};
+}
 
-  std::vector<double> reference_losses;
-  std::map<std::string, at::Tensor> reference_params;
-  {
-    Gpt gpt = MakeGpt();
-    torch::optim::AdamW optimizer(gpt->parameters(), Adam());
-    for (int step = 0; step < steps; ++step) {
-      TokenBatch data =
-          SyntheticTokens(kSeed, step, kBatch, kConfig.context, kConfig.vocab);
-      optimizer.zero_grad();
-      at::Tensor loss = Loss(gpt, data.tokens, data.targets);
-      loss.backward();
-      optimizer.step();
-      reference_losses.push_back(loss.item<double>());
+// The mesh's sizes for `layout` on n ranks.
+struct Sizes {
+  int dp = 1, fsdp = 1, pp = 1, tp = 1;
+};
+Sizes LayoutSizes(const std::string& layout, int n) {
+  const int pair = std::min(2, n);
+  if (layout == "ddp") return {n, 1, 1, 1};
+  if (layout == "fsdp" || layout == "fsdp_noreshard") return {1, n, 1, 1};
+  if (layout == "hsdp") return {n / pair, pair, 1, 1};
+  if (layout == "tp") return {1, 1, 1, n};
+  if (layout == "fsdp_tp") return {1, n / pair, 1, pair};
+  if (layout.rfind("pp_", 0) == 0) return {1, 1, n, 1};
+  if (layout == "dp_tp_pp") {
+    const int pp = std::min(2, n / pair);
+    return {n / (pair * pp), 1, pp, pair};
+  }
+  Fail("unknown layout " + layout);
+}
+
+// A pipeline stage: parts [first, last] of the whole GPT, sharing its modules
+// (part 0 the embeddings, 1..layers the blocks, layers + 1 the final norm and
+// head).
+struct GptStageImpl : torch::nn::Module {
+  GptStageImpl(const Gpt& gpt, int first_part, int last_part)
+      : first(first_part), last(last_part), whole(gpt) {
+    const int layers = static_cast<int>(gpt->blocks->size());
+    for (int part = first; part <= last; ++part) {
+      if (part == 0) {
+        register_module("tok", gpt->tok);
+        register_module("pos", gpt->pos);
+      } else if (part <= layers) {
+        register_module("block" + std::to_string(part - 1), (*gpt->blocks)[part - 1]);
+      } else {
+        register_module("ln_f", gpt->ln_f);
+        register_module("head", gpt->head);
+      }
     }
-    for (const auto& item : gpt->named_parameters())
-      reference_params[item.key()] = item.value().detach().clone();
   }
+  at::Tensor forward(at::Tensor x) {
+    const int layers = static_cast<int>(whole->blocks->size());
+    for (int part = first; part <= last; ++part) {
+      if (part == 0) {
+        x = whole->tok->forward(x) +
+            whole->pos->forward(at::arange(x.size(1), x.options()));
+      } else if (part <= layers) {
+        x = (*whole->blocks)[part - 1]->as<GptBlockImpl>()->forward(x);
+      } else {
+        x = whole->head->forward(whole->ln_f->forward(x));
+      }
+    }
+    return x;
+  }
+  int first, last;
+  Gpt whole{nullptr};
+};
+TORCH_MODULE(GptStage);
 
-  Gpt gpt = MakeGpt();
-  if (tp_size > 1) {
-    CheckOk(ParallelizeModule(*gpt, "tp", ValueOrFail(mesh.GetGroup("tp"), "tp group"),
-                              examples::GptTpPlan()),
-            "ParallelizeModule");
+// The parts [first, last] of each of `stages` stages, as even as they go.
+std::vector<std::pair<int, int>> CutParts(int parts, int stages) {
+  if (stages > parts) Fail("more pipeline stages than the GPT's parts");
+  std::vector<std::pair<int, int>> cut;
+  int first = 0;
+  for (int s = 0; s < stages; ++s) {
+    const int count = parts / stages + (s < parts % stages ? 1 : 0);
+    cut.emplace_back(first, first + count - 1);
+    first += count;
   }
-  std::unique_ptr<DistributedDataParallel> ddp;
-  if (layout == "fsdp_tp") {
-    for (const auto& block : *gpt->blocks) CheckOk(FullyShard(*block, "dp", dp), "block");
-    CheckOk(FullyShard(*gpt, "dp", dp), "root");
-  } else if (layout == "ddp") {
-    ddp = ValueOrFail(DistributedDataParallel::Wrap(*gpt, dp), "Wrap");
-  } else if (layout != "tp") {
-    Fail("unknown layout " + layout);
-  }
+  return cut;
+}
+
+struct Reference {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> params;
+};
+
+Reference TrainReference(int steps, const at::Device& device) {
+  Reference reference;
+  Gpt gpt = MakeGpt(device);
   torch::optim::AdamW optimizer(gpt->parameters(), Adam());
-  const int64_t dp_size = dp->getSize();
   for (int step = 0; step < steps; ++step) {
-    TokenBatch data =
-        SyntheticTokens(kSeed, step, kBatch, kConfig.context, kConfig.vocab);
+    TokenBatch data = BatchOf(step, device);
     optimizer.zero_grad();
-    at::Tensor loss = Loss(gpt, DataShard(data.tokens, dp_size, dp->getRank()),
-                           DataShard(data.targets, dp_size, dp->getRank()));
+    at::Tensor loss = CrossEntropy(gpt->forward(data.tokens), data.targets);
     loss.backward();
     optimizer.step();
-    const double global = MeanOver(*dp, loss);
-    ExpectClose("loss at step " + std::to_string(step), global, reference_losses[step]);
+    reference.losses.push_back(loss.item<double>());
+  }
+  for (const auto& item : gpt->named_parameters())
+    reference.params[item.key()] = item.value().detach().clone();
+  return reference;
+}
+
+int Train(const std::string& layout, int steps, const WorkerDevice& on) {
+  auto world = ValueOrFail(InitProcessGroup(on.backend), "init");
+  const int rank = world->rank();
+  const Sizes sizes = LayoutSizes(layout, world->size());
+  auto mesh = ValueOrFail(
+      InitDeviceMesh(world, on.mesh_type, {sizes.dp, sizes.fsdp, sizes.pp, sizes.tp},
+                     {{"dp", "fsdp", "pp", "tp"}}),
+      "mesh");
+  auto group = [&](const std::string& name) {
+    return ValueOrFail(mesh.GetGroup(name), name + " group");
+  };
+  ProcessGroupPtr dp = group("dp"), fsdp = group("fsdp"), pp = group("pp");
+  // Ranks on their own rows: dp x fsdp (tp and pp ranks share theirs).
+  const int data_parts = sizes.dp * sizes.fsdp;
+  const int data_index = dp->getRank() * sizes.fsdp + fsdp->getRank();
+  const Reference reference = TrainReference(steps, on.device);
+
+  Gpt gpt = MakeGpt(on.device);
+  const bool tp = layout == "tp" || layout == "fsdp_tp" || layout == "dp_tp_pp";
+  const bool sharded = layout == "fsdp" || layout == "fsdp_noreshard" ||
+                       layout == "hsdp" || layout == "fsdp_tp";
+  const bool pipelined = layout.rfind("pp_", 0) == 0 || layout == "dp_tp_pp";
+  if (tp)
+    CheckOk(ParallelizeModule(*gpt, "tp", group("tp"), examples::GptTpPlan()), "TP");
+  if (sharded) {
+    const FsdpOptions options{/*reshard_after_forward=*/layout != "fsdp_noreshard"};
+    for (const auto& block : *gpt->blocks)
+      CheckOk(FullyShard(*block, "fsdp", fsdp, options), "FullyShard(block)");
+    CheckOk(FullyShard(*gpt, "fsdp", fsdp, options), "FullyShard(root)");
+  }
+  std::vector<std::unique_ptr<DistributedDataParallel>> replicas;
+  if (layout == "ddp" || layout == "hsdp")
+    replicas.push_back(ValueOrFail(DistributedDataParallel::Wrap(*gpt, dp), "Wrap"));
+
+  std::optional<PipelineStage> stage;
+  Schedule schedule = Schedule::kOneFOneB;
+  if (pipelined) {
+    if (layout == "pp_gpipe") schedule = Schedule::kGPipe;
+    if (layout == "pp_interleaved") schedule = Schedule::kInterleaved1F1B;
+    const int chunks = schedule == Schedule::kInterleaved1F1B ? 2 : 1;
+    const auto parts = CutParts(static_cast<int>(kConfig.layers) + 2, sizes.pp * chunks);
+    std::vector<torch::nn::AnyModule> modules;
+    for (int c = 0; c < chunks; ++c) {
+      const auto [first, last] = parts[static_cast<size_t>(c * sizes.pp + pp->getRank())];
+      GptStage module(gpt, first, last);
+      if (layout == "dp_tp_pp")
+        replicas.push_back(
+            ValueOrFail(DistributedDataParallel::Wrap(*module, dp), "Wrap"));
+      modules.emplace_back(module);
+    }
+    stage = ValueOrFail(MakeStage(std::move(modules), pp), "MakeStage");
+    if (rank == 0) std::printf("STAGES %s\n", stage->Describe().c_str());
+  }
+
+  torch::optim::AdamW optimizer(pipelined ? stage->Leaves() : gpt->parameters(), Adam());
+  for (int step = 0; step < steps; ++step) {
+    const TokenBatch data = BatchOf(step, on.device);
+    const at::Tensor tokens = DataShard(data.tokens, data_parts, data_index);
+    const at::Tensor targets = DataShard(data.targets, data_parts, data_index);
+    optimizer.zero_grad();
+    at::Tensor loss;
+    if (pipelined) {
+      // A backward per microbatch: DDP averages once, after the schedule.
+      std::vector<DistributedDataParallel::NoSync> no_sync;
+      for (auto& replica : replicas) no_sync.push_back(replica->no_sync());
+      const double value = ValueOrFail(
+          RunStep(*stage, schedule, kMicrobatches, tokens, targets, CrossEntropy),
+          "step");
+      loss = at::full({}, value, at::TensorOptions(at::kDouble).device(on.device));
+    } else {
+      loss = CrossEntropy(gpt->forward(tokens), targets);
+      loss.backward();
+    }
+    if (pipelined) {
+      for (auto& replica : replicas) replica->SyncGradients();
+    }
+    optimizer.step();
+    // tp and pp ranks hold their rows' loss too: the world's mean is the
+    // data ranks'.
+    const double global = MeanOver(*world->group(), loss);
+    ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
     if (rank == 0) std::printf("step %d loss %.6f\n", step, global);
   }
-  ExpectModuleParams(*gpt, reference_params);
-  std::printf("DONE rank %d\n", rank);
+  if (!pipelined) {
+    ExpectModuleParams(*gpt, reference.params);
+  } else {
+    // This rank's stages' parameters, by the whole GPT's names.
+    size_t checked = 0;
+    for (const auto& item : gpt->named_parameters()) {
+      for (const at::Tensor& leaf : stage->Leaves()) {
+        if (!leaf.is_same(item.value())) continue;
+        const std::shared_ptr<Param> param = ParamOf(item.value());
+        ExpectClose("final " + item.key(), param ? FullTensor(*param) : item.value(),
+                    reference.params.at(item.key()));
+        ++checked;
+      }
+    }
+    if (checked != stage->Leaves().size()) Fail("a stage parameter is not the GPT's");
+  }
+  std::printf("DONE rank %d layout %s device %s\n", rank, layout.c_str(),
+              on.device.str().c_str());
   std::fflush(stdout);
   return 0;
 }
@@ -121,9 +280,12 @@ int Train(const std::string& layout, int steps) {
 int main(int argc, char** argv) {
   CLI::App app{"The torch::nn GPT under meshrun's parallelisms against one process"};
   std::string layout = "fsdp_tp";
+  std::string device = "cpu";
   int steps = 8;
   app.add_option("--layout", layout);
   app.add_option("--steps", steps);
+  app.add_option("--device", device, "cpu (Gloo) or cuda (NCCL, the GPU of LOCAL_RANK)");
   CLI11_PARSE(app, argc, argv);
-  return meshrun::worker::parallel::testing::Train(layout, steps);
+  using namespace meshrun::worker::parallel::testing;
+  return Train(layout, steps, ParseWorkerDevice(device));
 }

@@ -5,6 +5,7 @@
 
 #include <torch/nn/module.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -13,6 +14,22 @@
 #include "worker_lib/parallel/module_params.h"
 
 namespace meshrun::worker::parallel::testing {
+
+// Where a test worker trains, from --device: "cpu" (Gloo) or "cuda" (NCCL,
+// the GPU of LOCAL_RANK, as a torchrun script picks its own).
+struct WorkerDevice {
+  at::Device device = at::kCPU;
+  std::string backend = "gloo";   // InitProcessGroup's
+  std::string mesh_type = "cpu";  // InitDeviceMesh's
+};
+
+inline WorkerDevice ParseWorkerDevice(const std::string& name) {
+  if (name == "cpu") return {};
+  if (name != "cuda") Fail("--device " + name + ": expected cpu or cuda");
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  const int index = local_rank == nullptr ? 0 : std::atoi(local_rank);
+  return {at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)), "nccl", "cuda"};
+}
 
 // The mean over `group` of this rank's (scalar) `loss`.
 inline double MeanOver(c10d::ProcessGroup& group, const at::Tensor& loss) {

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The worker library on CUDA (issue 29): builds meshrun_worker on a GPU machine
+# and trains the plain-libtorch GPT (worker_lib/examples/gpt.h) there under
+# every layout over NCCL, then compares its step time with PyTorch's on the
+# Python twin (gpt.py).
+#
+# The GPU machine has libtorch (a CUDA torch for Python), a compiler, CMake,
+# ninja and nvcc, but no Debian packages and no network. So it builds the
+# worker library alone (-DMESHRUN_WORKER_ONLY=ON: no gRPC, so no meshrun
+# store client and no fault-tolerant replicas) against that machine's own
+# torch, and what the library needs besides libtorch travels with the
+# working tree as an extracted bundle of Debian 12 packages:
+#   .device/bundle/usr  libabsl-dev + libabsl20220623 (headers, CMake config,
+#                       shared libraries), libcli11-dev (header-only),
+#                       libgloo-dev (headers ProcessGroupGloo.hpp includes)
+# Its launcher is that torch's own torchrun: the workers are c10d TCPStore
+# clients of torchrun's agent store, as under meshrun.
+#
+#   bash scripts/device-check.sh bundle   # here (Debian 12, apt): .device/bundle
+#   bash scripts/device-check.sh run      # there, from the repository root,
+#                                         # with .device carried
+#
+# run: world-1 NCCL, every layout of gpt_worker at size 1 on cuda:0 (each
+# against one process on the same GPU: every step's loss and the final
+# parameters within rtol 1e-5), every layout again on all GPUs where there
+# are several (else a SKIP line saying why), then gpt_step_bench against
+# gpt_step_bench.py (layouts none, ddp, fsdp). Logs and summary.txt land in
+# $OUT (or .device/out). Exit 0 when every layout passed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bundle=$root/.device/bundle
+
+make_bundle() {
+  local debs
+  debs=$(mktemp -d)
+  (cd "$debs" && apt-get download libabsl-dev libabsl20220623 libcli11-dev libgloo-dev)
+  rm -rf "$bundle"
+  mkdir -p "$bundle"
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$bundle"; done
+  rm -rf "$debs" "$bundle/usr/share/doc"
+  du -sh "$bundle"
+}
+
+run_check() {
+  local out=${OUT:-$root/.device/out}
+  mkdir -p "$out"
+  local summary=$out/summary.txt
+  : > "$summary"
+  say() { echo "$*" | tee -a "$summary"; }
+  local python=${PYTHON:-python3}
+  [ -d "$bundle/usr" ] || { echo "device-check: no $bundle: run 'bash scripts/device-check.sh bundle' first and carry .device" >&2; exit 2; }
+  local torch_dir
+  torch_dir=${TORCH_DIR:-}
+  [ -n "$torch_dir" ] || torch_dir=$("$python" -c 'import torch.utils, os; print(os.path.join(torch.utils.cmake_prefix_path, "Torch"))')
+  say "torch $("$python" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)')"
+  say "gpus $(nvidia-smi -L | tr '\n' ';')"
+  local gpus
+  gpus=$(nvidia-smi -L | grep -c '^GPU')
+
+  local build=${BUILD_DIR:-/tmp/meshrun-device-build}
+  local start=$SECONDS
+  say "compiler $(c++ --version | head -1); $(cmake --version | head -1); nvcc $(nvcc --version | grep -o 'release [0-9.]*')"
+  # -include cstdint: abseil 20220623's headers lean on <string> including
+  # it, which GCC 13 (Ubuntu 24.04's) no longer does.
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CXX_FLAGS="-include cstdint" \
+    -DMESHRUN_WORKER_ONLY=ON -DTorch_DIR="$torch_dir" \
+    -DCMAKE_PREFIX_PATH="$bundle/usr" -DMESHRUN_GLOO_INCLUDE_DIR="$bundle/usr/include" \
+    > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  ninja -C "$build" -j "$(nproc)" gpt_worker gpt_step_bench >> "$out/build.log" 2>&1 ||
+    { grep -m 20 -A 5 'error' "$out/build.log"; exit 1; }
+  say "build $((SECONDS - start)) s ($(grep -c 'Building CXX' "$out/build.log") sources, $(nproc) cores)"
+  export LD_LIBRARY_PATH=$bundle/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  local torchrun=("$python" -m torch.distributed.run --standalone --no-python)
+
+  # Each layout in its own torchrun, all at once (one GPU holds them all).
+  local layouts=(ddp fsdp fsdp_noreshard hsdp tp fsdp_tp pp_gpipe pp_1f1b dp_tp_pp)
+  local failed=0
+  run_layouts() {
+    local nproc=$1 pids=() layout
+    for layout in "${layouts[@]}"; do
+      timeout 300 "${torchrun[@]}" --nproc-per-node="$nproc" "$build/bin/gpt_worker" \
+        --layout "$layout" --device cuda > "$out/layouts-$nproc.$layout.log" 2>&1 &
+      pids+=($!)
+    done
+    local i
+    for i in "${!layouts[@]}"; do
+      layout=${layouts[$i]}
+      if wait "${pids[$i]}"; then
+        say "PASS world $nproc $layout: $(grep -m1 'DONE rank 0' "$out/layouts-$nproc.$layout.log")"
+      else
+        failed=1
+        say "FAIL world $nproc $layout: $(grep -m3 -h 'FAIL\|rror' "$out/layouts-$nproc.$layout.log" | tr '\n' ' ')"
+      fi
+    done
+    cat "$out"/layouts-"$nproc".*.log > "$out/layouts-$nproc.log"
+    rm -f "$out"/layouts-"$nproc".*.log
+  }
+  run_layouts 1
+  if [ "$gpus" -ge 2 ]; then
+    run_layouts "$((gpus >= 8 ? 8 : (gpus >= 4 ? 4 : 2)))"
+  else
+    say "SKIP multi-GPU layouts: $gpus GPU (NCCL puts one rank on a GPU)"
+  fi
+
+  # Step time on one GPU: meshrun's module API against PyTorch's, alternating.
+  local model=(--vocab 96 --context 256 --dim 512 --heads 8 --layers 8 --batch 16
+               --steps 30 --warmup 5 --device cuda)
+  local layout round
+  for round in 1 2; do
+    for layout in none ddp fsdp; do
+      timeout 300 "${torchrun[@]}" --nproc-per-node=1 "$build/bin/gpt_step_bench" \
+        --layout "$layout" "${model[@]}" >> "$out/bench.log" 2>&1 || say "bench meshrun $layout failed"
+      timeout 300 "${torchrun[@]}" --nproc-per-node=1 "$python" \
+        "$root/bench/worker_lib/module/gpt_step_bench.py" --layout "$layout" "${model[@]}" \
+        >> "$out/bench.log" 2>&1 || say "bench torch $layout failed"
+    done
+  done
+  say "bench: GPT dim 512, 8 layers, 8 heads, context 256, batch 16, fp32 AdamW, 30 steps after 5, 2 rounds"
+  "$python" - "$out/bench.log" <<'PY' | tee -a "$summary"
+import re, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    if line.startswith("RESULT"):
+        f = dict(kv.split("=") for kv in line.split()[1:])
+        runs.setdefault((f["layout"], f["impl"]), []).append((float(f["median_ms"]), float(f["peak_mb"])))
+for layout in ("none", "ddp", "fsdp"):
+    m, t = runs.get((layout, "meshrun")), runs.get((layout, "torch"))
+    if not m or not t:
+        print(f"bench {layout}: missing results")
+        continue
+    mm = statistics.median(x for x, _ in m); tm = statistics.median(x for x, _ in t)
+    print(f"bench {layout}: meshrun {mm:.2f} ms, torch {tm:.2f} ms, ratio {mm / tm:.2f}x; "
+          f"peak meshrun {max(p for _, p in m):.0f} MiB, torch {max(p for _, p in t):.0f} MiB")
+PY
+  return "$failed"
+}
+
+case "${1:-}" in
+  bundle) make_bundle ;;
+  run) run_check ;;
+  *) echo "usage: $0 bundle|run" >&2; exit 2 ;;
+esac
