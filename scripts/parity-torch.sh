@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Golden parity of meshrun's C++ worker library with PyTorch 2's own
-# parallelisms (issue 16): for each layout, the same model (train_example's
-# MLP and transformer LM) trained from the same initial weights on the same
-# batches by meshrun (train_example under `meshrun --standalone --no-python`)
-# and by PyTorch (DDP, FSDP2, DTensor TP, pipelining under `torchrun
-# --standalone`, the control); one line per layout:
+# parallelisms (issues 16, 29): for each layout, the same model
+# (train_example's MLP and transformer LM, and gpt_worker's torch::nn GPT of
+# worker_lib/examples/gpt.h against its Python twin) trained from the same
+# initial weights on the same batches by meshrun (under `meshrun --standalone
+# --no-python`) and by PyTorch (DDP, FSDP2, DTensor TP, pipelining under
+# `torchrun --standalone`, the control); one line per layout:
 #
 #   scripts/parity-torch.sh                 # every layout, 20 steps (~10-20 min loaded)
 #   scripts/parity-torch.sh tp fsdp_tp      # some
@@ -27,12 +28,13 @@ if [ ! -f "$build_dir/build.ninja" ]; then
   cmake -S . -B "$build_dir" -G Ninja > "$build_dir.configure.log" 2>&1 ||
     { cat "$build_dir.configure.log"; exit 1; }
 fi
-ninja -C "$build_dir" -j"$jobs" train_example meshrun > "$build_dir.parity-build.log" 2>&1 ||
+ninja -C "$build_dir" -j"$jobs" train_example gpt_worker meshrun > "$build_dir.parity-build.log" 2>&1 ||
   { tail -20 "$build_dir.parity-build.log" >&2;
-    echo "parity-torch: cannot build train_example and meshrun" >&2; exit 1; }
+    echo "parity-torch: cannot build train_example, gpt_worker and meshrun" >&2; exit 1; }
 
 source scripts/lib/bench-common.sh
 find_torch parity-torch
 exec "$venv_python" tests/parity/parity.py \
   --meshrun "$build_dir/bin/meshrun" --train-example "$build_dir/bin/train_example" \
+  --gpt-worker "$build_dir/bin/gpt_worker" \
   --torchrun "$venv_torchrun" "$@"

@@ -4,7 +4,10 @@ torch_parallel.py (PyTorch's side).
 
 A layout names the parallel sizes (multiplying to the world), which PyTorch
 API plays the control, and the pipeline schedule. The C++ side is
-build/bin/train_example with the flags from cpp_flags().
+build/bin/train_example with the flags from cpp_flags() (models mlp and
+transformer: the worker library's own layers), or build/bin/gpt_worker with
+gpt_flags() (model gpt: the torch::nn GPT of worker_lib/examples/gpt.h,
+whose PyTorch side is tests/parity/torch_gpt.py on its Python twin).
 """
 
 import dataclasses
@@ -24,7 +27,7 @@ class Layout:
     # What PyTorch uses, for the report.
     control: str = ""
     # The models it trains; why not the others.
-    models: tuple = ("transformer", "mlp")
+    models: tuple = ("transformer", "mlp", "gpt")
     skipped: str = ""
 
     @property
@@ -54,7 +57,7 @@ LAYOUTS = [
         virtual=2,
         microbatches=8,
         control="2 PipelineStages a rank + ScheduleInterleaved1F1B",
-        models=("transformer",),
+        models=("transformer", "gpt"),
         skipped="mlp: its 4 Linear layers cannot fill 4 x 2 virtual stages",
     ),
     Layout(
@@ -90,6 +93,12 @@ TRANSFORMER = SIZES["parity"]["transformer"]
 BATCH = SIZES["parity"]["batch"]
 LR = 0.05
 
+# The GPT (model gpt): 6 blocks, so that its 8 parts (embeddings, blocks, the
+# final norm and head) fill 4 x 2 virtual pipeline stages; AdamW.
+GPT = dict(vocab=64, context=8, dim=32, heads=4, layers=6)
+GPT_LR = 3e-3
+GPT_WEIGHT_DECAY = 0.1
+
 
 def use_sizes(name):
     """Makes MLP_SIZES, TRANSFORMER and BATCH those of SIZES[name]."""
@@ -117,6 +126,27 @@ def cpp_flags(layout, model):
         if layout.virtual > 1:
             flags += ["--virtual-stages", str(layout.virtual)]
     return flags
+
+
+def gpt_flags(layout):
+    """gpt_worker's flags for `layout` (its sizes follow from the world)."""
+    flags = ["--layout", layout.name, "--microbatches", str(layout.microbatches)]
+    for key, value in GPT.items():
+        flags += [f"--{key}", str(value)]
+    return flags
+
+
+def cut_parts(parts, stages):
+    """gpt_worker's CutParts: [first, last] parts of each stage, contiguous,
+    the first parts % stages stages one part longer."""
+    if stages > parts:
+        raise ValueError(f"{stages} pipeline stages for {parts} parts")
+    cut, first = [], 0
+    for s in range(stages):
+        count = parts // stages + (1 if s < parts % stages else 0)
+        cut.append((first, first + count - 1))
+        first += count
+    return cut
 
 
 def stage_boundaries(weights, num_stages):

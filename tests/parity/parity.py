@@ -2,12 +2,14 @@
 parallelisms (scripts/parity-torch.sh; issue 16).
 
 For each layout (tests/parity/layouts.py) and model (the MLP and the
-transformer LM of train_example), trains the same model from the same
-initial weights on the same batches twice:
+transformer LM of train_example, and the torch::nn GPT of gpt_worker),
+trains the same model from the same initial weights on the same batches
+twice:
 
   control:  torchrun --standalone tests/parity/torch_parallel.py (DDP, FSDP2,
-            DTensor TP, torch.distributed.pipelining)
-  compared: meshrun --standalone --no-python train_example --data --load --save
+            DTensor TP, torch.distributed.pipelining), torch_gpt.py for gpt
+  compared: meshrun --standalone --no-python train_example --data --load --save,
+            gpt_worker --data --init --out for gpt
 
 and prints one line per layout, `LAYOUT max_rel_diff=X`, X the largest of the
 per-step losses' relative differences and the final parameters' relative
@@ -15,9 +17,9 @@ errors (norm of the difference / norm of the control's, per tensor) over
 both models. Exits 1 when any X exceeds --tolerance (or a side fails, which
 the line says), 2 for bad arguments.
 
-The initial weights are train_example's own (world 1, --steps 0 --save),
-which the torch side reads; the batches are made here and written with
-torch.save, which train_example reads with --data.
+The initial weights are train_example's own (world 1, --steps 0 --save) or
+gpt_worker's (--save-init), which the torch side reads; the batches are made
+here and written with torch.save, which both C++ programs read with --data.
 """
 
 import argparse
@@ -33,6 +35,7 @@ import tempfile
 import time
 
 import torch
+import torch.jit._pickle  # restore_type_tag, for the C++ side's pickles
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import layouts  # noqa: E402
@@ -100,11 +103,12 @@ def make_batches(model, steps, seed=1):
                 layouts.BATCH, layouts.MLP_SIZES[-1], generator=g
             )
         else:
-            c = layouts.TRANSFORMER
-            seq = torch.randint(0, c["vocab"], (layouts.BATCH, c["seq"] + 1), generator=g)
+            c = layouts.TRANSFORMER if model == "transformer" else layouts.GPT
+            length = c["seq"] if model == "transformer" else c["context"]
+            seq = torch.randint(0, c["vocab"], (layouts.BATCH, length + 1), generator=g)
             # Mostly the affine recurrence of SyntheticTokens, so there is
             # something to learn.
-            for t in range(1, c["seq"] + 1):
+            for t in range(1, length + 1):
                 keep = torch.rand(layouts.BATCH, generator=g) < 0.9
                 seq[:, t] = torch.where(keep, (seq[:, t - 1] * 5 + 3) % c["vocab"], seq[:, t])
             x, y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
@@ -169,6 +173,41 @@ def rel(a, b):
     return diff / scale if scale else diff
 
 
+def read_outputs(directory):
+    """The parameters (by name, over every *-rank<R>.pt) and rank 0's
+    per-step losses that gpt_worker --out or torch_gpt.py wrote."""
+    params, losses = {}, None
+    allowed = [torch.jit._pickle.restore_type_tag, torch.jit._pickle.build_doublelist]
+    with torch.serialization.safe_globals(allowed):
+        for name in sorted(os.listdir(directory)):
+            saved = torch.load(os.path.join(directory, name), weights_only=True)
+            params.update(saved["params"])
+            losses = saved.get("losses", losses)
+    if losses is None:
+        raise SideFailed(f"no losses in {directory}")
+    return params, [float(v) for v in losses]
+
+
+def max_difference(cpp_losses, torch_losses, cpp_params, torch_params):
+    """(the largest relative difference of the losses and the parameters,
+    where it is); raises SideFailed when the names or step counts differ."""
+    if set(cpp_params) != set(torch_params):
+        raise SideFailed(f"parameter names differ: {sorted(set(cpp_params) ^ set(torch_params))}")
+    if len(cpp_losses) != len(torch_losses):
+        raise SideFailed(f"{len(cpp_losses)} losses against torch's {len(torch_losses)}")
+    worst, where = 0.0, ""
+    for step, (got, want) in enumerate(zip(cpp_losses, torch_losses, strict=True)):
+        d = abs(got - want) / abs(want) if want else abs(got)
+        if not d <= worst:
+            worst, where = d, f"loss of step {step} ({got:.9g} vs {want:.9g})"
+    for name, want in torch_params.items():
+        got = cpp_params[name]
+        d = rel(got, want) if got.shape == want.shape else math.inf
+        if not d <= worst:
+            worst, where = d, name
+    return worst, where
+
+
 class Parity:
     def __init__(self, args):
         self.args = args
@@ -191,24 +230,74 @@ class Parity:
         return run(cmd, a.timeout, log, env=self.env)
 
     def prepare(self, model):
-        """Initial weights (train_example's, world 1) and the batches file."""
+        """Initial weights (train_example's, world 1; gpt_worker's) and the
+        batches file."""
         if model in self.prepared:
             return self.prepared[model]
         init = os.path.join(self.work, f"init-{model}")
-        flags = layouts.cpp_flags(layouts.Layout("single"), model) + [
-            "--steps",
-            "0",
-            "--save",
-            init,
-        ]
-        self.launch_cpp(1, flags, os.path.join(self.work, f"init-{model}.log"))
+        log = os.path.join(self.work, f"init-{model}.log")
+        if model == "gpt":
+            flags = layouts.gpt_flags(layouts.Layout("single")) + ["--save-init", init]
+            run([self.args.gpt_worker] + flags, self.args.timeout, log, env=self.env)
+        else:
+            flags = layouts.cpp_flags(layouts.Layout("single"), model) + [
+                "--steps",
+                "0",
+                "--save",
+                init,
+            ]
+            self.launch_cpp(1, flags, log)
         data = os.path.join(self.work, f"data-{model}.pt")
         torch.save(make_batches(model, self.args.steps), data)
         self.prepared[model] = (init, data)
         return init, data
 
+    def compare_gpt(self, layout):
+        """max_rel_diff of one layout on the GPT: torch_gpt.py against
+        gpt_worker; raises SideFailed."""
+        a = self.args
+        init, data = self.prepare("gpt")
+        cpp_out = os.path.join(self.work, f"cpp-{layout.name}-gpt")
+        torch_out = os.path.join(self.work, f"torch-{layout.name}-gpt")
+        common = ["--init", init, "--data", data, "--steps", str(a.steps)]
+        cmd = [
+            a.torchrun,
+            "--standalone",
+            f"--nproc-per-node={layout.world}",
+            os.path.join(HERE, "torch_gpt.py"),
+            "--layout",
+            layout.name,
+            "--out",
+            torch_out,
+        ] + common
+        try:
+            run(cmd, a.timeout, torch_out + ".log", env=self.env)
+        except SideFailed as e:
+            raise SideFailed(f"torch: {e}") from e
+        cmd = (
+            [
+                a.meshrun,
+                "--standalone",
+                f"--nproc-per-node={layout.world}",
+                "--no-python",
+                a.gpt_worker,
+            ]
+            + layouts.gpt_flags(layout)
+            + common
+            + ["--out", cpp_out]
+        )
+        try:
+            run(cmd, a.timeout, cpp_out + ".log", env=self.env)
+        except SideFailed as e:
+            raise SideFailed(f"meshrun: {e}") from e
+        cpp_params, cpp_losses = read_outputs(cpp_out)
+        torch_params, torch_losses = read_outputs(torch_out)
+        return max_difference(cpp_losses, torch_losses, cpp_params, torch_params)
+
     def compare(self, layout, model):
         """max_rel_diff of one layout and model; raises SideFailed."""
+        if model == "gpt":
+            return self.compare_gpt(layout)
         a = self.args
         init, data = self.prepare(model)
         tag = f"{layout.name}-{model}"
@@ -290,21 +379,7 @@ class Parity:
             )
         )
 
-        if set(cpp_params) != set(torch_params):
-            raise SideFailed(
-                f"parameter names differ: {sorted(set(cpp_params) ^ set(torch_params))}"
-            )
-        worst, where = 0.0, ""
-        for step, (got, want) in enumerate(zip(cpp_losses, torch_losses, strict=False)):
-            d = abs(got - want) / abs(want) if want else abs(got)
-            if not d <= worst:
-                worst, where = d, f"loss of step {step} ({got:.9g} vs {want:.9g})"
-        for name, want in torch_params.items():
-            got = cpp_params[name]
-            d = rel(got, want) if got.shape == want.shape else math.inf
-            if not d <= worst:
-                worst, where = d, name
-        return worst, where
+        return max_difference(cpp_losses, torch_losses, cpp_params, torch_params)
 
     def check_stages(self, layout, model, cpp_log):
         """The torch side cuts the model where meshrun does (rank 0's stage)."""
@@ -337,7 +412,8 @@ def main():
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--train-example", required=True)
     parser.add_argument("--torchrun", required=True)
-    parser.add_argument("--models", default="transformer,mlp")
+    parser.add_argument("--gpt-worker", help="build/bin/gpt_worker (model gpt)")
+    parser.add_argument("--models", default="transformer,mlp,gpt")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--tolerance", type=float, default=1e-5)
     parser.add_argument("--timeout", type=float, default=300, help="seconds a run")
@@ -353,8 +429,10 @@ def main():
     for arg in args.layouts or [layout.name for layout in layouts.LAYOUTS]:
         name, _, model = arg.partition(":")
         models = [model] if model else args.models.split(",")
-        if name not in layouts.BY_NAME or not set(models) <= {"mlp", "transformer"}:
+        if name not in layouts.BY_NAME or not set(models) <= {"mlp", "transformer", "gpt"}:
             parser.error(f"unknown layout or model: {arg}")
+        if "gpt" in models and not args.gpt_worker:
+            parser.error("model gpt needs --gpt-worker")
         models = [m for m in models if m in layouts.BY_NAME[name].models]
         runs.append((name, models))
 

@@ -207,6 +207,74 @@ def full_value(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def init_layout(layout, order):
+    """The default group (Gloo) and `layout`'s mesh, its dims in `order`
+    (those of size > 1): (mesh, rank, {dim: this rank's coordinate, 0 for
+    the dims left out})."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != layout.world:
+        raise SystemExit(f"{layout.name} needs {layout.world} ranks, got {world}")
+    dims = [(n, getattr(layout, n)) for n in order if getattr(layout, n) > 1]
+    mesh = init_device_mesh(
+        "cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims)
+    )
+    coord = {n: 0 for n in order} | {n: mesh.get_local_rank(n) for n, _ in dims}
+    return mesh, rank, coord
+
+
+def make_schedule(layout, modules, stage_ids, pp_group, loss_fn):
+    """pipelining's stages for this rank's `modules` (global stages
+    `stage_ids`) and the layout's schedule: (schedule, has_first, has_last)."""
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
+
+    num_stages = layout.pp * layout.virtual
+    stages = [
+        PipelineStage(m, s, num_stages, torch.device("cpu"), group=pp_group)
+        for m, s in zip(modules, stage_ids, strict=True)
+    ]
+    if layout.schedule == "interleaved":
+        schedule = ScheduleInterleaved1F1B(stages, layout.microbatches, loss_fn=loss_fn)
+    else:
+        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[layout.schedule]
+        schedule = kind(stages[0], layout.microbatches, loss_fn=loss_fn)
+    return schedule, 0 in stage_ids, num_stages - 1 in stage_ids
+
+
+def forward_backward(schedule, module, x, y, loss_fn, has_first, has_last):
+    """One step's forward and backward, by `schedule` when pipelined; this
+    rank's loss (0 where the last stage is not)."""
+    if schedule is None:
+        loss = loss_fn(module(x), y)
+        loss.backward()
+        return full_value(loss).item()
+    mb_losses = []
+    schedule.step(
+        *([x] if has_first else []),
+        target=y if has_last else None,
+        losses=mb_losses if has_last else None,
+    )
+    return sum(full_value(mb).item() for mb in mb_losses) / len(mb_losses) if has_last else 0.0
+
+
+def write_result(out_dir, rank, params, losses, writes):
+    """OUT_DIR/torch-rank<R>.pt: {"params": params} (and "losses" on rank 0)
+    where `writes` (each stage's first rank)."""
+    out = {"params": params}
+    if rank == 0:
+        out["losses"] = losses
+    if writes:
+        os.makedirs(out_dir, exist_ok=True)
+        torch.save(out, os.path.join(out_dir, f"torch-rank{rank}.pt"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layout", required=True, choices=list(layouts.BY_NAME))
@@ -236,19 +304,9 @@ def main():
     layouts.use_sizes(args.sizes)
     layout = layouts.BY_NAME[args.layout]
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world != layout.world:
-        raise SystemExit(f"{layout.name} needs {layout.world} ranks, got {world}")
-    from torch.distributed.device_mesh import init_device_mesh
-
-    # Mesh dims as meshrun's Trainer orders them: (pp, dp, fsdp, tp), sizes > 1.
-    dims = [(n, getattr(layout, n)) for n in ("pp", "dp", "fsdp", "tp") if getattr(layout, n) > 1]
-    mesh = init_device_mesh(
-        "cpu", tuple(s for _, s in dims), mesh_dim_names=tuple(n for n, _ in dims)
-    )
-    coord = {n: mesh.get_local_rank(n) for n, _ in dims}
-    pp_rank, dp_rank, fsdp_rank, tp_rank = (coord.get(n, 0) for n in ("pp", "dp", "fsdp", "tp"))
+    # Mesh dims as meshrun's Trainer orders them.
+    mesh, rank, coord = init_layout(layout, ("pp", "dp", "fsdp", "tp"))
+    pp_rank, dp_rank, fsdp_rank, tp_rank = (coord[n] for n in ("pp", "dp", "fsdp", "tp"))
     rss_before_model = rss_mb()
 
     named = make_layers(args.model)
@@ -302,30 +360,15 @@ def main():
     optimizer = torch.optim.SGD(params, lr=layouts.LR)
 
     schedule = None
+    has_first = has_last = True
     if layout.pp > 1:
-        from torch.distributed.pipelining import (
-            PipelineStage,
-            Schedule1F1B,
-            ScheduleGPipe,
-            ScheduleInterleaved1F1B,
+        schedule, has_first, has_last = make_schedule(
+            layout,
+            modules,
+            stage_ids,
+            mesh["pp"].get_group(),
+            lambda output, target: loss_of(args.model, output, target),
         )
-
-        num_stages = layout.pp * layout.virtual
-        stages = [
-            PipelineStage(m, s, num_stages, torch.device("cpu"), group=mesh["pp"].get_group())
-            for m, s in zip(modules, stage_ids, strict=False)
-        ]
-
-        def pipeline_loss(output, target):
-            return loss_of(args.model, output, target)
-
-        kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-        if layout.schedule == "interleaved":
-            schedule = ScheduleInterleaved1F1B(stages, layout.microbatches, loss_fn=pipeline_loss)
-        else:
-            schedule = kinds[layout.schedule](stages[0], layout.microbatches, loss_fn=pipeline_loss)
-        has_first = 0 in stage_ids
-        has_last = num_stages - 1 in stage_ids
 
     batches = torch.load(args.data, weights_only=True)
     steps = args.steps or len(batches)
@@ -334,7 +377,7 @@ def main():
     # Every rank adds its local loss weighted so that the world's sum is the
     # global batch's mean: the data ranks' mean, counted once per TP group
     # and only where the loss is (the last pipeline stage).
-    reports = (tp_rank == 0) and (layout.pp == 1 or has_last)
+    reports = tp_rank == 0 and has_last
     losses = []
 
     def dump_collectives(when):
@@ -359,22 +402,15 @@ def main():
         start = time.perf_counter()
         optimizer.zero_grad()
         with loss_context(args.model, layout.tp):
-            if schedule is None:
-                loss = loss_of(args.model, modules[0](x), y)
-                loss.backward()
-                local = full_value(loss).item()
-            else:
-                mb_losses = []
-                schedule.step(
-                    *([x] if has_first else []),
-                    target=y if has_last else None,
-                    losses=mb_losses if has_last else None,
-                )
-                local = (
-                    sum(full_value(mb).item() for mb in mb_losses) / len(mb_losses)
-                    if has_last
-                    else 0.0
-                )
+            local = forward_backward(
+                schedule,
+                modules[0],
+                x,
+                y,
+                lambda output, target: loss_of(args.model, output, target),
+                has_first,
+                has_last,
+            )
         optimizer.step()
         total = torch.tensor([local / data_parts if reports else 0.0], dtype=torch.float64)
         dist.all_reduce(total)
@@ -401,12 +437,7 @@ def main():
         inner = m.module if isinstance(m, torch.nn.parallel.DistributedDataParallel) else m
         for name, p in inner.named_parameters():
             full[name] = full_value(p)
-    out = {"params": full}
-    if rank == 0:
-        out["losses"] = losses
-    if dp_rank == 0 and fsdp_rank == 0 and tp_rank == 0:
-        os.makedirs(args.out, exist_ok=True)
-        torch.save(out, os.path.join(args.out, f"torch-rank{rank}.pt"))
+    write_result(args.out, rank, full, losses, dp_rank == 0 and fsdp_rank == 0 and tp_rank == 0)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -20,14 +20,24 @@
 //
 // --device cuda: the GPU of LOCAL_RANK over NCCL (scripts/device-check.sh).
 //
+// Parity with PyTorch (tests/parity/parity.py, model gpt): --data FILE (the
+// batches, batch_file.h), --init DIR (initial weights, a SaveModule
+// checkpoint; --save-init DIR writes one from the seed and stops), --out DIR
+// (each step's loss on rank 0 and the final parameters by the GPT's names,
+// from the first rank of each pipeline stage, as tests/parity/torch_gpt.py
+// writes them), --microbatches, and the GPT's sizes.
+//
 //   meshrun --standalone --nproc-per-node=4 gpt_worker --layout fsdp_tp
 
 #include <torch/nn/modules/container/any.h>
 #include <torch/optim/adamw.h>
+#include <torch/serialize.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 
@@ -35,9 +45,11 @@
 #include "tests/integration/parallel/parity_harness.h"
 #include "worker_lib/device_mesh.h"
 #include "worker_lib/examples/gpt.h"
+#include "worker_lib/parallel/batch_file.h"
 #include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/ddp.h"
 #include "worker_lib/parallel/fully_shard.h"
+#include "worker_lib/parallel/module_checkpoint.h"
 #include "worker_lib/parallel/module_params.h"
 #include "worker_lib/parallel/pp.h"
 #include "worker_lib/parallel/transformer.h"
@@ -50,16 +62,30 @@ using examples::Gpt;
 using examples::GptBlockImpl;
 using examples::GptConfig;
 
-constexpr GptConfig kConfig{/*vocab=*/32, /*context=*/16, /*dim=*/32, /*heads=*/4,
-                            /*layers=*/2};
 constexpr int64_t kBatch = 8;
-constexpr int kMicrobatches = 4;
 constexpr uint64_t kSeed = 5;
 
-Gpt MakeGpt(const at::Device& device) {
+struct Flags {
+  std::string layout = "fsdp_tp";
+  int steps = 8;
+  int microbatches = 4;
+  GptConfig config{/*vocab=*/32, /*context=*/16, /*dim=*/32, /*heads=*/4, /*layers=*/2};
+  std::string data, init, save_init, out;
+};
+
+// The run's model and batches: the flags', on the worker's device.
+struct Setup {
+  GptConfig config;
+  at::Device device;
+  std::string init;
+  std::vector<InputTarget> batches;  // --data; else SyntheticTokens
+};
+
+Gpt MakeGpt(const Setup& setup) {
   torch::manual_seed(kSeed);
-  Gpt gpt(kConfig);
-  gpt->to(device);
+  Gpt gpt(setup.config);
+  if (!setup.init.empty()) CheckOk(LoadModule(setup.init, *gpt), "--init");
+  gpt->to(setup.device);
   return gpt;
 }
 
@@ -68,13 +94,19 @@ torch::optim::AdamWOptions Adam() {
 }
 
 at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets) {
-  return at::cross_entropy_loss(logits.reshape({-1, kConfig.vocab}),
-                                targets.reshape({-1}));
+  return at::cross_entropy_loss(logits.flatten(0, 1), targets.flatten());
 }
 
-TokenBatch BatchOf(int step, const at::Device& device) {
-  TokenBatch data = SyntheticTokens(kSeed, step, kBatch, kConfig.context, kConfig.vocab);
-  return {data.tokens.to(device), data.targets.to(device)};
+TokenBatch BatchOf(const Setup& setup, int step) {
+  if (!setup.batches.empty()) {
+    if (step >= static_cast<int>(setup.batches.size()))
+      Fail("--data has too few batches");
+    const InputTarget& batch = setup.batches[static_cast<size_t>(step)];
+    return {batch.first.to(setup.device), batch.second.to(setup.device)};
+  }
+  const GptConfig& c = setup.config;
+  TokenBatch data = SyntheticTokens(kSeed, step, kBatch, c.context, c.vocab);
+  return {data.tokens.to(setup.device), data.targets.to(setup.device)};
 }
 
 // The mesh's sizes for `layout` on n ranks.
@@ -152,12 +184,12 @@ struct Reference {
   std::map<std::string, at::Tensor> params;
 };
 
-Reference TrainReference(int steps, const at::Device& device) {
+Reference TrainReference(const Setup& setup, int steps) {
   Reference reference;
-  Gpt gpt = MakeGpt(device);
+  Gpt gpt = MakeGpt(setup);
   torch::optim::AdamW optimizer(gpt->parameters(), Adam());
   for (int step = 0; step < steps; ++step) {
-    TokenBatch data = BatchOf(step, device);
+    TokenBatch data = BatchOf(setup, step);
     optimizer.zero_grad();
     at::Tensor loss = CrossEntropy(gpt->forward(data.tokens), data.targets);
     loss.backward();
@@ -169,7 +201,52 @@ Reference TrainReference(int steps, const at::Device& device) {
   return reference;
 }
 
-int Train(const std::string& layout, int steps, const WorkerDevice& on) {
+// The full values of the parameters this rank trains (its stages' when
+// pipelined), by the whole GPT's names. Collective over their groups.
+std::map<std::string, at::Tensor> FinalParams(const Gpt& gpt,
+                                              const std::optional<PipelineStage>& stage) {
+  std::map<std::string, at::Tensor> full;
+  const std::vector<at::Tensor> leaves =
+      stage ? stage->Leaves() : std::vector<at::Tensor>{};
+  for (const auto& item : gpt->named_parameters()) {
+    if (stage && std::none_of(leaves.begin(), leaves.end(), [&](const at::Tensor& leaf) {
+          return leaf.is_same(item.value());
+        }))
+      continue;
+    const std::shared_ptr<Param> param = ParamOf(item.value());
+    full[item.key()] = (param ? FullTensor(*param) : item.value()).detach().cpu();
+  }
+  return full;
+}
+
+// --out: DIR/cpp-rank<R>.pt, a pickled {"params": {name: tensor}} (and
+// "losses" on rank 0), which Python's torch.load reads.
+void WriteOut(const std::string& dir, int rank,
+              const std::map<std::string, at::Tensor>& params,
+              const std::vector<double>& losses) {
+  c10::Dict<std::string, at::Tensor> named;
+  for (const auto& [name, tensor] : params) named.insert(name, tensor);
+  c10::impl::GenericDict root(c10::StringType::get(), c10::AnyType::get());
+  root.insert("params", named);
+  if (rank == 0) root.insert("losses", c10::List<double>(losses));
+  std::filesystem::create_directories(dir);
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(root));
+  std::ofstream file(dir + "/cpp-rank" + std::to_string(rank) + ".pt", std::ios::binary);
+  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!file) Fail("cannot write --out " + dir);
+}
+
+int Train(const Flags& flags, const WorkerDevice& on) {
+  const std::string& layout = flags.layout;
+  const int steps = flags.steps;
+  Setup setup{flags.config, on.device, flags.init, {}};
+  if (!flags.data.empty())
+    setup.batches = ValueOrFail(ReadBatchFile(flags.data), "--data");
+  if (!flags.save_init.empty()) {
+    torch::manual_seed(kSeed);
+    CheckOk(SaveModule(flags.save_init, "init", *Gpt(flags.config)), "--save-init");
+    return 0;
+  }
   auto world = ValueOrFail(InitProcessGroup(on.backend), "init");
   const int rank = world->rank();
   const Sizes sizes = LayoutSizes(layout, world->size());
@@ -184,9 +261,9 @@ int Train(const std::string& layout, int steps, const WorkerDevice& on) {
   // Ranks on their own rows: dp x fsdp (tp and pp ranks share theirs).
   const int data_parts = sizes.dp * sizes.fsdp;
   const int data_index = dp->getRank() * sizes.fsdp + fsdp->getRank();
-  const Reference reference = TrainReference(steps, on.device);
+  const Reference reference = TrainReference(setup, steps);
 
-  Gpt gpt = MakeGpt(on.device);
+  Gpt gpt = MakeGpt(setup);
   const bool tp = layout == "tp" || layout == "fsdp_tp" || layout == "dp_tp_pp";
   const bool sharded = layout == "fsdp" || layout == "fsdp_noreshard" ||
                        layout == "hsdp" || layout == "fsdp_tp";
@@ -209,7 +286,8 @@ int Train(const std::string& layout, int steps, const WorkerDevice& on) {
     if (layout == "pp_gpipe") schedule = Schedule::kGPipe;
     if (layout == "pp_interleaved") schedule = Schedule::kInterleaved1F1B;
     const int chunks = schedule == Schedule::kInterleaved1F1B ? 2 : 1;
-    const auto parts = CutParts(static_cast<int>(kConfig.layers) + 2, sizes.pp * chunks);
+    const auto parts =
+        CutParts(static_cast<int>(flags.config.layers) + 2, sizes.pp * chunks);
     std::vector<torch::nn::AnyModule> modules;
     for (int c = 0; c < chunks; ++c) {
       const auto [first, last] = parts[static_cast<size_t>(c * sizes.pp + pp->getRank())];
@@ -224,8 +302,9 @@ int Train(const std::string& layout, int steps, const WorkerDevice& on) {
   }
 
   torch::optim::AdamW optimizer(pipelined ? stage->Leaves() : gpt->parameters(), Adam());
+  std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
-    const TokenBatch data = BatchOf(step, on.device);
+    const TokenBatch data = BatchOf(setup, step);
     const at::Tensor tokens = DataShard(data.tokens, data_parts, data_index);
     const at::Tensor targets = DataShard(data.targets, data_parts, data_index);
     optimizer.zero_grad();
@@ -235,7 +314,7 @@ int Train(const std::string& layout, int steps, const WorkerDevice& on) {
       std::vector<DistributedDataParallel::NoSync> no_sync;
       for (auto& replica : replicas) no_sync.push_back(replica->no_sync());
       const double value = ValueOrFail(
-          RunStep(*stage, schedule, kMicrobatches, tokens, targets, CrossEntropy),
+          RunStep(*stage, schedule, flags.microbatches, tokens, targets, CrossEntropy),
           "step");
       loss = at::full({}, value, at::TensorOptions(at::kDouble).device(on.device));
     } else {
@@ -250,24 +329,19 @@ int Train(const std::string& layout, int steps, const WorkerDevice& on) {
     // data ranks'.
     const double global = MeanOver(*world->group(), loss);
     ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
-    if (rank == 0) std::printf("step %d loss %.6f\n", step, global);
+    losses.push_back(global);
+    if (rank == 0) std::printf("step %d loss %.9g\n", step, global);
   }
-  if (!pipelined) {
-    ExpectModuleParams(*gpt, reference.params);
-  } else {
-    // This rank's stages' parameters, by the whole GPT's names.
-    size_t checked = 0;
-    for (const auto& item : gpt->named_parameters()) {
-      for (const at::Tensor& leaf : stage->Leaves()) {
-        if (!leaf.is_same(item.value())) continue;
-        const std::shared_ptr<Param> param = ParamOf(item.value());
-        ExpectClose("final " + item.key(), param ? FullTensor(*param) : item.value(),
-                    reference.params.at(item.key()));
-        ++checked;
-      }
-    }
-    if (checked != stage->Leaves().size()) Fail("a stage parameter is not the GPT's");
-  }
+  const std::map<std::string, at::Tensor> final_params = FinalParams(gpt, stage);
+  if (final_params.size() !=
+      (pipelined ? stage->Leaves().size() : reference.params.size()))
+    Fail("a trained parameter is not the GPT's");
+  for (const auto& [name, value] : final_params)
+    ExpectClose("final " + name, value, reference.params.at(name).cpu());
+  // The first rank of each stage's (dp, fsdp, tp) group writes its stage's.
+  if (!flags.out.empty() && dp->getRank() == 0 && fsdp->getRank() == 0 &&
+      group("tp")->getRank() == 0)
+    WriteOut(flags.out, rank, final_params, losses);
   std::printf("DONE rank %d layout %s device %s\n", rank, layout.c_str(),
               on.device.str().c_str());
   std::fflush(stdout);
@@ -278,14 +352,26 @@ int Train(const std::string& layout, int steps, const WorkerDevice& on) {
 }  // namespace meshrun::worker::parallel::testing
 
 int main(int argc, char** argv) {
-  CLI::App app{"The torch::nn GPT under meshrun's parallelisms against one process"};
-  std::string layout = "fsdp_tp";
-  std::string device = "cpu";
-  int steps = 8;
-  app.add_option("--layout", layout);
-  app.add_option("--steps", steps);
-  app.add_option("--device", device, "cpu (Gloo) or cuda (NCCL, the GPU of LOCAL_RANK)");
-  CLI11_PARSE(app, argc, argv);
   using namespace meshrun::worker::parallel::testing;
-  return Train(layout, steps, ParseWorkerDevice(device));
+  CLI::App app{"The torch::nn GPT under meshrun's parallelisms against one process"};
+  Flags flags;
+  std::string device = "cpu";
+  app.add_option("--layout", flags.layout);
+  app.add_option("--steps", flags.steps);
+  app.add_option("--device", device, "cpu (Gloo) or cuda (NCCL, the GPU of LOCAL_RANK)");
+  app.add_option("--microbatches", flags.microbatches);
+  app.add_option("--vocab", flags.config.vocab);
+  app.add_option("--context", flags.config.context);
+  app.add_option("--dim", flags.config.dim);
+  app.add_option("--heads", flags.config.heads);
+  app.add_option("--layers", flags.config.layers);
+  app.add_option("--data", flags.data,
+                 "batches (batch_file.h) instead of SyntheticTokens");
+  app.add_option("--init", flags.init, "initial weights (a SaveModule checkpoint)");
+  app.add_option("--save-init", flags.save_init,
+                 "write the initial weights here and stop");
+  app.add_option("--out", flags.out,
+                 "write each step's loss and the final parameters here");
+  CLI11_PARSE(app, argc, argv);
+  return Train(flags, ParseWorkerDevice(device));
 }
