@@ -18,7 +18,9 @@
 # pipelining schedules, DP x TP x PP) on every layout of
 # tests/parity/layouts.py and records bench/worker_lib/layouts_results.md;
 # the arguments after it go to bench_layouts.py (layouts, --steps, --warmup,
-# --rounds, --models, --sizes, --threads).
+# --rounds, --models, --sizes, --threads). --models gpt times the torch::nn
+# GPT (gpt_worker against tests/parity/torch_gpt.py) instead:
+#   RESULTS_DIR=bench/worker_lib/module scripts/bench-parallel.sh --layouts --models gpt
 #
 # Extra arguments go to bench_parallel.py (--rounds, --models, --batch,
 # --steps, --impls, --world, --baseline, --baseline-impls). Environment:
@@ -42,7 +44,7 @@ if [ "${1:-}" = --layouts ]; then
   shift
 fi
 binaries=(dp_step_bench meshrun meshrun-rdzvd)
-[ "$layouts" = 1 ] && binaries=(train_example meshrun meshrun-rdzvd)
+[ "$layouts" = 1 ] && binaries=(train_example gpt_worker meshrun meshrun-rdzvd)
 
 source scripts/lib/bench-common.sh
 build_binaries bench-parallel "${binaries[@]}"
@@ -58,7 +60,7 @@ trap 'rm -rf "$tmp"' EXIT
 if [ "$layouts" = 1 ]; then
   cmd=("$venv_python" bench/worker_lib/bench_layouts.py
        --meshrun "$build_dir/bin/meshrun" --train-example "$build_dir/bin/train_example"
-       --python "$python_exec" --raw "$tmp/raw" "$@")
+       --gpt-worker "$build_dir/bin/gpt_worker" --python "$python_exec" --raw "$tmp/raw" "$@")
   invocation="scripts/bench-parallel.sh --layouts${*:+ $*}"
 else
   cmd=("$venv_python" bench/worker_lib/bench_parallel.py

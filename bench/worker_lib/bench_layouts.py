@@ -4,12 +4,15 @@
 Run by `scripts/bench-parallel.sh --layouts`. For each layout of
 tests/parity/layouts.py (ddp, fsdp, fsdp_noreshard, hsdp, tp, fsdp_tp,
 pp_gpipe, pp_1f1b, pp_interleaved, dp_tp_pp) and each model it trains (the
-transformer LM and the MLP, at layouts.SIZES[--sizes]), trains the same model
-from the same initial weights on the same batches with
+transformer LM and the MLP, at layouts.SIZES[--sizes]; with --models gpt the
+torch::nn GPT), trains the same model from the same initial weights on the
+same batches with
 
   meshrun:  meshrun --standalone --no-python train_example --time-steps ...
+            (gpt: gpt_worker --time-steps, the torch::nn::Module API)
   PyTorch:  meshrun --standalone --no-python PYTHON tests/parity/torch_parallel.py
             --time-steps ... (DDP, FSDP2, DTensor TP, pipelining; gloo)
+            (gpt: tests/parity/torch_gpt.py --time-steps on the Python twin)
 
 both launched by meshrun with OMP_NUM_THREADS=--threads, the two sides in
 turn (who goes first rotates). Both time a step the same way: a barrier,
@@ -83,7 +86,15 @@ def launch(args, work, layout, model, side, init, data, raw):
     steps = args.warmup + args.steps
     tag = f"{layout.name}-{model}-{side}"
     cmd = [args.meshrun, "--standalone", f"--nproc-per-node={layout.world}", "--no-python"]
-    if side != "torch":
+    if model == "gpt":
+        script = os.path.join(PARITY, "torch_gpt.py")
+        common = ["--init", init, "--data", data, "--steps", str(steps), "--time-steps"]
+        if side == "torch":
+            cmd += [args.python, script, "--layout", layout.name, "--sizes", args.sizes]
+            cmd += ["--out", os.path.join(work, tag)] + common
+        else:
+            cmd += [args.gpt_worker, *layouts.gpt_flags(layout)] + common
+    elif side != "torch":
         binary = args.baseline if side == "baseline" else args.train_example
         cmd += [
             binary,
@@ -150,6 +161,7 @@ def main():
     )
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--train-example", required=True)
+    parser.add_argument("--gpt-worker", help="build/bin/gpt_worker (model gpt)")
     parser.add_argument("--baseline", help="another train_example to time alongside")
     parser.add_argument("--meshrun-flags", default="", help="more train_example flags")
     parser.add_argument("--baseline-flags", default="", help="more flags for --baseline")
@@ -172,8 +184,10 @@ def main():
     for arg in args.layouts or [layout.name for layout in layouts.LAYOUTS]:
         name, _, model = arg.partition(":")
         models = [model] if model else args.models.split(",")
-        if name not in layouts.BY_NAME or not set(models) <= {"mlp", "transformer"}:
+        if name not in layouts.BY_NAME or not set(models) <= {"mlp", "transformer", "gpt"}:
             parser.error(f"unknown layout or model: {arg}")
+        if "gpt" in models and not args.gpt_worker:
+            parser.error("model gpt needs --gpt-worker")
         runs += [(layouts.BY_NAME[name], m) for m in models if m in layouts.BY_NAME[name].models]
 
     work = args.work or tempfile.mkdtemp(prefix="meshrun-bench-layouts-")
@@ -183,6 +197,7 @@ def main():
             work=work,
             meshrun=args.meshrun,
             train_example=args.train_example,
+            gpt_worker=args.gpt_worker,
             timeout=args.timeout,
             steps=args.warmup + args.steps,
         )
@@ -215,11 +230,13 @@ def main():
             with open(args.raw, "w") as f:
                 f.write("\n".join(raw) + "\n")
 
-    c = layouts.TRANSFORMER
+    c, g = layouts.TRANSFORMER, layouts.GPT
     print(
         f'Models (layouts.SIZES["{args.sizes}"]): transformer LM vocab {c["vocab"]}, '
         f"d_model {c['d_model']}, {c['heads']} heads, d_ff {c['d_ff']}, {c['layers']} "
-        f"blocks, seq {c['seq']}; MLP {','.join(map(str, layouts.MLP_SIZES))}. Global "
+        f"blocks, seq {c['seq']}; MLP {','.join(map(str, layouts.MLP_SIZES))}; GPT vocab "
+        f"{g['vocab']}, dim {g['dim']}, {g['heads']} heads, {g['layers']} blocks, context "
+        f"{g['context']} (AdamW). Global "
         f"batch {layouts.BATCH}; {args.warmup} warm-up + {args.steps} timed steps a launch, "
         f"{args.rounds} round(s); OMP_NUM_THREADS={args.threads}."
     )

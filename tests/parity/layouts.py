@@ -80,11 +80,15 @@ SIZES = {
     "parity": dict(
         mlp=[32, 64, 64, 64, 8],
         transformer=dict(vocab=64, d_model=32, heads=4, d_ff=64, layers=6, seq=8),
+        # The GPT: 6 blocks, so that its 8 parts (embeddings, blocks, the final
+        # norm and head) fill 4 x 2 virtual pipeline stages.
+        gpt=dict(vocab=64, context=8, dim=32, heads=4, layers=6),
         batch=32,
     ),
     "bench": dict(
         mlp=[256, 1024, 1024, 1024, 256],
         transformer=dict(vocab=256, d_model=128, heads=4, d_ff=512, layers=6, seq=32),
+        gpt=dict(vocab=256, context=32, dim=128, heads=4, layers=6),
         batch=32,
     ),
 }
@@ -93,18 +97,18 @@ TRANSFORMER = SIZES["parity"]["transformer"]
 BATCH = SIZES["parity"]["batch"]
 LR = 0.05
 
-# The GPT (model gpt): 6 blocks, so that its 8 parts (embeddings, blocks, the
-# final norm and head) fill 4 x 2 virtual pipeline stages; AdamW.
-GPT = dict(vocab=64, context=8, dim=32, heads=4, layers=6)
+GPT = SIZES["parity"]["gpt"]
+# The GPT trains with AdamW.
 GPT_LR = 3e-3
 GPT_WEIGHT_DECAY = 0.1
 
 
 def use_sizes(name):
-    """Makes MLP_SIZES, TRANSFORMER and BATCH those of SIZES[name]."""
-    global MLP_SIZES, TRANSFORMER, BATCH
+    """Makes MLP_SIZES, TRANSFORMER, GPT and BATCH those of SIZES[name]."""
+    global MLP_SIZES, TRANSFORMER, GPT, BATCH
     MLP_SIZES = SIZES[name]["mlp"]
     TRANSFORMER = SIZES[name]["transformer"]
+    GPT = SIZES[name]["gpt"]
     BATCH = SIZES[name]["batch"]
 
 

@@ -7,12 +7,15 @@ loss and the final parameters.
     torchrun --standalone --nproc-per-node=4 tests/parity/torch_gpt.py \\
         --layout fsdp_tp --init INIT_DIR --data DATA.pt --out OUT_DIR
 
-As gpt_worker applies meshrun's: gpt_tp_plan on every block
-(parallelize_module), fully_shard on every block and the root, DDP (or
+As gpt_worker applies meshrun's: gpt_tp_plan (parallelize_module, the head
+column-wise under loss_parallel), fully_shard on every block and the root, DDP (or
 replicate() over TP's DTensors in DP x TP x PP), pipeline stages of the
 GPT's parts ([embeddings], [block i]..., [final norm, head]) cut as
 gpt_worker's CutParts, AdamW. Data-parallel rank i (dp-major, then fsdp)
 takes the i-th contiguous block of rows; TP and pipeline ranks share them.
+
+--sizes bench trains layouts.py's larger GPT; --time-steps times each step
+as gpt_worker --time-steps does (bench_layouts.py).
 
 Writes OUT_DIR/torch-rank<R>.pt ({"params": {name: full tensor}} from the
 first rank of each pipeline stage, and "losses" on rank 0).
@@ -21,8 +24,10 @@ first rank of each pipeline stage, and "losses" on rank 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -40,6 +45,8 @@ from torch_parallel import (  # noqa: E402
     init_layout,
     load_meshrun_checkpoint,
     make_schedule,
+    print_timing,
+    rss_mb,
     write_result,
 )
 
@@ -75,6 +82,15 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def loss_context(tp: int) -> contextlib.AbstractContextManager[None]:
+    """loss_parallel() under TP: the head's logits are vocabulary slices."""
+    if tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layout", required=True, choices=list(layouts.BY_NAME))
@@ -82,13 +98,21 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="batches file (list of (input, target))")
     parser.add_argument("--out", required=True, help="directory for torch-rank<R>.pt")
     parser.add_argument("--steps", type=int, default=0, help="0: every batch in --data")
+    parser.add_argument("--sizes", default="parity", choices=list(layouts.SIZES))
+    parser.add_argument(
+        "--time-steps",
+        action="store_true",
+        help="time each step and print the times and peak RSS at the end",
+    )
     args = parser.parse_args()
+    layouts.use_sizes(args.sizes)
     layout = layouts.BY_NAME[args.layout]
 
     # gpt_worker's mesh order.
     mesh, rank, coord = init_layout(layout, ("dp", "fsdp", "pp", "tp"))
     dp_rank, fsdp_rank, pp_rank, tp_rank = (coord[n] for n in ("dp", "fsdp", "pp", "tp"))
 
+    rss_before_model = rss_mb()
     config = GptConfig(**layouts.GPT)
     whole = Gpt(config)
     init = load_meshrun_checkpoint(args.init)
@@ -104,8 +128,8 @@ def main() -> None:
     if layout.tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
 
-        for block in whole.blocks:
-            parallelize_module(block, mesh["tp"], gpt_tp_plan())
+        plan = gpt_tp_plan(config.layers, vocab_parallel_head=True)
+        parallelize_module(whole, mesh["tp"], plan)
     stage_ids = [pp_rank]
     modules: list[nn.Module] = [whole]
     if layout.pp > 1:
@@ -145,18 +169,25 @@ def main() -> None:
     # The world's sum of what the ranks add is the global batch's mean: the
     # data ranks' mean, counted once per TP group, where the loss is.
     reports = tp_rank == 0 and has_last
-    losses = []
+    losses, step_ms = [], []
     for step in range(steps):
         x, y = batches[step]
         rows = x.shape[0] // data_parts
         x = x[data_index * rows : (data_index + 1) * rows]
         y = y[data_index * rows : (data_index + 1) * rows]
+        if args.time_steps:
+            dist.barrier()
+        start = time.perf_counter()
         optimizer.zero_grad()
-        local = forward_backward(schedule, modules[0], x, y, cross_entropy, has_first, has_last)
+        with loss_context(layout.tp):
+            local = forward_backward(schedule, modules[0], x, y, cross_entropy, has_first, has_last)
         optimizer.step()
         total = torch.tensor([local / data_parts if reports else 0.0], dtype=torch.float64)
         dist.all_reduce(total)
         losses.append(total.item())
+        step_ms.append((time.perf_counter() - start) * 1e3)
+    if args.time_steps and steps:
+        print_timing(rank, step_ms, rss_before_model)
 
     # This rank's parameters by the whole GPT's names (collective for DTensors).
     mine = {id(p) for m in modules for p in m.parameters()}

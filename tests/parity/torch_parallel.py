@@ -225,6 +225,22 @@ def init_layout(layout, order):
     return mesh, rank, coord
 
 
+def print_timing(rank, step_ms, rss_before_model):
+    """train_example --time-steps' line on rank 0: per step the slowest rank,
+    the largest rank's peak RSS and its growth over `rss_before_model`."""
+    steps = len(step_ms)
+    peak = peak_rss_mb()
+    timing = torch.tensor(step_ms + [peak, peak - rss_before_model], dtype=torch.float64)
+    dist.all_reduce(timing, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        print(
+            f"timing step_ms={','.join(f'{t:.6f}' for t in timing[:steps].tolist())} "
+            f"max_rss_mb={timing[steps].item():.1f} "
+            f"rss_growth_mb={timing[steps + 1].item():.1f}",
+            flush=True,
+        )
+
+
 def make_schedule(layout, modules, stage_ids, pp_group, loss_fn):
     """pipelining's stages for this rank's `modules` (global stages
     `stage_ids`) and the layout's schedule: (schedule, has_first, has_last)."""
@@ -419,17 +435,7 @@ def main():
 
     dump_collectives("after")
     if args.time_steps and steps:
-        # Per step the slowest rank; the largest rank's memory.
-        peak = peak_rss_mb()
-        timing = torch.tensor(step_ms + [peak, peak - rss_before_model], dtype=torch.float64)
-        dist.all_reduce(timing, op=dist.ReduceOp.MAX)
-        if rank == 0:
-            print(
-                f"timing step_ms={','.join(f'{t:.6f}' for t in timing[:steps].tolist())} "
-                f"max_rss_mb={timing[steps].item():.1f} "
-                f"rss_growth_mb={timing[steps + 1].item():.1f}",
-                flush=True,
-            )
+        print_timing(rank, step_ms, rss_before_model)
 
     # Full parameter values (collective), written by each stage's first rank.
     full = {}

@@ -127,14 +127,18 @@ struct GptImpl : torch::nn::Module {
 TORCH_MODULE(Gpt);
 
 // Megatron's layout for the blocks (PyTorch's TP tutorial plan): q, k, v and
-// fc1 column-wise, o and fc2 row-wise.
-inline parallel::ParallelizePlan GptTpPlan() {
+// fc1 column-wise, o and fc2 row-wise. With `vocab_parallel_head` the head
+// is column-wise too: the logits are then this rank's slice of the
+// vocabulary, for LossParallel (parallelize.h) rather than a cross-entropy.
+inline parallel::ParallelizePlan GptTpPlan(bool vocab_parallel_head = false) {
   using parallel::ColwiseParallel;
   using parallel::RowwiseParallel;
-  return {
+  parallel::ParallelizePlan plan = {
       {"blocks.*.attn.q", ColwiseParallel()},  {"blocks.*.attn.k", ColwiseParallel()},
       {"blocks.*.attn.v", ColwiseParallel()},  {"blocks.*.attn.o", RowwiseParallel()},
       {"blocks.*.mlp.fc1", ColwiseParallel()}, {"blocks.*.mlp.fc2", RowwiseParallel()}};
+  if (vocab_parallel_head) plan.emplace_back("head", ColwiseParallel());
+  return plan;
 }
 
 }  // namespace meshrun::worker::examples

@@ -90,16 +90,21 @@ class Gpt(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def gpt_tp_plan() -> dict[str, object]:
+def gpt_tp_plan(layers: int, vocab_parallel_head: bool = False) -> dict[str, object]:
     """gpt.h's GptTpPlan for torch.distributed.tensor.parallel.parallelize_module
-    on each block: q, k, v and fc1 column-wise, o and fc2 row-wise."""
+    on the whole GPT: q, k, v and fc1 column-wise, o and fc2 row-wise; with
+    `vocab_parallel_head` the head column-wise with its logits left split
+    along the vocabulary (Shard(-1) DTensors) for loss_parallel()."""
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    return {
-        "attn.q": ColwiseParallel(),
-        "attn.k": ColwiseParallel(),
-        "attn.v": ColwiseParallel(),
-        "attn.o": RowwiseParallel(),
-        "mlp.fc1": ColwiseParallel(),
-        "mlp.fc2": RowwiseParallel(),
-    }
+    plan: dict[str, object] = {}
+    for i in range(layers):
+        for name in ("q", "k", "v"):
+            plan[f"blocks.{i}.attn.{name}"] = ColwiseParallel()
+        plan[f"blocks.{i}.attn.o"] = RowwiseParallel()
+        plan[f"blocks.{i}.mlp.fc1"] = ColwiseParallel()
+        plan[f"blocks.{i}.mlp.fc2"] = RowwiseParallel()
+    if vocab_parallel_head:
+        plan["head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    return plan

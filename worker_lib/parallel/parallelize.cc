@@ -15,6 +15,7 @@
 #include "worker_lib/parallel/first_touch.h"
 #include "worker_lib/parallel/module_params.h"
 #include "worker_lib/parallel/sharding.h"
+#include "worker_lib/parallel/vocab.h"
 
 namespace meshrun::worker::parallel {
 namespace {
@@ -254,6 +255,11 @@ absl::Status ParallelizeModule(torch::nn::Module& module, const std::string& mes
     Hooks().push_back(std::move(hook));
   }
   return absl::OkStatus();
+}
+
+at::Tensor LossParallel(const at::Tensor& local_logits, const at::Tensor& targets,
+                        const ProcessGroupPtr& group) {
+  return VocabParallelCrossEntropy(local_logits, targets, group).mean();
 }
 
 }  // namespace meshrun::worker::parallel

@@ -27,6 +27,11 @@
 // (first_touch.h), at::linear; g runs when it returns, f is a post hook on
 // the autograd node that consumes the input inside it.
 //
+// loss_parallel: a ColwiseParallel LM head's output is this rank's slice of
+// the vocabulary; LossParallel takes the cross-entropy of those slices
+// without gathering them (Megatron's vocab-parallel cross-entropy, vocab.h),
+// as PyTorch's F.cross_entropy does on Shard(-1) logits under loss_parallel().
+//
 // Plan keys are module paths relative to `module`; "*" matches one name
 // component. Errors (nothing changed then): a key matching no module, a
 // module that is not a torch::nn::Linear, a split dimension the group's
@@ -58,5 +63,12 @@ using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
 
 absl::Status ParallelizeModule(torch::nn::Module& module, const std::string& mesh_dim,
                                ProcessGroupPtr group, const ParallelizePlan& plan);
+
+// The mean cross-entropy over every position of `local_logits` ([..., vocab /
+// group size], this rank's contiguous slice of the vocabulary in rank order)
+// against `targets` ([...], int64 global ids). Collective over `group` (same
+// targets on every rank); its value and gradient equal the gathered logits'.
+at::Tensor LossParallel(const at::Tensor& local_logits, const at::Tensor& targets,
+                        const ProcessGroupPtr& group);
 
 }  // namespace meshrun::worker::parallel

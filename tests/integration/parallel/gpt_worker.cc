@@ -11,6 +11,9 @@
 //   hsdp            FullyShard over pairs of ranks, DDP across the pairs
 //   tp              GptTpPlan over all ranks (which share the batch)
 //   fsdp_tp         GptTpPlan over pairs of ranks, FullyShard across them
+//                   (with TP the head is column-wise too and the loss is
+//                   LossParallel of its vocabulary slices, as PyTorch's
+//                   loss_parallel)
 //   pp_gpipe, pp_1f1b, pp_interleaved
 //                   pipeline stages over all ranks (two chunks a rank for
 //                   interleaved): [embeddings], [block i]..., [ln_f, head]
@@ -35,6 +38,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -45,6 +49,7 @@
 #include "tests/integration/parallel/parity_harness.h"
 #include "worker_lib/device_mesh.h"
 #include "worker_lib/examples/gpt.h"
+#include "worker_lib/examples/memory_usage.h"
 #include "worker_lib/parallel/batch_file.h"
 #include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/ddp.h"
@@ -71,6 +76,8 @@ struct Flags {
   int microbatches = 4;
   GptConfig config{/*vocab=*/32, /*context=*/16, /*dim=*/32, /*heads=*/4, /*layers=*/2};
   std::string data, init, save_init, out;
+  // Time the steps instead of checking them against one process.
+  bool time_steps = false;
 };
 
 // The run's model and batches: the flags', on the worker's device.
@@ -236,6 +243,28 @@ void WriteOut(const std::string& dir, int rank,
   if (!file) Fail("cannot write --out " + dir);
 }
 
+// Rank 0 prints train_example --time-steps' line (bench_layouts.py): each
+// step's slowest rank, the largest rank's peak RSS and its growth over the
+// RSS before the model was built. Collective over `world`.
+void PrintTiming(c10d::ProcessGroup& world, const std::vector<double>& step_ms,
+                 double rss_before_model) {
+  const double peak = examples::PeakRssMb();
+  std::vector<at::Tensor> all{
+      at::cat({at::tensor(step_ms, at::kDouble),
+               at::tensor({peak, peak - rss_before_model}, at::kDouble)})};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  world.allreduce(all, max)->wait();
+  const size_t steps = step_ms.size();
+  const auto values = all[0].accessor<double, 1>();
+  if (world.getRank() != 0) return;
+  std::string line = "timing step_ms=";
+  for (size_t i = 0; i < steps; ++i) line += (i ? "," : "") + std::to_string(values[i]);
+  std::printf("%s max_rss_mb=%.1f rss_growth_mb=%.1f\n", line.c_str(), values[steps],
+              values[steps + 1]);
+  std::fflush(stdout);
+}
+
 int Train(const Flags& flags, const WorkerDevice& on) {
   const std::string& layout = flags.layout;
   const int steps = flags.steps;
@@ -261,15 +290,28 @@ int Train(const Flags& flags, const WorkerDevice& on) {
   // Ranks on their own rows: dp x fsdp (tp and pp ranks share theirs).
   const int data_parts = sizes.dp * sizes.fsdp;
   const int data_index = dp->getRank() * sizes.fsdp + fsdp->getRank();
-  const Reference reference = TrainReference(setup, steps);
+  // --time-steps: no single-process reference (its time and memory are
+  // not the layout's).
+  const Reference reference =
+      flags.time_steps ? Reference{} : TrainReference(setup, steps);
+  const double rss_before_model = examples::RssMb();
 
   Gpt gpt = MakeGpt(setup);
   const bool tp = layout == "tp" || layout == "fsdp_tp" || layout == "dp_tp_pp";
   const bool sharded = layout == "fsdp" || layout == "fsdp_noreshard" ||
                        layout == "hsdp" || layout == "fsdp_tp";
   const bool pipelined = layout.rfind("pp_", 0) == 0 || layout == "dp_tp_pp";
-  if (tp)
-    CheckOk(ParallelizeModule(*gpt, "tp", group("tp"), examples::GptTpPlan()), "TP");
+  // The loss of the logits a rank holds: its vocabulary slice under TP.
+  LossFn loss_fn = CrossEntropy;
+  if (tp) {
+    CheckOk(ParallelizeModule(*gpt, "tp", group("tp"),
+                              examples::GptTpPlan(/*vocab_parallel_head=*/true)),
+            "TP");
+    loss_fn = [tp_group = group("tp")](const at::Tensor& logits,
+                                       const at::Tensor& targets) {
+      return LossParallel(logits, targets, tp_group);
+    };
+  }
   if (sharded) {
     const FsdpOptions options{/*reshard_after_forward=*/layout != "fsdp_noreshard"};
     for (const auto& block : *gpt->blocks)
@@ -302,11 +344,14 @@ int Train(const Flags& flags, const WorkerDevice& on) {
   }
 
   torch::optim::AdamW optimizer(pipelined ? stage->Leaves() : gpt->parameters(), Adam());
-  std::vector<double> losses;
+  std::vector<double> losses, step_ms;
   for (int step = 0; step < steps; ++step) {
     const TokenBatch data = BatchOf(setup, step);
     const at::Tensor tokens = DataShard(data.tokens, data_parts, data_index);
     const at::Tensor targets = DataShard(data.targets, data_parts, data_index);
+    // As train_example --time-steps: from a barrier to the step's global loss.
+    if (flags.time_steps) world->group()->barrier()->wait();
+    const auto start = std::chrono::steady_clock::now();
     optimizer.zero_grad();
     at::Tensor loss;
     if (pipelined) {
@@ -314,11 +359,11 @@ int Train(const Flags& flags, const WorkerDevice& on) {
       std::vector<DistributedDataParallel::NoSync> no_sync;
       for (auto& replica : replicas) no_sync.push_back(replica->no_sync());
       const double value = ValueOrFail(
-          RunStep(*stage, schedule, flags.microbatches, tokens, targets, CrossEntropy),
+          RunStep(*stage, schedule, flags.microbatches, tokens, targets, loss_fn),
           "step");
       loss = at::full({}, value, at::TensorOptions(at::kDouble).device(on.device));
     } else {
-      loss = CrossEntropy(gpt->forward(tokens), targets);
+      loss = loss_fn(gpt->forward(tokens), targets);
       loss.backward();
     }
     if (pipelined) {
@@ -328,9 +373,17 @@ int Train(const Flags& flags, const WorkerDevice& on) {
     // tp and pp ranks hold their rows' loss too: the world's mean is the
     // data ranks'.
     const double global = MeanOver(*world->group(), loss);
-    ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
+    step_ms.push_back(std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start)
+                          .count());
+    if (!flags.time_steps)
+      ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
     losses.push_back(global);
     if (rank == 0) std::printf("step %d loss %.9g\n", step, global);
+  }
+  if (flags.time_steps) {
+    PrintTiming(*world->group(), step_ms, rss_before_model);
+    return 0;
   }
   const std::map<std::string, at::Tensor> final_params = FinalParams(gpt, stage);
   if (final_params.size() !=
@@ -372,6 +425,8 @@ int main(int argc, char** argv) {
                  "write the initial weights here and stop");
   app.add_option("--out", flags.out,
                  "write each step's loss and the final parameters here");
+  app.add_flag("--time-steps", flags.time_steps,
+               "time each step (no single-process check) and print a timing line");
   CLI11_PARSE(app, argc, argv);
   return Train(flags, ParseWorkerDevice(device));
 }
