@@ -425,7 +425,7 @@ def main():
         help="also print each side's collectives per step and rank",
     )
     args = parser.parse_args()
-    runs = []  # (layout name, models)
+    runs = []  # (layout name, models, whether the layout cannot train some asked for)
     for arg in args.layouts or [layout.name for layout in layouts.LAYOUTS]:
         name, _, model = arg.partition(":")
         models = [model] if model else args.models.split(",")
@@ -433,12 +433,12 @@ def main():
             parser.error(f"unknown layout or model: {arg}")
         if "gpt" in models and not args.gpt_worker:
             parser.error("model gpt needs --gpt-worker")
-        models = [m for m in models if m in layouts.BY_NAME[name].models]
-        runs.append((name, models))
+        kept = [m for m in models if m in layouts.BY_NAME[name].models]
+        runs.append((name, kept, kept != models))
 
     parity = Parity(args)
     failed = False
-    for name, models in runs:
+    for name, models, dropped in runs:
         layout = layouts.BY_NAME[name]
         if not models:
             print(f"{name} skipped ({layout.skipped})", flush=True)
@@ -454,7 +454,7 @@ def main():
             failed = True
             print(f"{name} FAILED ({', '.join(parts + [model])}): {e}", flush=True)
             continue
-        if layout.skipped:
+        if dropped:
             parts.append(layout.skipped)
         bad = not worst <= args.tolerance
         failed |= bad
