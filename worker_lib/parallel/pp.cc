@@ -178,28 +178,12 @@ class StepRunner {
                 peer, tags.activation);
   }
 
-  // A message to this rank itself (one rank holding consecutive stages:
-  // interleaved chunks with pp = 1) is handed over in memory: neither Gloo
-  // nor a blocking NCCL recv talks to itself. The schedule runs the send
-  // before the matching recv.
   void Send(at::Tensor tensor, int peer, int tag) {
-    if (peer == rank_) {
-      to_self_[tag] = std::move(tensor);
-      return;
-    }
     std::vector<at::Tensor> tensors{std::move(tensor)};
     pending_sends_.push_back(group_.send(tensors, peer, tag));
   }
 
   at::Tensor Recv(at::Tensor buffer, int peer, int tag) {
-    if (peer == rank_) {
-      auto sent = to_self_.find(tag);
-      TORCH_CHECK(sent != to_self_.end(), "pipeline rank ", rank_,
-                  ": no message to itself with tag ", tag);
-      buffer.copy_(sent->second);
-      to_self_.erase(sent);
-      return buffer;
-    }
     std::vector<at::Tensor> tensors{buffer};
     group_.recv(tensors, peer, tag)->wait();
     return buffer;
@@ -217,7 +201,6 @@ class StepRunner {
   PipelineStage::ShapeCache& cache_;
   const at::TensorOptions on_device_;           // the stage's device
   std::vector<std::vector<Microbatch>> state_;  // [chunk][microbatch]
-  std::map<int, at::Tensor> to_self_;           // by tag
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_sends_;
   double loss_sum_ = 0;
 };

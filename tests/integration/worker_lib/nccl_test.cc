@@ -10,7 +10,7 @@
 #include <chrono>
 #include <string>
 
-#include "tests/support/child_process.h"
+#include "tests/support/gpus.h"
 #include "tests/support/meshrun_run.h"
 #include "tests/support/text.h"
 
@@ -19,25 +19,11 @@ namespace {
 
 using testing::RunUnderMeshrun;
 
-// The number of GPUs `nvidia-smi -L` lists, and why there are none if so.
-int CountGpus(std::string* why_none) {
-  testing::ChildProcess probe({"/bin/sh", "-c", "nvidia-smi -L"}, /*merge_stderr=*/true);
-  int code = testing::ExitCode(probe);
-  const std::string& output = probe.output();
-  int gpus = static_cast<int>(testing::Count(output, "GPU "));
-  if (code != 0 || gpus == 0) {
-    *why_none = "no GPU here (nvidia-smi -L exited " + std::to_string(code) + ": " +
-                output.substr(0, output.find('\n')) + ")";
-    return 0;
-  }
-  return gpus;
-}
-
 class NcclTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why_none;
-    gpus_ = std::min(CountGpus(&why_none), 4);
+    gpus_ = std::min(testing::CountGpus(&why_none), 4);
     if (gpus_ == 0) GTEST_SKIP() << why_none;
   }
   int gpus_ = 0;

@@ -1,0 +1,34 @@
+// A torch::nn convolutional net (Conv2d, max-pooling, Linear, NLL) trains
+// under DistributedDataParallel, FullyShard and HSDP as in one process:
+// module_conv_worker checks every step's loss and the final parameters
+// (rtol 1e-5, AdamW); here the exit codes and steps.
+
+#include <gtest/gtest.h>
+
+#include "tests/integration/parallel/driver_support.h"
+
+namespace meshrun {
+namespace {
+
+using testing::MeshrunRun;
+using testing::RunUnderMeshrun;
+
+constexpr int kSteps = 8;
+
+TEST(ModuleConvTest, DistributedDataParallelMatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(4, "module_conv_worker", {"--layout", "ddp"});
+  ExpectTrained(run, 4, kSteps);
+}
+
+TEST(ModuleConvTest, FullyShardMatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(4, "module_conv_worker", {"--layout", "fsdp"});
+  ExpectTrained(run, 4, kSteps);
+}
+
+TEST(ModuleConvTest, HsdpMatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(4, "module_conv_worker", {"--layout", "hsdp"});
+  ExpectTrained(run, 4, kSteps);
+}
+
+}  // namespace
+}  // namespace meshrun
