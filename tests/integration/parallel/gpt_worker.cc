@@ -28,7 +28,8 @@
 // checkpoint; --save-init DIR writes one from the seed and stops), --out DIR
 // (each step's loss on rank 0 and the final parameters by the GPT's names,
 // from the first rank of each pipeline stage, as tests/parity/torch_gpt.py
-// writes them), --microbatches, and the GPT's sizes.
+// writes them), --microbatches, and the GPT's sizes. --time-steps times each
+// step instead, with no single-process run or check (bench_layouts.py).
 //
 //   meshrun --standalone --nproc-per-node=4 gpt_worker --layout fsdp_tp
 
