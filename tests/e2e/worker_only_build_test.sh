@@ -25,7 +25,7 @@ targets=$(ninja -C "$work" -t targets all)
 for target in gpt_worker gpt_step_bench; do
   grep -q "^$target:" <<< "$targets" || fail "no target $target"
 done
-for target in meshrun meshrun-rdzvd meshrun_rdzv_client; do
+for target in meshrun meshrun-rdzvd meshrun_rdzv_client module_ft_worker; do
   if grep -q "^$target:" <<< "$targets"; then fail "target $target in a worker-only build"; fi
 done
 grep -q 'grpc_store.cc.o\|fault_tolerant.cc.o' <<< "$targets" &&
