@@ -40,10 +40,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "worker_lib", "examples"))
 import layouts  # noqa: E402
 from gpt import Gpt, GptConfig, gpt_tp_plan  # noqa: E402
 from torch_parallel import (  # noqa: E402
+    add_run_args,
     forward_backward,
     full_value,
     init_layout,
-    load_meshrun_checkpoint,
+    load_initial_weights,
     make_schedule,
     print_timing,
     rss_mb,
@@ -93,17 +94,7 @@ def loss_context(tp: int) -> contextlib.AbstractContextManager[None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layout", required=True, choices=list(layouts.BY_NAME))
-    parser.add_argument("--init", required=True, help="meshrun checkpoint directory")
-    parser.add_argument("--data", required=True, help="batches file (list of (input, target))")
-    parser.add_argument("--out", required=True, help="directory for torch-rank<R>.pt")
-    parser.add_argument("--steps", type=int, default=0, help="0: every batch in --data")
-    parser.add_argument("--sizes", default="parity", choices=list(layouts.SIZES))
-    parser.add_argument(
-        "--time-steps",
-        action="store_true",
-        help="time each step and print the times and peak RSS at the end",
-    )
+    add_run_args(parser)
     args = parser.parse_args()
     layouts.use_sizes(args.sizes)
     layout = layouts.BY_NAME[args.layout]
@@ -115,15 +106,7 @@ def main() -> None:
     rss_before_model = rss_mb()
     config = GptConfig(**layouts.GPT)
     whole = Gpt(config)
-    init = load_meshrun_checkpoint(args.init)
-    names = set(dict(whole.named_parameters()))
-    if names != set(init):
-        raise SystemExit(
-            f"parameter names differ from the checkpoint's: {sorted(names ^ set(init))}"
-        )
-    with torch.no_grad():
-        for name, p in whole.named_parameters():
-            p.copy_(init[name])
+    load_initial_weights(whole, args.init)
 
     if layout.tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module

@@ -291,20 +291,13 @@ def write_result(out_dir, rank, params, losses, writes):
         torch.save(out, os.path.join(out_dir, f"torch-rank{rank}.pt"))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_run_args(parser):
+    """The flags both torch sides take (this script and torch_gpt.py)."""
     parser.add_argument("--layout", required=True, choices=list(layouts.BY_NAME))
-    parser.add_argument("--model", required=True, choices=["mlp", "transformer"])
     parser.add_argument("--init", required=True, help="meshrun checkpoint directory")
     parser.add_argument("--data", required=True, help="batches file (list of (input, target))")
     parser.add_argument("--out", required=True, help="directory for torch-rank<R>.pt")
     parser.add_argument("--steps", type=int, default=0, help="0: every batch in --data")
-    parser.add_argument(
-        "--trace-collectives",
-        metavar="DIR",
-        help="write the flight recorder's collectives before and after the "
-        "steps to DIR/rank<R>.{before,after}.json",
-    )
     parser.add_argument(
         "--sizes",
         default="parity",
@@ -316,6 +309,32 @@ def main():
         action="store_true",
         help="time each step and print the times and peak RSS at the end",
     )
+
+
+def load_initial_weights(module, directory):
+    """`module`'s parameters from meshrun's checkpoint in `directory`, which
+    must hold exactly its names."""
+    init = load_meshrun_checkpoint(directory)
+    names = set(dict(module.named_parameters()))
+    if names != set(init):
+        raise SystemExit(
+            f"parameter names differ from the checkpoint's: {sorted(names ^ set(init))}"
+        )
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(init[name])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_args(parser)
+    parser.add_argument("--model", required=True, choices=["mlp", "transformer"])
+    parser.add_argument(
+        "--trace-collectives",
+        metavar="DIR",
+        help="write the flight recorder's collectives before and after the "
+        "steps to DIR/rank<R>.{before,after}.json",
+    )
     args = parser.parse_args()
     layouts.use_sizes(args.sizes)
     layout = layouts.BY_NAME[args.layout]
@@ -326,14 +345,8 @@ def main():
     rss_before_model = rss_mb()
 
     named = make_layers(args.model)
-    init = load_meshrun_checkpoint(args.init)
     whole = Layers(named)
-    missing = set(dict(whole.named_parameters())) ^ set(init)
-    if missing:
-        raise SystemExit(f"parameter names differ from the checkpoint's: {sorted(missing)}")
-    with torch.no_grad():
-        for name, p in whole.named_parameters():
-            p.copy_(init[name])
+    load_initial_weights(whole, args.init)
 
     # Pipeline stages: meshrun's StageBoundaries over (pp x virtual) stages;
     # rank r holds stages r, r + pp, ... (the interleaved convention).

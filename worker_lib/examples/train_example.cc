@@ -559,21 +559,9 @@ int main(int argc, char** argv) {
 
   dump_collectives("after");
   if (time_steps && steps > 0) {
-    // Per step the slowest rank; the largest rank's memory.
-    c10d::AllreduceOptions max;
-    max.reduceOp = c10d::ReduceOp::MAX;
-    const double peak = examples::PeakRssMb();
-    std::vector<at::Tensor> all{
-        at::cat({at::tensor(step_ms, at::kDouble),
-                 at::tensor({peak, peak - rss_before_model}, at::kDouble)})};
-    (*world)->group()->allreduce(all, max)->wait();
-    const auto* values = all[0].data_ptr<double>();
-    std::vector<std::string> formatted;
-    for (int i = 0; i < steps; ++i) formatted.push_back(std::to_string(values[i]));
-    char memory[96];
-    std::snprintf(memory, sizeof memory, " max_rss_mb=%.1f rss_growth_mb=%.1f",
-                  values[steps], values[steps + 1]);
-    if (rank == 0) Say("timing step_ms=" + absl::StrJoin(formatted, ",") + memory);
+    const std::string line =
+        examples::StepTimingLine(*(*world)->group(), step_ms, rss_before_model);
+    if (rank == 0) Say(line);
   }
 
   if (verify) {

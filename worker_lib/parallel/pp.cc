@@ -39,9 +39,10 @@ int64_t ParamCount(const Layer& layer) {
 class StepRunner {
  public:
   // headers: whether this step sends activation headers (pp.h); otherwise
-  // the shapes come from stage.shape_cache().
+  // the shapes come from stage.shape_cache(). device: the stage's.
   StepRunner(PipelineStage& stage, int microbatches, std::vector<at::Tensor> inputs,
-             std::vector<at::Tensor> targets, const LossFn& loss_fn, bool headers)
+             std::vector<at::Tensor> targets, const LossFn& loss_fn, bool headers,
+             at::Device device)
       : stage_(stage),
         group_(*stage.group()),
         pp_(stage.pp_size()),
@@ -52,7 +53,7 @@ class StepRunner {
         loss_fn_(loss_fn),
         headers_(headers),
         cache_(stage.shape_cache()),
-        on_device_(at::TensorOptions().device(stage.device())),
+        on_device_(at::TensorOptions().device(device)),
         state_(stage.virtual_stages(), std::vector<Microbatch>(microbatches)) {}
 
   // Returns the sum of the microbatches' (unscaled) losses on the rank
@@ -384,6 +385,8 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
     // batch is visible only on the first stage and the target only on the
     // last, and a stage refusing alone would leave its neighbours waiting
     // for messages until the group timed out.
+    // Where every message of the step lives (pp.h: PipelineStage::device).
+    const at::Device device = stage.device();
     StepArgs mine;
     mine.schedule = schedule;
     mine.microbatches = microbatches;
@@ -399,8 +402,7 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
       mine.target_rows = Rows(target);
       mine.has_loss_fn = static_cast<bool>(loss_fn);
     }
-    const std::vector<StepArgs> all =
-        ExchangeStepArgs(*stage.group(), mine, stage.device());
+    const std::vector<StepArgs> all = ExchangeStepArgs(*stage.group(), mine, device);
     if (absl::Status status = ValidateStep(all); !status.ok()) return status;
     // Headers unless every stage holds the shapes for this input shape.
     const int64_t key = all.front().input_shape_key;
@@ -416,12 +418,12 @@ absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int micr
     if (stage.is_last()) targets = target.split(target.size(0) / microbatches, 0);
 
     StepRunner runner(stage, microbatches, std::move(inputs), std::move(targets), loss_fn,
-                      headers);
+                      headers, device);
     const double loss_sum = runner.Run(*actions);
     cache.key = key;
     // The step's loss lives on the last stage's rank; every rank returns it.
     at::Tensor loss = at::full({1}, loss_sum / microbatches,
-                               at::TensorOptions(at::kDouble).device(stage.device()));
+                               at::TensorOptions(at::kDouble).device(device));
     std::vector<at::Tensor> tensors{loss};
     c10d::BroadcastOptions options;
     options.rootRank = stage.pp_size() - 1;

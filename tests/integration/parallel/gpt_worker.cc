@@ -244,28 +244,6 @@ void WriteOut(const std::string& dir, int rank,
   if (!file) Fail("cannot write --out " + dir);
 }
 
-// Rank 0 prints train_example --time-steps' line (bench_layouts.py): each
-// step's slowest rank, the largest rank's peak RSS and its growth over the
-// RSS before the model was built. Collective over `world`.
-void PrintTiming(c10d::ProcessGroup& world, const std::vector<double>& step_ms,
-                 double rss_before_model) {
-  const double peak = examples::PeakRssMb();
-  std::vector<at::Tensor> all{
-      at::cat({at::tensor(step_ms, at::kDouble),
-               at::tensor({peak, peak - rss_before_model}, at::kDouble)})};
-  c10d::AllreduceOptions max;
-  max.reduceOp = c10d::ReduceOp::MAX;
-  world.allreduce(all, max)->wait();
-  const size_t steps = step_ms.size();
-  const auto values = all[0].accessor<double, 1>();
-  if (world.getRank() != 0) return;
-  std::string line = "timing step_ms=";
-  for (size_t i = 0; i < steps; ++i) line += (i ? "," : "") + std::to_string(values[i]);
-  std::printf("%s max_rss_mb=%.1f rss_growth_mb=%.1f\n", line.c_str(), values[steps],
-              values[steps + 1]);
-  std::fflush(stdout);
-}
-
 int Train(const Flags& flags, const WorkerDevice& on) {
   const std::string& layout = flags.layout;
   const int steps = flags.steps;
@@ -383,7 +361,9 @@ int Train(const Flags& flags, const WorkerDevice& on) {
     if (rank == 0) std::printf("step %d loss %.9g\n", step, global);
   }
   if (flags.time_steps) {
-    PrintTiming(*world->group(), step_ms, rss_before_model);
+    const std::string line =
+        examples::StepTimingLine(*world->group(), step_ms, rss_before_model);
+    if (rank == 0) std::printf("%s\n", line.c_str());
     return 0;
   }
   const std::map<std::string, at::Tensor> final_params = FinalParams(gpt, stage);
