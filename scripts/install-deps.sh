@@ -18,6 +18,8 @@ packages=(
   libgloo-dev
   python3 python3-venv
   clang-format iproute2 procps
+  # The tests' watchdog prints a hung test's stacks with it.
+  gdb
   openssl clang libclang-rt-14-dev
   slurmctld slurmd slurm-client munge
   chromium chromium-driver

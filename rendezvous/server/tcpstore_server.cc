@@ -466,17 +466,20 @@ class TcpStoreServer::Impl::Connection final
     const size_t bytes = BytesOf(*replies);
     SendAll(replies);
     std::shared_ptr<Connection> last;
-    bool waiting_for_room;
+    bool open;
     {
       std::lock_guard<std::mutex> lock(mu_);
       held_bytes_ -= bytes;
       server_->store_.SubtractQueuedReplyBytes(bytes);
       if (--held_ == 0) last = std::move(keepalive_);
-      waiting_for_room = !closed_ && paused_;
+      open = !closed_;
     }
     // Replies with no bytes (set, multi_set) start no write whose end would
-    // resume the reading.
-    if (waiting_for_room)
+    // resume the reading. Posted even when not paused (yet): Process() may be
+    // between finding this connection over its bounds, counting these held
+    // bytes, and setting paused_, and would then wait for a wake-up that
+    // never comes. AfterDrain() is a no-op for a connection not paused.
+    if (open)
       asio::post(socket_.get_executor(),
                  [self = shared_from_this()] { self->AfterDrain(); });
   }

@@ -413,12 +413,13 @@ TEST(TcpStoreFrontTest, RepliesHeldForTheLogCountAgainstTheBoundOfAllClients) {
   std::string gets;
   for (int i = 0; i < kGets; ++i)
     gets += EncodeQuery(MakeQuery(QueryType::kGet, {"big"}));
+  // Both connected before either sender starts: a sender must not read the
+  // vector while a push_back moves it.
   std::vector<std::unique_ptr<RawClient>> clients;
+  for (int c = 0; c < 2; ++c) clients.push_back(std::make_unique<RawClient>(port));
   std::vector<std::thread> senders;
-  for (int c = 0; c < 2; ++c) {
-    clients.push_back(std::make_unique<RawClient>(port));
-    senders.emplace_back([&, c] { clients[c]->SendRaw(gets); });
-  }
+  for (auto& client : clients)
+    senders.emplace_back([&gets, raw = client.get()] { raw->SendRaw(gets); });
   ExpectServing(port, "others", 1);  // everyone else is served meanwhile
   // The daemon holds replies up to the bound of all clients (16 MiB), then
   // reads neither: each may pass it by the one reply it had taken on.

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,10 @@ int ConnectFrom(const char* source, int port) {
 
 RawClient::RawClient(int port, bool handshake, const char* source)
     : fd_(source ? ConnectFrom(source, port) : ConnectLoopback(port)) {
+  // A send that the server does not read for a minute fails (SendRaw answers
+  // false) rather than hanging the test.
+  const timeval send_limit{60, 0};
+  if (fd_ >= 0) setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof send_limit);
   if (handshake && fd_ >= 0)
     Send(MakeQuery(QueryType::kValidate, {}, {}, rdzv::tcpstore::kValidationMagic));
 }

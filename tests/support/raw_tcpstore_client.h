@@ -3,7 +3,7 @@
 // A c10d TCPStore client on a raw socket, for tests of TCPStore front-ends
 // (the daemon's, an agent's relay) against hostile and careless clients: it
 // sends exactly the bytes given (EncodeQuery writes what torch's client
-// sends), and every read has a deadline.
+// sends), and every read and send has a deadline.
 
 #include <chrono>
 #include <cstdint>
