@@ -36,9 +36,8 @@ std::string Describe(const at::Tensor& tensor) {
 absl::Status VerifySameParams(const std::vector<std::shared_ptr<Param>>& params,
                               c10d::ProcessGroup& group) {
   const int64_t count = static_cast<int64_t>(params.size());
-  // On the parameters' device: NCCL gathers CUDA tensors only.
-  const at::TensorOptions on_device = at::TensorOptions(at::kLong).device(
-      params.empty() ? at::kCPU : params[0]->data().device());
+  const at::TensorOptions on_device =
+      at::TensorOptions(at::kLong).device(DeviceOf(params));
   at::Tensor counts = AllGatherAlong(group, at::full({1}, count, on_device), 0).cpu();
   for (int rank = 0; rank < group.getSize(); ++rank) {
     const int64_t theirs = counts[rank].item<int64_t>();
@@ -67,14 +66,32 @@ absl::Status VerifySameParams(const std::vector<std::shared_ptr<Param>>& params,
   return absl::OkStatus();
 }
 
-absl::Status BroadcastBuffers(torch::nn::Module& module, c10d::ProcessGroup& group) {
+// Every rank's buffers := rank 0's: one broadcast per dtype and device
+// (DDP's coalesced buffer broadcast), in the buffers' order.
+void BroadcastBuffers(const std::vector<at::Tensor>& buffers, c10d::ProcessGroup& group) {
   at::NoGradGuard no_grad;
-  for (const auto& item : module.named_buffers()) {
-    std::vector<at::Tensor> tensors{item.value().contiguous()};
-    group.broadcast(tensors)->wait();
-    if (!tensors[0].is_same(item.value())) item.value().copy_(tensors[0]);
+  std::vector<bool> done(buffers.size(), false);
+  for (size_t first = 0; first < buffers.size(); ++first) {
+    if (done[first]) continue;
+    std::vector<size_t> same;
+    for (size_t i = first; i < buffers.size(); ++i) {
+      if (!done[i] && buffers[i].scalar_type() == buffers[first].scalar_type() &&
+          buffers[i].device() == buffers[first].device()) {
+        same.push_back(i);
+        done[i] = true;
+      }
+    }
+    std::vector<at::Tensor> flats;
+    for (size_t i : same) flats.push_back(buffers[i].reshape({-1}));
+    std::vector<at::Tensor> flat{at::cat(flats)};
+    group.broadcast(flat)->wait();
+    int64_t offset = 0;
+    for (size_t i : same) {
+      const int64_t n = buffers[i].numel();
+      buffers[i].copy_(flat[0].narrow(0, offset, n).view_as(buffers[i]));
+      offset += n;
+    }
   }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -90,11 +107,14 @@ absl::StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel
   for (const NamedParam& named : ModuleParams(module)) {
     if (named.param->data().requires_grad()) params.push_back(named.param);
   }
+  std::vector<at::Tensor> buffers;
+  for (const at::Tensor& buffer : module.buffers()) {
+    if (buffer.numel() > 0) buffers.push_back(buffer);
+  }
   try {
     if (absl::Status status = VerifySameParams(params, *group); !status.ok())
       return status;
-    if (absl::Status status = BroadcastBuffers(module, *group); !status.ok())
-      return status;
+    BroadcastBuffers(buffers, *group);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(
         "DistributedDataParallel: checking the ranks' parameters: ", e.what()));
@@ -103,6 +123,14 @@ absl::StatusOr<std::unique_ptr<DistributedDataParallel>> DistributedDataParallel
       std::move(params), group, options.bucket_bytes, options.first_bucket_bytes);
   if (absl::Status status = reducer->BroadcastParams(0); !status.ok()) return status;
   reducer->set_sync_at_backward_end(true);
+  // PyTorch's DDP broadcasts them before every forward; libtorch modules have
+  // no forward hooks, so here at the end of every backward, the collective
+  // point every rank reaches: the next forward sees the same values (rank
+  // 0's, which nothing changes in between).
+  if (options.broadcast_buffers && !buffers.empty() && group->getSize() > 1) {
+    reducer->set_at_backward_end(
+        [buffers = std::move(buffers), group] { BroadcastBuffers(buffers, *group); });
+  }
   return std::unique_ptr<DistributedDataParallel>(
       new DistributedDataParallel(std::move(reducer)));
 }

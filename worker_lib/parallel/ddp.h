@@ -20,11 +20,16 @@
 //
 // HSDP: FullyShard over the shard dimension first, then Wrap over the
 // replicate dimension: the shards' reduce-scattered grads are all-reduced
-// as their groups finish, during backward, as FSDP2's HSDP does.
+// as their groups finish, during backward, as FSDP2's HSDP does (which
+// leaves buffers alone: DdpOptions::broadcast_buffers off for the same).
 //
-// Differences from PyTorch's DDP: buffers are broadcast once, at Wrap, not
-// before every forward (libtorch modules have no forward hooks); unused
-// parameters need no flag (their grads count as zeros).
+// Buffers (BatchNorm's running statistics) are rank 0's on every rank, as
+// with DDP's broadcast_buffers: broadcast at Wrap and then at the end of
+// every backward (DDP: before every forward; libtorch modules have no
+// forward hooks), so every forward after a backward sees rank 0's values,
+// as under DDP. A run of training-mode forwards with no backward between
+// them is not synchronised. Unused parameters need no flag (their grads
+// count as zeros).
 //
 // Collective: Wrap and every backward, on every rank of `group`, in the
 // same order. Not thread-safe. The wrapper must outlive the backwards.
@@ -45,6 +50,9 @@ namespace meshrun::worker::parallel {
 struct DdpOptions {
   size_t bucket_bytes = DataParallel::kDefaultBucketBytes;
   size_t first_bucket_bytes = DataParallel::kDefaultFirstBucketBytes;
+  // DDP's broadcast_buffers. Off for HSDP as FSDP2 does it (fully_shard on a
+  // 2-D mesh leaves buffers alone).
+  bool broadcast_buffers = true;
 };
 
 class DistributedDataParallel {

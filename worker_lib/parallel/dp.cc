@@ -128,7 +128,19 @@ void DataParallel::CopyIntoBucket(size_t index) {
   grad = MemberAlias(bucket.flat, offset, data);
 }
 
+void DataParallel::QueueBackwardEnd() {
+  const bool sync = sync_at_backward_end_ && sync_during_backward_;
+  if (end_callback_queued_ || (!sync && !at_backward_end_)) return;
+  end_callback_queued_ = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this, sync] {
+    end_callback_queued_ = false;
+    if (sync) SyncGradients();
+    if (at_backward_end_) at_backward_end_();
+  });
+}
+
 void DataParallel::OnGradReady(size_t index) {
+  QueueBackwardEnd();
   if (!sync_during_backward_) return;
   const BucketSlot slot = slots_[index];
   Bucket& bucket = buckets_[slot.bucket];
@@ -140,13 +152,6 @@ void DataParallel::OnGradReady(size_t index) {
           "before SyncGradients needs set_sync_during_backward(false) first");
     }
     return;
-  }
-  if (sync_at_backward_end_ && !end_callback_queued_) {
-    end_callback_queued_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] {
-      end_callback_queued_ = false;
-      SyncGradients();
-    });
   }
   at::NoGradGuard no_grad;
   // Into the bucket now, so the grad accumulates there in place if another
@@ -278,11 +283,8 @@ absl::Status DataParallel::VerifyParamsEqual() {
         }
       }
     }
-    // On the parameters' device: NCCL reduces CUDA tensors only.
-    at::Tensor flag =
-        at::full({1}, first_different,
-                 at::TensorOptions(at::kLong).device(
-                     params_.empty() ? at::kCPU : params_[0]->data().device()));
+    at::Tensor flag = at::full({1}, first_different,
+                               at::TensorOptions(at::kLong).device(DeviceOf(params_)));
     AllReduce(*group_, flag, c10d::ReduceOp::MIN)->wait();
     first_different = flag.item<int64_t>();
   } catch (const std::exception& e) {

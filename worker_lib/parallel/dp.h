@@ -47,6 +47,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +86,10 @@ class DataParallel {
   // PyTorch's DDP does: grads are averaged when backward() returns. Default
   // off (the caller calls SyncGradients).
   void set_sync_at_backward_end(bool on) { sync_at_backward_end_ = on; }
+  // Runs `fn` at the end of every backward that gave one of the params a
+  // grad (after the sync above, when on), under no_sync too. Collective
+  // work in it runs on every rank at the same point.
+  void set_at_backward_end(std::function<void()> fn) { at_backward_end_ = std::move(fn); }
 
   // Whether the next backwards start the buckets' all-reduces (default
   // true). Off: grads only accumulate, SyncGradients does all the work.
@@ -123,6 +128,9 @@ class DataParallel {
   void StartBucket(Bucket& bucket);
   // Starts buckets in order while they are full.
   void StartReadyBuckets();
+  // Queues the end-of-backward callback (sync, at_backward_end_) once per
+  // backward, if either is wanted.
+  void QueueBackwardEnd();
   // No param ready, no bucket started: the state between backwards.
   void ResetBackwardState();
 
@@ -143,6 +151,7 @@ class DataParallel {
   bool sync_during_backward_ = true;
   bool sync_at_backward_end_ = false;
   bool end_callback_queued_ = false;
+  std::function<void()> at_backward_end_;
   size_t next_bucket_ = 0;  // the first bucket whose all-reduce has not started
   int started_in_backward_ = 0;
   int last_started_in_backward_ = 0;

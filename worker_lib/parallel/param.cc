@@ -135,4 +135,8 @@ at::Tensor FullTensor(const Param& param) {
   return GatherSteps(param.data(), param.global_shape(), param.steps(), param.groups());
 }
 
+at::Device DeviceOf(const std::vector<std::shared_ptr<Param>>& params) {
+  return params.empty() ? at::Device(at::kCPU) : params[0]->data().device();
+}
+
 }  // namespace meshrun::worker::parallel

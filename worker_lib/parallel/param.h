@@ -111,6 +111,10 @@ at::Tensor GatherSteps(const at::Tensor& local, const std::vector<int64_t>& glob
 // it. Collective over the param's groups.
 at::Tensor FullTensor(const Param& param);
 
+// Where collectives over `params` put their own small tensors (flags,
+// counts): the params' device, as NCCL takes CUDA tensors only; CPU for none.
+at::Device DeviceOf(const std::vector<std::shared_ptr<Param>>& params);
+
 // all_gather of equal-shaped tensors along `dim` (gloo and others).
 at::Tensor AllGatherAlong(c10d::ProcessGroup& group, const at::Tensor& local, int dim);
 

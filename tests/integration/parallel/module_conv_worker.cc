@@ -7,9 +7,18 @@
 // the root) or HSDP against the same net in one process (every step's loss
 // and the final parameters within rtol 1e-5, AdamW).
 //
+// ddp_batchnorm: the net with a BatchNorm2d after its first conv, under DDP.
+// Each rank normalises with its own rows' statistics, so the reference is
+// DDP's semantics in one process: each step runs every rank's rows in turn
+// from rank 0's buffers (DDP's broadcast_buffers), averages their grads and
+// keeps the buffers rank 0's rows left. Every rank's buffers must equal the
+// reference's at the end, and so must a loss in eval mode (which reads
+// them).
+//
 //   meshrun --standalone --nproc-per-node=4 module_conv_worker --layout fsdp
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
@@ -33,16 +42,23 @@ constexpr int64_t kBatch = 16, kClasses = 10, kSide = 12;
 constexpr uint64_t kSeed = 3;
 
 struct ConvNetImpl : torch::nn::Module {
-  ConvNetImpl()
-      : conv1(register_module("conv1",
-                              torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 6, 3)))),
+  explicit ConvNetImpl(bool batch_norm)
+      // No bias before a BatchNorm (which removes it): its grads would be
+      // rounding noise, which AdamW would scale up to whole steps.
+      : conv1(register_module(
+            "conv1",
+            torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 6, 3).bias(!batch_norm)))),
         conv2(register_module(
             "conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(6, 8, 3).padding(1)))),
         fc1(register_module("fc1", torch::nn::Linear(8 * 2 * 2, 24))),
-        fc2(register_module("fc2", torch::nn::Linear(24, kClasses))) {}
+        fc2(register_module("fc2", torch::nn::Linear(24, kClasses))) {
+    if (batch_norm) bn1 = register_module("bn1", torch::nn::BatchNorm2d(6));
+  }
 
   at::Tensor forward(at::Tensor x) {
-    x = torch::relu(torch::max_pool2d(conv1->forward(x), 2));  // 12 -> 10 -> 5
+    x = conv1->forward(x);
+    if (bn1) x = bn1->forward(x);
+    x = torch::relu(torch::max_pool2d(x, 2));                  // 12 -> 10 -> 5
     x = torch::relu(torch::max_pool2d(conv2->forward(x), 2));  // 5 -> 5 -> 2
     x = x.view({-1, 8 * 2 * 2});
     x = torch::relu(fc1->forward(x));
@@ -51,12 +67,25 @@ struct ConvNetImpl : torch::nn::Module {
 
   torch::nn::Conv2d conv1, conv2;
   torch::nn::Linear fc1, fc2;
+  torch::nn::BatchNorm2d bn1{nullptr};
 };
 TORCH_MODULE(ConvNet);
 
-ConvNet MakeNet() {
+ConvNet MakeNet(bool batch_norm) {
   torch::manual_seed(kSeed);
-  return ConvNet();
+  return ConvNet(batch_norm);
+}
+
+std::vector<at::Tensor> CloneBuffers(ConvNet& net) {
+  std::vector<at::Tensor> copies;
+  for (const at::Tensor& buffer : net->buffers()) copies.push_back(buffer.clone());
+  return copies;
+}
+
+void SetBuffers(ConvNet& net, const std::vector<at::Tensor>& values) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> buffers = net->buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(values[i]);
 }
 
 torch::optim::AdamWOptions Adam() {
@@ -90,33 +119,58 @@ int Train(const std::string& layout, int steps) {
   ProcessGroupPtr replicate = ValueOrFail(mesh.GetGroup("replicate"), "replicate group");
   ProcessGroupPtr shard = ValueOrFail(mesh.GetGroup("shard"), "shard group");
 
+  const bool batch_norm = layout == "ddp_batchnorm";
   std::vector<double> reference_losses;
   std::map<std::string, at::Tensor> reference_params;
+  std::vector<at::Tensor> reference_buffers;
+  double reference_eval_loss = 0;
   {
-    ConvNet net = MakeNet();
+    ConvNet net = MakeNet(batch_norm);
     torch::optim::AdamW optimizer(net->parameters(), Adam());
     for (int step = 0; step < steps; ++step) {
       auto [images, labels] = Images(step);
       optimizer.zero_grad();
-      at::Tensor loss = Loss(net, images, labels);
-      loss.backward();
+      if (!batch_norm) {
+        at::Tensor loss = Loss(net, images, labels);
+        loss.backward();
+        reference_losses.push_back(loss.item<double>());
+      } else {
+        // DDP's step, rank by rank: each from rank 0's buffers.
+        const std::vector<at::Tensor> from = CloneBuffers(net);
+        std::vector<at::Tensor> rank0_left;
+        double sum = 0;
+        for (int r = 0; r < n; ++r) {
+          SetBuffers(net, from);
+          at::Tensor loss = Loss(net, DataShard(images, n, r), DataShard(labels, n, r));
+          (loss / n).backward();
+          sum += loss.item<double>();
+          if (r == 0) rank0_left = CloneBuffers(net);
+        }
+        SetBuffers(net, rank0_left);
+        reference_losses.push_back(sum / n);
+      }
       optimizer.step();
-      reference_losses.push_back(loss.item<double>());
     }
     for (const auto& item : net->named_parameters())
       reference_params[item.key()] = item.value().detach().clone();
+    reference_buffers = CloneBuffers(net);
+    if (batch_norm) {
+      net->eval();
+      auto [images, labels] = Images(steps);
+      reference_eval_loss = Loss(net, images, labels).item<double>();
+    }
   }
 
-  ConvNet net = MakeNet();
+  ConvNet net = MakeNet(batch_norm);
   std::unique_ptr<DistributedDataParallel> ddp;
   if (layout == "fsdp" || layout == "hsdp") {
     for (const auto& child : net->children())
       CheckOk(FullyShard(*child, "shard", shard), "FullyShard(child)");
     CheckOk(FullyShard(*net, "shard", shard), "FullyShard(root)");
   }
-  if (layout == "ddp" || layout == "hsdp")
+  if (layout == "ddp" || layout == "hsdp" || batch_norm)
     ddp = ValueOrFail(DistributedDataParallel::Wrap(*net, replicate), "Wrap");
-  if (layout != "ddp" && layout != "fsdp" && layout != "hsdp")
+  if (layout != "ddp" && layout != "fsdp" && layout != "hsdp" && !batch_norm)
     Fail("unknown layout " + layout);
 
   torch::optim::AdamW optimizer(net->parameters(), Adam());
@@ -131,6 +185,19 @@ int Train(const std::string& layout, int steps) {
     if (rank == 0) std::printf("step %d loss %.6f\n", step, global);
   }
   ExpectModuleParams(*net, reference_params);
+  if (batch_norm) {
+    const std::vector<at::Tensor> buffers = net->buffers();
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (!at::allclose(buffers[i].to(at::kDouble), reference_buffers[i].to(at::kDouble),
+                        1e-5, 1e-7))
+        Fail("rank " + std::to_string(rank) + ": buffer " + std::to_string(i) +
+             " is not rank 0's as DDP's broadcast_buffers leaves it");
+    }
+    net->eval();
+    auto [images, labels] = Images(steps);
+    ExpectClose("eval loss on rank " + std::to_string(rank),
+                Loss(net, images, labels).item<double>(), reference_eval_loss);
+  }
   std::printf("DONE rank %d\n", rank);
   std::fflush(stdout);
   return 0;
@@ -143,7 +210,7 @@ int main(int argc, char** argv) {
   CLI::App app{"A torch::nn conv net under DDP, FSDP or HSDP against one process"};
   std::string layout = "fsdp";
   int steps = 8;
-  app.add_option("--layout", layout, "ddp, fsdp or hsdp");
+  app.add_option("--layout", layout, "ddp, ddp_batchnorm, fsdp or hsdp");
   app.add_option("--steps", steps);
   CLI11_PARSE(app, argc, argv);
   return meshrun::worker::parallel::testing::Train(layout, steps);
