@@ -4,8 +4,9 @@
 // pre-norm blocks of causal self-attention and a GELU MLP, a final layer norm
 // and a linear head to the vocabulary. Nothing in it knows about meshrun:
 // the parallelisms are applied from outside (FullyShard, ParallelizeModule
-// with GptTpPlan, DistributedDataParallel, pipeline stages), as a user does
-// with their own model.
+// with GptTpPlan, DistributedDataParallel, pipeline stages of GptStage; or
+// all of them through ModuleTrainer with GptModel), as a user does with
+// their own model.
 //
 //   Gpt gpt(GptConfig{.vocab = 96, .context = 64, .dim = 128, .heads = 4, .layers = 4});
 //   at::Tensor logits = gpt->forward(tokens);            // [B, T] -> [B, T, vocab]
@@ -21,7 +22,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
+#include "worker_lib/parallel/module_trainer.h"
 #include "worker_lib/parallel/parallelize.h"
 
 namespace meshrun::worker::examples {
@@ -139,6 +142,69 @@ inline parallel::ParallelizePlan GptTpPlan(bool vocab_parallel_head = false) {
       {"blocks.*.mlp.fc1", ColwiseParallel()}, {"blocks.*.mlp.fc2", RowwiseParallel()}};
   if (vocab_parallel_head) plan.emplace_back("head", ColwiseParallel());
   return plan;
+}
+
+// A pipeline stage: parts [first, last] of the whole GPT, sharing its modules
+// (part 0 the embeddings, 1..layers the blocks, layers + 1 the final norm and
+// head), as TorchTitan cuts its models.
+struct GptStageImpl : torch::nn::Module {
+  GptStageImpl(const Gpt& gpt, int first_part, int last_part)
+      : first(first_part), last(last_part), whole(gpt) {
+    const int layers = static_cast<int>(gpt->blocks->size());
+    for (int part = first; part <= last; ++part) {
+      if (part == 0) {
+        register_module("tok", gpt->tok);
+        register_module("pos", gpt->pos);
+      } else if (part <= layers) {
+        register_module("block" + std::to_string(part - 1), (*gpt->blocks)[part - 1]);
+      } else {
+        register_module("ln_f", gpt->ln_f);
+        register_module("head", gpt->head);
+      }
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    const int layers = static_cast<int>(whole->blocks->size());
+    for (int part = first; part <= last; ++part) {
+      if (part == 0) {
+        x = whole->tok->forward(x) +
+            whole->pos->forward(at::arange(x.size(1), x.options()));
+      } else if (part <= layers) {
+        x = (*whole->blocks)[part - 1]->as<GptBlockImpl>()->forward(x);
+      } else {
+        x = whole->head->forward(whole->ln_f->forward(x));
+      }
+    }
+    return x;
+  }
+  int first, last;
+  Gpt whole{nullptr};
+};
+TORCH_MODULE(GptStage);
+
+// The cross-entropy of logits [B, T, vocab] against targets [B, T].
+inline at::Tensor GptLoss(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.flatten(0, 1), targets.flatten());
+}
+
+// What ModuleTrainer needs of the GPT: every block a FullyShard unit,
+// GptTpPlan (with `vocab_parallel_head`, LossParallel on the head's slices),
+// its parts for pipeline stages.
+inline parallel::ModuleModel GptModel(const Gpt& gpt, bool vocab_parallel_head) {
+  parallel::ModuleModel model;
+  model.root = gpt.ptr();
+  for (const auto& block : *gpt->blocks) model.shard_units.push_back(block);
+  model.tp_plan = GptTpPlan(vocab_parallel_head);
+  model.vocab_parallel_output = vocab_parallel_head;
+  model.forward = [impl = gpt.ptr()](const at::Tensor& tokens) {
+    return impl->forward(tokens);
+  };
+  model.loss = GptLoss;
+  model.num_parts = static_cast<int>(gpt->blocks->size()) + 2;
+  model.stage_of = [gpt](int first, int last) {
+    return torch::nn::AnyModule(GptStage(gpt, first, last));
+  };
+  return model;
 }
 
 }  // namespace meshrun::worker::examples

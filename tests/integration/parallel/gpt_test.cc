@@ -20,9 +20,18 @@ using testing::RunUnderMeshrun;
 
 constexpr int kSteps = 8;
 
+// With the layouts ModuleTrainer refuses, before any collective.
 TEST(GptTest, TensorParallelMatchesSingleProcess) {
-  MeshrunRun run = RunUnderMeshrun(2, "gpt_worker", {"--layout", "tp"});
+  MeshrunRun run = RunUnderMeshrun(2, "gpt_worker", {"--layout", "tp", "--refusals"});
   ExpectTrained(run, 2, kSteps);
+  EXPECT_TRUE(Contains(run.output,
+                       "REFUSED INVALID_ARGUMENT: ModuleTrainer: layout dp=3 fsdp=1 pp=1 "
+                       "tp=1 needs 3 ranks, the world has 2"))
+      << run.output;
+  EXPECT_TRUE(Contains(run.output,
+                       "REFUSED INVALID_ARGUMENT: ModuleTrainer: 10 pipeline stages need "
+                       "a model of at least 10 parts and a stage_of; it has 4"))
+      << run.output;
 }
 
 TEST(GptTest, FsdpWithTensorParallelMatchesSingleProcess) {

@@ -33,7 +33,6 @@
 //
 //   meshrun --standalone --nproc-per-node=4 gpt_worker --layout fsdp_tp
 
-#include <torch/nn/modules/container/any.h>
 #include <torch/optim/adamw.h>
 #include <torch/serialize.h>
 
@@ -44,20 +43,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 
 #include "tests/integration/parallel/module_checks.h"
 #include "tests/integration/parallel/parity_harness.h"
-#include "worker_lib/device_mesh.h"
 #include "worker_lib/examples/gpt.h"
 #include "worker_lib/examples/memory_usage.h"
 #include "worker_lib/parallel/batch_file.h"
 #include "worker_lib/parallel/data.h"
-#include "worker_lib/parallel/ddp.h"
-#include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/module_checkpoint.h"
 #include "worker_lib/parallel/module_params.h"
-#include "worker_lib/parallel/pp.h"
+#include "worker_lib/parallel/module_trainer.h"
 #include "worker_lib/parallel/transformer.h"
 #include "worker_lib/process_group.h"
 
@@ -79,7 +74,34 @@ struct Flags {
   std::string data, init, save_init, out;
   // Time the steps instead of checking them against one process.
   bool time_steps = false;
+  // First print what ModuleTrainer refuses (REFUSED lines on rank 0).
+  bool refusals = false;
 };
+
+std::unique_ptr<torch::optim::Optimizer> MakeAdamW(std::vector<at::Tensor> params) {
+  return std::make_unique<torch::optim::AdamW>(
+      std::move(params), torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
+}
+
+// Layouts ModuleTrainer::Create must refuse, before any collective: one
+// that does not fit the world, and more pipeline stages than the GPT has
+// parts.
+void PrintRefusals(const std::shared_ptr<World>& world, const Flags& flags, int rank) {
+  ModuleLayout too_big;
+  too_big.dp = world->size() + 1;
+  ModuleLayout too_many_stages;
+  too_many_stages.pp = world->size();
+  too_many_stages.pipeline = true;
+  too_many_stages.virtual_stages = static_cast<int>(flags.config.layers) + 3;
+  for (const ModuleLayout& layout : {too_big, too_many_stages}) {
+    torch::manual_seed(kSeed);
+    Gpt gpt(flags.config);
+    auto trainer =
+        ModuleTrainer::Create(world, layout, examples::GptModel(gpt, false), MakeAdamW);
+    if (trainer.ok()) Fail("ModuleTrainer took " + layout.ToString());
+    if (rank == 0) std::printf("REFUSED %s\n", trainer.status().ToString().c_str());
+  }
+}
 
 // The run's model and batches: the flags', on the worker's device.
 struct Setup {
@@ -97,14 +119,6 @@ Gpt MakeGpt(const Setup& setup) {
   return gpt;
 }
 
-torch::optim::AdamWOptions Adam() {
-  return torch::optim::AdamWOptions(3e-3).weight_decay(0.1);
-}
-
-at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets) {
-  return at::cross_entropy_loss(logits.flatten(0, 1), targets.flatten());
-}
-
 TokenBatch BatchOf(const Setup& setup, int step) {
   if (!setup.batches.empty()) {
     if (step >= static_cast<int>(setup.batches.size()))
@@ -117,74 +131,48 @@ TokenBatch BatchOf(const Setup& setup, int step) {
   return {data.tokens.to(setup.device), data.targets.to(setup.device)};
 }
 
-// The mesh's sizes for `layout` on n ranks.
-struct Sizes {
-  int dp = 1, fsdp = 1, pp = 1, tp = 1;
-};
-Sizes LayoutSizes(const std::string& layout, int n) {
+// The trainer's layout for `layout` on n ranks (parallelisms over groups of
+// one at world 1).
+ModuleLayout LayoutOf(const std::string& layout, int n, const Flags& flags,
+                      const WorkerDevice& on) {
   const int pair = std::min(2, n);
-  if (layout == "ddp") return {n, 1, 1, 1};
-  if (layout == "fsdp" || layout == "fsdp_noreshard") return {1, n, 1, 1};
-  if (layout == "hsdp") return {n / pair, pair, 1, 1};
-  if (layout == "tp") return {1, 1, 1, n};
-  if (layout == "fsdp_tp") return {1, n / pair, 1, pair};
-  if (layout.rfind("pp_", 0) == 0) return {1, 1, n, 1};
-  if (layout == "dp_tp_pp") {
-    const int pp = std::min(2, n / pair);
-    return {n / (pair * pp), 1, pp, pair};
+  ModuleLayout l;
+  l.device_type = on.mesh_type;
+  l.microbatches = flags.microbatches;
+  if (layout == "ddp") {
+    l.dp = n;
+    l.replicate = true;
+  } else if (layout == "fsdp" || layout == "fsdp_noreshard") {
+    l.fsdp = n;
+    l.fully_shard = true;
+    l.reshard_after_forward = layout == "fsdp";
+  } else if (layout == "hsdp") {
+    l.dp = n / pair;
+    l.fsdp = pair;
+    l.fully_shard = l.replicate = true;
+  } else if (layout == "tp") {
+    l.tp = n;
+    l.tensor_parallel = true;
+  } else if (layout == "fsdp_tp") {
+    l.fsdp = n / pair;
+    l.tp = pair;
+    l.fully_shard = l.tensor_parallel = true;
+  } else if (layout == "pp_gpipe" || layout == "pp_1f1b" || layout == "pp_interleaved") {
+    l.pp = n;
+    l.pipeline = true;
+    l.schedule = layout == "pp_gpipe"  ? Schedule::kGPipe
+                 : layout == "pp_1f1b" ? Schedule::kOneFOneB
+                                       : Schedule::kInterleaved1F1B;
+    l.virtual_stages = layout == "pp_interleaved" ? 2 : 1;
+  } else if (layout == "dp_tp_pp") {
+    l.tp = pair;
+    l.pp = std::min(2, n / pair);
+    l.dp = n / (pair * l.pp);
+    l.tensor_parallel = l.pipeline = l.replicate = true;
+  } else {
+    Fail("unknown layout " + layout);
   }
-  Fail("unknown layout " + layout);
-}
-
-// A pipeline stage: parts [first, last] of the whole GPT, sharing its modules
-// (part 0 the embeddings, 1..layers the blocks, layers + 1 the final norm and
-// head).
-struct GptStageImpl : torch::nn::Module {
-  GptStageImpl(const Gpt& gpt, int first_part, int last_part)
-      : first(first_part), last(last_part), whole(gpt) {
-    const int layers = static_cast<int>(gpt->blocks->size());
-    for (int part = first; part <= last; ++part) {
-      if (part == 0) {
-        register_module("tok", gpt->tok);
-        register_module("pos", gpt->pos);
-      } else if (part <= layers) {
-        register_module("block" + std::to_string(part - 1), (*gpt->blocks)[part - 1]);
-      } else {
-        register_module("ln_f", gpt->ln_f);
-        register_module("head", gpt->head);
-      }
-    }
-  }
-  at::Tensor forward(at::Tensor x) {
-    const int layers = static_cast<int>(whole->blocks->size());
-    for (int part = first; part <= last; ++part) {
-      if (part == 0) {
-        x = whole->tok->forward(x) +
-            whole->pos->forward(at::arange(x.size(1), x.options()));
-      } else if (part <= layers) {
-        x = (*whole->blocks)[part - 1]->as<GptBlockImpl>()->forward(x);
-      } else {
-        x = whole->head->forward(whole->ln_f->forward(x));
-      }
-    }
-    return x;
-  }
-  int first, last;
-  Gpt whole{nullptr};
-};
-TORCH_MODULE(GptStage);
-
-// The parts [first, last] of each of `stages` stages, as even as they go.
-std::vector<std::pair<int, int>> CutParts(int parts, int stages) {
-  if (stages > parts) Fail("more pipeline stages than the GPT's parts");
-  std::vector<std::pair<int, int>> cut;
-  int first = 0;
-  for (int s = 0; s < stages; ++s) {
-    const int count = parts / stages + (s < parts % stages ? 1 : 0);
-    cut.emplace_back(first, first + count - 1);
-    first += count;
-  }
-  return cut;
+  return l;
 }
 
 struct Reference {
@@ -195,36 +183,18 @@ struct Reference {
 Reference TrainReference(const Setup& setup, int steps) {
   Reference reference;
   Gpt gpt = MakeGpt(setup);
-  torch::optim::AdamW optimizer(gpt->parameters(), Adam());
+  std::unique_ptr<torch::optim::Optimizer> optimizer = MakeAdamW(gpt->parameters());
   for (int step = 0; step < steps; ++step) {
     TokenBatch data = BatchOf(setup, step);
-    optimizer.zero_grad();
-    at::Tensor loss = CrossEntropy(gpt->forward(data.tokens), data.targets);
+    optimizer->zero_grad();
+    at::Tensor loss = examples::GptLoss(gpt->forward(data.tokens), data.targets);
     loss.backward();
-    optimizer.step();
+    optimizer->step();
     reference.losses.push_back(loss.item<double>());
   }
   for (const auto& item : gpt->named_parameters())
     reference.params[item.key()] = item.value().detach().clone();
   return reference;
-}
-
-// The full values of the parameters this rank trains (its stages' when
-// pipelined), by the whole GPT's names. Collective over their groups.
-std::map<std::string, at::Tensor> FinalParams(const Gpt& gpt,
-                                              const std::optional<PipelineStage>& stage) {
-  std::map<std::string, at::Tensor> full;
-  const std::vector<at::Tensor> leaves =
-      stage ? stage->Leaves() : std::vector<at::Tensor>{};
-  for (const auto& item : gpt->named_parameters()) {
-    if (stage && std::none_of(leaves.begin(), leaves.end(), [&](const at::Tensor& leaf) {
-          return leaf.is_same(item.value());
-        }))
-      continue;
-    const std::shared_ptr<Param> param = ParamOf(item.value());
-    full[item.key()] = (param ? FullTensor(*param) : item.value()).detach().cpu();
-  }
-  return full;
 }
 
 // --out: DIR/cpp-rank<R>.pt, a pickled {"params": {name: tensor}} (and
@@ -257,18 +227,8 @@ int Train(const Flags& flags, const WorkerDevice& on) {
   }
   auto world = ValueOrFail(InitProcessGroup(on.backend), "init");
   const int rank = world->rank();
-  const Sizes sizes = LayoutSizes(layout, world->size());
-  auto mesh = ValueOrFail(
-      InitDeviceMesh(world, on.mesh_type, {sizes.dp, sizes.fsdp, sizes.pp, sizes.tp},
-                     {{"dp", "fsdp", "pp", "tp"}}),
-      "mesh");
-  auto group = [&](const std::string& name) {
-    return ValueOrFail(mesh.GetGroup(name), name + " group");
-  };
-  ProcessGroupPtr dp = group("dp"), fsdp = group("fsdp"), pp = group("pp");
-  // Ranks on their own rows: dp x fsdp (tp and pp ranks share theirs).
-  const int data_parts = sizes.dp * sizes.fsdp;
-  const int data_index = dp->getRank() * sizes.fsdp + fsdp->getRank();
+  if (flags.refusals) PrintRefusals(world, flags, rank);
+  const ModuleLayout trainer_layout = LayoutOf(layout, world->size(), flags, on);
   // --time-steps: no single-process reference (its time and memory are
   // not the layout's).
   const Reference reference =
@@ -276,82 +236,24 @@ int Train(const Flags& flags, const WorkerDevice& on) {
   const double rss_before_model = examples::RssMb();
 
   Gpt gpt = MakeGpt(setup);
-  const bool tp = layout == "tp" || layout == "fsdp_tp" || layout == "dp_tp_pp";
-  const bool sharded = layout == "fsdp" || layout == "fsdp_noreshard" ||
-                       layout == "hsdp" || layout == "fsdp_tp";
-  const bool pipelined = layout.rfind("pp_", 0) == 0 || layout == "dp_tp_pp";
-  // The loss of the logits a rank holds: its vocabulary slice under TP.
-  LossFn loss_fn = CrossEntropy;
-  if (tp) {
-    CheckOk(ParallelizeModule(*gpt, "tp", group("tp"),
-                              examples::GptTpPlan(/*vocab_parallel_head=*/true)),
-            "TP");
-    loss_fn = [tp_group = group("tp")](const at::Tensor& logits,
-                                       const at::Tensor& targets) {
-      return LossParallel(logits, targets, tp_group);
-    };
-  }
-  if (sharded) {
-    const FsdpOptions options{/*reshard_after_forward=*/layout != "fsdp_noreshard"};
-    for (const auto& block : *gpt->blocks)
-      CheckOk(FullyShard(*block, "fsdp", fsdp, options), "FullyShard(block)");
-    CheckOk(FullyShard(*gpt, "fsdp", fsdp, options), "FullyShard(root)");
-  }
-  std::vector<std::unique_ptr<DistributedDataParallel>> replicas;
-  if (layout == "ddp" || layout == "hsdp")
-    replicas.push_back(ValueOrFail(DistributedDataParallel::Wrap(*gpt, dp), "Wrap"));
-
-  std::optional<PipelineStage> stage;
-  Schedule schedule = Schedule::kOneFOneB;
-  if (pipelined) {
-    if (layout == "pp_gpipe") schedule = Schedule::kGPipe;
-    if (layout == "pp_interleaved") schedule = Schedule::kInterleaved1F1B;
-    const int chunks = schedule == Schedule::kInterleaved1F1B ? 2 : 1;
-    const auto parts =
-        CutParts(static_cast<int>(flags.config.layers) + 2, sizes.pp * chunks);
-    std::vector<torch::nn::AnyModule> modules;
-    for (int c = 0; c < chunks; ++c) {
-      const auto [first, last] = parts[static_cast<size_t>(c * sizes.pp + pp->getRank())];
-      GptStage module(gpt, first, last);
-      if (layout == "dp_tp_pp")
-        replicas.push_back(
-            ValueOrFail(DistributedDataParallel::Wrap(*module, dp), "Wrap"));
-      modules.emplace_back(module);
-    }
-    stage = ValueOrFail(MakeStage(std::move(modules), pp), "MakeStage");
-    if (rank == 0) std::printf("STAGES %s\n", stage->Describe().c_str());
+  auto trainer =
+      ValueOrFail(ModuleTrainer::Create(
+                      world, trainer_layout,
+                      examples::GptModel(gpt, /*vocab_parallel_head=*/true), MakeAdamW),
+                  "ModuleTrainer");
+  if (rank == 0) {
+    std::printf("LAYOUT %s\n", trainer_layout.ToString().c_str());
+    if (trainer->stage())
+      std::printf("STAGES %s\n", trainer->stage()->Describe().c_str());
   }
 
-  torch::optim::AdamW optimizer(pipelined ? stage->Leaves() : gpt->parameters(), Adam());
   std::vector<double> losses, step_ms;
   for (int step = 0; step < steps; ++step) {
     const TokenBatch data = BatchOf(setup, step);
-    const at::Tensor tokens = DataShard(data.tokens, data_parts, data_index);
-    const at::Tensor targets = DataShard(data.targets, data_parts, data_index);
     // As train_example --time-steps: from a barrier to the step's global loss.
     if (flags.time_steps) world->group()->barrier()->wait();
     const auto start = std::chrono::steady_clock::now();
-    optimizer.zero_grad();
-    at::Tensor loss;
-    if (pipelined) {
-      // A backward per microbatch: DDP averages once, after the schedule.
-      std::vector<DistributedDataParallel::NoSync> no_sync;
-      for (auto& replica : replicas) no_sync.push_back(replica->no_sync());
-      const double value = ValueOrFail(
-          RunStep(*stage, schedule, flags.microbatches, tokens, targets, loss_fn),
-          "step");
-      loss = at::full({}, value, at::TensorOptions(at::kDouble).device(on.device));
-    } else {
-      loss = loss_fn(gpt->forward(tokens), targets);
-      loss.backward();
-    }
-    if (pipelined) {
-      for (auto& replica : replicas) replica->SyncGradients();
-    }
-    optimizer.step();
-    // tp and pp ranks hold their rows' loss too: the world's mean is the
-    // data ranks'.
-    const double global = MeanOver(*world->group(), loss);
+    const double global = ValueOrFail(trainer->Step(data.tokens, data.targets), "step");
     step_ms.push_back(std::chrono::duration<double, std::milli>(
                           std::chrono::steady_clock::now() - start)
                           .count());
@@ -366,15 +268,15 @@ int Train(const Flags& flags, const WorkerDevice& on) {
     if (rank == 0) std::printf("%s\n", line.c_str());
     return 0;
   }
-  const std::map<std::string, at::Tensor> final_params = FinalParams(gpt, stage);
+  const std::map<std::string, at::Tensor> final_params = trainer->FullParams();
   if (final_params.size() !=
-      (pipelined ? stage->Leaves().size() : reference.params.size()))
+      (trainer->stage() ? trainer->stage()->Leaves().size() : reference.params.size()))
     Fail("a trained parameter is not the GPT's");
   for (const auto& [name, value] : final_params)
     ExpectClose("final " + name, value, reference.params.at(name).cpu());
   // The first rank of each stage's (dp, fsdp, tp) group writes its stage's.
-  if (!flags.out.empty() && dp->getRank() == 0 && fsdp->getRank() == 0 &&
-      group("tp")->getRank() == 0)
+  if (!flags.out.empty() && trainer->group("dp")->getRank() == 0 &&
+      trainer->group("fsdp")->getRank() == 0 && trainer->group("tp")->getRank() == 0)
     WriteOut(flags.out, rank, final_params, losses);
   std::printf("DONE rank %d layout %s device %s\n", rank, layout.c_str(),
               on.device.str().c_str());
@@ -391,6 +293,8 @@ int main(int argc, char** argv) {
   Flags flags;
   std::string device = "cpu";
   app.add_option("--layout", flags.layout);
+  app.add_flag("--refusals", flags.refusals,
+               "first print the layouts ModuleTrainer refuses (rank 0)");
   app.add_option("--steps", flags.steps);
   app.add_option("--device", device, "cpu (Gloo) or cuda (NCCL, the GPU of LOCAL_RANK)");
   app.add_option("--microbatches", flags.microbatches);
