@@ -45,7 +45,7 @@
 #include "worker_lib/parallel/module_fault_tolerance.h"
 #include "worker_lib/parallel/parallelize.h"
 #include "worker_lib/parallel/pp.h"
-#include "worker_lib/parallel/trainer.h"  // ReplicaGradientSync (moves here with it)
+#include "worker_lib/parallel/replica_sync.h"
 #include "worker_lib/process_group.h"
 
 namespace meshrun::worker::parallel {

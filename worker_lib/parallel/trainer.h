@@ -32,6 +32,7 @@
 #include "worker_lib/device_mesh.h"
 #include "worker_lib/parallel/layers.h"
 #include "worker_lib/parallel/pp_schedule.h"
+#include "worker_lib/parallel/replica_sync.h"
 #include "worker_lib/process_group.h"
 
 namespace meshrun::worker::parallel {
@@ -76,18 +77,6 @@ using BatchFn = std::function<std::pair<at::Tensor, at::Tensor>(int64_t step)>;
 std::vector<double> TrainSingleProcess(TrainModel& model, const BatchFn& batch_of,
                                        int64_t first_step, int steps, double lr,
                                        double momentum = 0);
-
-// Gradient averaging across data-parallel replicas outside the trainer's
-// world (fault-tolerant replicas, fault_tolerant.h): after the world's own
-// gradient sync, before the optimizer step.
-class ReplicaGradientSync {
- public:
-  virtual ~ReplicaGradientSync() = default;
-  // Averages every param's grad and `*loss` over the step's replicas; false:
-  // the step is discarded everywhere (no update).
-  virtual absl::StatusOr<bool> Sync(const std::vector<std::shared_ptr<Param>>& params,
-                                    double* loss) = 0;
-};
 
 struct ParallelLayout {
   int pp = 1;
