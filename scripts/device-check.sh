@@ -103,11 +103,14 @@ run_check() {
     say "SKIP multi-GPU layouts: $gpus GPU (NCCL puts one rank on a GPU)"
   fi
 
-  # Step time on one GPU: meshrun's module API against PyTorch's, alternating.
+  # Step time on one GPU: meshrun's module API against PyTorch's, alternating,
+  # BENCH_ROUNDS times (2; 0 skips it, when device time is short).
+  local rounds=${BENCH_ROUNDS:-2}
+  [ "$rounds" -gt 0 ] || { say "bench skipped (BENCH_ROUNDS=0)"; return "$failed"; }
   local model=(--vocab 96 --context 256 --dim 512 --heads 8 --layers 8 --batch 16
                --steps 30 --warmup 5 --device cuda)
   local layout round
-  for round in 1 2; do
+  for round in $(seq "$rounds"); do
     for layout in none ddp fsdp; do
       timeout 300 "${torchrun[@]}" --nproc-per-node=1 "$build/bin/gpt_step_bench" \
         --layout "$layout" "${model[@]}" >> "$out/bench.log" 2>&1 || say "bench meshrun $layout failed"
@@ -116,7 +119,7 @@ run_check() {
         >> "$out/bench.log" 2>&1 || say "bench torch $layout failed"
     done
   done
-  say "bench: GPT dim 512, 8 layers, 8 heads, context 256, batch 16, fp32 AdamW, 30 steps after 5, 2 rounds"
+  say "bench: GPT dim 512, 8 layers, 8 heads, context 256, batch 16, fp32 AdamW, 30 steps after 5, $rounds rounds"
   "$python" - "$out/bench.log" <<'PY' | tee -a "$summary"
 import re, statistics, sys
 runs = {}
