@@ -35,8 +35,7 @@ absl::Status Validate(const ModuleLayout& layout, const ModuleModel& model, int 
   }
   if (model.root == nullptr || !model.forward || !model.loss)
     return absl::InvalidArgumentError(
-        "ModuleTrainer: the model needs a root, a forward "
-        "and a loss");
+        "ModuleTrainer: the model needs a root, a forward and a loss");
   if (layout.pipeline) {
     const int stages = layout.pp * layout.virtual_stages;
     if (!model.stage_of || model.num_parts < stages) {
@@ -44,6 +43,9 @@ absl::Status Validate(const ModuleLayout& layout, const ModuleModel& model, int 
           "ModuleTrainer: ", stages, " pipeline stages need a model of at least ", stages,
           " parts and a stage_of; it has ", model.num_parts));
     }
+    // Not yet: FSDP's units across the stages' modules (FSDP2 + PP).
+    if (layout.fully_shard)
+      return absl::UnimplementedError("ModuleTrainer: FullyShard with pipeline stages");
   } else if (layout.pp != 1 || layout.virtual_stages != 1) {
     return absl::InvalidArgumentError(
         "ModuleTrainer: pp and virtual_stages are the pipeline's: set pipeline");

@@ -99,8 +99,9 @@ class ModuleTrainer {
       std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
 
   // Builds the mesh and parallelises `model` in place. INVALID_ARGUMENT for a
-  // layout the world or the model cannot take (naming what); the
-  // parallelisms' own errors otherwise. Collective.
+  // layout the world or the model cannot take (naming what), UNIMPLEMENTED
+  // for FullyShard or fault-tolerant replicas with pipeline stages (not
+  // yet); the parallelisms' own errors otherwise. Collective.
   // `replica_sync`: not owned; null for none; not with pipelines.
   static absl::StatusOr<std::unique_ptr<ModuleTrainer>> Create(
       std::shared_ptr<World> world, const ModuleLayout& layout, ModuleModel model,
