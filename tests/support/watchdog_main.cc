@@ -69,57 +69,61 @@ void PrintStacks(pid_t pid) {
     std::fprintf(stderr, "watchdog: gdb could not read pid %d\n", pid);
 }
 
+// What the watchdog's thread reads. Never freed: gtest destroys its
+// listeners at exit, while the detached thread still runs.
+struct WatchState {
+  explicit WatchState(std::chrono::seconds seconds) : limit(seconds) {}
+  const std::chrono::seconds limit;
+  std::mutex mu;
+  std::condition_variable wake;  // only for its timed wait
+  std::string test;              // guarded by mu, as the two below
+  Clock::time_point started;
+  bool running = false;
+};
+
+constexpr size_t kMostStacks = 5;
+
+void Watch(WatchState* state) {
+  std::unique_lock<std::mutex> lock(state->mu);
+  while (true) {
+    state->wake.wait_for(lock, std::chrono::seconds(1));
+    if (!state->running || Clock::now() - state->started < state->limit) continue;
+    const std::string test = state->test;
+    lock.unlock();
+    std::fprintf(stderr,
+                 "watchdog: %s still running after %lld s; stacks follow, then abort\n",
+                 test.c_str(), static_cast<long long>(state->limit.count()));
+    std::fflush(stderr);
+    const std::vector<pid_t> below = DescendantsOf(getpid());
+    PrintState(getpid());
+    for (pid_t pid : below) PrintState(pid);
+    // The test and the first few below it (gdb takes seconds a process).
+    PrintStacks(getpid());
+    for (size_t i = 0; i < below.size() && i < kMostStacks; ++i) PrintStacks(below[i]);
+    // None is left behind holding ctest's output pipe open.
+    for (pid_t pid : below) kill(pid, SIGKILL);
+    std::abort();
+  }
+}
+
 class Watchdog : public testing::EmptyTestEventListener {
  public:
-  explicit Watchdog(std::chrono::seconds limit) : limit_(limit) {
-    thread_ = std::thread([this] { Watch(); });
-    thread_.detach();  // lives as long as the process
+  explicit Watchdog(WatchState* state) : state_(state) {
+    std::thread(Watch, state_).detach();  // lives as long as the process
   }
-
   void OnTestStart(const testing::TestInfo& info) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    test_ = std::string(info.test_suite_name()) + "." + info.name();
-    started_ = Clock::now();
-    running_ = true;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->test = std::string(info.test_suite_name()) + "." + info.name();
+    state_->started = Clock::now();
+    state_->running = true;
   }
   void OnTestEnd(const testing::TestInfo&) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    running_ = false;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->running = false;
   }
 
  private:
-  void Watch() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      wake_.wait_for(lock, std::chrono::seconds(1));
-      if (!running_ || Clock::now() - started_ < limit_) continue;
-      const std::string test = test_;
-      lock.unlock();
-      std::fprintf(stderr,
-                   "watchdog: %s still running after %lld s; stacks follow, then "
-                   "abort\n",
-                   test.c_str(), static_cast<long long>(limit_.count()));
-      std::fflush(stderr);
-      const std::vector<pid_t> below = DescendantsOf(getpid());
-      PrintState(getpid());
-      for (pid_t pid : below) PrintState(pid);
-      // The test and the first few below it (gdb takes seconds a process).
-      PrintStacks(getpid());
-      for (size_t i = 0; i < below.size() && i < kMostStacks; ++i) PrintStacks(below[i]);
-      // None is left behind holding ctest's output pipe open.
-      for (pid_t pid : below) kill(pid, SIGKILL);
-      std::abort();
-    }
-  }
-
-  static constexpr size_t kMostStacks = 5;
-  const std::chrono::seconds limit_;
-  std::mutex mu_;
-  std::condition_variable wake_;  // only for its timed wait
-  std::string test_;
-  Clock::time_point started_;
-  bool running_ = false;
-  std::thread thread_;
+  WatchState* state_;
 };
 
 }  // namespace
@@ -129,8 +133,8 @@ int main(int argc, char** argv) {
   if (const char* limit = std::getenv("MESHRUN_TEST_WATCHDOG_S")) {
     const long seconds = std::strtol(limit, nullptr, 10);
     if (seconds > 0) {
-      testing::UnitTest::GetInstance()->listeners().Append(
-          new Watchdog(std::chrono::seconds(seconds)));
+      static WatchState* const state = new WatchState(std::chrono::seconds(seconds));
+      testing::UnitTest::GetInstance()->listeners().Append(new Watchdog(state));
     }
   }
   return RUN_ALL_TESTS();
