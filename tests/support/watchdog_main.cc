@@ -100,8 +100,10 @@ void Watch(WatchState* state) {
     // The test and the first few below it (gdb takes seconds a process).
     PrintStacks(getpid());
     for (size_t i = 0; i < below.size() && i < kMostStacks; ++i) PrintStacks(below[i]);
-    // None is left behind holding ctest's output pipe open.
+    // None is left behind holding ctest's output pipe open, including those
+    // the test started while gdb read the stacks.
     for (pid_t pid : below) kill(pid, SIGKILL);
+    for (pid_t pid : DescendantsOf(getpid())) kill(pid, SIGKILL);
     std::abort();
   }
 }
