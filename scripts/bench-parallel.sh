@@ -106,7 +106,7 @@ if [ "$layouts" = 1 ]; then
     echo "  (world 4; dp_tp_pp world 8, pp 2 x dp 2 x tp 2), at the \"bench\" sizes unless --sizes says"
     echo "  otherwise. The same initial weights (train_example's) and batches on both sides."
     echo "- Every launch: \`meshrun --standalone --nproc-per-node=WORLD --no-python\` of either"
-    echo "  \`train_example --time-steps\` (meshrun's Trainer: dp.h, fsdp.h, tp.h, pp.h) or"
+    echo "  \`train_example --time-steps\` (the torch::nn MLP of mlp.h through ModuleTrainer) or"
     echo "  \`PYTHON tests/parity/torch_parallel.py --time-steps\` (DistributedDataParallel,"
     echo "  fully_shard, parallelize_module + loss_parallel, PipelineStage + ScheduleGPipe /"
     echo "  Schedule1F1B / ScheduleInterleaved1F1B, replicate), same launcher for both sides,"

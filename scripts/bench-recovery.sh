@@ -3,7 +3,7 @@
 # (train_example --fault-tolerant under --restart-scope=replica) against
 # meshrun's default full restart from the latest checkpoint and against
 # torchrun 2 with a torch.distributed.checkpoint reload
-# (bench/recovery/torch_ddp_recovery.py), all world 4 on the same transformer
+# (bench/recovery/torch_ddp_recovery.py), all world 4 on the same torch::nn GPT
 # and batch, in one run; records bench/recovery/results.md. See
 # bench/recovery/bench_recovery.py for what is measured and how.
 #
@@ -86,15 +86,15 @@ cat "$tmp/stdout"
   echo
   echo "- Setups, world 4 each (dp 4, one rank a replica), \`--standalone\`, OMP_NUM_THREADS=1:"
   echo "  - meshrun FT replicas: \`meshrun --no-python --restart-scope=replica --max-restarts=K"
-  echo "    train_example --model transformer ... --dp 4 --fault-tolerant\`: the survivors discard"
+  echo "    train_example --model gpt ... --dp 4 --fault-tolerant\`: the survivors discard"
   echo "    the step in progress and go on without the failed replica; only it restarts, and it"
   echo "    copies the state from a live replica at a later step's quorum."
   echo "  - meshrun full restart: \`meshrun --no-python --max-restarts=K train_example ... --dp 4"
   echo "    --checkpoint-dir D --checkpoint-every C\` (meshrun's default scope): every worker"
   echo "    restarts and resumes from the latest sharded checkpoint."
   echo "  - torchrun 2 + DCP: \`torchrun --max-restarts=K torch_ddp_recovery.py --checkpoint-dir D"
-  echo "    --checkpoint-every C\`: DDP over the same transformer (tests/parity/torch_parallel.py's"
-  echo "    modules), dcp.save of model + optimizer state every C steps, dcp.load of the latest on"
+  echo "    --checkpoint-every C\`: DDP over the same GPT (its Python twin,"
+  echo "    worker_lib/examples/gpt.py), dcp.save of model + optimizer state every C steps, dcp.load of the latest on"
   echo "    start; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, without which torch 2.15's restarted"
   echo "    gloo workers read the dead attempt's addresses from the shared store and fail."
   echo "- Failures: \`--kill-at-step F\` / \`--kill-every N\`, train_example's flags, the same in"

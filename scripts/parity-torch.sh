@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Golden parity of meshrun's C++ worker library with PyTorch 2's own
 # parallelisms (issues 16, 29): for each layout, the same model
-# (train_example's MLP and transformer LM, and gpt_worker's torch::nn GPT of
-# worker_lib/examples/gpt.h against its Python twin) trained from the same
+# (train_example's torch::nn MLP of worker_lib/examples/mlp.h, and
+# gpt_worker's torch::nn GPT of worker_lib/examples/gpt.h against its Python
+# twin) trained from the same
 # initial weights on the same batches by meshrun (under `meshrun --standalone
 # --no-python`) and by PyTorch (DDP, FSDP2, DTensor TP, pipelining under
 # `torchrun --standalone`, the control); one line per layout:
 #
 #   scripts/parity-torch.sh                 # every layout, 20 steps (~10-20 min loaded)
 #   scripts/parity-torch.sh tp fsdp_tp      # some
-#   ddp max_rel_diff=1.2e-07 (transformer 1.2e-07, mlp 5.9e-08; ...)
+#   ddp max_rel_diff=4.7e-08 (mlp 4.7e-08, gpt 3.1e-07; ...)
 #
 # X = the largest relative difference of the per-step losses and of the
 # final parameters (norm of the difference / norm of torch's, per tensor);

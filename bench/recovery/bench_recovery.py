@@ -4,11 +4,11 @@ meshrun's default full restart from a checkpoint vs torchrun 2 with a
 torch.distributed.checkpoint (DCP) reload (issue 18).
 
 Run by `scripts/bench-recovery.sh`. Three setups, all world 4 (dp 4, one
-rank a replica), the same transformer (tests/parity/layouts.py's SIZES[--sizes])
+rank a replica), the same GPT (tests/parity/layouts.py's SIZES[--sizes])
 and global batch, SGD without momentum, gloo on CPU, OMP_NUM_THREADS=1:
 
   ft       meshrun --standalone --nproc-per-node=4 --no-python --restart-scope=replica
-           --max-restarts=K train_example --model transformer ... --dp 4 --fault-tolerant
+           --max-restarts=K train_example --model gpt ... --dp 4 --fault-tolerant
   restart  meshrun --standalone --nproc-per-node=4 --no-python --max-restarts=K
            train_example ... --dp 4 --checkpoint-dir D --checkpoint-every C
            (meshrun's default: every worker restarts, resuming from the latest checkpoint)
@@ -395,19 +395,20 @@ class Analysis:
 
 
 def model_flags():
-    c = layouts.TRANSFORMER
-    flags = ["--model", "transformer", "--batch", str(layouts.BATCH), "--lr", str(layouts.LR)]
-    for key in ("vocab", "d_model", "heads", "d_ff", "layers", "seq"):
-        flags += [f"--{key.replace('_', '-')}", str(c[key])]
+    c = layouts.GPT
+    flags = ["--model", "gpt", "--batch", str(layouts.BATCH), "--lr", str(layouts.LR)]
+    for key in ("vocab", "context", "dim", "heads", "layers"):
+        flags += [f"--{key}", str(c[key])]
     return flags
 
 
 def parameter_bytes():
-    """fp32 bytes of the transformer's parameters (train_example's layers)."""
-    c = layouts.TRANSFORMER
-    d, ff, v = c["d_model"], c["d_ff"], c["vocab"]
-    block = 2 * d + 4 * (d * d + d) + 2 * d + (d * ff + ff) + (ff * d + d)
-    return 4 * (v * d + c["layers"] * block + 2 * d + d * v)
+    """fp32 bytes of the GPT's parameters (worker_lib/examples/gpt.h)."""
+    c = layouts.GPT
+    d, v = c["dim"], c["vocab"]
+    # Two layer norms, q k v o without biases, fc1 (d -> 4d) and fc2 with.
+    block = 2 * 2 * d + 4 * d * d + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    return 4 * (v * d + c["context"] * d + c["layers"] * block + 2 * d + d * v)
 
 
 def command(args, setup, steps, kill, checkpoint_dir, restarts):
@@ -684,7 +685,7 @@ def main():
         "--sizes",
         default="bench",
         choices=list(layouts.SIZES),
-        help="the transformer and batch (tests/parity/layouts.py SIZES)",
+        help="the GPT and batch (tests/parity/layouts.py SIZES)",
     )
     parser.add_argument("--steps", type=int, default=30, help="steps of a one-failure run")
     parser.add_argument(
@@ -789,12 +790,12 @@ def main():
             with open(args.raw, "w") as f:
                 f.write("\n".join(raw) + "\n")
 
-    c = layouts.TRANSFORMER
+    c = layouts.GPT
     mb = parameter_bytes() / 2**20
     print(
-        f'Model (layouts.SIZES["{args.sizes}"]): train_example\'s transformer LM, vocab '
-        f"{c['vocab']}, d_model {c['d_model']}, {c['heads']} heads, d_ff {c['d_ff']}, "
-        f"{c['layers']} blocks, seq {c['seq']}: {mb:.1f} MiB of fp32 parameters. Global "
+        f'Model (layouts.SIZES["{args.sizes}"]): train_example\'s torch::nn GPT, vocab '
+        f"{c['vocab']}, dim {c['dim']}, {c['heads']} heads, {c['layers']} blocks, "
+        f"context {c['context']}: {mb:.1f} MiB of fp32 parameters. Global "
         f"batch {layouts.BATCH} over world {WORLD} (dp {WORLD}), SGD lr {layouts.LR}, gloo, "
         f"OMP_NUM_THREADS={args.threads}. Checkpoint every C = {args.checkpoint_every} "
         f"steps (restart setups). {args.rounds} round(s), medians over rounds."

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch 2's side of the recovery benchmark (bench/recovery/bench_recovery.py):
-DDP training of train_example's transformer, checkpointed with
+DDP training of train_example's GPT, checkpointed with
 torch.distributed.checkpoint (DCP) and resumed from it after torchrun
 restarts every worker.
 
@@ -8,8 +8,8 @@ restarts every worker.
         bench/recovery/torch_ddp_recovery.py --sizes bench --steps 40 \
         --checkpoint-dir /tmp/ckpt --checkpoint-every 10 --kill-at-step 25
 
-The model is tests/parity/torch_parallel.py's (train_example's transformer
-LM, layer for layer) at tests/parity/layouts.py's sizes and global batch,
+The model is worker_lib/examples/gpt.py (the Python twin of train_example's
+torch::nn GPT, gpt.h) at tests/parity/layouts.py's sizes and global batch,
 trained with DistributedDataParallel (gloo) and SGD without momentum, as
 train_example trains it; each rank takes its contiguous quarter of the
 global batch. Initial weights and data are this script's own (seeded), not
@@ -51,12 +51,14 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "parity"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "worker_lib", "examples"))
 
 import layouts  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
-import torch_parallel  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from gpt import Gpt, GptConfig  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
@@ -74,10 +76,10 @@ def batch_of(step, seed):
     """The global batch of `step`: a function of (seed, step) only, so a
     restarted attempt trains step s on the same data as the first did. Token
     sequences mostly following an affine recurrence, as the parity data."""
-    c = layouts.TRANSFORMER
+    c = layouts.GPT
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    seq = torch.randint(0, c["vocab"], (layouts.BATCH, c["seq"] + 1), generator=g)
-    for t in range(1, c["seq"] + 1):
+    seq = torch.randint(0, c["vocab"], (layouts.BATCH, c["context"] + 1), generator=g)
+    for t in range(1, c["context"] + 1):
         keep = torch.rand(layouts.BATCH, generator=g) < 0.9
         seq[:, t] = torch.where(keep, (seq[:, t - 1] * 5 + 3) % c["vocab"], seq[:, t])
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
@@ -107,7 +109,7 @@ def main():
         "--sizes",
         default="bench",
         choices=list(layouts.SIZES),
-        help="the transformer's sizes and the global batch (layouts.SIZES)",
+        help="the GPT's sizes and the global batch (layouts.SIZES)",
     )
     parser.add_argument("--steps", type=int, default=10, help="training steps")
     parser.add_argument("--lr", type=float, default=layouts.LR, help="SGD learning rate")
@@ -159,9 +161,7 @@ def main():
         bad_flags(f"the global batch {layouts.BATCH} does not split over {world} ranks")
 
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(
-        torch_parallel.Layers(torch_parallel.make_layers("transformer"))
-    )
+    model = DistributedDataParallel(Gpt(GptConfig(**layouts.GPT)))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     if rank == 0:
         say(f"layout DDP x {world} (torch {torch.__version__})")
@@ -194,7 +194,7 @@ def main():
         x, y = batch_of(step, args.seed)
         x, y = x[rank * rows : (rank + 1) * rows], y[rank * rows : (rank + 1) * rows]
         optimizer.zero_grad()
-        loss = torch_parallel.loss_of("transformer", model(x), y)
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
         optimizer.step()
         total = loss.detach().reshape(1).to(torch.float64) / world

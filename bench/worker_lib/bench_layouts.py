@@ -4,12 +4,12 @@
 Run by `scripts/bench-parallel.sh --layouts`. For each layout of
 tests/parity/layouts.py (ddp, fsdp, fsdp_noreshard, hsdp, tp, fsdp_tp,
 pp_gpipe, pp_1f1b, pp_interleaved, dp_tp_pp) and each model it trains (the
-transformer LM and the MLP, at layouts.SIZES[--sizes]; with --models gpt the
-torch::nn GPT), trains the same model from the same initial weights on the
-same batches with
+torch::nn MLP, at layouts.SIZES[--sizes]; with --models gpt the torch::nn
+GPT), trains the same model from the same initial weights on the same
+batches with
 
   meshrun:  meshrun --standalone --no-python train_example --time-steps ...
-            (gpt: gpt_worker --time-steps, the torch::nn::Module API)
+            (gpt: gpt_worker --time-steps; both through ModuleTrainer)
   PyTorch:  meshrun --standalone --no-python PYTHON tests/parity/torch_parallel.py
             --time-steps ... (DDP, FSDP2, DTensor TP, pipelining; gloo)
             (gpt: tests/parity/torch_gpt.py --time-steps on the Python twin)
@@ -168,7 +168,7 @@ def main():
     parser.add_argument(
         "--python", default=sys.executable, help="runs torch_parallel.py (the venv's python3)"
     )
-    parser.add_argument("--models", default="transformer,mlp")
+    parser.add_argument("--models", default="mlp")
     parser.add_argument("--sizes", default="bench", choices=list(layouts.SIZES))
     parser.add_argument("--steps", type=int, default=20, help="timed steps a launch")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
@@ -184,7 +184,7 @@ def main():
     for arg in args.layouts or [layout.name for layout in layouts.LAYOUTS]:
         name, _, model = arg.partition(":")
         models = [model] if model else args.models.split(",")
-        if name not in layouts.BY_NAME or not set(models) <= {"mlp", "transformer", "gpt"}:
+        if name not in layouts.BY_NAME or not set(models) <= {"mlp", "gpt"}:
             parser.error(f"unknown layout or model: {arg}")
         if "gpt" in models and not args.gpt_worker:
             parser.error("model gpt needs --gpt-worker")
@@ -230,11 +230,10 @@ def main():
             with open(args.raw, "w") as f:
                 f.write("\n".join(raw) + "\n")
 
-    c, g = layouts.TRANSFORMER, layouts.GPT
+    g = layouts.GPT
     print(
-        f'Models (layouts.SIZES["{args.sizes}"]): transformer LM vocab {c["vocab"]}, '
-        f"d_model {c['d_model']}, {c['heads']} heads, d_ff {c['d_ff']}, {c['layers']} "
-        f"blocks, seq {c['seq']}; MLP {','.join(map(str, layouts.MLP_SIZES))}; GPT vocab "
+        f'Models (layouts.SIZES["{args.sizes}"]): MLP '
+        f"{','.join(map(str, layouts.MLP_SIZES))} (SGD); GPT vocab "
         f"{g['vocab']}, dim {g['dim']}, {g['heads']} heads, {g['layers']} blocks, context "
         f"{g['context']} (AdamW). Global "
         f"batch {layouts.BATCH}; {args.warmup} warm-up + {args.steps} timed steps a launch, "

@@ -4,10 +4,11 @@ torch_parallel.py (PyTorch's side).
 
 A layout names the parallel sizes (multiplying to the world), which PyTorch
 API plays the control, and the pipeline schedule. The C++ side is
-build/bin/train_example with the flags from cpp_flags() (models mlp and
-transformer: the worker library's own layers), or build/bin/gpt_worker with
-gpt_flags() (model gpt: the torch::nn GPT of worker_lib/examples/gpt.h,
-whose PyTorch side is tests/parity/torch_gpt.py on its Python twin).
+build/bin/train_example with the flags from cpp_flags() (model mlp: the
+torch::nn MLP of worker_lib/examples/mlp.h, whose PyTorch side is
+tests/parity/torch_parallel.py), or build/bin/gpt_worker with gpt_flags()
+(model gpt: the torch::nn GPT of worker_lib/examples/gpt.h, whose PyTorch
+side is tests/parity/torch_gpt.py on its Python twin).
 """
 
 import dataclasses
@@ -27,7 +28,7 @@ class Layout:
     # What PyTorch uses, for the report.
     control: str = ""
     # The models it trains; why not the others.
-    models: tuple = ("transformer", "mlp", "gpt")
+    models: tuple = ("mlp", "gpt")
     skipped: str = ""
 
     @property
@@ -57,7 +58,7 @@ LAYOUTS = [
         virtual=2,
         microbatches=8,
         control="2 PipelineStages a rank + ScheduleInterleaved1F1B",
-        models=("transformer", "gpt"),
+        models=("gpt",),
         skipped="mlp: its 4 Linear layers cannot fill 4 x 2 virtual stages",
     ),
     Layout(
@@ -73,13 +74,12 @@ LAYOUTS = [
 BY_NAME = {layout.name: layout for layout in LAYOUTS}
 
 # The models both sides train, and the global batch. Sizes divide by 4 (TP at
-# 4); the transformer has enough blocks for 4 x 2 virtual pipeline stages.
+# 4).
 # "parity": small, for the loss comparison; "bench": larger, so that a timed
 # step (scripts/bench-parallel.sh --layouts) is more compute than overhead.
 SIZES = {
     "parity": dict(
         mlp=[32, 64, 64, 64, 8],
-        transformer=dict(vocab=64, d_model=32, heads=4, d_ff=64, layers=6, seq=8),
         # The GPT: 6 blocks, so that its 8 parts (embeddings, blocks, the final
         # norm and head) fill 4 x 2 virtual pipeline stages.
         gpt=dict(vocab=64, context=8, dim=32, heads=4, layers=6),
@@ -87,13 +87,11 @@ SIZES = {
     ),
     "bench": dict(
         mlp=[256, 1024, 1024, 1024, 256],
-        transformer=dict(vocab=256, d_model=128, heads=4, d_ff=512, layers=6, seq=32),
         gpt=dict(vocab=256, context=32, dim=128, heads=4, layers=6),
         batch=32,
     ),
 }
 MLP_SIZES = SIZES["parity"]["mlp"]
-TRANSFORMER = SIZES["parity"]["transformer"]
 BATCH = SIZES["parity"]["batch"]
 LR = 0.05
 
@@ -104,22 +102,19 @@ GPT_WEIGHT_DECAY = 0.1
 
 
 def use_sizes(name):
-    """Makes MLP_SIZES, TRANSFORMER, GPT and BATCH those of SIZES[name]."""
-    global MLP_SIZES, TRANSFORMER, GPT, BATCH
+    """Makes MLP_SIZES, GPT and BATCH those of SIZES[name]."""
+    global MLP_SIZES, GPT, BATCH
     MLP_SIZES = SIZES[name]["mlp"]
-    TRANSFORMER = SIZES[name]["transformer"]
     GPT = SIZES[name]["gpt"]
     BATCH = SIZES[name]["batch"]
 
 
-def cpp_flags(layout, model):
-    """train_example's flags for `layout` and `model` (mlp or transformer)."""
+def cpp_flags(layout, model="mlp"):
+    """train_example's flags for `layout` and `model` (mlp)."""
+    if model != "mlp":
+        raise ValueError(f"train_example's parity model is the MLP, not {model!r}")
     flags = ["--model", model, "--batch", str(BATCH), "--lr", str(LR)]
-    if model == "mlp":
-        flags += ["--sizes", ",".join(map(str, MLP_SIZES))]
-    else:
-        for key in ("vocab", "d_model", "heads", "d_ff", "layers", "seq"):
-            flags += [f"--{key.replace('_', '-')}", str(TRANSFORMER[key])]
+    flags += ["--sizes", ",".join(map(str, MLP_SIZES))]
     for dim in ("pp", "dp", "fsdp", "tp"):
         if getattr(layout, dim) > 1:
             flags += [f"--{dim}", str(getattr(layout, dim))]
@@ -141,7 +136,7 @@ def gpt_flags(layout):
 
 
 def cut_parts(parts, stages):
-    """gpt_worker's CutParts: [first, last] parts of each stage, contiguous,
+    """ModuleTrainer's CutParts: [first, last] parts of each stage, contiguous,
     the first parts % stages stages one part longer."""
     if stages > parts:
         raise ValueError(f"{stages} pipeline stages for {parts} parts")
@@ -151,38 +146,3 @@ def cut_parts(parts, stages):
         cut.append((first, first + count - 1))
         first += count
     return cut
-
-
-def stage_boundaries(weights, num_stages):
-    """meshrun's StageBoundaries (worker_lib/parallel/pp_schedule.h) without
-    split points: layers with parameters open blocks that the weightless
-    layers after them join; contiguous stages of blocks minimising the
-    heaviest (ties: the earliest cut). Returns num_stages + 1 layer indices."""
-    block_start = []
-    for i, w in enumerate(weights):
-        if w > 0:
-            block_start.append(0 if not block_start else i)
-    blocks = len(block_start)
-    if blocks < num_stages:
-        raise ValueError(f"cannot balance {blocks} weighted layers over {num_stages} stages")
-    prefix = [0]
-    for b in range(blocks):
-        end = block_start[b + 1] if b + 1 < blocks else len(weights)
-        prefix.append(prefix[-1] + sum(weights[block_start[b] : end]))
-    inf = float("inf")
-    best = [[inf] * (blocks + 1) for _ in range(num_stages + 1)]
-    cut = [[-1] * (blocks + 1) for _ in range(num_stages + 1)]
-    best[0][0] = 0
-    for k in range(1, num_stages + 1):
-        for i in range(k, blocks + 1):
-            for j in range(k - 1, i):
-                if best[k - 1][j] == inf:
-                    continue
-                heaviest = max(best[k - 1][j], prefix[i] - prefix[j])
-                if heaviest < best[k][i]:
-                    best[k][i] = heaviest
-                    cut[k][i] = j
-    block_bounds = [blocks] * (num_stages + 1)
-    for k in range(num_stages, 0, -1):
-        block_bounds[k - 1] = cut[k][block_bounds[k]]
-    return [0] + [block_start[block_bounds[k]] for k in range(1, num_stages)] + [len(weights)]

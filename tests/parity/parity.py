@@ -1,8 +1,8 @@
 """Golden parity of meshrun's C++ parallel training with PyTorch 2's own
 parallelisms (scripts/parity-torch.sh; issue 16).
 
-For each layout (tests/parity/layouts.py) and model (the MLP and the
-transformer LM of train_example, and the torch::nn GPT of gpt_worker),
+For each layout (tests/parity/layouts.py) and model (the torch::nn MLP of
+train_example and the torch::nn GPT of gpt_worker),
 trains the same model from the same initial weights on the same batches
 twice:
 
@@ -103,12 +103,11 @@ def make_batches(model, steps, seed=1):
                 layouts.BATCH, layouts.MLP_SIZES[-1], generator=g
             )
         else:
-            c = layouts.TRANSFORMER if model == "transformer" else layouts.GPT
-            length = c["seq"] if model == "transformer" else c["context"]
-            seq = torch.randint(0, c["vocab"], (layouts.BATCH, length + 1), generator=g)
+            c = layouts.GPT
+            seq = torch.randint(0, c["vocab"], (layouts.BATCH, c["context"] + 1), generator=g)
             # Mostly the affine recurrence of SyntheticTokens, so there is
             # something to learn.
-            for t in range(1, length + 1):
+            for t in range(1, c["context"] + 1):
                 keep = torch.rand(layouts.BATCH, generator=g) < 0.9
                 seq[:, t] = torch.where(keep, (seq[:, t - 1] * 5 + 3) % c["vocab"], seq[:, t])
             x, y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
@@ -345,14 +344,6 @@ class Parity:
         try:
             cpp_log = self.launch_cpp(layout.world, flags, cpp_out + ".log")
         except SideFailed as e:
-            if layout.schedule == "interleaved" and re.search(
-                r"virtual-stages|interleaved", str(e)
-            ):
-                raise SideFailed(
-                    "torch's side ran; meshrun's train_example has no "
-                    "interleaved schedule yet (--schedule interleaved "
-                    f"--virtual-stages 2; branch interleaved): {e}"
-                ) from e
             raise SideFailed(f"meshrun: {e}") from e
         cpp_losses = [float(v) for v in re.findall(r"^step \d+ loss (\S+)$", cpp_log, re.M)]
         if len(cpp_losses) != a.steps:
@@ -382,21 +373,16 @@ class Parity:
         return max_difference(cpp_losses, torch_losses, cpp_params, torch_params)
 
     def check_stages(self, layout, model, cpp_log):
-        """The torch side cuts the model where meshrun does (rank 0's stage)."""
-        m = re.search(r"stage 0/\d+: layers \[(\d+), (\d+)\)", cpp_log)
-        if not m or layout.virtual > 1:
-            return
-        import torch_parallel
-
-        weights = [
-            sum(p.numel() for p in layer.parameters())
-            for _, layer in torch_parallel.make_layers(model)
-        ]
-        want = layouts.stage_boundaries(weights, layout.pp * layout.virtual)[:2]
-        if [int(m.group(1)), int(m.group(2))] != want:
+        """The torch side cuts the model where meshrun does (rank 0's first
+        stage)."""
+        m = re.search(r"rank 0 holds stage 0/\d+: parts \[(\d+), (\d+)\]", cpp_log)
+        if not m:
+            raise SideFailed("meshrun did not say which parts rank 0's stage holds")
+        want = layouts.cut_parts(len(layouts.MLP_SIZES) - 1, layout.pp * layout.virtual)[0]
+        if (int(m.group(1)), int(m.group(2))) != want:
             raise SideFailed(
-                f"meshrun's stage 0 holds layers [{m.group(1)}, {m.group(2)}), "
-                f"the torch side's [{want[0]}, {want[1]})"
+                f"meshrun's stage 0 holds parts [{m.group(1)}, {m.group(2)}], "
+                f"the torch side's [{want[0]}, {want[1]}]"
             )
 
 
@@ -413,7 +399,7 @@ def main():
     parser.add_argument("--train-example", required=True)
     parser.add_argument("--torchrun", required=True)
     parser.add_argument("--gpt-worker", help="build/bin/gpt_worker (model gpt)")
-    parser.add_argument("--models", default="transformer,mlp,gpt")
+    parser.add_argument("--models", default="mlp,gpt")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--tolerance", type=float, default=1e-5)
     parser.add_argument("--timeout", type=float, default=300, help="seconds a run")
@@ -429,7 +415,7 @@ def main():
     for arg in args.layouts or [layout.name for layout in layouts.LAYOUTS]:
         name, _, model = arg.partition(":")
         models = [model] if model else args.models.split(",")
-        if name not in layouts.BY_NAME or not set(models) <= {"mlp", "transformer", "gpt"}:
+        if name not in layouts.BY_NAME or not set(models) <= {"mlp", "gpt"}:
             parser.error(f"unknown layout or model: {arg}")
         if "gpt" in models and not args.gpt_worker:
             parser.error("model gpt needs --gpt-worker")

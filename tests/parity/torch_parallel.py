@@ -1,17 +1,19 @@
 """PyTorch's side of the parity check (scripts/parity-torch.sh): trains the
-model of meshrun's train_example with PyTorch 2's own parallelisms, from the
-same initial weights on the same batches, and writes each step's loss and
-the final parameters.
+MLP of meshrun's train_example (worker_lib/examples/mlp.h) with PyTorch 2's
+own parallelisms, from the same initial weights on the same batches, and
+writes each step's loss and the final parameters.
 
     torchrun --standalone --nproc-per-node=4 tests/parity/torch_parallel.py \
-        --layout fsdp --model transformer --init INIT_DIR --data DATA.pt --out OUT_DIR
+        --layout fsdp --model mlp --init INIT_DIR --data DATA.pt --out OUT_DIR
 
-The models mirror worker_lib/parallel (layers.cc, transformer.cc): the same
-layers in the same order, parameters named as meshrun names them
-("blocks.0.attn.q.weight"), the same loss. The data split mirrors
-trainer.cc: data-parallel rank i (dp-major, then fsdp) takes the i-th
-contiguous block of rows; TP ranks share rows; pipeline microbatches are
-contiguous chunks.
+The model mirrors mlp.h: Linears fc0, fc1, ... with a ReLU between each two,
+parameters named as there ("fc0.weight"), the mean squared error. As
+ModuleTrainer applies meshrun's parallelisms: the TP plan pairs Linears
+column -> row-wise; fully_shard on every Linear and the root; pipeline
+parts (a Linear and the ReLU after it) cut by layouts.cut_parts. The data
+split mirrors ModuleTrainer: data-parallel rank i (dp-major, then fsdp)
+takes the i-th contiguous block of rows; TP ranks share rows; pipeline
+microbatches are contiguous chunks.
 
 --sizes bench trains layouts.py's larger models; --time-steps times each
 step as train_example --time-steps does (a barrier first; per step the
@@ -25,7 +27,6 @@ global-batch mean loss). Layouts: tests/parity/layouts.py.
 
 import argparse
 import glob
-import math
 import os
 import sys
 import time
@@ -34,7 +35,6 @@ import torch
 import torch.distributed as dist
 import torch.jit._pickle  # restore_type_tag, for meshrun checkpoints
 import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import layouts  # noqa: E402
@@ -45,40 +45,7 @@ sys.path.insert(
 )
 from ddp_step_bench import peak_rss_mb, rss_mb  # noqa: E402
 
-# --- The models, as worker_lib/parallel builds them. ---------------------------
-
-
-class Block(nn.Module):
-    """transformer.cc's TransformerBlock: pre-LN, causal MHA with separate q,
-    k, v, exact GELU MLP. Heads are taken with view(-1) so that a TP rank
-    computes its own heads from its column shards."""
-
-    def __init__(self, d, heads, d_ff):
-        super().__init__()
-        self.head_dim = d // heads
-        self.ln1 = nn.LayerNorm(d, eps=1e-5)
-        self.attn = nn.Module()
-        for name in ("q", "k", "v", "o"):
-            setattr(self.attn, name, nn.Linear(d, d))
-        self.ln2 = nn.LayerNorm(d, eps=1e-5)
-        self.mlp = nn.Module()
-        self.mlp.fc1 = nn.Linear(d, d_ff)
-        self.mlp.fc2 = nn.Linear(d_ff, d)
-
-    def forward(self, x):
-        batch, seq = x.shape[0], x.shape[1]
-        h = self.ln1(x)
-
-        def heads(t):
-            return t.view(batch, seq, -1, self.head_dim).transpose(1, 2)
-
-        q, k, v = heads(self.attn.q(h)), heads(self.attn.k(h)), heads(self.attn.v(h))
-        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-        future = torch.ones(seq, seq, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
-        context = torch.matmul(torch.softmax(scores, -1), v).transpose(1, 2)
-        y = x + self.attn.o(context.reshape(batch, seq, -1))
-        return y + self.mlp.fc2(F.gelu(self.mlp.fc1(self.ln2(y))))
+# --- The model, as worker_lib/examples/mlp.h builds it. ----------------------
 
 
 class Layers(nn.Module):
@@ -108,29 +75,29 @@ class Layers(nn.Module):
         return x
 
 
-def make_layers(model):
-    """(name, module) per meshrun layer, in meshrun's order."""
-    if model == "mlp":
-        sizes = layouts.MLP_SIZES
-        named = []
-        for i in range(len(sizes) - 1):
-            if i > 0:
-                named.append((f"act{i}", nn.ReLU()))
-            named.append((f"fc{i}", nn.Linear(sizes[i], sizes[i + 1])))
-        return named
-    c = layouts.TRANSFORMER
-    named = [("embed", nn.Embedding(c["vocab"], c["d_model"]))]
-    for i in range(c["layers"]):
-        named.append((f"blocks.{i}", Block(c["d_model"], c["heads"], c["d_ff"])))
-    named.append(("ln_f", nn.LayerNorm(c["d_model"], eps=1e-5)))
-    named.append(("head", nn.Linear(c["d_model"], c["vocab"], bias=False)))
+def make_layers(model="mlp"):
+    """(name, module) per layer of mlp.h's MLP, in order."""
+    if model != "mlp":
+        raise ValueError(f"no model {model!r}: torch_gpt.py trains the GPT")
+    sizes = layouts.MLP_SIZES
+    named = []
+    for i in range(len(sizes) - 1):
+        if i > 0:
+            named.append((f"act{i}", nn.ReLU()))
+        named.append((f"fc{i}", nn.Linear(sizes[i], sizes[i + 1])))
     return named
 
 
-def loss_of(model, output, target):
-    if model == "mlp":
-        return (output - target).pow(2).mean()
-    return F.cross_entropy(output.flatten(0, 1), target.flatten())
+def part_bounds(named, first, last):
+    """The layers [begin, end) of parts [first, last]: part k is fc<k> and
+    the ReLU after it (mlp.h's MlpStage)."""
+    starts = [i for i, (name, _) in enumerate(named) if name.startswith("fc")]
+    end = starts[last + 1] if last + 1 < len(starts) else len(named)
+    return starts[first], end
+
+
+def loss_of(output, target):
+    return (output - target).pow(2).mean()
 
 
 def load_meshrun_checkpoint(directory):
@@ -153,48 +120,21 @@ def load_meshrun_checkpoint(directory):
     return full
 
 
-# --- Tensor parallelism plans, mirroring tp.cc / transformer.cc. ---------------
+# --- Tensor parallelism, mirroring mlp.h's MlpTpPlan. -------------------------
 
 
-def tp_plan(model, module):
-    from torch.distributed.tensor import Replicate, Shard
+def tp_plan(module):
+    """fc<2i> column-wise, fc<2i+1> row-wise; an odd last Linear stays
+    replicated."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     names = {name for name, _ in module.named_modules()}
+    linears = len(layouts.MLP_SIZES) - 1
     plan = {}
-    if model == "mlp":
-        # ParallelizeMlp: Linears pair column -> row; an odd last one is
-        # column-parallel with its output gathered.
-        last = len(layouts.MLP_SIZES) - 2
-        for k in range(last + 1):
-            if k % 2:
-                plan[f"fc{k}"] = RowwiseParallel()
-            elif k == last:
-                plan[f"fc{k}"] = ColwiseParallel(output_layouts=Replicate())
-            else:
-                plan[f"fc{k}"] = ColwiseParallel()
-        return {n: p for n, p in plan.items() if n in names}
-    # Vocab-parallel embedding (rows split, partial sums all-reduced).
-    plan["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    for i in range(layouts.TRANSFORMER["layers"]):
-        for name in ("q", "k", "v"):
-            plan[f"blocks.{i}.attn.{name}"] = ColwiseParallel()
-        plan[f"blocks.{i}.attn.o"] = RowwiseParallel()
-        plan[f"blocks.{i}.mlp.fc1"] = ColwiseParallel()
-        plan[f"blocks.{i}.mlp.fc2"] = RowwiseParallel()
-    # Logits stay split along the vocabulary for loss_parallel's cross-entropy.
-    plan["head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    for k in range(0, linears - 1, 2):
+        plan[f"fc{k}"] = ColwiseParallel()
+        plan[f"fc{k + 1}"] = RowwiseParallel()
     return {n: p for n, p in plan.items() if n in names}
-
-
-def loss_context(model, tp):
-    import contextlib
-
-    if model == "transformer" and tp > 1:
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        return loss_parallel()
-    return contextlib.nullcontext()
 
 
 # --- Training. -----------------------------------------------------------------
@@ -328,7 +268,7 @@ def load_initial_weights(module, directory):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(parser)
-    parser.add_argument("--model", required=True, choices=["mlp", "transformer"])
+    parser.add_argument("--model", default="mlp", choices=["mlp"])
     parser.add_argument(
         "--trace-collectives",
         metavar="DIR",
@@ -339,8 +279,8 @@ def main():
     layouts.use_sizes(args.sizes)
     layout = layouts.BY_NAME[args.layout]
 
-    # Mesh dims as meshrun's Trainer orders them.
-    mesh, rank, coord = init_layout(layout, ("pp", "dp", "fsdp", "tp"))
+    # Mesh dims as ModuleTrainer orders them.
+    mesh, rank, coord = init_layout(layout, ("dp", "fsdp", "pp", "tp"))
     pp_rank, dp_rank, fsdp_rank, tp_rank = (coord[n] for n in ("pp", "dp", "fsdp", "tp"))
     rss_before_model = rss_mb()
 
@@ -348,14 +288,13 @@ def main():
     whole = Layers(named)
     load_initial_weights(whole, args.init)
 
-    # Pipeline stages: meshrun's StageBoundaries over (pp x virtual) stages;
+    # Pipeline stages: ModuleTrainer's CutParts over (pp x virtual) stages;
     # rank r holds stages r, r + pp, ... (the interleaved convention).
     stage_ids = [pp_rank]
     if layout.pp > 1:
-        weights = [sum(p.numel() for p in layer.parameters()) for _, layer in named]
-        bounds = layouts.stage_boundaries(weights, layout.pp * layout.virtual)
+        parts = layouts.cut_parts(len(layouts.MLP_SIZES) - 1, layout.pp * layout.virtual)
         stage_ids = [pp_rank + v * layout.pp for v in range(layout.virtual)]
-        modules = [Layers(named, keep=(bounds[s], bounds[s + 1])) for s in stage_ids]
+        modules = [Layers(named, keep=part_bounds(named, *parts[s])) for s in stage_ids]
     else:
         modules = [whole]
 
@@ -363,7 +302,7 @@ def main():
         from torch.distributed.tensor.parallel import parallelize_module
 
         for m in modules:
-            parallelize_module(m, mesh["tp"], tp_plan(args.model, m))
+            parallelize_module(m, mesh["tp"], tp_plan(m))
     if layout.fsdp > 1:
         from torch.distributed.fsdp import fully_shard
 
@@ -396,7 +335,7 @@ def main():
             modules,
             stage_ids,
             mesh["pp"].get_group(),
-            lambda output, target: loss_of(args.model, output, target),
+            loss_of,
         )
 
     batches = torch.load(args.data, weights_only=True)
@@ -430,16 +369,7 @@ def main():
             dist.barrier()
         start = time.perf_counter()
         optimizer.zero_grad()
-        with loss_context(args.model, layout.tp):
-            local = forward_backward(
-                schedule,
-                modules[0],
-                x,
-                y,
-                lambda output, target: loss_of(args.model, output, target),
-                has_first,
-                has_last,
-            )
+        local = forward_backward(schedule, modules[0], x, y, loss_of, has_first, has_last)
         optimizer.step()
         total = torch.tensor([local / data_parts if reports else 0.0], dtype=torch.float64)
         dist.all_reduce(total)

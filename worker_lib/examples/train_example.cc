@@ -1,13 +1,15 @@
-// Parallel training on a DeviceMesh: an MLP or a small transformer LM on
-// synthetic data, with any of dp x fsdp x tp x pp (sizes multiply to the
-// world size), e.g.
+// Parallel training on a DeviceMesh through ModuleTrainer: a torch::nn MLP
+// (mlp.h) or GPT (gpt.h) on synthetic data, with any of dp x fsdp x tp x pp
+// (sizes multiply to the world size) and a torch::optim optimizer (SGD, or
+// AdamW), e.g.
 //
 //   meshrun --standalone --nproc-per-node=4 build/bin/train_example --dp 2 --tp 2
 //   step 0 loss 0.0529381
 //   ...
 //
 // Pipelines: --pp P --schedule gpipe|1f1b|interleaved --microbatches M, and
-// for interleaved 1F1B --virtual-stages V (the model cut into P x V stages,
+// for interleaved 1F1B --virtual-stages V (the model's parts, the MLP's
+// Linears or the GPT's embeddings, blocks and head, cut into P x V stages,
 // rank r holding stages r, r + P, ...).
 //
 // Rank 0 prints one `step N loss X` line a step (the global batch's mean
@@ -46,15 +48,17 @@
 // node in or take one away at a known step).
 //
 // --checkpoint-dir DIR --checkpoint-every C (without --fault-tolerant): a
-// sharded checkpoint every C steps (checkpoint_series.h), and a start
-// resumes from the latest, as a job restarted by meshrun's default
-// restart-everything does; --verify then checks the resumed steps against
-// an uninterrupted single-process run. --kill-at-step works there too (the
-// first attempt only). --kill-every N, in either mode, fails a worker again
-// and again (scripts/bench-recovery.sh): see KillStep.
+// sharded checkpoint of the model and the optimizer's state every C steps
+// (checkpoint_series.h), and a start resumes from the latest, as a job restarted by
+// meshrun's default restart-everything does; --verify then checks the resumed steps
+// against an uninterrupted single-process run. --kill-at-step works there too (the first
+// attempt only). --kill-every N, in either mode, fails a worker again and again
+// (scripts/bench-recovery.sh): see KillStep.
 //
 // Exit codes: 0 done (and verified), 1 a failure or a mismatch, 2 bad flags.
 
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -66,21 +70,25 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/FlightRecorder.hpp>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker_lib/examples/example_output.h"
+#include "worker_lib/examples/gpt.h"
 #include "worker_lib/examples/memory_usage.h"
+#include "worker_lib/examples/mlp.h"
 #include "worker_lib/parallel/batch_file.h"
-#include "worker_lib/parallel/checkpoint.h"
 #include "worker_lib/parallel/checkpoint_series.h"
 #include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/fault_tolerant.h"
-#include "worker_lib/parallel/trainer.h"
-#include "worker_lib/parallel/transformer.h"
+#include "worker_lib/parallel/module_checkpoint.h"
+#include "worker_lib/parallel/module_trainer.h"
 #include "worker_lib/process_group.h"
 
 namespace {
@@ -98,6 +106,134 @@ double RelativeError(const at::Tensor& got, const at::Tensor& want) {
   const double scale = want.to(at::kDouble).norm().item<double>();
   const double diff = (got.to(at::kDouble) - want.to(at::kDouble)).norm().item<double>();
   return scale == 0 ? diff : diff / scale;
+}
+
+// --model and its sizes.
+struct ModelFlags {
+  std::string name = "mlp";
+  std::vector<int64_t> sizes{50, 50, 50, 50, 4};
+  examples::GptConfig gpt{/*vocab=*/64, /*context=*/16, /*dim=*/32, /*heads=*/4,
+                          /*layers=*/2};
+  uint64_t seed = 0;
+};
+
+// The model, the same on every rank (seeded); with tensor parallelism the
+// GPT's head is vocabulary-parallel (LossParallel, PyTorch's loss_parallel).
+ModuleModel MakeModel(const ModelFlags& flags, bool tensor_parallel) {
+  torch::manual_seed(flags.seed);
+  if (flags.name == "gpt")
+    return examples::GptModel(examples::Gpt(flags.gpt), tensor_parallel);
+  return examples::MlpModel(examples::Mlp(flags.sizes));
+}
+
+std::string DescribeModel(const ModelFlags& flags) {
+  if (flags.name == "gpt") {
+    const examples::GptConfig& c = flags.gpt;
+    return absl::StrCat("torch::nn GPT: vocab ", c.vocab, ", context ", c.context,
+                        ", dim ", c.dim, ", ", c.heads, " heads, ", c.layers, " blocks");
+  }
+  return absl::StrCat("torch::nn MLP ", absl::StrJoin(flags.sizes, ","));
+}
+
+// The global batch of a step, the same on every rank.
+InputTarget SyntheticData(const ModelFlags& flags, int64_t step, int64_t batch) {
+  if (flags.name == "gpt") {
+    TokenBatch data =
+        SyntheticTokens(flags.seed, step, batch, flags.gpt.context, flags.gpt.vocab);
+    return {data.tokens, data.targets};
+  }
+  Batch data =
+      SyntheticBatch(flags.seed, step, batch, flags.sizes.front(), flags.sizes.back());
+  return {data.input, data.target};
+}
+
+// --optimizer and its settings.
+struct OptimizerFlags {
+  std::string name = "sgd";
+  double lr = 0.05;
+  double momentum = 0;      // SGD's
+  double weight_decay = 0;  // AdamW's
+};
+
+ModuleTrainer::MakeOptimizer OptimizerMaker(const OptimizerFlags& flags) {
+  return [flags](
+             std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+    if (flags.name == "adamw") {
+      return std::make_unique<torch::optim::AdamW>(
+          std::move(params),
+          torch::optim::AdamWOptions(flags.lr).weight_decay(flags.weight_decay));
+    }
+    return std::make_unique<torch::optim::SGD>(
+        std::move(params), torch::optim::SGDOptions(flags.lr).momentum(flags.momentum));
+  };
+}
+
+// The whole model trained in this process, the parallel run's reference.
+struct Reference {
+  ModuleModel model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+
+  // One step on the whole batch: its mean loss.
+  double Step(const InputTarget& batch) {
+    optimizer->zero_grad();
+    at::Tensor loss = model.loss(model.forward(batch.first), batch.second);
+    loss.backward();
+    optimizer->step();
+    return loss.item<double>();
+  }
+};
+
+Reference MakeReference(const ModelFlags& model, const OptimizerFlags& optimizer) {
+  Reference reference{MakeModel(model, /*tensor_parallel=*/false), nullptr};
+  reference.optimizer = OptimizerMaker(optimizer)(reference.model.root->parameters());
+  return reference;
+}
+
+// Checks the full parameters this rank trains against `reference`'s
+// (relative error <= rtol); returns the number checked, or the first
+// mismatch.
+absl::StatusOr<size_t> CompareParams(const ModuleTrainer& trainer,
+                                     const Reference& reference, double rtol) {
+  std::map<std::string, at::Tensor> want;
+  for (const auto& item : reference.model.root->named_parameters())
+    want[item.key()] = item.value().detach();
+  const std::map<std::string, at::Tensor> full = trainer.FullParams();
+  for (const auto& [name, value] : full) {
+    const double error = RelativeError(value, want.at(name));
+    if (!value.sizes().equals(want.at(name).sizes()) || !(error <= rtol)) {
+      return absl::InternalError(
+          name + ": differs from single-process training (relative error " +
+          std::to_string(error) + ")");
+    }
+  }
+  return full.size();
+}
+
+// What ModuleTrainer applies for the flags' sizes: each parallelism runs
+// where its dimension is > 1, pipelines also for --virtual-stages or the
+// interleaved schedule (which then say what they lack).
+ModuleLayout LayoutOf(int dp, int fsdp, int pp, int tp) {
+  ModuleLayout layout;
+  layout.dp = dp;
+  layout.fsdp = fsdp;
+  layout.pp = pp;
+  layout.tp = tp;
+  layout.replicate = dp > 1;
+  layout.fully_shard = fsdp > 1;
+  layout.tensor_parallel = tp > 1;
+  return layout;
+}
+
+// "stage 0/4: parts [0, 0], stage 2/4: parts [2, 2]": this rank's stages.
+std::string DescribeStages(const ModuleTrainer& trainer) {
+  const ModuleLayout& layout = trainer.layout();
+  std::vector<std::string> stages;
+  for (const auto& stage : trainer.stage_parts()) {
+    stages.push_back(absl::StrCat("stage ", stage.stage, "/",
+                                  layout.pp * layout.virtual_stages, ": parts [",
+                                  stage.first, ", ", stage.last, "]"));
+  }
+  return absl::StrJoin(stages, ", ");
 }
 
 // Where and when --kill-at-step / --kill-every strike.
@@ -154,35 +290,24 @@ void KillSelf(int rank, int64_t step, const std::string& point) {
   raise(SIGKILL);
 }
 
-// Checks `trainer`'s gathered params against `reference` (relative error <=
-// rtol); returns the number checked, or the first mismatch.
-absl::StatusOr<size_t> CompareParams(Trainer& trainer, TrainModel& reference,
-                                     double rtol) {
-  std::map<std::string, at::Tensor> want;
-  for (const auto& param : reference.Layers().Params())
-    want[param->name()] = param->data();
-  auto full = trainer.GatherFullParams();
-  for (const auto& [name, value] : full) {
-    const double error = RelativeError(value, want.at(name));
-    if (!value.sizes().equals(want.at(name).sizes()) || !(error <= rtol)) {
-      return absl::InternalError(
-          name + ": differs from single-process training (relative error " +
-          std::to_string(error) + ")");
-    }
-  }
-  return full.size();
-}
+// What a run trains, and how.
+struct Run {
+  ModelFlags model;
+  OptimizerFlags optimizer;
+  ModuleLayout layout;
+  std::function<InputTarget(int64_t)> batch_of;
+  int64_t first_step = 0;
+  int steps = 10;
+  bool verify = false;
+  double rtol = 1e-5;
+};
 
 // --fault-tolerant: see the top of this file.
-int RunFaultTolerant(TrainOptions options,
-                     const std::function<std::unique_ptr<TrainModel>()>& make_model,
-                     const std::function<InputTarget(int64_t)>& batch_of,
-                     int64_t first_step, int steps, bool verify, double rtol,
-                     const KillPlan& kill, const HoldPlan& hold) {
+int RunFaultTolerant(const Run& run, const KillPlan& kill, const HoldPlan& hold) {
   auto env = WorkerEnvFromProcessEnvironment();
   if (!env.ok()) return Fail(-1, std::string(env.status().message()));
   const int rank = env->rank;
-  const int num_replicas = options.layout.dp;
+  const int num_replicas = run.layout.dp;
   auto id = ReplicaIdentityFromEnv(*env, num_replicas);
   if (!id.ok()) return Fail(rank, std::string(id.status().message()));
   if (const std::string warning = RestartScopeWarning(*id); rank == 0 && !warning.empty())
@@ -194,7 +319,7 @@ int RunFaultTolerant(TrainOptions options,
       " incarnation " + std::to_string(id->incarnation));
 
   FaultToleranceOptions ft_options;
-  ft_options.steps = static_cast<uint64_t>(steps);
+  ft_options.steps = static_cast<uint64_t>(run.steps);
   // A failure of the whole world (restart count > 0) is not this plan's.
   const int64_t kill_step =
       env->restart_count == 0
@@ -213,13 +338,16 @@ int RunFaultTolerant(TrainOptions options,
   }
   auto replicas = FaultTolerantReplicas::Create(*world, *id, ft_options);
   if (!replicas.ok()) return Fail(rank, std::string(replicas.status().message()));
-  options.layout.dp = 1;  // the replicas are the data-parallel dimension
-  options.replica_sync = replicas->get();
-  auto trainer = Trainer::Create(*world, make_model(), options);
+  ModuleLayout layout = run.layout;
+  layout.dp = 1;  // the replicas are the data-parallel dimension
+  layout.replicate = false;
+  auto trainer =
+      ModuleTrainer::Create(*world, layout, MakeModel(run.model, layout.tensor_parallel),
+                            OptimizerMaker(run.optimizer), replicas->get());
   if (!trainer.ok()) return Fail(rank, std::string(trainer.status().message()));
   if (rank == 0) {
-    Say("layout " + (*trainer)->Describe() + " x " + std::to_string(num_replicas) +
-        " fault-tolerant replicas" +
+    Say("layout " + layout.ToString() + " x " + std::to_string(num_replicas) +
+        " fault-tolerant replicas (" + DescribeModel(run.model) + ")" +
         (id->replicas_in_world < num_replicas
              ? " (" + std::to_string(id->replicas_in_world) +
                    " in the world so far: joining nodes bring the others)"
@@ -233,7 +361,7 @@ int RunFaultTolerant(TrainOptions options,
       if (auto held = WaitForFile(hold.files[i]); !held.ok())
         return Fail(rank, std::string(held.message()));
     }
-    auto quorum = (*replicas)->BeginStep(**trainer);
+    auto quorum = (*replicas)->BeginStep((*trainer)->training_state());
     if (absl::IsOutOfRange(quorum.status())) {
       // Came (back) after training ended: the result is the others'.
       Say("rank " + std::to_string(rank) +
@@ -245,25 +373,22 @@ int RunFaultTolerant(TrainOptions options,
     // The lowest participant reports, so somebody always does.
     const bool reports =
         id->member == 0 && id->replica == static_cast<int>(quorum->participants[0]);
+    const int64_t step = run.first_step + static_cast<int64_t>(quorum->step);
     if (quorum->healed) {
       Say("replica " + std::to_string(id->replica) + " member " +
           std::to_string(id->member) + " healed from replica " +
-          std::to_string(quorum->source_replica) + " at step " +
-          std::to_string(first_step + static_cast<int64_t>(quorum->step)));
+          std::to_string(quorum->source_replica) + " at step " + std::to_string(step));
     }
     if (reports && quorum->participants != last_participants) {
-      std::vector<std::string> names;
-      for (uint32_t r : quorum->participants) names.push_back(std::to_string(r));
-      Say("step " + std::to_string(first_step + static_cast<int64_t>(quorum->step)) +
-          ": replicas " + absl::StrJoin(names, ","));
+      Say("step " + std::to_string(step) + ": replicas " +
+          absl::StrJoin(quorum->participants, ","));
       last_participants = quorum->participants;
     }
-    if (static_cast<int64_t>(quorum->step) >= steps) break;
-    const int64_t step = first_step + static_cast<int64_t>(quorum->step);
+    if (static_cast<int64_t>(quorum->step) >= run.steps) break;
     if (kills_here && kill.point == "start" &&
         static_cast<int64_t>(quorum->step) == kill_step)
       ft_options.fault_injection("start", quorum->step);
-    auto [input, target] = batch_of(step);
+    auto [input, target] = run.batch_of(step);
     auto loss = (*trainer)->Step(DataShard(input, num_replicas, id->replica),
                                  DataShard(target, num_replicas, id->replica));
     if (absl::IsAborted(loss.status())) {
@@ -282,23 +407,22 @@ int RunFaultTolerant(TrainOptions options,
     }
   }
 
-  if (verify) {
+  if (run.verify) {
     // Single-process training of the committed steps, each on the rows of
-    // the replicas that took part in it.
+    // the replicas that took part in it (a mean loss over their rows is the
+    // mean of the replicas' losses: their gradients' average).
     const auto& history = (*replicas)->history();
-    auto reference = make_model();
-    auto committed_batch = [&](int64_t i) -> InputTarget {
-      auto [input, target] = batch_of(first_step + i);
+    Reference reference = MakeReference(run.model, run.optimizer);
+    for (size_t i = 0; i < history.size(); ++i) {
+      auto [input, target] = run.batch_of(run.first_step + static_cast<int64_t>(i));
       std::vector<at::Tensor> inputs, targets;
       for (uint32_t r : history[i]) {
         inputs.push_back(DataShard(input, num_replicas, r));
         targets.push_back(DataShard(target, num_replicas, r));
       }
-      return {at::cat(inputs), at::cat(targets)};
-    };
-    TrainSingleProcess(*reference, committed_batch, 0, static_cast<int>(history.size()),
-                       options.lr, options.momentum);
-    auto checked = CompareParams(**trainer, *reference, rtol);
+      reference.Step({at::cat(inputs), at::cat(targets)});
+    }
+    auto checked = CompareParams(**trainer, reference, run.rtol);
     if (!checked.ok()) return Fail(rank, std::string(checked.status().message()));
     size_t partial = 0;
     for (const auto& participants : history)
@@ -315,61 +439,59 @@ int RunFaultTolerant(TrainOptions options,
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("meshrun parallel training example (DP, FSDP, TP, PP on one DeviceMesh)");
-  std::string model_name = "mlp";
-  std::vector<int64_t> sizes{50, 50, 50, 50, 4};
-  TransformerConfig lm;
-  TrainOptions options;
+  CLI::App app(
+      "meshrun parallel training example: a torch::nn model under DP, FSDP, TP and PP on "
+      "one DeviceMesh");
+  Run run;
+  ModelFlags& model = run.model;
+  OptimizerFlags& optimizer = run.optimizer;
+  int dp = 1, fsdp = 1, tp = 1, pp = 1;
   std::string schedule = "gpipe";
   bool no_reshard = false;
-  int steps = 10;
-  int64_t first_step = 0;
   int64_t batch = 32;
-  uint64_t seed = 0;
-  bool verify = false;
   bool time_steps = false;
-  double rtol = 1e-5;
   std::string save_dir, load_dir, data_file, trace_dir, checkpoint_dir;
   int64_t checkpoint_every = 0;
   bool fault_tolerant = false;
   KillPlan kill;
   HoldPlan hold;
-  app.add_option("--model", model_name, "mlp or transformer")
-      ->check(CLI::IsMember({"mlp", "transformer"}));
-  app.add_option("--sizes", sizes, "MLP layer sizes (default: seed 003's 50,50,50,50,4)")
+  app.add_option("--model", model.name, "mlp or gpt")
+      ->check(CLI::IsMember({"mlp", "gpt"}));
+  app.add_option("--sizes", model.sizes,
+                 "MLP layer sizes (default: seed 003's 50,50,50,50,4)")
       ->delimiter(',');
-  app.add_option("--layers", lm.layers, "transformer blocks");
-  app.add_option("--vocab", lm.vocab, "transformer vocabulary");
-  app.add_option("--d-model", lm.d_model, "transformer width");
-  app.add_option("--heads", lm.heads, "transformer attention heads");
-  app.add_option("--d-ff", lm.d_ff, "transformer MLP hidden size");
-  app.add_option("--seq", lm.seq, "transformer sequence length");
-  app.add_option("--dp", options.layout.dp, "data-parallel replicas");
-  app.add_option("--fsdp", options.layout.fsdp, "FSDP shards (with --dp > 1: HSDP)");
-  app.add_option("--tp", options.layout.tp, "tensor-parallel ranks");
-  app.add_option("--pp", options.layout.pp, "pipeline stages");
-  app.add_option("--microbatches", options.microbatches, "microbatches a step");
+  app.add_option("--vocab", model.gpt.vocab, "GPT vocabulary");
+  app.add_option("--context", model.gpt.context, "GPT context (the sequence length)");
+  app.add_option("--dim", model.gpt.dim, "GPT width");
+  app.add_option("--heads", model.gpt.heads, "GPT attention heads");
+  app.add_option("--layers", model.gpt.layers, "GPT blocks");
+  app.add_option("--dp", dp, "data-parallel replicas");
+  app.add_option("--fsdp", fsdp, "FSDP shards (with --dp > 1: HSDP)");
+  app.add_option("--tp", tp, "tensor-parallel ranks");
+  app.add_option("--pp", pp, "pipeline stages");
+  app.add_option("--microbatches", run.layout.microbatches, "microbatches a step");
   app.add_option("--schedule", schedule, "pipeline schedule: gpipe, 1f1b or interleaved");
-  app.add_option("--virtual-stages", options.virtual_stages,
+  app.add_option("--virtual-stages", run.layout.virtual_stages,
                  "model chunks per pipeline rank (> 1 with --schedule interleaved)");
-  app.add_option(
-      "--dp-first-bucket-bytes", options.dp_first_bucket_bytes,
-      "DataParallel's first gradient bucket (DDP's 1 MiB; 0: 25 MiB as the rest)");
   app.add_flag("--no-reshard", no_reshard,
                "FSDP keeps gathered params from forward to backward");
-  app.add_option("--steps", steps, "training steps");
-  app.add_option("--first-step", first_step,
+  app.add_option("--steps", run.steps, "training steps");
+  app.add_option("--first-step", run.first_step,
                  "number of the first step (data of that step)");
   app.add_option("--batch", batch, "global batch size");
-  app.add_option("--lr", options.lr, "SGD learning rate");
-  app.add_option("--momentum", options.momentum,
-                 "SGD momentum (its buffers: the optimizer state a heal copies)");
-  app.add_option("--seed", seed, "model and data seed");
-  app.add_flag("--verify", verify, "check against single-process training");
+  app.add_option("--optimizer", optimizer.name, "sgd or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
+  app.add_option("--lr", optimizer.lr, "learning rate");
+  app.add_option("--momentum", optimizer.momentum,
+                 "SGD momentum (its buffers: optimizer state a heal and a checkpoint "
+                 "carry)");
+  app.add_option("--weight-decay", optimizer.weight_decay, "AdamW's weight decay");
+  app.add_option("--seed", model.seed, "model and data seed");
+  app.add_flag("--verify", run.verify, "check against single-process training");
   app.add_flag("--time-steps", time_steps,
                "time each step (barrier first; the slowest rank) and print them with the "
                "peak RSS at the end");
-  app.add_option("--rtol", rtol, "--verify's relative tolerance");
+  app.add_option("--rtol", run.rtol, "--verify's relative tolerance");
   app.add_option("--save", save_dir, "write a sharded checkpoint here at the end");
   app.add_option("--load", load_dir, "start from this sharded checkpoint");
   app.add_option("--data", data_file,
@@ -405,7 +527,6 @@ int main(int argc, char** argv) {
                "test hook (--fault-tolerant): every rank says when its vote on a step "
                "was answered");
   CLI11_PARSE(app, argc, argv);
-  options.reshard_after_forward = !no_reshard;
   if (hold.steps.size() != hold.files.size() ||
       (!hold.steps.empty() && !fault_tolerant)) {
     std::cerr << "--hold-at-step and --hold-file go in pairs, with --fault-tolerant\n";
@@ -430,10 +551,8 @@ int main(int argc, char** argv) {
                  "--trace-collectives, --time-steps or --checkpoint-dir\n";
     return 2;
   }
-  if (!checkpoint_dir.empty() &&
-      (checkpoint_every <= 0 || time_steps || options.momentum != 0)) {
-    std::cerr << "--checkpoint-dir needs --checkpoint-every N > 0, and no --time-steps "
-                 "or --momentum (checkpoints hold parameters only)\n";
+  if (!checkpoint_dir.empty() && checkpoint_every <= 0) {
+    std::cerr << "--checkpoint-dir needs --checkpoint-every N > 0\n";
     return 2;
   }
   auto parsed_schedule = ParseSchedule(schedule);
@@ -441,38 +560,41 @@ int main(int argc, char** argv) {
     std::cerr << std::string(parsed_schedule.status().message()) << "\n";
     return 2;
   }
-  options.schedule = *parsed_schedule;
+  {
+    ModuleLayout& layout = run.layout;
+    const ModuleLayout sizes = LayoutOf(dp, fsdp, pp, tp);
+    const int microbatches = layout.microbatches, virtual_stages = layout.virtual_stages;
+    layout = sizes;
+    layout.microbatches = microbatches;
+    layout.virtual_stages = virtual_stages;
+    layout.schedule = *parsed_schedule;
+    layout.reshard_after_forward = !no_reshard;
+    layout.pipeline =
+        pp > 1 || virtual_stages != 1 || layout.schedule == Schedule::kInterleaved1F1B;
+  }
 
   std::vector<InputTarget> file_batches;
   if (!data_file.empty()) {
     auto read = ReadBatchFile(data_file);
     if (!read.ok()) return Fail(-1, std::string(read.status().message()));
     file_batches = *std::move(read);
-    if (first_step < 0 ||
-        first_step + steps > static_cast<int64_t>(file_batches.size())) {
+    if (run.first_step < 0 ||
+        run.first_step + run.steps > static_cast<int64_t>(file_batches.size())) {
       return Fail(-1, data_file + " has " + std::to_string(file_batches.size()) +
-                          " batches, steps " + std::to_string(first_step) + ".." +
-                          std::to_string(first_step + steps - 1) + " asked for");
+                          " batches, steps " + std::to_string(run.first_step) + ".." +
+                          std::to_string(run.first_step + run.steps - 1) + " asked for");
     }
   }
-
-  std::function<std::unique_ptr<TrainModel>()> make_model = [&]() {
-    return model_name == "mlp" ? MlpModel(sizes, seed) : TransformerModel(lm, seed);
-  };
-  // The global batch of a step: the file's, or synthetic (a whole model only
-  // for its data: not built with a file, and before the RSS baseline).
-  const auto data_model = file_batches.empty() ? make_model() : nullptr;
-  std::function<InputTarget(int64_t)> batch_of = [&](int64_t step) -> InputTarget {
-    if (!file_batches.empty()) return file_batches[step];
-    return data_model->SyntheticData(seed, step, batch);
+  run.batch_of = [&](int64_t step) -> InputTarget {
+    if (!file_batches.empty()) return file_batches[static_cast<size_t>(step)];
+    return SyntheticData(model, step, batch);
   };
   if (fault_tolerant) {
     if (kill.rank < 0) {
       auto env = WorkerEnvFromProcessEnvironment();
       kill.rank = env.ok() ? env->world_size - 1 : 0;
     }
-    return RunFaultTolerant(options, make_model, batch_of, first_step, steps, verify,
-                            rtol, kill, hold);
+    return RunFaultTolerant(run, kill, hold);
   }
 
   auto world = InitProcessGroup("gloo");
@@ -480,9 +602,15 @@ int main(int argc, char** argv) {
   const int rank = (*world)->rank();
   const double rss_before_model = examples::RssMb();
 
-  auto trainer = Trainer::Create(*world, make_model(), options);
+  auto trainer = ModuleTrainer::Create(*world, run.layout,
+                                       MakeModel(model, run.layout.tensor_parallel),
+                                       OptimizerMaker(optimizer));
   if (!trainer.ok()) return Fail(rank, std::string(trainer.status().message()));
-  if (rank == 0) Say("layout " + (*trainer)->Describe());
+  if (rank == 0) {
+    std::string stages = DescribeStages(**trainer);
+    Say("layout " + run.layout.ToString() + " (" + DescribeModel(model) + ")" +
+        (stages.empty() ? "" : "; rank 0 holds " + stages));
+  }
   if (!load_dir.empty()) {
     if (auto status = (*trainer)->Load(load_dir); !status.ok())
       return Fail(rank, std::string(status.message()));
@@ -490,7 +618,8 @@ int main(int argc, char** argv) {
   // Steps done before this start (a restart resumes from its checkpoint).
   int64_t resumed = 0;
   if (!checkpoint_dir.empty()) {
-    auto latest = ResumeFromLatestCheckpoint(**trainer, checkpoint_dir);
+    auto latest = ResumeFromLatestCheckpoint(
+        [&](const std::string& dir) { return (*trainer)->Load(dir); }, checkpoint_dir);
     if (!latest.ok()) return Fail(rank, std::string(latest.status().message()));
     resumed = *latest;
     if (rank == 0 && resumed > 0)
@@ -502,16 +631,18 @@ int main(int argc, char** argv) {
 
   // The reference: the same model, whole, in this process (from the same
   // checkpoint when loading).
-  std::unique_ptr<TrainModel> reference;
+  std::optional<Reference> reference;
   std::vector<double> reference_losses;
-  if (verify) {
-    reference = make_model();
+  if (run.verify) {
+    reference = MakeReference(model, optimizer);
     if (!load_dir.empty()) {
-      if (auto status = LoadShards(load_dir, reference->Layers().Params()); !status.ok())
+      if (auto status =
+              LoadModule(load_dir, *reference->model.root, reference->optimizer.get());
+          !status.ok())
         return Fail(rank, "reference: " + std::string(status.message()));
     }
-    reference_losses = TrainSingleProcess(*reference, batch_of, first_step, steps,
-                                          options.lr, options.momentum);
+    for (int i = 0; i < run.steps; ++i)
+      reference_losses.push_back(reference->Step(run.batch_of(run.first_step + i)));
   }
 
   // Gloo records every collective in c10d's flight recorder (a ring buffer of
@@ -526,10 +657,10 @@ int main(int argc, char** argv) {
   };
   dump_collectives("before");
   std::vector<double> step_ms;
-  for (int i = static_cast<int>(resumed); i < steps; ++i) {
-    const int64_t step = first_step + i;
+  for (int i = static_cast<int>(resumed); i < run.steps; ++i) {
+    const int64_t step = run.first_step + i;
     if (i == kill_step) KillSelf(rank, i, "start");
-    auto [input, target] = batch_of(step);
+    auto [input, target] = run.batch_of(step);
     if (time_steps) (*world)->group()->barrier()->wait();
     const auto start = std::chrono::steady_clock::now();
     auto loss = (*trainer)->Step(input, target);
@@ -541,15 +672,17 @@ int main(int argc, char** argv) {
     std::snprintf(line, sizeof line, "step %lld loss %.9g", static_cast<long long>(step),
                   *loss);
     if (rank == 0) Say(line);
-    if (!checkpoint_dir.empty() && (i + 1) % checkpoint_every == 0 && i + 1 < steps) {
-      if (auto status = SaveCheckpointStep(**trainer, rank, checkpoint_dir, i + 1);
+    if (!checkpoint_dir.empty() && (i + 1) % checkpoint_every == 0 && i + 1 < run.steps) {
+      if (auto status = SaveCheckpointStep(
+              [&](const std::string& dir) { return (*trainer)->Save(dir); }, rank,
+              checkpoint_dir, i + 1);
           !status.ok())
         return Fail(rank, std::string(status.message()));
     }
-    if (verify) {
-      const double want = reference_losses[i];
+    if (run.verify) {
+      const double want = reference_losses[static_cast<size_t>(i)];
       const double error = std::abs(*loss - want) / std::max(std::abs(want), 1e-30);
-      if (!(error <= rtol)) {
+      if (!(error <= run.rtol)) {
         std::snprintf(line, sizeof line, "step %lld: loss %.9g, single-process %.9g",
                       static_cast<long long>(step), *loss, want);
         return Fail(rank, line);
@@ -558,17 +691,17 @@ int main(int argc, char** argv) {
   }
 
   dump_collectives("after");
-  if (time_steps && steps > 0) {
+  if (time_steps && run.steps > 0) {
     const std::string line =
         examples::StepTimingLine(*(*world)->group(), step_ms, rss_before_model);
     if (rank == 0) Say(line);
   }
 
-  if (verify) {
-    auto checked = CompareParams(**trainer, *reference, rtol);
+  if (run.verify) {
+    auto checked = CompareParams(**trainer, *reference, run.rtol);
     if (!checked.ok()) return Fail(rank, std::string(checked.status().message()));
-    Say("verified rank " + std::to_string(rank) + ": " + std::to_string(steps - resumed) +
-        " losses and " + std::to_string(*checked) +
+    Say("verified rank " + std::to_string(rank) + ": " +
+        std::to_string(run.steps - resumed) + " losses and " + std::to_string(*checked) +
         " parameters equal single-process training");
   }
   if (!save_dir.empty()) {

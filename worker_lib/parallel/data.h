@@ -19,6 +19,16 @@ struct Batch {
 // nonlinear function of them plus noise.
 Batch SyntheticBatch(uint64_t seed, int64_t step, int64_t batch, int64_t in, int64_t out);
 
+struct TokenBatch {
+  at::Tensor tokens;   // [batch, seq] int64
+  at::Tensor targets;  // [batch, seq] int64: the next tokens
+};
+// Synthetic sequences for step `step`, the same on every rank: mostly a
+// fixed affine recurrence over the vocabulary (learnable), with random
+// tokens mixed in.
+TokenBatch SyntheticTokens(uint64_t seed, int64_t step, int64_t batch, int64_t seq,
+                           int64_t vocab);
+
 // Rows of `t` (dim 0) that data-parallel rank `index` of `parts` takes:
 // contiguous, equal chunks. REQUIRES: t.size(0) divisible by parts.
 at::Tensor DataShard(const at::Tensor& t, int64_t parts, int64_t index);

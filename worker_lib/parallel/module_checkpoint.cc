@@ -21,11 +21,13 @@ struct Entries {
 };
 
 absl::StatusOr<Entries> EntriesOf(const torch::nn::Module& module,
-                                  torch::optim::Optimizer* optimizer, bool create_state) {
+                                  torch::optim::Optimizer* optimizer, bool create_state,
+                                  const TensorFilter& only) {
   Entries entries;
   for (const NamedParam& named : ModuleParams(module)) {
     const std::shared_ptr<Param>& base = named.param;
     const at::Tensor& tensor = base->data();
+    if (only && !only(tensor)) continue;
     entries.params.push_back(base->Alias(named.name, tensor));
     if (optimizer == nullptr) continue;
     absl::StatusOr<ParamState> state = OptimizerStateOf(*optimizer, tensor, create_state);
@@ -41,6 +43,7 @@ absl::StatusOr<Entries> EntriesOf(const torch::nn::Module& module,
     }
   }
   for (const auto& item : module.named_buffers()) {
+    if (only && !only(item.value())) continue;
     entries.params.push_back(Param::OfLeaf(item.key(), item.value()));
   }
   return entries;
@@ -50,15 +53,17 @@ absl::StatusOr<Entries> EntriesOf(const torch::nn::Module& module,
 
 absl::Status SaveModule(const std::string& dir, const std::string& tag,
                         const torch::nn::Module& module,
-                        torch::optim::Optimizer* optimizer) {
-  absl::StatusOr<Entries> entries = EntriesOf(module, optimizer, /*create_state=*/false);
+                        torch::optim::Optimizer* optimizer, const TensorFilter& only) {
+  absl::StatusOr<Entries> entries =
+      EntriesOf(module, optimizer, /*create_state=*/false, only);
   if (!entries.ok()) return entries.status();
   return SaveShards(dir, tag, entries->params);
 }
 
 absl::Status LoadModule(const std::string& dir, torch::nn::Module& module,
-                        torch::optim::Optimizer* optimizer) {
-  absl::StatusOr<Entries> entries = EntriesOf(module, optimizer, /*create_state=*/true);
+                        torch::optim::Optimizer* optimizer, const TensorFilter& only) {
+  absl::StatusOr<Entries> entries =
+      EntriesOf(module, optimizer, /*create_state=*/true, only);
   if (!entries.ok()) return entries.status();
   if (absl::Status status = LoadShards(dir, entries->params); !status.ok()) return status;
   for (const auto& [step, set_step] : entries->steps)

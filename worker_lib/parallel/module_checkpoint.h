@@ -25,19 +25,27 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
 
 namespace meshrun::worker::parallel {
 
+// Which of the module's parameters and buffers a save or a load takes (a
+// pipeline stage's, of a root whose other parts other ranks train); null:
+// all of them.
+using TensorFilter = std::function<bool(const at::Tensor&)>;
+
 absl::Status SaveModule(const std::string& dir, const std::string& tag,
                         const torch::nn::Module& module,
-                        torch::optim::Optimizer* optimizer = nullptr);
+                        torch::optim::Optimizer* optimizer = nullptr,
+                        const TensorFilter& only = nullptr);
 
 // Fails, changing nothing, when an entry is missing, of another global
 // shape, or not fully covered (checkpoint.h's LoadShards).
 absl::Status LoadModule(const std::string& dir, torch::nn::Module& module,
-                        torch::optim::Optimizer* optimizer = nullptr);
+                        torch::optim::Optimizer* optimizer = nullptr,
+                        const TensorFilter& only = nullptr);
 
 }  // namespace meshrun::worker::parallel

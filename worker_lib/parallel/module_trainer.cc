@@ -10,6 +10,7 @@
 #include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/module_checkpoint.h"
 #include "worker_lib/parallel/module_params.h"
+#include "worker_lib/parallel/pp_schedule.h"
 
 namespace meshrun::worker::parallel {
 namespace {
@@ -37,15 +38,16 @@ absl::Status Validate(const ModuleLayout& layout, const ModuleModel& model, int 
     return absl::InvalidArgumentError(
         "ModuleTrainer: the model needs a root, a forward and a loss");
   if (layout.pipeline) {
+    if (absl::Status valid = ValidateSchedule(layout.schedule, layout.pp,
+                                              layout.microbatches, layout.virtual_stages);
+        !valid.ok())
+      return valid;
     const int stages = layout.pp * layout.virtual_stages;
     if (!model.stage_of || model.num_parts < stages) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ModuleTrainer: ", stages, " pipeline stages need a model of at least ", stages,
           " parts and a stage_of; it has ", model.num_parts));
     }
-    // Not yet: FSDP's units across the stages' modules (FSDP2 + PP).
-    if (layout.fully_shard)
-      return absl::UnimplementedError("ModuleTrainer: FullyShard with pipeline stages");
   } else if (layout.pp != 1 || layout.virtual_stages != 1) {
     return absl::InvalidArgumentError(
         "ModuleTrainer: pp and virtual_stages are the pipeline's: set pipeline");
@@ -114,14 +116,8 @@ absl::Status ModuleTrainer::Parallelize(const MakeOptimizer& make_optimizer) {
       };
     }
   }
-  if (layout_.fully_shard) {
-    const FsdpOptions options{layout_.reshard_after_forward};
-    for (const auto& unit : model_.shard_units) {
-      if (absl::Status s = FullyShard(*unit, "fsdp", group("fsdp"), options); !s.ok())
-        return s;
-    }
-    if (absl::Status s = FullyShard(root, "fsdp", group("fsdp"), options); !s.ok())
-      return s;
+  if (layout_.fully_shard && !layout_.pipeline) {
+    if (absl::Status s = ShardUnitsAndRoot(root); !s.ok()) return s;
   }
   if (layout_.pipeline) {
     ProcessGroupPtr pp = group("pp");
@@ -129,14 +125,20 @@ absl::Status ModuleTrainer::Parallelize(const MakeOptimizer& make_optimizer) {
     const auto parts = CutParts(model_.num_parts, layout_.pp * chunks);
     std::vector<torch::nn::AnyModule> modules;
     for (int c = 0; c < chunks; ++c) {
-      const auto [first, last] =
-          parts[static_cast<size_t>(c * layout_.pp + pp->getRank())];
+      const int index = c * layout_.pp + pp->getRank();
+      const auto [first, last] = parts[static_cast<size_t>(index)];
+      stage_parts_.push_back({index, first, last});
       torch::nn::AnyModule module = model_.stage_of(first, last);
+      // FSDP2 with pipelines: each stage module is a root of its units.
+      if (layout_.fully_shard) {
+        if (absl::Status s = ShardUnitsAndRoot(*module.ptr()); !s.ok()) return s;
+      }
       if (layout_.replicate) {
         auto ddp = DistributedDataParallel::Wrap(*module.ptr(), group("dp"));
         if (!ddp.ok()) return ddp.status();
         replicas_.push_back(*std::move(ddp));
       }
+      stage_modules_.push_back(module.ptr());
       modules.push_back(std::move(module));
     }
     auto stage = MakeStage(std::move(modules), pp);
@@ -152,6 +154,20 @@ absl::Status ModuleTrainer::Parallelize(const MakeOptimizer& make_optimizer) {
     return absl::InvalidArgumentError("ModuleTrainer: make_optimizer gave none");
   if (!stage_) state_ = std::make_unique<ModuleTrainingState>(root, *optimizer_);
   return absl::OkStatus();
+}
+
+absl::Status ModuleTrainer::ShardUnitsAndRoot(torch::nn::Module& root) {
+  const FsdpOptions options{layout_.reshard_after_forward};
+  // The units inside `root` (a stage module holds some of the model's).
+  std::vector<const torch::nn::Module*> inside;
+  for (const auto& module : root.modules(/*include_self=*/true))
+    inside.push_back(module.get());
+  for (const auto& unit : model_.shard_units) {
+    if (std::find(inside.begin(), inside.end(), unit.get()) == inside.end()) continue;
+    if (absl::Status s = FullyShard(*unit, "fsdp", group("fsdp"), options); !s.ok())
+      return s;
+  }
+  return FullyShard(root, "fsdp", group("fsdp"), options);
 }
 
 absl::Status ModuleTrainer::NotPipelined(const char* what) const {
@@ -235,21 +251,35 @@ absl::StatusOr<at::Tensor> ModuleTrainer::Predict(const at::Tensor& input) {
   }
 }
 
+TensorFilter ModuleTrainer::Trained() const {
+  if (!stage_) return nullptr;
+  // The stage modules' parameters and buffers, by identity.
+  auto mine = std::make_shared<std::vector<const c10::TensorImpl*>>();
+  for (const at::Tensor& leaf : stage_->Leaves())
+    mine->push_back(leaf.unsafeGetTensorImpl());
+  for (const auto& module : stage_modules_) {
+    for (const at::Tensor& buffer : module->buffers())
+      mine->push_back(buffer.unsafeGetTensorImpl());
+  }
+  return [mine](const at::Tensor& tensor) {
+    return std::find(mine->begin(), mine->end(), tensor.unsafeGetTensorImpl()) !=
+           mine->end();
+  };
+}
+
 absl::Status ModuleTrainer::Save(const std::string& dir) {
-  if (absl::Status s = NotPipelined("Save"); !s.ok()) return s;
   absl::Status status;
   if (group("dp")->getRank() == 0) {
     status = SaveModule(dir, absl::StrCat("rank", world_->rank()), *model_.root,
-                        optimizer_.get());
+                        optimizer_.get(), Trained());
   }
   world_->group()->barrier()->wait();
   return status;
 }
 
 absl::Status ModuleTrainer::Load(const std::string& dir) {
-  if (absl::Status s = NotPipelined("Load"); !s.ok()) return s;
   world_->group()->barrier()->wait();
-  return LoadModule(dir, *model_.root, optimizer_.get());
+  return LoadModule(dir, *model_.root, optimizer_.get(), Trained());
 }
 
 std::map<std::string, at::Tensor> ModuleTrainer::FullParams() const {

@@ -4,7 +4,8 @@
 // parallelisms on one DeviceMesh (dp, fsdp, pp, tp), as TorchTitan applies
 // its parallelize function and then runs its training step:
 // ParallelizeModule over "tp", FullyShard of the model's units and then its
-// root over "fsdp", pipeline stages over "pp" (PipelineStage and a
+// root over "fsdp" (with pipelines: of each stage module's units and then of
+// the stage module), pipeline stages over "pp" (PipelineStage and a
 // schedule), DistributedDataParallel over "dp" (over FSDP shards: HSDP; one
 // per stage module with pipelines), then the user's torch::optim optimizer
 // over what this rank trains.
@@ -42,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "worker_lib/device_mesh.h"
 #include "worker_lib/parallel/ddp.h"
+#include "worker_lib/parallel/module_checkpoint.h"
 #include "worker_lib/parallel/module_fault_tolerance.h"
 #include "worker_lib/parallel/parallelize.h"
 #include "worker_lib/parallel/pp.h"
@@ -100,8 +102,8 @@ class ModuleTrainer {
 
   // Builds the mesh and parallelises `model` in place. INVALID_ARGUMENT for a
   // layout the world or the model cannot take (naming what), UNIMPLEMENTED
-  // for FullyShard or fault-tolerant replicas with pipeline stages (not
-  // yet); the parallelisms' own errors otherwise. Collective.
+  // for fault-tolerant replicas with pipeline stages (not yet); the
+  // parallelisms' own errors otherwise. Collective.
   // `replica_sync`: not owned; null for none; not with pipelines.
   static absl::StatusOr<std::unique_ptr<ModuleTrainer>> Create(
       std::shared_ptr<World> world, const ModuleLayout& layout, ModuleModel model,
@@ -118,9 +120,10 @@ class ModuleTrainer {
   absl::StatusOr<double> Evaluate(const at::Tensor& input, const at::Tensor& target);
   absl::StatusOr<at::Tensor> Predict(const at::Tensor& input);
 
-  // Without pipelines (UNIMPLEMENTED with them): a sharded checkpoint of the
-  // module and the optimizer's state (module_checkpoint.h), written by the
-  // first dp replica, loadable on another layout. Barriers around the files.
+  // A sharded checkpoint of the module and the optimizer's state
+  // (module_checkpoint.h), written by the first dp replica (with pipelines,
+  // every stage its own parameters), loadable on another layout. Barriers
+  // around the files.
   absl::Status Save(const std::string& dir);
   absl::Status Load(const std::string& dir);
 
@@ -138,6 +141,14 @@ class ModuleTrainer {
   // The mesh dimension's group ("dp", "fsdp", "pp" or "tp").
   ProcessGroupPtr group(const std::string& dim) const;
   const std::optional<PipelineStage>& stage() const { return stage_; }
+  // With pipelines: this rank's stages (the model cut in pp x
+  // virtual_stages), each with its parts [first, last].
+  struct StageParts {
+    int stage;
+    int first;
+    int last;
+  };
+  const std::vector<StageParts>& stage_parts() const { return stage_parts_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   const ModuleLayout& layout() const { return layout_; }
 
@@ -150,6 +161,11 @@ class ModuleTrainer {
         model_(std::move(model)) {}
   absl::Status Parallelize(const MakeOptimizer& make_optimizer);
   absl::Status NotPipelined(const char* what) const;
+  // FullyShard of the model's units inside `root`, then of `root`.
+  absl::Status ShardUnitsAndRoot(torch::nn::Module& root);
+  // What this rank trains, for its checkpoints: null (all) without
+  // pipelines, the stages' tensors with them.
+  TensorFilter Trained() const;
   // This rank's rows of the global `batch`.
   at::Tensor MyRows(const at::Tensor& batch) const;
   double MeanOverWorld(const at::Tensor& loss) const;
@@ -161,6 +177,8 @@ class ModuleTrainer {
   LossFn loss_;  // the model's, or LossParallel's over tp
   std::vector<std::unique_ptr<DistributedDataParallel>> replicas_;
   std::optional<PipelineStage> stage_;
+  std::vector<std::shared_ptr<torch::nn::Module>> stage_modules_;
+  std::vector<StageParts> stage_parts_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<ModuleTrainingState> state_;  // without pipelines
   ReplicaGradientSync* replica_sync_ = nullptr;

@@ -189,20 +189,4 @@ at::Tensor TransformerLm::Loss(const at::Tensor& tokens, const at::Tensor& targe
   return LossOfLogits(Forward(tokens), targets);
 }
 
-TokenBatch SyntheticTokens(uint64_t seed, int64_t step, int64_t batch, int64_t seq,
-                           int64_t vocab) {
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(
-      seed * 1000003 + static_cast<uint64_t>(step));
-  at::Tensor sequence = at::empty({batch, seq + 1}, at::kLong);
-  sequence.select(1, 0).random_(0, vocab, generator);
-  for (int64_t t = 1; t <= seq; ++t) {
-    at::Tensor next = (sequence.select(1, t - 1) * 5 + 3).remainder(vocab);
-    at::Tensor random = at::empty({batch}, at::kLong).random_(0, vocab, generator);
-    at::Tensor noisy = at::empty({batch}, at::kFloat).uniform_(0, 1, generator) < 0.1;
-    sequence.select(1, t).copy_(at::where(noisy, random, next));
-  }
-  return {sequence.narrow(1, 0, seq).contiguous(),
-          sequence.narrow(1, 1, seq).contiguous()};
-}
-
 }  // namespace meshrun::worker::parallel

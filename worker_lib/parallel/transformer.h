@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/layers.h"
 #include "worker_lib/parallel/param.h"
 
@@ -116,14 +117,6 @@ class TransformerLm {
   ProcessGroupPtr tp_;
 };
 
-struct TokenBatch {
-  at::Tensor tokens;   // [batch, seq] int64
-  at::Tensor targets;  // [batch, seq] int64: the next tokens
-};
-// Synthetic sequences for step `step`, the same on every rank: mostly a
-// fixed affine recurrence over the vocabulary (learnable), with random
-// tokens mixed in.
-TokenBatch SyntheticTokens(uint64_t seed, int64_t step, int64_t batch, int64_t seq,
-                           int64_t vocab);
+// TokenBatch and SyntheticTokens: data.h.
 
 }  // namespace meshrun::worker::parallel

@@ -77,7 +77,7 @@ INSTANTIATE_TEST_SUITE_P(
         // with padding; dp x fsdp is HSDP).
         Layout{"mlp", "--dp 4", 4}, Layout{"mlp", "--fsdp 4", 4},
         Layout{"mlp", "--dp 2 --fsdp 2", 4}, Layout{"mlp", "--tp 2", 2},
-        Layout{"transformer", "--tp 2", 2},
+        Layout{"gpt", "--tp 2", 2},
         // Composed.
         Layout{"mlp", "--fsdp 2 --tp 2", 4},
         // Seed 003: 4 layers (50x50 three times, 50x4), batch 32 -> [32, 4],
@@ -86,10 +86,11 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"mlp", "--pp 2 --tp 2 --schedule 1f1b --microbatches 4", 4},
         Layout{"mlp", "--pp 2 --dp 2 --tp 2 --schedule 1f1b --microbatches 4", 8},
         Layout{"mlp", "--dp 2 --fsdp 2 --tp 2", 8},
+        // FSDP inside pipeline stages: each stage module the root of its units.
         Layout{"mlp", "--pp 2 --fsdp 2 --schedule 1f1b --microbatches 2 --no-reshard", 4},
-        Layout{"transformer", "--fsdp 2 --tp 2", 4},
-        Layout{"transformer", "--pp 2 --tp 2 --schedule 1f1b --microbatches 2", 4},
-        Layout{"transformer", "--dp 2 --pp 2 --fsdp 2 --microbatches 2", 8}));
+        Layout{"gpt", "--fsdp 2 --tp 2 --optimizer adamw --lr 0.003", 4},
+        Layout{"gpt", "--pp 2 --tp 2 --schedule 1f1b --microbatches 2", 4},
+        Layout{"gpt", "--dp 2 --pp 2 --fsdp 2 --microbatches 2", 8}));
 
 // Seed 000's FSDP2 + TP: full_tensor() gives the rows back in order.
 TEST(ComposedFullTensor, FsdpOverTpShardsReassemblesInOrder) {
@@ -107,21 +108,23 @@ TEST(ComposedFullTensor, FsdpOverTpShardsReassemblesInOrder) {
   EXPECT_EQ(CountOf(run.output, "SHARD "), 8);
 }
 
-// 5 steps on dp=2 x tp=2, saved; 5 more on pp=2 x fsdp=2 from the checkpoint:
-// the same losses as 10 uninterrupted steps in one process.
+// 5 steps of AdamW on dp=2 x tp=2, saved with the optimizer's state; 5 more
+// on pp=2 x fsdp=2 from the checkpoint: the same losses as 10 uninterrupted
+// steps in one process.
 TEST(ComposedCheckpoint, ResumesOnAnotherLayout) {
   char pattern[] = "/tmp/meshrun_compose_ckpt_XXXXXX";
   ASSERT_NE(mkdtemp(pattern), nullptr);
   const std::string dir = pattern;
 
-  MeshrunRun whole = RunUnderMeshrun(1, "train_example", Args("--steps 10"));
+  const std::string adamw = " --optimizer adamw --lr 0.01 --weight-decay 0.1";
+  MeshrunRun whole = RunUnderMeshrun(1, "train_example", Args("--steps 10" + adamw));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  MeshrunRun first =
-      RunUnderMeshrun(4, "train_example", Args("--dp 2 --tp 2 --steps 5 --save " + dir));
+  MeshrunRun first = RunUnderMeshrun(
+      4, "train_example", Args("--dp 2 --tp 2 --steps 5 --save " + dir + adamw));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   MeshrunRun second = RunUnderMeshrun(4, "train_example",
                                       Args("--pp 2 --fsdp 2 --microbatches 2 --load " +
-                                           dir + " --first-step 5 --steps 5"));
+                                           dir + " --first-step 5 --steps 5" + adamw));
   std::filesystem::remove_all(dir);
   ASSERT_EQ(second.exit_code, 0) << second.output;
 
@@ -148,11 +151,13 @@ INSTANTIATE_TEST_SUITE_P(
     Mesh, RefusedLayouts,
     ::testing::Values(
         Refusal{"--dp 3", 2,
-                "the layout pp=1 dp=3 fsdp=1 tp=1 needs 3 ranks, the world has 2"},
+                "ModuleTrainer: layout dp=3 fsdp=1 pp=1 tp=1: DDP over dp needs 3 ranks, "
+                "the world has 2"},
         Refusal{"--pp 2 --schedule 1f1b --microbatches 1", 2,
                 "1F1B needs at least 2 microbatches for 2 stages, got 1"},
-        Refusal{"--tp 3 --sizes 50,50", 3,
-                "does not split evenly over 3 ranks of 'tp'"}));
+        Refusal{"--tp 3", 3,
+                "ParallelizeModule: fc0.weight is [50, 50]; its rows (output features), "
+                "50, do not split evenly over 3 ranks of 'tp'"}));
 
 }  // namespace
 }  // namespace meshrun::worker::parallel

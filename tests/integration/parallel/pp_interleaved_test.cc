@@ -1,4 +1,4 @@
-// Interleaved 1F1B (V model chunks per pipeline rank) through the Trainer:
+// Interleaved 1F1B (V model chunks per pipeline rank) through ModuleTrainer:
 // train_example under the real launcher with --verify (every rank also
 // trains the whole model in one process and checks each step's loss and the
 // final gathered parameters, rtol 1e-5), alone and composed with DP, FSDP
@@ -44,7 +44,7 @@ TEST_P(InterleavedLayouts, TrainExactlyAsOneProcess) {
   EXPECT_EQ(CountLines(run.output, "equal single-process training"), layout.world)
       << run.output;
   EXPECT_EQ(CountSteps(run.output), 10) << run.output;
-  EXPECT_EQ(CountLines(run.output, "virtual stages: "), 1) << run.output;  // rank 0
+  EXPECT_EQ(CountLines(run.output, "rank 0 holds stage 0/"), 1) << run.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -57,38 +57,37 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"--model mlp --sizes 50,50,50,50,50,50,4 --pp 2 --virtual-stages 3 "
                "--microbatches 4",
                2},
-        // The transformer (embedding, 2 blocks, final norm, head) over 4 stages.
-        Layout{"--model transformer --pp 2 --virtual-stages 2 --microbatches 4", 2},
+        // The GPT (embeddings, 2 blocks, final norm and head) over 4 stages.
+        Layout{"--model gpt --pp 2 --virtual-stages 2 --microbatches 4", 2},
         // Composed: replicas synchronise all of a rank's chunks; FSDP shards
-        // each chunk's layers; TP inside every chunk.
+        // each chunk; TP inside every chunk.
         Layout{"--model mlp --pp 2 --dp 2 --virtual-stages 2 --microbatches 4", 4},
         Layout{"--model mlp --pp 2 --fsdp 2 --virtual-stages 2 --microbatches 2", 4},
         Layout{"--model mlp --pp 2 --tp 2 --virtual-stages 2 --microbatches 4", 4},
-        Layout{"--model transformer --pp 2 --tp 2 --virtual-stages 2 --microbatches 2",
-               4},
-        Layout{"--model transformer --pp 2 --dp 2 --virtual-stages 2 --microbatches 4",
+        Layout{"--model gpt --pp 2 --tp 2 --virtual-stages 2 --microbatches 2", 4},
+        Layout{"--model gpt --pp 2 --dp 2 --virtual-stages 2 --microbatches 4 "
+               "--optimizer adamw --lr 0.003",
                4}));
 
-// The split Trainer::Describe prints (rank 0's line): rank 0 holds stages 0
-// and 2 of the model cut in 4, and every stage's first layer is listed, as
-// StageBoundaries gives them for pp x V stages.
+// The split rank 0 prints: it holds stages 0 and 2 of the model cut in 4,
+// one Linear (part) each.
 TEST(InterleavedTrainer, DescribesTheStageSplit) {
   MeshrunRun run = RunUnderMeshrun(
       2, "train_example",
       Args("--pp 2 --schedule interleaved --virtual-stages 2 --microbatches 4 "
            "--steps 1"));
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_TRUE(Contains(run.output,
-                       "layout pp=2 dp=1 fsdp=1 tp=1 (MLP): rank 0/2, 2 virtual stages: "
-                       "stage 0/4: layers [0, 2): Linear(50 -> 50), ReLU(); stage 2/4: "
-                       "layers [4, 6): Linear(50 -> 50), ReLU() (interleaved, 4 "
-                       "microbatches, 4 stages starting at layers [0, 2, 4, 6, 7])"))
+  EXPECT_TRUE(
+      Contains(run.output,
+               "layout dp=1 fsdp=1 pp=2 tp=1: interleaved over pp (2 chunks a "
+               "rank), 4 microbatches (torch::nn MLP 50,50,50,50,4); rank 0 holds "
+               "stage 0/4: parts [0, 0], stage 2/4: parts [2, 2]"))
       << run.output;
 }
 
 class InterleavedRefusals : public ::testing::TestWithParam<Refusal> {};
 
-// Refused by Trainer::Create on every rank before it trains: exit 1 and the
+// Refused by ModuleTrainer::Create on every rank before it trains: exit 1 and the
 // reason on one line (per rank that got to say it before the launcher
 // stopped the group on the first rank's exit).
 TEST_P(InterleavedRefusals, FailWithTheirReason) {
@@ -124,8 +123,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "interleaved 1F1B needs at least 2 pipeline ranks, got 1"},
         // 4 Linears cannot make 6 stages.
         Refusal{"--pp 2 --schedule interleaved --virtual-stages 3 --microbatches 4", 2,
-                "cannot balance 4 layer(s) with parameters over 6 pipeline stages; give "
-                "explicit split points"}));
+                "ModuleTrainer: 6 pipeline stages need a model of at least 6 parts and "
+                "a stage_of; it has 4"}));
 
 }  // namespace
 }  // namespace meshrun
