@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Training-step time at world 4 (issues 5, 16): meshrun's DataParallel, FSDP and DP x TP
-# (C++, bench/worker_lib/dp_step_bench.cc) side by side with PyTorch DDP and FSDP2's
+# Training-step time at world 4 (issues 5, 16, 29): meshrun's DistributedDataParallel,
+# FullyShard and DDP x TP on a torch::nn MLP (C++, bench/worker_lib/dp_step_bench.cc) side by side with PyTorch DDP and FSDP2's
 # fully_shard (torch 2.15 from the project's venv, gloo, bench/worker_lib/ddp_step_bench.py)
 # on the same MLPs and batch, all launched by `meshrun --standalone`, in one run;
 # records bench/worker_lib/parallel_results.md. See
@@ -132,7 +132,7 @@ if [ "$layouts" = 1 ]; then
   exit "$status"
 fi
 {
-  echo "# Parallel training benchmark: meshrun DP / FSDP / DP x TP vs PyTorch DDP / FSDP2 (step time, world 4)"
+  echo "# Parallel training benchmark: meshrun DDP / FSDP / DDP x TP vs PyTorch DDP / FSDP2 (step time, world 4)"
   echo
   echo "Produced by \`scripts/bench-parallel.sh\` (bench/worker_lib/bench_parallel.py,"
   echo "dp_step_bench.cc, ddp_step_bench.py); do not edit by hand."
@@ -142,12 +142,13 @@ fi
   echo "## Method"
   echo
   echo "- Every launch: \`meshrun --standalone --nproc-per-node=4 --no-python\` of"
-  echo "  \`dp_step_bench --mode {dp,fsdp,fsdp_noreshard,dptp}\` (C++: MakeMlp, DataParallel with 25 MiB"
-  echo "  buckets or FullyShard per layer, torch::optim::SGD) or \`\$PYTHON_EXEC ddp_step_bench.py"
-  echo "  --mode {ddp,fsdp2,fsdp2_noreshard}\` (nn.Sequential of the same Linear/ReLU sizes in"
-  echo "  DistributedDataParallel with its default 25 MiB buckets, or fully_shard on every Linear"
-  echo "  and the root, reshard_after_forward True / False; torch.optim.SGD)."
-  echo "  OMP_NUM_THREADS=1 (meshrun's default for several workers) for all."
+  echo "  \`dp_step_bench --mode {module_ddp,module_fsdp,module_fsdp_noreshard,module_dptp}\` (C++: a"
+  echo "  torch::nn::Sequential of Linear and ReLU under DistributedDataParallel::Wrap with 25 MiB"
+  echo "  buckets, or FullyShard on every Linear and the root; torch::optim::SGD) or"
+  echo "  \`\$PYTHON_EXEC ddp_step_bench.py --mode {ddp,fsdp2,fsdp2_noreshard}\` (nn.Sequential of the"
+  echo "  same Linear/ReLU sizes in DistributedDataParallel with its default 25 MiB buckets, or"
+  echo "  fully_shard on every Linear and the root, reshard_after_forward True / False;"
+  echo "  torch.optim.SGD). OMP_NUM_THREADS=1 (meshrun's default for several workers) for all."
   echo "- \`--baseline PATH\`: the modes of \`--baseline-impls\` also run by that dp_step_bench"
   echo "  binary (built from an earlier commit), interleaved with the rest (\", baseline\" rows)."
   echo "- Memory: each binary reports its largest rank's peak RSS (getrusage) and the growth of"
@@ -157,17 +158,14 @@ fi
   echo "  rank's 1/4 of the global batch; data is generated before the clock starts; a barrier"
   echo "  precedes every step; a step's time is the slowest rank's; per launch the median of the"
   echo "  timed steps after warm-up; reported: the median over rounds of the launch medians."
-  echo "- DDP and meshrun's DataParallel both start a bucket's all-reduce during backward once its"
-  echo "  grads are in (meshrun: grads live in the buckets; SyncGradients waits). meshrun FSDP and"
-  echo "  FSDP2 both gather a layer's params with one all-gather and reduce-scatter its grads with"
-  echo "  one reduce-scatter, prefetching the next layer's all-gather (before this one, meshrun's"
-  echo "  FSDP ran one all-gather and one reduce-scatter per parameter, and DP synced after backward)."
-  echo "- \`--mode dptp\`: mesh (2, 2) [dp, tp]; ParallelizeMlp (tp.h: column -> row pairs) over tp,"
-  echo "  DataParallel over dp; the two tp ranks of a dp rank share its half of the batch."
-  echo "- \`--mode module_ddp|module_fsdp|module_fsdp_noreshard\`: the same MLP as a"
-  echo "  torch::nn::Sequential of Linear and ReLU (what the PyTorch peer builds) under the"
-  echo "  torch::nn::Module API: DistributedDataParallel::Wrap (ddp.h), or FullyShard (fully_shard.h)"
-  echo "  on every Linear and then the root, whose hooks are RecordFunction first-touch observers."
+  echo "- DDP and meshrun's DistributedDataParallel both start a bucket's all-reduce during"
+  echo "  backward once its grads are in. meshrun's FullyShard and FSDP2 both gather a unit's"
+  echo "  params with one all-gather and reduce-scatter its grads with one reduce-scatter,"
+  echo "  prefetching the next unit's all-gather; meshrun's hooks are RecordFunction first-touch"
+  echo "  observers (fully_shard.h)."
+  echo "- \`--mode module_dptp\`: mesh (2, 2) [dp, tp]; ParallelizeModule pairing the Linears"
+  echo "  column -> row-wise over tp, DistributedDataParallel over dp; the two tp ranks of a dp"
+  echo "  rank share its half of the batch."
   echo
   echo "## Results"
   echo

@@ -32,21 +32,16 @@ RESULT_RE = re.compile(r"RESULT (impl=.*)$", re.M)
 TORCH_MODES = ("ddp", "fsdp2", "fsdp2_noreshard")
 BASELINE_SUFFIX = "@baseline"
 LABEL = {
-    "dp": "meshrun DP",
     "ddp": "PyTorch DDP",
-    "fsdp": "meshrun FSDP",
-    "fsdp_noreshard": "meshrun FSDP (no reshard)",
-    "dptp": "meshrun DP x TP",
     "fsdp2": "PyTorch FSDP2",
     "fsdp2_noreshard": "PyTorch FSDP2 (no reshard)",
     "module_ddp": "meshrun DDP (torch::nn)",
     "module_fsdp": "meshrun FSDP (torch::nn)",
     "module_fsdp_noreshard": "meshrun FSDP (torch::nn, no reshard)",
+    "module_dptp": "meshrun DDP x TP (torch::nn)",
 }
 # The PyTorch peer each meshrun mode is compared with besides DDP.
 PEER = {
-    "fsdp": "fsdp2",
-    "fsdp_noreshard": "fsdp2_noreshard",
     "module_ddp": "ddp",
     "module_fsdp": "fsdp2",
     "module_fsdp_noreshard": "fsdp2_noreshard",
@@ -143,9 +138,12 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--impls", default="dp,ddp,fsdp,fsdp_noreshard,fsdp2,fsdp2_noreshard,dptp")
+    parser.add_argument(
+        "--impls",
+        default="module_ddp,ddp,module_fsdp,fsdp2,module_fsdp_noreshard,fsdp2_noreshard,module_dptp",
+    )
     parser.add_argument("--baseline", help="another dp_step_bench binary to compare with")
-    parser.add_argument("--baseline-impls", default="dp,fsdp,fsdp_noreshard")
+    parser.add_argument("--baseline-impls", default="module_ddp,module_fsdp,module_fsdp_noreshard")
     parser.add_argument("--launch-timeout", type=float, default=300)
     parser.add_argument("--raw", help="file for the raw RESULT/STEPS lines")
     args = parser.parse_args()
@@ -216,16 +214,6 @@ def main():
                 f"| {growth} |"
             )
         print()
-        if ddp and "dp" in impls:
-            dp = statistics.median(medians[(model, "dp")])
-            pairs = zip(medians[(model, "dp")], medians[(model, "ddp")], strict=False)
-            wins = sum(1 for a, b in pairs if a <= b)
-            verdicts.append(
-                f"- MLP {model}: meshrun DP / PyTorch DDP = {dp / ddp:.2f} "
-                f"({'MET' if dp <= ddp else 'NOT MET'}: meshrun DP "
-                f"{'no slower' if dp <= ddp else 'slower'}); meshrun DP faster or equal in "
-                f"{wins} of {len(medians[(model, 'dp')])} rounds"
-            )
         for impl in impls:
             base = impl + BASELINE_SUFFIX
             if base in med_of:

@@ -1,26 +1,26 @@
 // dp_step_bench: the training step time of an MLP under meshrun's data
-// parallelism (issue 5), the C++ side of scripts/bench-parallel.sh, whose
-// peer is PyTorch DDP (ddp_step_bench.py) on the same model, batch and
-// launcher.
+// parallelism (issues 5, 29), the C++ side of scripts/bench-parallel.sh,
+// whose peer is PyTorch DDP / FSDP2 (ddp_step_bench.py) on the same model,
+// batch and launcher.
 //
 //   meshrun --standalone --nproc-per-node=4 --no-python dp_step_bench
-//       --mode dp --sizes 256,1024,1024,1024,256 --batch 64 --steps 30
+//       --mode module_ddp --sizes 256,1024,1024,1024,256 --batch 64 --steps 30
 //
-// A step is zero_grad, forward, MSE loss, backward, gradient sync (dp: one
-// all-reduce per 25 MiB bucket; fsdp: all-gathers and reduce-scatters inside
-// forward/backward), SGD step. Each step starts after a barrier; its time is
+// A step is zero_grad, forward, MSE loss, backward (with the gradient sync:
+// DDP's bucketed all-reduces, FSDP's all-gathers and reduce-scatters), SGD
+// step. Each step starts after a barrier; its time is
 // the max over ranks; data is made before the clock starts. Rank 0 prints
-//   RESULT mode=dp world=4 median_ms=... p10_ms=... p90_ms=... steps=...
+//   RESULT mode=module_ddp world=4 median_ms=... p10_ms=... p90_ms=... steps=...
 //       max_rss_mb=... rss_growth_mb=...
 // the last two: the largest rank's peak RSS and its growth over the RSS
 // before the model was built (ddp_step_bench.py reports the same), a
 // per-rank memory measure that needs no allocator hooks on either side.
-// Modes: dp (DataParallel), fsdp (FullyShard, reshard after forward),
-// fsdp_noreshard, dptp (mesh (world/2, 2) ["dp", "tp"]: ParallelizeMlp over
-// tp, DataParallel over dp; tp ranks share their dp rank's rows);
-// module_ddp, module_fsdp, module_fsdp_noreshard: the same MLP as a
-// torch::nn::Sequential under DistributedDataParallel / FullyShard on every
-// Linear and the root (the torch::nn::Module API), as the PyTorch peer does.
+// Modes, on the MLP as a torch::nn::Sequential of Linear and ReLU (what the
+// PyTorch peer builds): module_ddp (DistributedDataParallel), module_fsdp
+// (FullyShard on every Linear and the root, reshard after forward),
+// module_fsdp_noreshard, module_dptp (mesh (world/2, 2) ["dp", "tp"]:
+// ParallelizeModule pairing the Linears column -> row-wise over tp,
+// DistributedDataParallel over dp; tp ranks share their dp rank's rows).
 
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -42,11 +42,8 @@
 #include "worker_lib/examples/memory_usage.h"
 #include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/ddp.h"
-#include "worker_lib/parallel/dp.h"
-#include "worker_lib/parallel/fsdp.h"
 #include "worker_lib/parallel/fully_shard.h"
-#include "worker_lib/parallel/layers.h"
-#include "worker_lib/parallel/tp.h"
+#include "worker_lib/parallel/parallelize.h"
 #include "worker_lib/process_group.h"
 
 namespace meshrun::worker::parallel {
@@ -71,14 +68,14 @@ using examples::RssMb;
 
 int Main(int argc, char** argv) {
   CLI::App app("dp_step_bench");
-  std::string mode = "dp";
+  std::string mode = "module_ddp";
   std::string sizes_text = "256,1024,1024,1024,256";
   int64_t batch = 64;
   int steps = 30;
   int warmup = 5;
   app.add_option("--mode", mode)
-      ->check(CLI::IsMember({"dp", "fsdp", "fsdp_noreshard", "dptp", "module_ddp",
-                             "module_fsdp", "module_fsdp_noreshard"}));
+      ->check(CLI::IsMember(
+          {"module_ddp", "module_fsdp", "module_fsdp_noreshard", "module_dptp"}));
   app.add_option("--sizes", sizes_text);
   app.add_option("--batch", batch, "global batch");
   app.add_option("--steps", steps, "timed steps");
@@ -95,8 +92,8 @@ int Main(int argc, char** argv) {
   if (!world.ok()) return Fail(std::string(world.status().message()));
   const int n = (*world)->size();
   const int rank = (*world)->rank();
-  const int tp = mode == "dptp" ? 2 : 1;
-  if (n % tp != 0) return Fail("dptp needs an even world");
+  const int tp = mode == "module_dptp" ? 2 : 1;
+  if (n % tp != 0) return Fail("module_dptp needs an even world");
   auto mesh = InitDeviceMesh(*world, "cpu", {n / tp, tp}, {{"dp", "tp"}});
   if (!mesh.ok()) return Fail(std::string(mesh.status().message()));
   ProcessGroupPtr group = *mesh->GetGroup("dp");
@@ -105,49 +102,38 @@ int Main(int argc, char** argv) {
   if (batch % data_parts != 0) return Fail("--batch must divide over the dp ranks");
 
   const double rss_before_model = RssMb();
-  // The module_* modes: the same MLP as a torch::nn::Sequential of Linear and
-  // ReLU, under the torch::nn::Module API (ddp.h, fully_shard.h), as the
-  // PyTorch peer builds it.
-  const bool on_module = mode.rfind("module_", 0) == 0;
   torch::nn::Sequential net;
-  std::unique_ptr<DistributedDataParallel> ddp;
-  if (on_module) {
-    torch::manual_seed(1);
-    for (size_t i = 0; i + 1 < sizes.size(); ++i) {
-      if (i > 0) net->push_back(torch::nn::ReLU());
-      net->push_back(torch::nn::Linear(sizes[i], sizes[i + 1]));
-    }
-    if (mode == "module_ddp") {
-      auto wrapped = DistributedDataParallel::Wrap(*net, group);
-      if (!wrapped.ok()) return Fail(std::string(wrapped.status().message()));
-      ddp = *std::move(wrapped);
-    } else {
-      const FsdpOptions options{mode == "module_fsdp"};
-      for (const auto& child : net->children()) {
-        if (child->named_parameters().is_empty()) continue;
-        absl::Status status = FullyShard(*child, "dp", group, options);
-        if (!status.ok()) return Fail(std::string(status.message()));
-      }
-      absl::Status status = FullyShard(*net, "dp", group, options);
-      if (!status.ok()) return Fail(std::string(status.message()));
-    }
+  torch::manual_seed(1);
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    if (i > 0) net->push_back(torch::nn::ReLU());
+    net->push_back(torch::nn::Linear(sizes[i], sizes[i + 1]));
   }
-  Sequential model = on_module ? Sequential{} : MakeMlp(sizes, /*seed=*/1);
-  std::unique_ptr<DataParallel> dp;
-  if (!on_module && (mode == "dp" || mode == "dptp")) {
-    if (mode == "dptp") {
-      absl::Status status = ParallelizeMlp(model, "tp", *mesh->GetGroup("tp"));
+  std::unique_ptr<DistributedDataParallel> ddp;
+  if (mode == "module_ddp" || mode == "module_dptp") {
+    if (mode == "module_dptp") {
+      // The Linears are children 0, 2, 4, ...: pairs column -> row-wise.
+      ParallelizePlan plan;
+      for (size_t k = 0; k + 1 < sizes.size() - 1; k += 2) {
+        plan.emplace_back(std::to_string(2 * k), ColwiseParallel());
+        plan.emplace_back(std::to_string(2 * k + 2), RowwiseParallel());
+      }
+      absl::Status status = ParallelizeModule(*net, "tp", *mesh->GetGroup("tp"), plan);
       if (!status.ok()) return Fail(std::string(status.message()));
     }
-    dp = std::make_unique<DataParallel>(model.Params(), group);
-  } else if (!on_module) {
-    FsdpOptions options;
-    options.reshard_after_forward = mode == "fsdp";
-    absl::Status status = FullyShard(model, "dp", group, options);
+    auto wrapped = DistributedDataParallel::Wrap(*net, group);
+    if (!wrapped.ok()) return Fail(std::string(wrapped.status().message()));
+    ddp = *std::move(wrapped);
+  } else {
+    const FsdpOptions options{mode == "module_fsdp"};
+    for (const auto& child : net->children()) {
+      if (child->named_parameters().is_empty()) continue;
+      absl::Status status = FullyShard(*child, "dp", group, options);
+      if (!status.ok()) return Fail(std::string(status.message()));
+    }
+    absl::Status status = FullyShard(*net, "dp", group, options);
     if (!status.ok()) return Fail(std::string(status.message()));
   }
-  torch::optim::SGD optimizer(on_module ? net->parameters() : model.Leaves(),
-                              torch::optim::SGDOptions(0.01));
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
 
   std::vector<double> times;
   double first_loss = 0, last_loss = 0;
@@ -158,10 +144,8 @@ int Main(int argc, char** argv) {
     (*world)->group()->barrier()->wait();
     const auto start = std::chrono::steady_clock::now();
     optimizer.zero_grad();
-    at::Tensor loss =
-        ((on_module ? net->forward(input) : model.Forward(input)) - target).pow(2).mean();
+    at::Tensor loss = (net->forward(input) - target).pow(2).mean();
     loss.backward();
-    if (dp) dp->SyncGradients();
     optimizer.step();
     const auto stop = std::chrono::steady_clock::now();
     if (step == 0) first_loss = loss.item<double>();

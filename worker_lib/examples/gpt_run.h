@@ -8,7 +8,8 @@
 // checkpoints with the optimizer's state, the parameters by name, and the
 // training state a fault-tolerant heal copies.
 //
-//   auto run = GptRun::Create(world, config, seed, layout, adamw, nullptr).value();
+//   auto run = GptRun::Create(world, config, seed, {.dp = 2, .tp = 2}, adamw,
+//                             nullptr).value();
 //   double loss = run->Step(tokens, targets).value();   // this world's batch
 //
 // Batches are the world's (or the replica group's): every rank passes the
@@ -27,30 +28,34 @@
 #include "absl/strings/str_cat.h"
 #include "worker_lib/examples/gpt.h"
 #include "worker_lib/parallel/module_trainer.h"
-#include "worker_lib/parallel/trainer.h"
 #include "worker_lib/process_group.h"
 
 namespace meshrun::worker::examples {
 
 class GptRun {
  public:
+  // The mesh's sizes; a parallelism runs where its size is > 1.
+  struct Sizes {
+    int dp = 1;
+    int fsdp = 1;
+    int tp = 1;
+  };
+
   static absl::StatusOr<std::unique_ptr<GptRun>> Create(
       std::shared_ptr<World> world, const GptConfig& config, uint64_t seed,
-      const parallel::ParallelLayout& layout, const torch::optim::AdamWOptions& adamw,
+      const Sizes& sizes, const torch::optim::AdamWOptions& adamw,
       parallel::ReplicaGradientSync* replica_sync) {
-    if (layout.pp != 1) return absl::InvalidArgumentError("GptRun: no pipeline stages");
-    parallel::ModuleLayout trainer_layout;
-    trainer_layout.dp = layout.dp;
-    trainer_layout.fsdp = layout.fsdp;
-    trainer_layout.tp = layout.tp;
-    trainer_layout.replicate = layout.dp > 1;
-    trainer_layout.fully_shard = layout.fsdp > 1;
-    trainer_layout.tensor_parallel = layout.tp > 1;
+    parallel::ModuleLayout layout;
+    layout.dp = sizes.dp;
+    layout.fsdp = sizes.fsdp;
+    layout.tp = sizes.tp;
+    layout.replicate = sizes.dp > 1;
+    layout.fully_shard = sizes.fsdp > 1;
+    layout.tensor_parallel = sizes.tp > 1;
     torch::manual_seed(seed);
-    auto run = std::unique_ptr<GptRun>(new GptRun(layout, Gpt(config)));
+    auto run = std::unique_ptr<GptRun>(new GptRun(Gpt(config)));
     auto trainer = parallel::ModuleTrainer::Create(
-        std::move(world), trainer_layout,
-        GptModel(run->gpt_, /*vocab_parallel_head=*/false),
+        std::move(world), layout, GptModel(run->gpt_, /*vocab_parallel_head=*/false),
         [adamw](std::vector<at::Tensor> params) {
           return std::make_unique<torch::optim::AdamW>(std::move(params), adamw);
         },
@@ -93,19 +98,15 @@ class GptRun {
     return count;
   }
   parallel::TrainingState& training_state() { return trainer_->training_state(); }
+  // "dp=2 fsdp=1 pp=1 tp=2: TP plan over tp, DDP over dp (torch::nn GPT,
+  // AdamW)".
   std::string Describe() const {
-    return absl::StrCat(layout_.ToString(),
-                        " (torch::nn GPT: ", layout_.tp > 1 ? "TP plan over tp, " : "",
-                        layout_.fsdp > 1 ? "FullyShard over fsdp, " : "",
-                        layout_.dp > 1 ? "DistributedDataParallel over dp, " : "",
-                        "AdamW)");
+    return absl::StrCat(trainer_->layout().ToString(), " (torch::nn GPT, AdamW)");
   }
 
  private:
-  GptRun(const parallel::ParallelLayout& layout, Gpt gpt)
-      : layout_(layout), gpt_(std::move(gpt)) {}
+  explicit GptRun(Gpt gpt) : gpt_(std::move(gpt)) {}
 
-  parallel::ParallelLayout layout_;
   Gpt gpt_;
   std::unique_ptr<parallel::ModuleTrainer> trainer_;
 };

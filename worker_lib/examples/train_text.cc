@@ -150,9 +150,7 @@ int main(int argc, char** argv) {
   lm.dim = 128;
   lm.heads = 4;
   lm.context = 64;
-  ParallelLayout layout;
-  layout.dp = 2;
-  layout.tp = 2;
+  examples::GptRun::Sizes layout{/*dp=*/2, /*fsdp=*/1, /*tp=*/2};
   double lr = 6e-3;
   double weight_decay = 0.1;
   int64_t steps = 300;

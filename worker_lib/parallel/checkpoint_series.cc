@@ -29,13 +29,6 @@ absl::Status SaveCheckpointStep(const SaveFn& save, int rank, const std::string&
                              std::to_string(step) + "\n");
 }
 
-absl::Status SaveCheckpointStep(Trainer& trainer, int rank, const std::string& dir,
-                                int64_t step) {
-  // Save ends with a barrier: every rank's shards are in before the marker.
-  return SaveCheckpointStep([&](const std::string& path) { return trainer.Save(path); },
-                            rank, dir, step);
-}
-
 absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(const LoadFn& load,
                                                    const std::string& dir) {
   const std::optional<int64_t> latest = LatestCheckpointStep(dir);
@@ -43,12 +36,6 @@ absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(const LoadFn& load,
   if (absl::Status status = load(CheckpointStepPath(dir, *latest)); !status.ok())
     return status;
   return *latest;
-}
-
-absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(Trainer& trainer,
-                                                   const std::string& dir) {
-  return ResumeFromLatestCheckpoint(
-      [&](const std::string& path) { return trainer.Load(path); }, dir);
 }
 
 }  // namespace meshrun::worker::parallel

@@ -7,11 +7,9 @@
 // written only after every rank's shards are in, and atomically, so a crash
 // mid-save resumes from the checkpoint before.
 //
-// Trainer's checkpoints hold the parameters only: SGD without momentum
-// keeps no other state, and a step's batch depends on the step alone, so
-// such a run resumed from step N continues exactly as an uninterrupted one
-// would (train_example refuses --momentum with checkpoints). Checkpoints of
-// torch::nn modules (module_checkpoint.h) hold the optimizer's state too.
+// A checkpoint of ModuleTrainer (module_checkpoint.h) holds the module and
+// its optimizer's state, and a step's batch depends on the step alone, so a
+// run resumed from step N continues exactly as an uninterrupted one would.
 
 #include <cstdint>
 #include <functional>
@@ -20,7 +18,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker_lib/parallel/trainer.h"
 
 namespace meshrun::worker::parallel {
 
@@ -39,14 +36,10 @@ using LoadFn = std::function<absl::Status(const std::string& dir)>;
 // the latest.
 absl::Status SaveCheckpointStep(const SaveFn& save, int rank, const std::string& dir,
                                 int64_t step);
-absl::Status SaveCheckpointStep(Trainer& trainer, int rank, const std::string& dir,
-                                int64_t step);
 
 // Collective: loads DIR's latest checkpoint and returns its step; 0,
 // loading nothing, when DIR has none (a fresh start).
 absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(const LoadFn& load,
-                                                   const std::string& dir);
-absl::StatusOr<int64_t> ResumeFromLatestCheckpoint(Trainer& trainer,
                                                    const std::string& dir);
 
 }  // namespace meshrun::worker::parallel

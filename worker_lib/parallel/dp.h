@@ -6,7 +6,7 @@
 // (flat_layout.h: reverse param order, one buffer per dtype run), one
 // all-reduce per bucket.
 //
-//   DataParallel dp(model.Params(), mesh["dp"]->GetGroup().value());
+//   DataParallel dp(params, mesh["dp"]->GetGroup().value());  // ddp.h wraps it
 //   loss.backward();       // each bucket's all-reduce starts once its grads are in
 //   dp.SyncGradients();    // waits for them: every grad = mean over the group
 //   optimizer.step();

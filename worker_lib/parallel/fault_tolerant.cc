@@ -202,19 +202,6 @@ absl::StatusOr<std::unique_ptr<FaultTolerantReplicas>> FaultTolerantReplicas::Cr
   return replicas;
 }
 
-std::vector<at::Tensor> TrainerState::Tensors() {
-  std::vector<at::Tensor> tensors;
-  for (const auto& param : trainer_.Params()) tensors.push_back(param->data().detach());
-  for (const at::Tensor& buffer : trainer_.OptimizerState())
-    tensors.push_back(buffer.detach());
-  return tensors;
-}
-
-absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(Trainer& trainer) {
-  TrainerState state(trainer);
-  return BeginStep(state);
-}
-
 absl::StatusOr<StepQuorum> FaultTolerantReplicas::BeginStep(TrainingState& state) {
   v1::QuorumRequest request;
   request.set_run_id(id_.run_id);

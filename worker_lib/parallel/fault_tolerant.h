@@ -4,17 +4,18 @@
 // replica groups that goes on when one of them fails, as torchft does, with
 // the per-step quorum in meshrun's daemon (rendezvous/core/replica_quorum.h).
 //
-// A replica group is one dp index with its tp / pp / fsdp peers: it trains
-// with a Trainer over its own world (InitReplicaGroupWorld), and
+// A replica group is one dp index with its tp / fsdp peers: it trains with
+// a ModuleTrainer over its own world (InitReplicaGroupWorld), and
 // FaultTolerantReplicas averages the gradients across the groups taking
 // part in each step:
 //
 //   auto id = ReplicaIdentityFromEnv(env, num_replicas).value();
 //   auto world = InitReplicaGroupWorld(id).value();
 //   auto replicas = FaultTolerantReplicas::Create(world, id, {}).value();
-//   auto trainer = Trainer::Create(world, model, {.replica_sync = replicas.get()});
+//   auto trainer = ModuleTrainer::Create(world, layout, model, make_optimizer,
+//                                        replicas.get()).value();
 //   while (true) {
-//     StepQuorum q = replicas->BeginStep(*trainer).value();
+//     StepQuorum q = replicas->BeginStep(trainer->training_state()).value();
 //     if (!q.participating) continue;          // arrived late: the next one
 //     if (q.step >= steps) break;
 //     auto loss = trainer->Step(my rows of batch(q.step));  // kAborted: discarded
@@ -53,7 +54,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker_lib/parallel/param.h"
-#include "worker_lib/parallel/trainer.h"
+#include "worker_lib/parallel/replica_sync.h"
 #include "worker_lib/process_group.h"
 
 namespace meshrun::rdzv {
@@ -144,16 +145,6 @@ class TrainingState {
   virtual void Received() {}
 };
 
-// A Trainer's: its params and its optimizer's buffers.
-class TrainerState final : public TrainingState {
- public:
-  explicit TrainerState(Trainer& trainer) : trainer_(trainer) {}
-  std::vector<at::Tensor> Tensors() override;
-
- private:
-  Trainer& trainer_;
-};
-
 class FaultTolerantReplicas final : public ReplicaGradientSync {
  public:
   // `world`: the replica group's (InitReplicaGroupWorld). Sets SIGPIPE to
@@ -163,18 +154,17 @@ class FaultTolerantReplicas final : public ReplicaGradientSync {
       std::shared_ptr<World> world, ReplicaIdentity id, FaultToleranceOptions options);
   ~FaultTolerantReplicas() override;
 
-  // Joins the next step's quorum (see above). A heal copies `trainer`'s
-  // state in place: its params (this member's shards) and its optimizer's
-  // (Trainer::OptimizerState). OUT_OF_RANGE when this group came (back)
-  // after the groups that finished training left: nobody can hand it the
-  // final state, so it has nothing to do.
-  absl::StatusOr<StepQuorum> BeginStep(Trainer& trainer);
-  // The same, healing `state` (module_fault_tolerance.h has one for a
-  // torch::nn::Module and its optimizer).
+  // Joins the next step's quorum (see above). A heal copies `state` in
+  // place (module_fault_tolerance.h has one for a torch::nn::Module and its
+  // optimizer: this member's shards and the optimizer's state).
+  // OUT_OF_RANGE when this group came (back) after the groups that finished
+  // training left: nobody can hand it the final state, so it has nothing to
+  // do.
   absl::StatusOr<StepQuorum> BeginStep(TrainingState& state);
 
   // Averages grads and *loss over the step's participants and votes; true
-  // when the step commits (the caller applies it). Called by Trainer::Step.
+  // when the step commits (the caller applies it). Called by
+  // ModuleTrainer::Step.
   absl::StatusOr<bool> Sync(const std::vector<std::shared_ptr<Param>>& params,
                             double* loss) override;
 
@@ -210,7 +200,7 @@ class FaultTolerantReplicas final : public ReplicaGradientSync {
 // Replays a fault-tolerant run's committed steps in one replica group with
 // the arithmetic of FaultTolerantReplicas::Sync, to check such a run
 // (train_text --replay-history). Per step: BeginStep(n), then one
-// Trainer::Step per participant, in participant order, on that
+// ModuleTrainer::Step per participant, in participant order, on that
 // participant's rows; the first n - 1 are held back (Step answers ABORTED,
 // nothing applied) and the n-th applies the n gradients and losses summed
 // in that order and divided by n. That is the replicas' all-reduce bit for

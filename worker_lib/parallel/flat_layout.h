@@ -4,7 +4,7 @@
 // hand to one collective: the arithmetic only (pure, no libtorch), so that
 // offsets, padding and grouping are unit-tested on their own.
 //
-// FSDP (fsdp.h) gathers a layer's params with ONE all-gather and
+// FSDP (fsdp.h) gathers a unit's params with ONE all-gather and
 // reduce-scatters their grads with ONE reduce-scatter, as FSDP2's parameter
 // group does. Each rank contributes a segment: its dim-0 chunk of every
 // member param, padded to the first chunk's rows, laid end to end. The
@@ -64,7 +64,7 @@ FlatShardLayout MakeFlatShardLayout(const std::vector<FlatShardMember>& members,
 
 // Indices 0..keys.size()-1 grouped by equal key, groups in order of their
 // key's first appearance, members in index order: FSDP's parameter groups of
-// one dtype each (a layer usually has one).
+// one dtype each (a unit usually has one).
 std::vector<std::vector<size_t>> GroupByKey(const std::vector<int>& keys);
 
 // One DP bucket: params (indices into the caller's list) and their element

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 
 #include <cstdint>
@@ -16,10 +15,6 @@ namespace meshrun::worker::parallel {
 
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::Variable;
-using torch::autograd::variable_list;
-
 // A fresh tensor over `storage` (its own TensorImpl and version counter, so
 // refilling the storage is not seen by autograd as an in-place change of a
 // saved tensor).
@@ -27,15 +22,6 @@ at::Tensor AliasOf(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes
   at::Tensor alias = at::empty({0}, base.options());
   alias.set_(base.storage(), base.storage_offset() + offset, sizes);
   return alias;
-}
-
-template <typename T>
-int64_t PointerArg(T* pointer) {
-  return static_cast<int64_t>(reinterpret_cast<intptr_t>(pointer));
-}
-template <typename T>
-T* PointerOf(AutogradContext* ctx) {
-  return reinterpret_cast<T*>(static_cast<intptr_t>(ctx->saved_data["state"].toInt()));
 }
 
 // The backward pass in progress on this thread, for the groups: which have
@@ -77,38 +63,6 @@ void JoinBackwardPass(std::shared_ptr<FsdpParamGroup> group) {
   }
   backward_pass.with_grads.push_back(std::move(group));
 }
-
-// shard -> the gathered local tensor. Backward hands the gathered tensor's
-// gradient to the group, which reduce-scatters it into data().grad() (so
-// no gradient flows to the shard through autograd).
-struct UnshardFunction : public torch::autograd::Function<UnshardFunction> {
-  static Variable forward(AutogradContext* ctx, const Variable& /*shard*/,
-                          int64_t state) {
-    ctx->saved_data["state"] = state;
-    return PointerOf<FsdpParam>(ctx)->UnshardedAlias();
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    FsdpParam* state = PointerOf<FsdpParam>(ctx);
-    state->group().GradReady(state->index(), grads[0]);
-    return {Variable(), Variable()};
-  }
-};
-
-// Identity on a layer's output whose backward gathers the layer's params
-// again before the layer's own backward nodes run, and issues the previous
-// layer's all-gather.
-struct PreBackwardFunction : public torch::autograd::Function<PreBackwardFunction> {
-  static Variable forward(AutogradContext* ctx, const Variable& output, int64_t layer) {
-    ctx->saved_data["state"] = layer;
-    return output;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    FsdpLayer* layer = PointerOf<FsdpLayer>(ctx);
-    layer->UnshardAll();
-    layer->PrefetchPrevious();
-    return {grads[0], Variable()};
-  }
-};
 
 void FreeStorage(const at::Tensor& tensor) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
@@ -171,18 +125,6 @@ at::Tensor FsdpParam::UnshardedAlias() const {
   std::vector<int64_t> sizes = buffer_.sizes().vec();
   sizes[0] = rows_;
   return AliasOf(buffer_, 0, sizes);
-}
-
-at::Tensor FsdpParam::Compute(Param& param) {
-  TORCH_CHECK(&param == &param_, "FsdpParam of ", param_.name(), " used for ",
-              param.name());
-  TORCH_CHECK(group_ != nullptr, "FSDP ", param_.name(), ": in no param group");
-  group_->Unshard();
-  if (!at::GradMode::is_enabled() || !param_.data().requires_grad()) {
-    return UnshardedAlias();
-  }
-  group_->AddUse();
-  return UnshardFunction::apply(param_.data(), PointerArg(this));
 }
 
 FsdpParamGroup::FsdpParamGroup(std::vector<FsdpParam*> params, ProcessGroupPtr group,
@@ -336,7 +278,7 @@ absl::Status ShardParam(Param& param, const std::string& mesh_dim,
     return absl::InvalidArgumentError(
         absl::StrCat("FSDP ", param.name(), ": no process group for '", mesh_dim, "'"));
   }
-  if (param.has_materializer()) {
+  if (param.shard_state() != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "FSDP ", param.name(), ": already sharded (", DescribeSteps(param.steps()), ")"));
   }
@@ -359,7 +301,7 @@ absl::Status ShardParam(Param& param, const std::string& mesh_dim,
   }
   shard.set_requires_grad(true);
   param.AddStep(ShardStep{mesh_dim, 0, parts, index}, group, shard);
-  param.set_materializer(std::make_shared<FsdpParam>(param, rows));
+  param.set_shard_state(std::make_shared<FsdpParam>(param, rows));
   return absl::OkStatus();
 }
 
@@ -386,18 +328,6 @@ std::vector<std::shared_ptr<FsdpParamGroup>> MakeGroups(
 
 }  // namespace
 
-absl::Status FullyShard(Param& param, const std::string& mesh_dim, ProcessGroupPtr group,
-                        FsdpOptions options) {
-  if (absl::Status status = ShardParam(param, mesh_dim, group); !status.ok())
-    return status;
-  // A Param has no shared_ptr to itself here; the group holds a raw pointer.
-  std::vector<FsdpParam*> states{FsdpStateOf(param)};
-  auto param_group = std::make_shared<FsdpParamGroup>(states, group, options);
-  states[0]->JoinGroup(param_group, 0, param_group->layout().parts,
-                       param_group->layout().padded_rows[0]);
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::vector<std::shared_ptr<FsdpParamGroup>>> ShardIntoGroups(
     const std::vector<std::shared_ptr<Param>>& params, const std::string& mesh_dim,
     const ProcessGroupPtr& group, FsdpOptions options) {
@@ -409,94 +339,7 @@ absl::StatusOr<std::vector<std::shared_ptr<FsdpParamGroup>>> ShardIntoGroups(
 }
 
 FsdpParam* FsdpStateOf(const Param& param) {
-  return dynamic_cast<FsdpParam*>(param.materializer().get());
-}
-
-FsdpLayer::FsdpLayer(LayerPtr inner, std::vector<std::shared_ptr<FsdpParamGroup>> groups,
-                     FsdpOptions options)
-    : inner_(std::move(inner)), groups_(std::move(groups)), options_(options) {}
-
-void FsdpLayer::set_neighbours(std::weak_ptr<FsdpLayer> previous,
-                               std::weak_ptr<FsdpLayer> next) {
-  previous_ = std::move(previous);
-  next_ = std::move(next);
-}
-
-void FsdpLayer::UnshardAll() {
-  for (const auto& group : groups_) group->Unshard();
-}
-
-void FsdpLayer::StartUnshardAll() {
-  for (const auto& group : groups_) group->StartUnshard();
-}
-
-void FsdpLayer::ReshardAll() {
-  for (const auto& group : groups_) group->Reshard();
-}
-
-void FsdpLayer::PrefetchPrevious() {
-  if (auto previous = previous_.lock()) previous->StartUnshardAll();
-}
-
-size_t FsdpLayer::unsharded_bytes() const {
-  size_t total = 0;
-  for (const auto& group : groups_) total += group->unsharded_bytes();
-  return total;
-}
-
-at::Tensor FsdpLayer::Forward(const at::Tensor& input) {
-  UnshardAll();
-  if (auto next = next_.lock()) next->StartUnshardAll();
-  at::Tensor output = inner_->Forward(input);
-  if (!at::GradMode::is_enabled()) {
-    ReshardAll();
-    return output;
-  }
-  if (options_.reshard_after_forward) ReshardAll();
-  // Even without resharding after forward: an earlier backward (another
-  // microbatch) may have resharded.
-  if (output.requires_grad())
-    output = PreBackwardFunction::apply(output, PointerArg(this));
-  return output;
-}
-
-absl::StatusOr<LayerPtr> FullyShardLayer(LayerPtr layer, const std::string& mesh_dim,
-                                         ProcessGroupPtr group, FsdpOptions options) {
-  if (dynamic_cast<FsdpLayer*>(layer.get()) != nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("FSDP: ", layer->Describe(), " is already fully sharded"));
-  }
-  absl::StatusOr<std::vector<std::shared_ptr<FsdpParamGroup>>> groups =
-      ShardIntoGroups(layer->Params(), mesh_dim, group, options);
-  if (!groups.ok()) return groups.status();
-  return LayerPtr(
-      std::make_shared<FsdpLayer>(std::move(layer), *std::move(groups), options));
-}
-
-absl::Status FullyShard(Sequential& model, const std::string& mesh_dim,
-                        ProcessGroupPtr group, FsdpOptions options) {
-  std::vector<std::shared_ptr<FsdpLayer>> sharded_layers;
-  for (LayerPtr& layer : model.layers) {
-    if (layer->Params().empty()) continue;
-    absl::StatusOr<LayerPtr> sharded = FullyShardLayer(layer, mesh_dim, group, options);
-    if (!sharded.ok()) return sharded.status();
-    layer = *std::move(sharded);
-    sharded_layers.push_back(std::static_pointer_cast<FsdpLayer>(layer));
-  }
-  for (size_t i = 0; i < sharded_layers.size(); ++i) {
-    sharded_layers[i]->set_neighbours(
-        i > 0 ? sharded_layers[i - 1] : nullptr,
-        i + 1 < sharded_layers.size() ? sharded_layers[i + 1] : nullptr);
-  }
-  return absl::OkStatus();
-}
-
-size_t UnshardedBytes(const Sequential& model) {
-  size_t total = 0;
-  for (const auto& param : model.Params()) {
-    if (FsdpParam* state = FsdpStateOf(*param)) total += state->unsharded_bytes();
-  }
-  return total;
+  return dynamic_cast<FsdpParam*>(param.shard_state().get());
 }
 
 }  // namespace meshrun::worker::parallel

@@ -10,9 +10,8 @@
 //
 // Each call makes one FSDP unit of the parameters of `module` (its own and
 // its submodules') that no earlier call took: one flat all-gather and one
-// flat reduce-scatter per unit and dtype (FsdpParamGroup, fsdp.h, the code
-// the Layer API proved: flat buffers, prefetch, reduce-scatter during
-// backward). After the call:
+// flat reduce-scatter per unit and dtype (FsdpParamGroup, fsdp.h: flat
+// buffers, prefetch, reduce-scatter during backward). After the call:
 //   - module.parameters() are the shards: dim-0 chunks (torch.chunk's rows,
 //     zero-padded at the end to the first chunk's rows), leaves that the
 //     optimizer steps, so its state is sharded too; their grads are the

@@ -15,18 +15,6 @@
 namespace meshrun::worker::parallel {
 namespace {
 
-// The parts [first, last] of each of `stages` stages, as even as they go.
-std::vector<std::pair<int, int>> CutParts(int parts, int stages) {
-  std::vector<std::pair<int, int>> cut;
-  int first = 0;
-  for (int s = 0; s < stages; ++s) {
-    const int count = parts / stages + (s < parts % stages ? 1 : 0);
-    cut.emplace_back(first, first + count - 1);
-    first += count;
-  }
-  return cut;
-}
-
 absl::Status Validate(const ModuleLayout& layout, const ModuleModel& model, int world) {
   const int size = layout.dp * layout.fsdp * layout.pp * layout.tp;
   if (std::min({layout.dp, layout.fsdp, layout.pp, layout.tp}) < 1 || size != world) {
@@ -122,7 +110,8 @@ absl::Status ModuleTrainer::Parallelize(const MakeOptimizer& make_optimizer) {
   if (layout_.pipeline) {
     ProcessGroupPtr pp = group("pp");
     const int chunks = layout_.virtual_stages;
-    const auto parts = CutParts(model_.num_parts, layout_.pp * chunks);
+    // Validate checked that there are enough parts.
+    const auto parts = CutParts(model_.num_parts, layout_.pp * chunks).value();
     std::vector<torch::nn::AnyModule> modules;
     for (int c = 0; c < chunks; ++c) {
       const int index = c * layout_.pp + pp->getRank();

@@ -56,12 +56,8 @@ at::Tensor Param::LocalValues() const {
   return values;
 }
 
-at::Tensor Param::Compute() {
-  return materializer_ ? materializer_->Compute(*this) : data_;
-}
-
 absl::Status Param::Shard(const std::string& mesh_dim, int dim, ProcessGroupPtr group) {
-  if (materializer_) {
+  if (shard_state_) {
     return absl::FailedPreconditionError(
         absl::StrCat(name_, ": shard with tensor parallelism before FSDP (",
                      DescribeSteps(steps_), ")"));

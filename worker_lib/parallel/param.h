@@ -6,14 +6,13 @@
 //
 //   auto w = Param::FromFull("fc1.weight", full);      // every rank: the whole
 //   w->Shard("tp", /*dim=*/0, tp_group);               // TP: keep my rows
-//   FullyShard(*w, "fsdp", fsdp_group);                // FSDP (fsdp.h)
-//   at::Tensor local = w->Compute();                   // what a layer uses
+//   ShardIntoGroups({w}, "fsdp", fsdp_group, {});      // FSDP (fsdp.h)
 //   at::Tensor full = FullTensor(*w);                  // collective
 //
 // data() is the leaf tensor (requires_grad) that gradients accumulate in and
-// the optimizer updates; Compute() is the tensor layers compute with: data()
-// itself, or, once FSDP has sharded the parameter, the FSDP chunks gathered
-// back (differentiable w.r.t. data()).
+// the optimizer updates: the shard. A torch::nn module's parameters are
+// Params through ParallelizeModule and FullyShard (module_params.h), which
+// keep the tensor the module computes with apart from data().
 //
 // Not thread-safe; collective methods must be called by every member of the
 // groups involved, in the same order.
@@ -32,12 +31,11 @@ using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
 
 class Param;
 
-// Turns a parameter's stored shard into the tensor layers compute with.
-// FSDP installs one (fsdp.h); without one, Compute() is data().
-class ParamMaterializer {
+// What a sharding strategy keeps with a parameter it sharded: FSDP's
+// FsdpParam (fsdp.h), its unsharded storage and its group.
+class ParamShardState {
  public:
-  virtual ~ParamMaterializer() = default;
-  virtual at::Tensor Compute(Param& param) = 0;
+  virtual ~ParamShardState() = default;
 };
 
 class Param {
@@ -68,9 +66,6 @@ class Param {
   // data() without padding: exactly box().sizes (a view).
   at::Tensor LocalValues() const;
 
-  // The tensor layers compute with; see the file comment.
-  at::Tensor Compute();
-
   // Tensor-parallel sharding: keeps chunk `group.rank` of `group.size` along
   // `dim` of the local tensor. The local size along `dim` must divide evenly
   // (TP layers need equal shards). Not collective. Must precede FSDP.
@@ -79,11 +74,10 @@ class Param {
   // For sharding strategies (fsdp.h): records `step` done over `group` and
   // makes `new_data` (a fresh leaf, requires_grad) the stored shard.
   void AddStep(ShardStep step, ProcessGroupPtr group, at::Tensor new_data);
-  void set_materializer(std::shared_ptr<ParamMaterializer> materializer) {
-    materializer_ = std::move(materializer);
+  void set_shard_state(std::shared_ptr<ParamShardState> state) {
+    shard_state_ = std::move(state);
   }
-  bool has_materializer() const { return materializer_ != nullptr; }
-  const std::shared_ptr<ParamMaterializer>& materializer() const { return materializer_; }
+  const std::shared_ptr<ParamShardState>& shard_state() const { return shard_state_; }
 
   // "fc1.weight [50, 50] Shard(dim=0)@tp, Shard(dim=0)@fsdp local [13, 25]".
   std::string Describe() const;
@@ -96,7 +90,7 @@ class Param {
   std::vector<ShardStep> steps_;
   std::vector<ProcessGroupPtr> groups_;
   at::Tensor data_;
-  std::shared_ptr<ParamMaterializer> materializer_;
+  std::shared_ptr<ParamShardState> shard_state_;
 };
 
 // The local tensor `local` (the box after `steps`, padding allowed along the

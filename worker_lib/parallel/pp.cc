@@ -24,18 +24,8 @@ Tags TagsOf(int k, int m, int microbatches) {
   return {base, base + 1, base + 2};
 }
 
-int64_t ParamCount(const Layer& layer) {
-  int64_t count = 0;
-  for (const auto& param : layer.Params()) {
-    int64_t numel = 1;
-    for (int64_t size : param->global_shape()) numel *= size;
-    count += numel;
-  }
-  return count;
-}
-
 // Executes one rank's actions for one step. Throws (c10::Error from c10d or
-// a layer) on failure; RunStep converts.
+// a module) on failure; RunStep converts.
 class StepRunner {
  public:
   // headers: whether this step sends activation headers (pp.h); otherwise
@@ -296,52 +286,6 @@ std::string PipelineStage::Describe() const {
   if (virtual_stages() == 1) return stages.front();
   return absl::StrCat("rank ", rank_, "/", pp_size_, ", ", virtual_stages(),
                       " virtual stages: ", absl::StrJoin(stages, "; "));
-}
-
-absl::StatusOr<PipelineStage> MakeStage(Sequential model, ProcessGroupPtr pp_group,
-                                        std::vector<int> split_points,
-                                        int virtual_stages) {
-  if (!pp_group) return absl::InvalidArgumentError("MakeStage: no pp process group");
-  if (virtual_stages < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MakeStage: virtual stages per rank must be at least 1, got ", virtual_stages));
-  }
-  std::vector<int64_t> weights;
-  for (const LayerPtr& layer : model.layers) {
-    if (!layer)
-      return absl::InvalidArgumentError("MakeStage: the model has a null layer");
-    weights.push_back(ParamCount(*layer));
-  }
-  const int num_stages = pp_group->getSize() * virtual_stages;
-  absl::StatusOr<std::vector<int>> bounds =
-      StageBoundaries(weights, num_stages, split_points);
-  if (!bounds.ok()) return bounds.status();
-
-  PipelineStage stage;
-  stage.rank_ = pp_group->getRank();
-  stage.pp_size_ = pp_group->getSize();
-  stage.group_ = std::move(pp_group);
-  stage.boundaries_ = *std::move(bounds);
-  for (int c = 0; c < virtual_stages; ++c) {
-    PipelineStage::Chunk chunk;
-    const int global = stage.stage(c);
-    chunk.layer_begin = stage.boundaries_[global];
-    chunk.layer_end = stage.boundaries_[global + 1];
-    chunk.layers = std::make_shared<Sequential>();
-    chunk.layers->layers.assign(model.layers.begin() + chunk.layer_begin,
-                                model.layers.begin() + chunk.layer_end);
-    std::vector<std::string> layers;
-    for (const LayerPtr& layer : chunk.layers->layers)
-      layers.push_back(layer->Describe());
-    chunk.description = absl::StrCat("layers [", chunk.layer_begin, ", ", chunk.layer_end,
-                                     "): ", absl::StrJoin(layers, ", "));
-    chunk.params = chunk.layers->Params();
-    chunk.forward = [layers = chunk.layers](const at::Tensor& x) {
-      return layers->Forward(x);
-    };
-    stage.chunks_.push_back(std::move(chunk));
-  }
-  return stage;
 }
 
 absl::StatusOr<PipelineStage> MakeStage(std::vector<torch::nn::AnyModule> modules,

@@ -1,30 +1,34 @@
 #pragma once
 
-// Pipeline parallelism: a Sequential model cut into stages over the `pp`
-// process group, microbatches driven through the stages by a GPipe, 1F1B or
-// interleaved 1F1B schedule (pp_schedule.h), activations sent downstream and
-// gradients upstream with point-to-point send/recv.
+// Pipeline parallelism, PyTorch's PipelineStage on the user's torch::nn
+// modules: a rank's stage modules over the `pp` process group, microbatches
+// driven through the stages by a GPipe, 1F1B or interleaved 1F1B schedule
+// (pp_schedule.h), activations sent downstream and gradients upstream with
+// point-to-point send/recv.
 //
-//   Sequential model = MakeMlp({50, 50, 50, 50, 4}, seed);  // whole, every rank
-//   auto stage = MakeStage(std::move(model), mesh["pp"]->GetGroup().value());
-//   torch::optim::SGD sgd(stage->Leaves(), lr);
+//   // The whole model on every rank; this rank's part of it as a module.
+//   auto stage = MakeStage({torch::nn::AnyModule(MyStage(model, first, last))},
+//                          mesh.GetGroup("pp").value()).value();
+//   torch::optim::SGD sgd(stage.Leaves(), lr);
 //   sgd.zero_grad();
-//   double loss = RunStep(*stage, Schedule::kOneFOneB, 8, input, target, Mse).value();
+//   double loss = RunStep(stage, Schedule::kOneFOneB, 8, input, target, Mse).value();
 //   sgd.step();
 //
 // Stages per rank. With one (GPipe, 1F1B) the model is cut into pp stages,
 // stage = rank in the pp group. With V > 1 virtual stages (interleaved 1F1B:
-// MakeStage(model, group, {}, V), RunStep(..., kInterleaved1F1B, ...)) it is
-// cut into pp * V stages and the rank holds V chunks, chunk c being global
-// stage c * pp + rank (pp_schedule.h); rank 0 holds the first stage (the
-// input), rank pp - 1 the last (the target and the loss).
+// V modules to MakeStage, RunStep(..., kInterleaved1F1B, ...)) it is cut into
+// pp * V stages and the rank holds V chunks, chunk c being global stage
+// c * pp + rank (pp_schedule.h's CutParts); rank 0 holds the first stage
+// (the input), rank pp - 1 the last (the target and the loss).
 //
-// Composition: a stage's layers may be anything (e.g. tensor-parallel layers
-// whose Forward runs collectives in a tp group); the pipeline itself talks
-// only over the pp group. Every TP rank of a stage runs the same schedule and
-// exchanges its (replicated) activations with the same TP rank of the
-// neighbouring stage. Data parallelism across pipeline replicas: call
-// DataParallel's gradient sync after RunStep, before the optimizer step.
+// Composition: a stage's modules may be anything (e.g. tensor-parallel
+// Linears whose forward runs collectives in a tp group, FSDP units); the
+// pipeline itself talks only over the pp group. Every TP rank of a stage
+// runs the same schedule and exchanges its (replicated) activations with the
+// same TP rank of the neighbouring stage. Data parallelism across pipeline
+// replicas: DistributedDataParallel on each stage module under no_sync(),
+// then SyncGradients() after RunStep, before the optimizer step
+// (ModuleTrainer does all of this).
 //
 // Wire protocol of a step: first an all-gather of every rank's StepArgs
 // (pp_schedule.h) over the pp group, so that a step one rank cannot run is
@@ -40,7 +44,7 @@
 //             all-gather tells every stage whether all of them hold the
 //             shapes for the first stage's input, so a stage need not know
 //             its neighbours' output shapes, but those must be a function of
-//             the input's shape (a layer whose output shape depends on the
+//             the input's shape (a module whose output shape depends on the
 //             values fails the step with a shape error). A message fewer a
 //             microbatch, which 1F1B pays on its critical path.
 //   backward: the gradient of the activation, tag 3 (k M + m) + 2; its shape
@@ -64,7 +68,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker_lib/parallel/layers.h"
 #include "worker_lib/parallel/param.h"
 #include "worker_lib/parallel/pp_schedule.h"
 
@@ -97,21 +100,10 @@ class PipelineStage {
   };
   ShapeCache& shape_cache() { return shape_cache_; }
 
-  // A chunk's layers: layers [layer_begin(c), layer_end(c)) of the model
-  // given to MakeStage; the other ranks' layers were dropped. Only for a
-  // stage cut from a Sequential (not one of torch::nn modules).
-  // REQUIRES: 0 <= chunk < virtual_stages().
-  Sequential& module(int chunk = 0) { return LayersOf(chunk); }
-  const Sequential& module(int chunk = 0) const { return LayersOf(chunk); }
-  // A chunk's forward: its layers', or its torch::nn module's.
+  // A chunk's forward: its module's.
   at::Tensor Forward(int chunk, const at::Tensor& input) const {
     return chunks_[chunk].forward(input);
   }
-  int layer_begin(int chunk = 0) const { return chunks_[chunk].layer_begin; }
-  int layer_end(int chunk = 0) const { return chunks_[chunk].layer_end; }
-  // Every global stage's first layer index, and the model's layer count at
-  // the end (StageBoundaries for num_stages()).
-  const std::vector<int>& boundaries() const { return boundaries_; }
 
   // The params and parameter leaves of all the rank's chunks, chunk 0 first
   // (e.g. for an optimizer, DataParallel, checkpoints).
@@ -121,55 +113,27 @@ class PipelineStage {
   // loss) live: the device of the stage's parameters, CPU without any. NCCL
   // sends only CUDA tensors, Gloo's CPU ones.
   at::Device device() const;
-  // One stage: "stage 1/2: layers [4, 7): ReLU(), Linear(50 -> 50), ...".
-  // Several: "rank 0/2, 2 virtual stages: stage 0/4: layers [0, 2): ...;
-  // stage 2/4: layers [4, 6): ...".
+  // One stage: "stage 1/2: GptStageImpl". Several: "rank 0/2, 2 virtual
+  // stages: stage 0/4: GptStageImpl; stage 2/4: GptStageImpl".
   std::string Describe() const;
 
  private:
-  friend absl::StatusOr<PipelineStage> MakeStage(Sequential model,
-                                                 ProcessGroupPtr pp_group,
-                                                 std::vector<int> split_points,
-                                                 int virtual_stages);
   friend absl::StatusOr<PipelineStage> MakeStage(
       std::vector<torch::nn::AnyModule> modules, ProcessGroupPtr pp_group);
   PipelineStage() = default;
-  Sequential& LayersOf(int chunk) const {
-    TORCH_CHECK(chunks_[chunk].layers != nullptr, "PipelineStage::module: stage ",
-                stage(chunk), " is a torch::nn module, not layers cut from a Sequential");
-    return *chunks_[chunk].layers;
-  }
 
   struct Chunk {
     std::function<at::Tensor(const at::Tensor&)> forward;
     std::vector<std::shared_ptr<Param>> params;
     std::string description;
-    // A chunk cut from a Sequential: its layers and their indices.
-    std::shared_ptr<Sequential> layers;
-    int layer_begin = 0;
-    int layer_end = 0;
   };
 
   int rank_ = 0;
   int pp_size_ = 1;
   ProcessGroupPtr group_;
   std::vector<Chunk> chunks_;
-  std::vector<int> boundaries_;
   ShapeCache shape_cache_;
 };
-
-// Cuts `model` (whole, built identically on every rank) into
-// pp_group->getSize() * `virtual_stages` stages and keeps this rank's (rank
-// in `pp_group`): stage `rank`, or with virtual_stages V > 1 stages
-// c * pp + rank for c = 0..V-1. `split_points`: the first layer index of
-// stages 1..N-1 (N stages in all); empty: balanced by parameter count
-// (StageBoundaries in pp_schedule.h; global parameter sizes, so TP-sharded
-// layers split the same on every rank). Not collective. INVALID_ARGUMENT
-// (naming the sizes) for a null group, virtual_stages < 1, too few layers or
-// bad split points.
-absl::StatusOr<PipelineStage> MakeStage(Sequential model, ProcessGroupPtr pp_group,
-                                        std::vector<int> split_points = {},
-                                        int virtual_stages = 1);
 
 // PyTorch's PipelineStage(submodule, stage_index, num_stages) on the user's
 // own modules: `modules[c]` is this rank's global stage c * pp + rank (one
@@ -209,7 +173,7 @@ using LossFn =
 // microbatches"), no loss function on the last stage. The stages learn each
 // other's arguments from one small all-gather over the pp group at the start
 // of every step. INTERNAL for a failure during the step (a c10d error, a
-// TORCH_CHECK in a layer).
+// TORCH_CHECK in a module).
 absl::StatusOr<double> RunStep(PipelineStage& stage, Schedule schedule, int microbatches,
                                const at::Tensor& input, const at::Tensor& target,
                                const LossFn& loss_fn);

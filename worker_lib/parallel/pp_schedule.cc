@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -256,85 +255,23 @@ absl::StatusOr<std::vector<Action>> RankActions(Schedule schedule, int pp, int r
   return InterleavedActions(pp, rank, virtual_stages, microbatches);
 }
 
-absl::StatusOr<std::vector<int>> StageBoundaries(
-    const std::vector<int64_t>& layer_weights, int num_stages,
-    const std::vector<int>& split_points) {
-  const int layers = static_cast<int>(layer_weights.size());
-  if (num_stages < 1) {
+absl::StatusOr<std::vector<std::pair<int, int>>> CutParts(int parts, int stages) {
+  if (stages < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a pipeline needs at least 1 stage, got ", num_stages));
+        absl::StrCat("a pipeline needs at least 1 stage, got ", stages));
   }
-  if (layers < num_stages) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot split a model of ", layers,
-                                                   " layers into ", num_stages,
-                                                   " pipeline stages"));
+  if (parts < stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot cut a model of ", parts, " parts into ", stages, " pipeline stages"));
   }
-  std::vector<int> bounds{0};
-  if (!split_points.empty()) {
-    if (static_cast<int>(split_points.size()) != num_stages - 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(num_stages, " pipeline stages need ", num_stages - 1,
-                       " split points, got ", split_points.size()));
-    }
-    for (int point : split_points) {
-      if (point <= bounds.back() || point >= layers) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("pipeline split points must increase strictly within (0, ",
-                         layers, "), got [", absl::StrJoin(split_points, ", "), "]"));
-      }
-      bounds.push_back(point);
-    }
-    bounds.push_back(layers);
-    return bounds;
+  std::vector<std::pair<int, int>> cut;
+  int first = 0;
+  for (int s = 0; s < stages; ++s) {
+    const int count = parts / stages + (s < parts % stages ? 1 : 0);
+    cut.emplace_back(first, first + count - 1);
+    first += count;
   }
-
-  // Blocks: a weighted layer and the weightless layers following it (the
-  // weightless layers before the first weighted one join the first block).
-  std::vector<int> block_start;
-  for (int i = 0; i < layers; ++i) {
-    if (layer_weights[i] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", i, " has negative weight ", layer_weights[i]));
-    }
-    if (layer_weights[i] > 0) block_start.push_back(block_start.empty() ? 0 : i);
-  }
-  const int blocks = static_cast<int>(block_start.size());
-  if (blocks < num_stages) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot balance ", blocks, " layer(s) with parameters over ",
-                     num_stages, " pipeline stages; give explicit split points"));
-  }
-  // best[k][i]: the least possible heaviest stage when blocks [0, i) form k
-  // stages; cut[k][i]: where the last of those stages starts.
-  // prefix[i]: the weight of blocks [0, i).
-  std::vector<int64_t> prefix(blocks + 1, 0);
-  for (int b = 0; b < blocks; ++b) {
-    const int end = b + 1 < blocks ? block_start[b + 1] : layers;
-    prefix[b + 1] = prefix[b];
-    for (int i = block_start[b]; i < end; ++i) prefix[b + 1] += layer_weights[i];
-  }
-  constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
-  std::vector<std::vector<int64_t>> best(num_stages + 1,
-                                         std::vector<int64_t>(blocks + 1, kInf));
-  std::vector<std::vector<int>> cut(num_stages + 1, std::vector<int>(blocks + 1, -1));
-  best[0][0] = 0;
-  for (int k = 1; k <= num_stages; ++k) {
-    for (int i = k; i <= blocks; ++i) {
-      for (int j = k - 1; j < i; ++j) {
-        if (best[k - 1][j] == kInf) continue;
-        const int64_t heaviest = std::max(best[k - 1][j], prefix[i] - prefix[j]);
-        if (heaviest < best[k][i]) {
-          best[k][i] = heaviest;
-          cut[k][i] = j;
-        }
-      }
-    }
-  }
-  std::vector<int> block_bounds(num_stages + 1, blocks);
-  for (int k = num_stages; k > 0; --k) block_bounds[k - 1] = cut[k][block_bounds[k]];
-  for (int k = 1; k < num_stages; ++k) bounds.push_back(block_start[block_bounds[k]]);
-  bounds.push_back(layers);
-  return bounds;
+  return cut;
 }
 
 }  // namespace meshrun::worker::parallel

@@ -1,6 +1,6 @@
 #pragma once
 
-// Pipeline plans as plain data: which layers each stage holds, and the
+// Pipeline plans as plain data: which parts of a model each stage holds, and the
 // schedules, i.e. the ordered actions one pipeline rank performs in one
 // training step (forward / backward of a microbatch, and the sends and
 // receives that connect it to its neighbours). Pure: no tensors, no I/O; pp.h
@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,7 +47,7 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& name);
 // "stage" below is the action's global stage (its chunk's, with interleaving).
 enum class ActionKind {
   kRecvForward,   // receive microbatch m's activation from stage - 1
-  kForward,       // run the stage's layers on microbatch m
+  kForward,       // run the stage's module on microbatch m
   kSendForward,   // send microbatch m's output to stage + 1
   kRecvBackward,  // receive the gradient of microbatch m's output from stage + 1
   kBackward,      // backpropagate microbatch m through the stage
@@ -147,18 +148,12 @@ absl::StatusOr<std::vector<Action>> StageActions(Schedule schedule, int num_stag
 absl::StatusOr<std::vector<Action>> RankActions(Schedule schedule, int pp, int rank,
                                                 int virtual_stages, int microbatches);
 
-// Stage boundaries of a model of `layer_weights.size()` layers over
-// `num_stages` stages: num_stages + 1 indices 0 = b0 < b1 < ... = #layers,
-// stage s holding layers [b_s, b_{s+1}).
-//  - `split_points` given: they are b1..b_{num_stages-1} (strictly increasing,
-//    inside (0, #layers)).
-//  - otherwise balanced by weight (parameter count): each layer with weight
-//    opens a block that the weightless layers after it (activations) join,
-//    and the blocks are split into contiguous stages minimising the heaviest
-//    stage (ties: the earliest cut). Needs at least num_stages weighted layers.
-// Deterministic: every rank computes the same plan from the same model.
-absl::StatusOr<std::vector<int>> StageBoundaries(
-    const std::vector<int64_t>& layer_weights, int num_stages,
-    const std::vector<int>& split_points = {});
+// The parts [first, last] of each of `stages` pipeline stages when a model
+// of `parts` parts (layers, blocks) is cut as evenly as it goes: contiguous,
+// the first parts % stages stages one part longer (TorchTitan's even
+// split; ModuleTrainer's cut of pp x virtual stages, the interleaved rank r
+// holding stages r, r + pp, ...). INVALID_ARGUMENT for fewer than one stage
+// or more stages than parts. Deterministic: every rank cuts alike.
+absl::StatusOr<std::vector<std::pair<int, int>>> CutParts(int parts, int stages);
 
 }  // namespace meshrun::worker::parallel

@@ -2,7 +2,7 @@
 
 // Gradient averaging across data-parallel replicas outside a trainer's
 // world (fault-tolerant replicas, fault_tolerant.h): after the world's own
-// gradient sync, before the optimizer step (Trainer, ModuleTrainer).
+// gradient sync, before the optimizer step (ModuleTrainer).
 
 #include <memory>
 #include <vector>

@@ -1,12 +1,8 @@
 #include "worker_lib/parallel/vocab.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <vector>
-
-#include "absl/strings/str_cat.h"
-#include "worker_lib/parallel/tp.h"
 
 namespace meshrun::worker::parallel {
 
@@ -14,6 +10,9 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// The group's size; 1 without a group.
+int GroupSize(const ProcessGroupPtr& group) { return group ? group->getSize() : 1; }
 
 void AllReduce(c10d::ProcessGroup& group, at::Tensor& t, c10d::ReduceOp op) {
   std::vector<at::Tensor> tensors{t};
@@ -83,71 +82,17 @@ struct VocabCrossEntropy : torch::autograd::Function<VocabCrossEntropy> {
 
 }  // namespace
 
-Embedding::Embedding(std::string name, const at::Tensor& weight)
-    : name_(std::move(name)), weight_(Param::FromFull(name_ + ".weight", weight)) {}
-
-std::shared_ptr<Embedding> Embedding::Init(const std::string& name, int64_t vocab,
-                                           int64_t dim, at::Generator& generator) {
-  return std::make_shared<Embedding>(
-      name, at::empty({vocab, dim}, at::kFloat).normal_(0, 1, generator));
-}
-
-at::Tensor Embedding::Forward(const at::Tensor& ids) {
-  return at::embedding(weight_->Compute(), ids);
-}
-
-std::string Embedding::Describe() const {
-  return absl::StrCat("Embedding(", weight_->global_shape()[0], ", ",
-                      weight_->global_shape()[1], ")");
-}
-
-VocabParallelEmbedding::VocabParallelEmbedding(std::string name,
-                                               std::shared_ptr<Param> weight,
-                                               ProcessGroupPtr tp)
-    : name_(std::move(name)), weight_(std::move(weight)), tp_(std::move(tp)) {
-  vocab_local_ = weight_->global_shape()[0] / TpSize(tp_);
-  vocab_start_ = TpRank(tp_) * vocab_local_;
-}
-
-at::Tensor VocabParallelEmbedding::Forward(const at::Tensor& ids) {
-  CheckIds(ids, weight_->global_shape()[0], "token ids");
-  Owned owned = OwnedIds(ids, vocab_start_, vocab_local_);
-  at::Tensor rows = at::embedding(weight_->Compute(), owned.local);
-  rows = rows.masked_fill(owned.not_mine.unsqueeze(-1), 0);
-  return ReduceFromTpRegion(rows, tp_);
-}
-
-std::string VocabParallelEmbedding::Describe() const {
-  return absl::StrCat("VocabParallelEmbedding(", weight_->global_shape()[0], ", ",
-                      weight_->global_shape()[1], ", tp=", TpSize(tp_), ")");
-}
-
-absl::StatusOr<std::shared_ptr<VocabParallelEmbedding>> VocabParallel(
-    const Embedding& embedding, const std::string& mesh_dim, ProcessGroupPtr tp) {
-  const auto& whole = embedding.weight();
-  if (!whole->steps().empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        whole->Describe(), ": vocab parallelism converts a whole Embedding"));
-  }
-  auto weight = Param::FromFull(whole->name(), whole->data());
-  if (TpSize(tp) > 1) {
-    if (absl::Status s = weight->Shard(mesh_dim, 0, tp); !s.ok()) return s;
-  }
-  return std::make_shared<VocabParallelEmbedding>(embedding.name(), std::move(weight),
-                                                  std::move(tp));
-}
-
 at::Tensor VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& targets,
                                      const ProcessGroupPtr& tp) {
   const int64_t v_local = logits.size(-1);
   TORCH_CHECK(targets.sizes().vec() ==
                   std::vector<int64_t>(logits.sizes().begin(), logits.sizes().end() - 1),
               "targets ", targets.sizes(), " do not match logits ", logits.sizes());
-  CheckIds(targets, v_local * TpSize(tp), "targets");
+  CheckIds(targets, v_local * GroupSize(tp), "targets");
   at::Tensor flat_logits = logits.reshape({-1, v_local});
   at::Tensor flat_targets = targets.reshape({-1});
   at::Tensor losses =
-      TpSize(tp) == 1
+      GroupSize(tp) == 1
           ? at::cross_entropy_loss(flat_logits, flat_targets, {}, at::Reduction::None)
           : VocabCrossEntropy::apply(flat_logits, flat_targets, tp);
   return losses.view(targets.sizes());

@@ -34,9 +34,9 @@
 #endif
 
 #include "worker_lib/examples/gpt.h"
+#include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/ddp.h"
 #include "worker_lib/parallel/fully_shard.h"
-#include "worker_lib/parallel/transformer.h"
 #include "worker_lib/process_group.h"
 
 namespace meshrun::worker::parallel {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -108,6 +109,38 @@ TEST(ComposedFullTensor, FsdpOverTpShardsReassemblesInOrder) {
   EXPECT_EQ(CountOf(run.output, "SHARD "), 8);
 }
 
+// Seed 000's HSDP: a flat weight arange(101., 201.) fully sharded over "FSDP"
+// of a (2, 4) mesh ["DP", "FSDP"], replicated over "DP": each rank holds 25
+// values, fsdp_rank k 101+25k .. 125+25k, the same on both DP ranks.
+TEST(ComposedHsdp, Seed000PrintoutOnMesh2x4) {
+  MeshrunRun run = RunUnderMeshrun(8, "hsdp_seed000_worker", {});
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(CountOf(run.output, "FAIL rank"), 0) << run.output;
+  std::regex re(
+      "Global rank: (\\d+), dp_rank: (\\d+), fsdp_rank:(\\d+), Weights array: "
+      "tensor\\(\\[([^\\]]*)\\], requires_grad=True\\)");
+  std::set<int> ranks;
+  for (std::sregex_iterator it(run.output.begin(), run.output.end(), re), end; it != end;
+       ++it) {
+    const std::smatch& m = *it;
+    const int rank = std::stoi(m[1]);
+    const int fsdp_rank = std::stoi(m[3]);
+    ranks.insert(rank);
+    EXPECT_EQ(std::stoi(m[2]), rank / 4) << m[0];
+    EXPECT_EQ(fsdp_rank, rank % 4) << m[0];
+    std::string expected;
+    for (int v = 101 + 25 * fsdp_rank; v <= 125 + 25 * fsdp_rank; ++v)
+      expected += (expected.empty() ? "" : ", ") + std::to_string(v) + ".";
+    EXPECT_EQ(m[4].str(), expected) << m[0];
+  }
+  EXPECT_EQ(ranks.size(), 8u) << run.output;
+  // The seed's own line for rank 6.
+  EXPECT_NE(run.output.find("Global rank: 6, dp_rank: 1, fsdp_rank:2, Weights array: "
+                            "tensor([151., 152., 153."),
+            std::string::npos)
+      << run.output;
+}
+
 // 5 steps of AdamW on dp=2 x tp=2, saved with the optimizer's state; 5 more
 // on pp=2 x fsdp=2 from the checkpoint: the same losses as 10 uninterrupted
 // steps in one process.
@@ -155,6 +188,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "the world has 2"},
         Refusal{"--pp 2 --schedule 1f1b --microbatches 1", 2,
                 "1F1B needs at least 2 microbatches for 2 stages, got 1"},
+        Refusal{"--pp 2 --microbatches 5", 2,
+                "pipeline input of 32 rows does not split into 5 equal microbatches"},
         Refusal{"--tp 3", 3,
                 "ParallelizeModule: fc0.weight is [50, 50]; its rows (output features), "
                 "50, do not split evenly over 3 ranks of 'tp'"}));

@@ -49,9 +49,9 @@
 #include "worker_lib/examples/gpt.h"
 #include "worker_lib/examples/memory_usage.h"
 #include "worker_lib/parallel/batch_file.h"
+#include "worker_lib/parallel/data.h"
 #include "worker_lib/parallel/module_checkpoint.h"
 #include "worker_lib/parallel/module_trainer.h"
-#include "worker_lib/parallel/transformer.h"
 #include "worker_lib/process_group.h"
 
 namespace meshrun::worker::parallel::testing {
@@ -90,6 +90,8 @@ void PrintRefusals(const std::shared_ptr<World>& world, const Flags& flags, int 
   ModuleLayout too_many_stages;
   too_many_stages.pp = world->size();
   too_many_stages.pipeline = true;
+  too_many_stages.schedule = Schedule::kInterleaved1F1B;
+  too_many_stages.microbatches = too_many_stages.pp;
   too_many_stages.virtual_stages = static_cast<int>(flags.config.layers) + 3;
   for (const ModuleLayout& layout : {too_big, too_many_stages}) {
     torch::manual_seed(kSeed);

@@ -37,7 +37,7 @@ size_t ParamBytes(const torch::nn::Module& module) {
 int Train(bool reshard, bool hsdp, int steps) {
   auto world = ValueOrFail(InitProcessGroup("gloo"), "init");
   // HSDP: shard over pairs of ranks, replicate across the pairs.
-  const int64_t shards = hsdp ? 2 : world->size();
+  const int shards = hsdp ? 2 : world->size();
   auto mesh = ValueOrFail(InitDeviceMesh(world, "cpu", {world->size() / shards, shards},
                                          {{"replicate", "fsdp"}}),
                           "mesh");

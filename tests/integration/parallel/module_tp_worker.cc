@@ -47,8 +47,8 @@ void CheckBadPlans(const ProcessGroupPtr& tp) {
 int Train(bool fsdp, int steps) {
   auto world = ValueOrFail(InitProcessGroup("gloo"), "init");
   const int rank = world->rank();
-  const int64_t tp_size = fsdp ? 2 : world->size();
-  const int64_t dp_size = world->size() / tp_size;
+  const int tp_size = fsdp ? 2 : world->size();
+  const int dp_size = world->size() / tp_size;
   auto mesh = ValueOrFail(
       InitDeviceMesh(world, "cpu", {dp_size, tp_size}, {{"dp", "tp"}}), "mesh");
   ProcessGroupPtr tp = ValueOrFail(mesh.GetGroup("tp"), "tp group");

@@ -1,12 +1,8 @@
 #include "tests/integration/parallel/parity_harness.h"
 
-#include <torch/optim/sgd.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
-
-#include "worker_lib/parallel/data.h"
 
 namespace meshrun::worker::parallel::testing {
 
@@ -51,26 +47,6 @@ void ExpectClose(const std::string& what, double got, double want, double rtol) 
 
 at::Tensor MseLoss(const at::Tensor& output, const at::Tensor& target) {
   return (output - target).pow(2).mean();
-}
-
-ReferenceRun TrainReference(Sequential& model, uint64_t data_seed, int steps,
-                            int64_t batch, double lr) {
-  const auto& params = model.Params();
-  const int64_t in = params.front()->global_shape()[1];
-  const int64_t out = params.back()->global_shape()[0];
-  torch::optim::SGD optimizer(model.Leaves(), torch::optim::SGDOptions(lr));
-  ReferenceRun run;
-  for (int step = 0; step < steps; ++step) {
-    Batch data = SyntheticBatch(data_seed, step, batch, in, out);
-    optimizer.zero_grad();
-    at::Tensor loss = MseLoss(model.Forward(data.input), data.target);
-    loss.backward();
-    optimizer.step();
-    run.losses.push_back(loss.item<double>());
-  }
-  for (const auto& param : params)
-    run.final_params.push_back(param->data().detach().clone());
-  return run;
 }
 
 }  // namespace meshrun::worker::parallel::testing

@@ -14,7 +14,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker_lib/parallel/layers.h"
 
 namespace meshrun::worker::parallel::testing {
 
@@ -36,14 +35,5 @@ void ExpectClose(const std::string& what, double got, double want, double rtol =
 
 // MSE loss (mean over all elements), as nn.MSELoss.
 at::Tensor MseLoss(const at::Tensor& output, const at::Tensor& target);
-
-struct ReferenceRun {
-  std::vector<double> losses;            // one a step
-  std::vector<at::Tensor> final_params;  // model.Params() order, full values
-};
-// Single-process training: `steps` steps of SGD(lr) on SyntheticBatch(seed,
-// step, batch, ...) with MseLoss, on `model` (whole, unsharded).
-ReferenceRun TrainReference(Sequential& model, uint64_t data_seed, int steps,
-                            int64_t batch, double lr);
 
 }  // namespace meshrun::worker::parallel::testing

@@ -637,69 +637,32 @@ TEST(InterleavedSchedule, SimulatorAlsoRunsOneStagePerRank) {
   }
 }
 
-// Seed 003's MLP: fc0 relu fc1 relu fc2 relu fc3 (50x50 + 50 = 2550 params
-// three times, then 50x4 + 4 = 204).
-const std::vector<int64_t> kMlpWeights{2550, 0, 2550, 0, 2550, 0, 204};
+using Cut = std::vector<std::pair<int, int>>;
 
-std::vector<int> Bounds(const std::vector<int64_t>& weights, int stages,
-                        const std::vector<int>& split_points = {}) {
-  auto bounds = StageBoundaries(weights, stages, split_points);
-  EXPECT_TRUE(bounds.ok()) << bounds.status();
-  return bounds.ok() ? *bounds : std::vector<int>{};
+Cut CutOf(int parts, int stages) {
+  auto cut = CutParts(parts, stages);
+  EXPECT_TRUE(cut.ok()) << cut.status();
+  return cut.ok() ? *cut : Cut{};
 }
 
-TEST(StageBoundaries, BalancesByParameterCount) {
-  // Two stages: layers 0-1 of the seed on one, 2-3 on the other (5100 vs 2754),
-  // each activation staying with the linear before it.
-  EXPECT_EQ(Bounds(kMlpWeights, 2), (std::vector<int>{0, 4, 7}));
-  // Four stages: one linear each.
-  EXPECT_EQ(Bounds(kMlpWeights, 4), (std::vector<int>{0, 2, 4, 6, 7}));
-  EXPECT_EQ(Bounds(kMlpWeights, 1), (std::vector<int>{0, 7}));
-  // Three stages: the heaviest stage is at least 2550; two blocks fit under 2754.
-  EXPECT_EQ(Bounds(kMlpWeights, 3), (std::vector<int>{0, 2, 4, 7}));
-  // Leading weightless layers join the first stage.
-  EXPECT_EQ(Bounds({0, 10, 0, 10}, 2), (std::vector<int>{0, 3, 4}));
-  // A heavy layer gets a stage to itself.
-  EXPECT_EQ(Bounds({1, 1, 1, 100}, 2), (std::vector<int>{0, 3, 4}));
-  EXPECT_EQ(Bounds({100, 1, 1, 1}, 2), (std::vector<int>{0, 1, 4}));
+TEST(CutParts, SplitsContiguouslyTheFirstStagesOneLonger) {
+  // Seed 003's MLP, 4 Linears: one each over 4 stages, two each over 2.
+  EXPECT_EQ(CutOf(4, 4), (Cut{{0, 0}, {1, 1}, {2, 2}, {3, 3}}));
+  EXPECT_EQ(CutOf(4, 2), (Cut{{0, 1}, {2, 3}}));
+  EXPECT_EQ(CutOf(4, 1), (Cut{{0, 3}}));
+  // The GPT of 2 blocks (embeddings, blocks, head: 4 parts) over 3 stages.
+  EXPECT_EQ(CutOf(4, 3), (Cut{{0, 1}, {2, 2}, {3, 3}}));
+  // 8 parts over 4 x 2 interleaved stages: rank 0 holds stages 0 and 4.
+  EXPECT_EQ(CutOf(8, 8)[4], (std::pair<int, int>{4, 4}));
+  EXPECT_EQ(CutOf(7, 3), (Cut{{0, 2}, {3, 4}, {5, 6}}));
 }
 
-TEST(StageBoundaries, ExplicitSplitPoints) {
-  EXPECT_EQ(Bounds(kMlpWeights, 2, {3}), (std::vector<int>{0, 3, 7}));
-  EXPECT_EQ(Bounds(kMlpWeights, 3, {1, 6}), (std::vector<int>{0, 1, 6, 7}));
-  auto wrong_count = StageBoundaries(kMlpWeights, 3, {2});
-  ASSERT_FALSE(wrong_count.ok());
-  EXPECT_EQ(wrong_count.status().message(),
-            "3 pipeline stages need 2 split points, got 1");
-  auto unordered = StageBoundaries(kMlpWeights, 3, {4, 2});
-  ASSERT_FALSE(unordered.ok());
-  EXPECT_EQ(unordered.status().message(),
-            "pipeline split points must increase strictly within (0, 7), got [4, 2]");
-  EXPECT_FALSE(StageBoundaries(kMlpWeights, 2, {7}).ok());
-  EXPECT_FALSE(StageBoundaries(kMlpWeights, 2, {0}).ok());
-}
-
-// Interleaving cuts the model into pp * V stages; chunk c of rank r holds
-// stage c * pp + r.
-TEST(StageBoundaries, InterleavedStagesAreTheModelCutInPpTimesV) {
-  // pp = 2, V = 2: one linear a stage; rank 0 holds stages 0 and 2
-  // (layers [0, 2) and [4, 6)), rank 1 stages 1 and 3 ([2, 4) and [6, 7)).
-  EXPECT_EQ(Bounds(kMlpWeights, 2 * 2), (std::vector<int>{0, 2, 4, 6, 7}));
-}
-
-TEST(StageBoundaries, RefusesTooFewLayers) {
-  auto too_many = StageBoundaries(kMlpWeights, 8);
+TEST(CutParts, RefusesMoreStagesThanParts) {
+  auto too_many = CutParts(4, 6);
   ASSERT_FALSE(too_many.ok());
   EXPECT_EQ(too_many.status().message(),
-            "cannot split a model of 7 layers into 8 pipeline stages");
-  auto unbalanced = StageBoundaries(kMlpWeights, 5);
-  ASSERT_FALSE(unbalanced.ok());
-  EXPECT_EQ(
-      unbalanced.status().message(),
-      "cannot balance 4 layer(s) with parameters over 5 pipeline stages; give explicit "
-      "split points");
-  // ... but explicit split points may make parameter-free stages.
-  EXPECT_EQ(Bounds(kMlpWeights, 5, {1, 2, 3, 4}), (std::vector<int>{0, 1, 2, 3, 4, 7}));
+            "cannot cut a model of 4 parts into 6 pipeline stages");
+  EXPECT_FALSE(CutParts(4, 0).ok());
 }
 
 }  // namespace
