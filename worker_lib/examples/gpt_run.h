@@ -45,13 +45,8 @@ class GptRun {
       std::shared_ptr<World> world, const GptConfig& config, uint64_t seed,
       const Sizes& sizes, const torch::optim::AdamWOptions& adamw,
       parallel::ReplicaGradientSync* replica_sync) {
-    parallel::ModuleLayout layout;
-    layout.dp = sizes.dp;
-    layout.fsdp = sizes.fsdp;
-    layout.tp = sizes.tp;
-    layout.replicate = sizes.dp > 1;
-    layout.fully_shard = sizes.fsdp > 1;
-    layout.tensor_parallel = sizes.tp > 1;
+    const auto layout =
+        parallel::ModuleLayout::FromSizes(sizes.dp, sizes.fsdp, 1, sizes.tp);
     torch::manual_seed(seed);
     auto run = std::unique_ptr<GptRun>(new GptRun(Gpt(config)));
     auto trainer = parallel::ModuleTrainer::Create(

@@ -209,21 +209,6 @@ absl::StatusOr<size_t> CompareParams(const ModuleTrainer& trainer,
   return full.size();
 }
 
-// What ModuleTrainer applies for the flags' sizes: each parallelism runs
-// where its dimension is > 1, pipelines also for --virtual-stages or the
-// interleaved schedule (which then say what they lack).
-ModuleLayout LayoutOf(int dp, int fsdp, int pp, int tp) {
-  ModuleLayout layout;
-  layout.dp = dp;
-  layout.fsdp = fsdp;
-  layout.pp = pp;
-  layout.tp = tp;
-  layout.replicate = dp > 1;
-  layout.fully_shard = fsdp > 1;
-  layout.tensor_parallel = tp > 1;
-  return layout;
-}
-
 // "stage 0/4: parts [0, 0], stage 2/4: parts [2, 2]": this rank's stages.
 std::string DescribeStages(const ModuleTrainer& trainer) {
   const ModuleLayout& layout = trainer.layout();
@@ -445,7 +430,7 @@ int main(int argc, char** argv) {
   Run run;
   ModelFlags& model = run.model;
   OptimizerFlags& optimizer = run.optimizer;
-  int dp = 1, fsdp = 1, tp = 1, pp = 1;
+  int dp = 1, fsdp = 1, tp = 1, pp = 1, microbatches = 1, virtual_stages = 1;
   std::string schedule = "gpipe";
   bool no_reshard = false;
   int64_t batch = 32;
@@ -469,9 +454,9 @@ int main(int argc, char** argv) {
   app.add_option("--fsdp", fsdp, "FSDP shards (with --dp > 1: HSDP)");
   app.add_option("--tp", tp, "tensor-parallel ranks");
   app.add_option("--pp", pp, "pipeline stages");
-  app.add_option("--microbatches", run.layout.microbatches, "microbatches a step");
+  app.add_option("--microbatches", microbatches, "microbatches a step");
   app.add_option("--schedule", schedule, "pipeline schedule: gpipe, 1f1b or interleaved");
-  app.add_option("--virtual-stages", run.layout.virtual_stages,
+  app.add_option("--virtual-stages", virtual_stages,
                  "model chunks per pipeline rank (> 1 with --schedule interleaved)");
   app.add_flag("--no-reshard", no_reshard,
                "FSDP keeps gathered params from forward to backward");
@@ -560,18 +545,15 @@ int main(int argc, char** argv) {
     std::cerr << std::string(parsed_schedule.status().message()) << "\n";
     return 2;
   }
-  {
-    ModuleLayout& layout = run.layout;
-    const ModuleLayout sizes = LayoutOf(dp, fsdp, pp, tp);
-    const int microbatches = layout.microbatches, virtual_stages = layout.virtual_stages;
-    layout = sizes;
-    layout.microbatches = microbatches;
-    layout.virtual_stages = virtual_stages;
-    layout.schedule = *parsed_schedule;
-    layout.reshard_after_forward = !no_reshard;
-    layout.pipeline =
-        pp > 1 || virtual_stages != 1 || layout.schedule == Schedule::kInterleaved1F1B;
-  }
+  run.layout = ModuleLayout::FromSizes(dp, fsdp, pp, tp);
+  run.layout.microbatches = microbatches;
+  run.layout.virtual_stages = virtual_stages;
+  run.layout.schedule = *parsed_schedule;
+  run.layout.reshard_after_forward = !no_reshard;
+  // Asking for virtual stages or the interleaved schedule asks for a
+  // pipeline too, which then says what it lacks.
+  run.layout.pipeline |=
+      virtual_stages != 1 || run.layout.schedule == Schedule::kInterleaved1F1B;
 
   std::vector<InputTarget> file_batches;
   if (!data_file.empty()) {

@@ -261,39 +261,4 @@ absl::Status DataParallel::BroadcastParams(int root) {
   return absl::OkStatus();
 }
 
-absl::Status DataParallel::VerifyParamsEqual() {
-  at::NoGradGuard no_grad;
-  const int64_t none = static_cast<int64_t>(params_.size());
-  int64_t first_different = none;
-  try {
-    for (Bucket& bucket : buckets_) {
-      at::Tensor mine = at::empty_like(bucket.flat);
-      for (size_t m = 0; m < bucket.layout.members.size(); ++m) {
-        const at::Tensor& data = params_[bucket.layout.members[m]]->data();
-        MemberView(mine, bucket.layout.offsets[m], data).copy_(data);
-      }
-      std::vector<at::Tensor> tensors{mine.clone()};
-      group_->broadcast(tensors)->wait();
-      for (size_t m = 0; m < bucket.layout.members.size(); ++m) {
-        const at::Tensor& data = params_[bucket.layout.members[m]]->data();
-        if (!at::equal(MemberView(tensors[0], bucket.layout.offsets[m], data),
-                       MemberView(mine, bucket.layout.offsets[m], data))) {
-          first_different =
-              std::min(first_different, static_cast<int64_t>(bucket.layout.members[m]));
-        }
-      }
-    }
-    at::Tensor flag = at::full({1}, first_different,
-                               at::TensorOptions(at::kLong).device(DeviceOf(params_)));
-    AllReduce(*group_, flag, c10d::ReduceOp::MIN)->wait();
-    first_different = flag.item<int64_t>();
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("DataParallel: verify failed: ", e.what()));
-  }
-  if (first_different == none) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("DataParallel: ", params_[first_different]->name(),
-                   " differs between the group's ranks"));
-}
-
 }  // namespace meshrun::worker::parallel

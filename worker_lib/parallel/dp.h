@@ -100,10 +100,6 @@ class DataParallel {
   // same buckets. Collective.
   absl::Status BroadcastParams(int root = 0);
 
-  // OK when every rank holds the same data() as rank 0 (bitwise); otherwise
-  // FAILED_PRECONDITION naming the first param that differs. Collective.
-  absl::Status VerifyParamsEqual();
-
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   // Bytes of the flat buffers (the grads themselves after the first sync).
   size_t bucket_bytes_allocated() const;

@@ -127,9 +127,8 @@ at::Tensor FsdpParam::UnshardedAlias() const {
   return AliasOf(buffer_, 0, sizes);
 }
 
-FsdpParamGroup::FsdpParamGroup(std::vector<FsdpParam*> params, ProcessGroupPtr group,
-                               FsdpOptions options)
-    : params_(std::move(params)), group_(std::move(group)), options_(options) {
+FsdpParamGroup::FsdpParamGroup(std::vector<FsdpParam*> params, ProcessGroupPtr group)
+    : params_(std::move(params)), group_(std::move(group)) {
   std::vector<FlatShardMember> members;
   for (FsdpParam* param : params_) {
     const at::Tensor& shard = param->param().data();
@@ -307,8 +306,7 @@ absl::Status ShardParam(Param& param, const std::string& mesh_dim,
 
 // One group per dtype of `params` (already sharded), in order of appearance.
 std::vector<std::shared_ptr<FsdpParamGroup>> MakeGroups(
-    const std::vector<std::shared_ptr<Param>>& params, const ProcessGroupPtr& group,
-    FsdpOptions options) {
+    const std::vector<std::shared_ptr<Param>>& params, const ProcessGroupPtr& group) {
   std::vector<int> dtypes;
   for (const auto& param : params)
     dtypes.push_back(static_cast<int>(param->data().scalar_type()));
@@ -316,7 +314,7 @@ std::vector<std::shared_ptr<FsdpParamGroup>> MakeGroups(
   for (const std::vector<size_t>& members : GroupByKey(dtypes)) {
     std::vector<FsdpParam*> states;
     for (size_t k : members) states.push_back(FsdpStateOf(*params[k]));
-    auto param_group = std::make_shared<FsdpParamGroup>(states, group, options);
+    auto param_group = std::make_shared<FsdpParamGroup>(states, group);
     for (size_t i = 0; i < states.size(); ++i) {
       states[i]->JoinGroup(param_group, i, param_group->layout().parts,
                            param_group->layout().padded_rows[i]);
@@ -330,12 +328,12 @@ std::vector<std::shared_ptr<FsdpParamGroup>> MakeGroups(
 
 absl::StatusOr<std::vector<std::shared_ptr<FsdpParamGroup>>> ShardIntoGroups(
     const std::vector<std::shared_ptr<Param>>& params, const std::string& mesh_dim,
-    const ProcessGroupPtr& group, FsdpOptions options) {
+    const ProcessGroupPtr& group) {
   for (const auto& param : params) {
     if (absl::Status status = ShardParam(*param, mesh_dim, group); !status.ok())
       return status;
   }
-  return MakeGroups(params, group, options);
+  return MakeGroups(params, group);
 }
 
 FsdpParam* FsdpStateOf(const Param& param) {

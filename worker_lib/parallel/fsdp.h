@@ -113,8 +113,7 @@ class FsdpParam : public ParamShardState {
 class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
  public:
   // `params` must share a dtype and stay alive as long as this group is used.
-  FsdpParamGroup(std::vector<FsdpParam*> params, ProcessGroupPtr group,
-                 FsdpOptions options);
+  FsdpParamGroup(std::vector<FsdpParam*> params, ProcessGroupPtr group);
 
   // Issues the all-gather unless the params are gathered or it is in
   // flight (asynchronous). Collective over the group.
@@ -127,7 +126,6 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   bool unsharded() const { return unsharded_; }
   // Gathered storage alive: the params' and an all-gather's in flight.
   size_t unsharded_bytes() const;
-  const FsdpOptions& options() const { return options_; }
   const ProcessGroupPtr& process_group() const { return group_; }
   const FlatShardLayout& layout() const { return layout_; }
 
@@ -153,7 +151,6 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
  private:
   std::vector<FsdpParam*> params_;
   ProcessGroupPtr group_;
-  FsdpOptions options_;
   FlatShardLayout layout_;
   bool unsharded_ = false;
   // The all-gather in flight (StartUnshard until Unshard): its work and
@@ -183,7 +180,7 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
 // sharded, in no group.
 absl::StatusOr<std::vector<std::shared_ptr<FsdpParamGroup>>> ShardIntoGroups(
     const std::vector<std::shared_ptr<Param>>& params, const std::string& mesh_dim,
-    const ProcessGroupPtr& group, FsdpOptions options);
+    const ProcessGroupPtr& group);
 
 // The FSDP state of `param`, or null if it is not FSDP-sharded.
 FsdpParam* FsdpStateOf(const Param& param);

@@ -327,7 +327,7 @@ absl::Status FullyShard(torch::nn::Module& module, const std::string& mesh_dim,
     full.push_back(reg.tensor);
   }
   absl::StatusOr<std::vector<std::shared_ptr<FsdpParamGroup>>> groups =
-      ShardIntoGroups(params, mesh_dim, group, options);
+      ShardIntoGroups(params, mesh_dim, group);
   if (!groups.ok()) return groups.status();
   auto unit = std::make_shared<ModuleUnit>(params, full, *groups, options);
   for (size_t i = 0; i < todo.size(); ++i) {

@@ -47,6 +47,19 @@ absl::Status Validate(const ModuleLayout& layout, const ModuleModel& model, int 
 
 }  // namespace
 
+ModuleLayout ModuleLayout::FromSizes(int dp, int fsdp, int pp, int tp) {
+  ModuleLayout layout;
+  layout.dp = dp;
+  layout.fsdp = fsdp;
+  layout.pp = pp;
+  layout.tp = tp;
+  layout.replicate = dp > 1;
+  layout.fully_shard = fsdp > 1;
+  layout.pipeline = pp > 1;
+  layout.tensor_parallel = tp > 1;
+  return layout;
+}
+
 std::string ModuleLayout::ToString() const {
   std::vector<std::string> applied;
   if (tensor_parallel) applied.push_back("TP plan over tp");

@@ -90,6 +90,11 @@ struct ModuleLayout {
   int virtual_stages = 1;
   int microbatches = 1;
   std::string device_type = "cpu";  // InitDeviceMesh's: "cpu" or "cuda"
+
+  // The mesh's sizes with each parallelism on where its size is > 1 (DDP
+  // over dp, FullyShard over fsdp, pipeline stages over pp, the TP plan
+  // over tp); schedule and microbatches at their defaults.
+  static ModuleLayout FromSizes(int dp, int fsdp, int pp, int tp);
   // "dp=2 fsdp=1 pp=1 tp=2: DDP over dp, TP plan over tp".
   std::string ToString() const;
 };

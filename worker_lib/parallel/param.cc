@@ -3,11 +3,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
 
-#include <sstream>
-
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-
 namespace meshrun::worker::parallel {
 
 namespace {
@@ -56,38 +51,10 @@ at::Tensor Param::LocalValues() const {
   return values;
 }
 
-absl::Status Param::Shard(const std::string& mesh_dim, int dim, ProcessGroupPtr group) {
-  if (shard_state_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name_, ": shard with tensor parallelism before FSDP (",
-                     DescribeSteps(steps_), ")"));
-  }
-  if (dim < 0 || dim >= data_.dim()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name_, ": no dim ", dim, " in a ", data_.dim(), "-D parameter"));
-  }
-  const int64_t parts = group->getSize();
-  if (data_.size(dim) % parts != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name_, ": dim ", dim, " of size ", data_.size(dim),
-        " does not split evenly over ", parts, " ranks of '", mesh_dim, "'"));
-  }
-  ShardStep step{mesh_dim, dim, parts, group->getRank()};
-  ChunkExtent chunk = ChunkOf(data_.size(dim), parts, step.index);
-  AddStep(step, std::move(group), NewLeaf(data_.narrow(dim, chunk.offset, chunk.size)));
-  return absl::OkStatus();
-}
-
 void Param::AddStep(ShardStep step, ProcessGroupPtr group, at::Tensor new_data) {
   steps_.push_back(std::move(step));
   groups_.push_back(std::move(group));
   data_ = std::move(new_data);
-}
-
-std::string Param::Describe() const {
-  return absl::StrCat(name_, " [", absl::StrJoin(global_shape_, ", "), "] ",
-                      DescribeSteps(steps_), " local [",
-                      absl::StrJoin(data_.sizes().vec(), ", "), "]");
 }
 
 at::Tensor AllGatherAlong(c10d::ProcessGroup& group, const at::Tensor& local, int dim) {

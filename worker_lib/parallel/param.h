@@ -5,8 +5,8 @@
 // it in order (TP before FSDP), and so the box of the global tensor it holds.
 //
 //   auto w = Param::FromFull("fc1.weight", full);      // every rank: the whole
-//   w->Shard("tp", /*dim=*/0, tp_group);               // TP: keep my rows
-//   ShardIntoGroups({w}, "fsdp", fsdp_group, {});      // FSDP (fsdp.h)
+//   w->AddStep(step, tp_group, my_rows);               // TP (parallelize.cc)
+//   ShardIntoGroups({w}, "fsdp", fsdp_group);          // FSDP (fsdp.h)
 //   at::Tensor full = FullTensor(*w);                  // collective
 //
 // data() is the leaf tensor (requires_grad) that gradients accumulate in and
@@ -22,7 +22,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "worker_lib/parallel/sharding.h"
 
 namespace meshrun::worker::parallel {
@@ -66,21 +65,14 @@ class Param {
   // data() without padding: exactly box().sizes (a view).
   at::Tensor LocalValues() const;
 
-  // Tensor-parallel sharding: keeps chunk `group.rank` of `group.size` along
-  // `dim` of the local tensor. The local size along `dim` must divide evenly
-  // (TP layers need equal shards). Not collective. Must precede FSDP.
-  absl::Status Shard(const std::string& mesh_dim, int dim, ProcessGroupPtr group);
-
-  // For sharding strategies (fsdp.h): records `step` done over `group` and
-  // makes `new_data` (a fresh leaf, requires_grad) the stored shard.
+  // For sharding strategies (parallelize.cc's TP, fsdp.h): records `step`
+  // done over `group` and makes `new_data` (a fresh leaf, requires_grad) the
+  // stored shard. TP steps come before FSDP's.
   void AddStep(ShardStep step, ProcessGroupPtr group, at::Tensor new_data);
   void set_shard_state(std::shared_ptr<ParamShardState> state) {
     shard_state_ = std::move(state);
   }
   const std::shared_ptr<ParamShardState>& shard_state() const { return shard_state_; }
-
-  // "fc1.weight [50, 50] Shard(dim=0)@tp, Shard(dim=0)@fsdp local [13, 25]".
-  std::string Describe() const;
 
  private:
   Param(std::string name, at::Tensor data);
