@@ -55,3 +55,9 @@ else
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"
   bash scripts/check-venv.sh "$venv"
 fi
+
+# The meshrun Python package (python/meshrun, `import meshrun`), built from
+# this checkout with its gRPC stubs generated from proto/ (setup.py): about a
+# second, so always, and the venv holds this checkout's.
+"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps .
+echo "install-deps: meshrun $("$venv/bin/python3" -c 'import meshrun; print(meshrun.__version__)') (python/meshrun) installed into $venv"

@@ -1,0 +1,110 @@
+"""Who this worker is among the replica groups, from meshrun's environment.
+
+Pure: reads a mapping, raises UsageError with one line when the environment
+is not meshrun's under ``--restart-scope=replica``.
+"""
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class UsageError(SystemExit):
+    """A program using meshrun.ft where it cannot work: one line, exit code 2.
+
+    A SystemExit, so that the line is all the worker prints (no traceback
+    around a configuration mistake) and no training starts from zero.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = f"meshrun.ft: {message}"
+        # The interpreter prints nothing for an integer exit code.
+        print(self.message, file=sys.stderr, flush=True)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class ReplicaIdentity:
+    run_id: str
+    replica: int  # the replica group (MESHRUN_REPLICA_ID)
+    member: int  # rank within the replica group
+    replica_size: int  # members per group (MESHRUN_REPLICA_SIZE)
+    replicas_in_world: int  # groups in this world (WORLD_SIZE / replica_size)
+    incarnation: int  # restarts of this group (MESHRUN_REPLICA_RESTARTS)
+    admission: int  # the node's admission into its slot (0: unknown)
+    endpoint: str  # the daemon's gRPC endpoint (MESHRUN_STORE_ENDPOINT)
+    master_addr: str  # the workers' TCPStore (torchrun's MASTER_ADDR/PORT)
+    master_port: int
+
+    @property
+    def store_prefix(self) -> str:
+        """The replica group's own keys: a restarted incarnation, or a later
+        occupant of the node's slot, never reads its predecessor's."""
+        admission = f"admission{self.admission}/" if self.admission else ""
+        return f"ft/replica{self.replica}/{admission}incarnation{self.incarnation}/"
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    value = env.get(name, "")
+    if value == "":
+        if default is None:
+            raise UsageError(f"{name} is not set: start this program with meshrun")
+        return default
+    try:
+        parsed = int(value)
+    except ValueError:
+        raise UsageError(f"{name}={value!r} is not an integer") from None
+    if parsed < 0:
+        raise UsageError(f"{name}={value!r} is negative")
+    return parsed
+
+
+def identity_from_env(env: Mapping[str, str]) -> ReplicaIdentity:
+    """The identity meshrun --restart-scope=replica gives each worker."""
+    endpoint = env.get("MESHRUN_STORE_ENDPOINT", "")
+    if not endpoint:
+        raise UsageError(
+            "MESHRUN_STORE_ENDPOINT is not set: restart-free recovery needs meshrun's "
+            "daemon; start this program with meshrun --restart-scope=replica --replica-size=N"
+        )
+    if env.get("MESHRUN_RESTART_SCOPE") != "replica":
+        raise UsageError(
+            "meshrun runs this job with --restart-scope=job, where a failure restarts every "
+            "worker and training would start over from step 0: start it with meshrun "
+            "--restart-scope=replica --replica-size=N"
+        )
+    size = _int(env, "MESHRUN_REPLICA_SIZE")
+    rank = _int(env, "RANK")
+    world = _int(env, "WORLD_SIZE")
+    local_world = _int(env, "LOCAL_WORLD_SIZE")
+    if size < 1 or world % size != 0:
+        raise UsageError(f"a world of {world} workers does not split into groups of {size}")
+    if local_world % size != 0:
+        # The launcher refuses this too; a group must die and restart as one.
+        raise UsageError(
+            f"replica groups of {size} workers would span nodes "
+            f"({local_world} workers on this node): --nproc-per-node must be a multiple "
+            "of --replica-size"
+        )
+    replica = rank // size
+    named = _int(env, "MESHRUN_REPLICA_ID", replica)
+    if named != replica:
+        raise UsageError(f"MESHRUN_REPLICA_ID={named} but rank {rank} is in group {replica}")
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if not run_id:
+        raise UsageError("TORCHELASTIC_RUN_ID is not set: the daemon's quorum is per run")
+    return ReplicaIdentity(
+        run_id=run_id,
+        replica=replica,
+        member=rank % size,
+        replica_size=size,
+        replicas_in_world=world // size,
+        incarnation=_int(env, "MESHRUN_REPLICA_RESTARTS", 0),
+        admission=_int(env, "MESHRUN_ADMISSION_EPOCH", 0),
+        endpoint=endpoint,
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=_int(env, "MASTER_PORT"),
+    )
