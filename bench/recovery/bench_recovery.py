@@ -94,20 +94,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "parity"))
 import layouts  # noqa: E402
 
-SETUPS = ("ft", "restart", "torch")
+SETUPS = ("ft", "restart", "torch", "ftpy", "torchft")
 NAMES = {
     "ft": "meshrun FT replicas",
     "restart": "meshrun full restart",
     "torch": "torchrun 2 + DCP",
+    "ftpy": "meshrun.ft (Python)",
+    "torchft": "torchft 0.2.0",
 }
+# The restart-free setups: the same lines, the same analysis.
+FT_SETUPS = ("ft", "ftpy", "torchft")
 WORLD = 4
 
 STEP_RE = re.compile(r"\bstep (\d+) loss (\S+)\s*$")
 KILL_RE = re.compile(r"\brank (\d+) SIGKILLs itself at step (\d+)")
-REPLICAS_RE = re.compile(r"\bstep (\d+): replicas ([\d,]+)\s*$")
+# "replicas 0,1,3" (meshrun, which names them), "3 replicas" (torchft's reporter).
+REPLICAS_RE = re.compile(r"\bstep (\d+): (?:replicas ([\d,]+)|(\d+) replicas)\s*$")
 DISCARD_RE = re.compile(r"\bstep (\d+) discarded: ")
 RESUMED_RE = re.compile(r"\bresumed from the checkpoint after step (\d+)")
-HEALED_RE = re.compile(r"\breplica \d+ member \d+ healed from replica \d+ at step \d+")
+HEALED_RE = re.compile(r"\breplica \d+ member \d+ healed from replica \S+ at step \d+")
 INCARNATION_RE = re.compile(r"\brank \d+ pid \d+: replica \d+ member \d+ incarnation [1-9]")
 LAYOUT_RE = re.compile(r"(^|\]:? ?)layout ")
 TORCH_IMPORTED_RE = re.compile(r"^torch imported$")
@@ -133,7 +138,7 @@ def log(*args):
     print("bench-recovery:", *args, file=sys.stderr, flush=True)
 
 
-def bench_env(threads, setup):
+def bench_env(threads, setup, meshrun=None):
     env = {
         k: v
         for k, v in os.environ.items()
@@ -142,6 +147,12 @@ def bench_env(threads, setup):
     }
     env["OMP_NUM_THREADS"] = str(threads)
     env["PYTHONUNBUFFERED"] = "1"
+    if setup == "ftpy" and meshrun:
+        # This checkout's meshrun package, with the stubs of meshrun's build.
+        build = os.path.dirname(os.path.dirname(os.path.abspath(meshrun)))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [os.path.join(HERE, "..", "..", "python"), os.path.join(build, "python")]
+        )
     if setup == "torch":
         # torchrun 2.15 shares its rendezvous TCPStore with the workers by
         # default, and the keys of gloo's connectFullMesh are the same in every
@@ -263,7 +274,7 @@ class Analysis:
 
     def __init__(self, setup, lines, checkpoint_every):
         self.setup = setup
-        ft = setup == "ft"
+        ft = setup in FT_SETUPS
         self.failures = []
         # Workers that died without a kill line of theirs: (rank, why, s after
         # the last kill).
@@ -292,7 +303,7 @@ class Analysis:
                 continue
             m = REPLICAS_RE.search(line)
             if m:
-                participants = len(m.group(2).split(","))
+                participants = len(m.group(2).split(",")) if m.group(2) else int(m.group(3))
                 if participants == WORLD and pending and int(m.group(1)) > latest.step:
                     all_in_quorum = True
                     mark("all replicas in quorum", t)
@@ -368,7 +379,7 @@ class Analysis:
         for (t0, s0, _), (t1, s1, _) in zip(steps, steps[1:], strict=False):
             if s1 != s0 + 1 or any(a < t1 <= b for a, b in windows):
                 continue
-            if checkpoint_every and setup != "ft" and s1 % checkpoint_every == 0:
+            if checkpoint_every and not ft and s1 % checkpoint_every == 0:
                 saving.append(t1 - t0)
             else:
                 plain.append(t1 - t0)
@@ -435,6 +446,41 @@ def command(args, setup, steps, kill, checkpoint_dir, restarts):
             str(args.checkpoint_every),
             *kill_flags,
         ]
+    if setup in ("ftpy", "torchft"):
+        script = [
+            os.path.join(HERE, "ft_python_recovery.py"),
+            "--system",
+            "meshrun" if setup == "ftpy" else "torchft",
+            "--sizes",
+            args.sizes,
+            "--steps",
+            str(steps),
+            "--lr",
+            str(layouts.LR),
+            *kill_flags,
+        ]
+        if setup == "torchft":
+            return [
+                sys.executable,
+                os.path.join(HERE, "torchft_launch.py"),
+                f"--groups={WORLD}",
+                f"--max-restarts={restarts}",
+                f"--torchrun={args.torchrun}",
+                f"--lighthouse={args.lighthouse}",
+                "--",
+                *script,
+            ]
+        return [
+            args.meshrun,
+            "--standalone",
+            f"--nproc-per-node={WORLD}",
+            "--restart-scope=replica",
+            f"--max-restarts={restarts}",
+            "--no-python",
+            sys.executable,
+            "-u",
+            *script,
+        ]
     cmd = [args.meshrun, "--standalone", f"--nproc-per-node={WORLD}", "--no-python"]
     if setup == "ft":
         cmd += ["--restart-scope=replica"]
@@ -473,7 +519,10 @@ def run_one(args, work, setup, experiment, round_index, raw):
     cmd = command(args, setup, steps, kill, checkpoint_dir, expected + 1)
     t0 = time.monotonic()
     rc, lines = launch(
-        cmd, bench_env(args.threads, setup), args.timeout, os.path.join(work, tag + ".log")
+        cmd,
+        bench_env(args.threads, setup, args.meshrun),
+        args.timeout,
+        os.path.join(work, tag + ".log"),
     )
     took = time.monotonic() - t0
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
@@ -545,15 +594,14 @@ def ratio(a, b, fmt=".3g"):
 
 
 def ratio_rows(rows, keys):
-    """The table's meshrun / torchrun rows: a cell per key of `keys` (None:
-    left empty), each the ratio of the two setups' values."""
-    if "torch" not in rows:
-        return
-    theirs = rows["torch"]
-    for setup in ("ft", "restart"):
-        if setup in rows:
-            cells = ["" if k is None else ratio(rows[setup][k], theirs[k]) for k in keys]
-            print(f"| {NAMES[setup]} / torchrun | " + " | ".join(cells) + " |")
+    """The table's meshrun / peer rows: a cell per key of `keys` (None: left
+    empty), each the ratio of the two setups' values: the C++ setups against
+    torchrun, meshrun.ft against torchft."""
+    pairs = [("ft", "torch"), ("restart", "torch"), ("ftpy", "torchft")]
+    for ours, peer in pairs:
+        if ours in rows and peer in rows:
+            cells = ["" if k is None else ratio(rows[ours][k], rows[peer][k]) for k in keys]
+            print(f"| {NAMES[ours]} / {NAMES[peer]} | " + " | ".join(cells) + " |")
 
 
 def measured(setups, results, experiment, columns):
@@ -598,7 +646,7 @@ def report_one(args, setups, results):
         breakdown = ", ".join(
             f"{k} {med(v):.2f}" for k, v in sorted(marks.items(), key=lambda kv: med(kv[1]))
         )
-        if setup == "ft":
+        if setup in FT_SETUPS:
             ckpt = "-"
         elif row["ckpt"] is None:
             ckpt = "n/a"
@@ -678,8 +726,12 @@ def main():
     parser = BadFlags(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--meshrun", help="build/bin/meshrun (setups ft, restart)")
     parser.add_argument("--train-example", help="build/bin/train_example (setups ft, restart)")
-    parser.add_argument("--torchrun", help="the venv's torchrun (setup torch)")
-    parser.add_argument("--setups", default=",".join(SETUPS), help="of ft,restart,torch")
+    parser.add_argument("--torchrun", help="the venv's torchrun (setups torch, torchft)")
+    parser.add_argument(
+        "--lighthouse",
+        help="the venv's torchft_lighthouse (setup torchft; default beside torchrun)",
+    )
+    parser.add_argument("--setups", default=",".join(SETUPS), help="of " + ",".join(SETUPS))
     parser.add_argument("--experiments", default="one,every", help="of one,every")
     parser.add_argument(
         "--sizes",
@@ -753,9 +805,15 @@ def main():
             f"--kill-every {args.kill_every} must lie within 2..{args.every_steps - 2} "
             f"(--every-steps {args.every_steps})"
         )
-    needed = [(args.torchrun, "--torchrun")] if "torch" in setups else []
+    if args.torchrun and not args.lighthouse:
+        args.lighthouse = os.path.join(os.path.dirname(args.torchrun), "torchft_lighthouse")
+    needed = [(args.torchrun, "--torchrun")] if set(setups) & {"torch", "torchft"} else []
+    if "torchft" in setups:
+        needed += [(args.lighthouse, "--lighthouse")]
+    if set(setups) & {"ft", "restart", "ftpy"}:
+        needed += [(args.meshrun, "--meshrun")]
     if set(setups) & {"ft", "restart"}:
-        needed += [(args.meshrun, "--meshrun"), (args.train_example, "--train-example")]
+        needed += [(args.train_example, "--train-example")]
     for path, flag in needed:
         if not path:
             parser.error(f"{flag} is needed for --setups {args.setups}")
@@ -812,6 +870,8 @@ def main():
         resumed = args.kill_at_step // args.checkpoint_every * args.checkpoint_every
         want = {"ft": (0, 1), "restart": (args.kill_at_step - resumed + 1,) * 2}
         want["torch"] = want["restart"]
+        want["ftpy"] = want["ft"]
+        want["torchft"] = (0, args.steps)  # torchft's own design: measured, not held to ours
         for setup in setups:
             for run in results[("one", setup)]:
                 lost = run.failures[0].steps_lost

@@ -254,10 +254,10 @@ class Manager:
             self._group_agrees(False)
         if not commit:
             self._discard_reason = ""
-            if train:
-                _log(
-                    f"replica {self._id.replica}: step {self._step} discarded: {reason or why_not}"
-                )
+            # One line a step: the lowest participant's first member says it.
+            reports = self._id.member == 0 and self._id.replica == quorum.participants[0]
+            if train and reports:
+                _log(f"step {self._step} discarded: {reason or why_not}")
             return False
         self._discard_reason = ""
         n = len(quorum.participants)
@@ -293,7 +293,8 @@ class Manager:
         except DaemonError as e:
             if e.code.name == "OUT_OF_RANGE":
                 raise _TrainingOver(str(e)) from None
-            raise RuntimeError(f"meshrun.ft: step quorum: {e}") from None
+            # E.g. DATA_LOSS: every group that held the state is gone.
+            raise QuorumError(str(e)) from None
 
     def _begin(self, quorum: Quorum) -> None:
         self._quorum = quorum
@@ -344,9 +345,9 @@ class Manager:
         except Exception as e:
             raise CallbackError("load_state_dict", e) from None
         _log(
-            f"replica {self._id.replica} member {self._id.member} (restart "
-            f"{self._id.incarnation}) healed from replica "
-            f"{quorum.source_replica}: step {self._step} -> {received['step']}"
+            f"replica {self._id.replica} member {self._id.member} healed from replica "
+            f"{quorum.source_replica} at step {received['step']} (restart "
+            f"{self._id.incarnation}, it had {self._step} steps)"
         )
         self._step, self._history = received["step"], received["history"]
 
@@ -390,6 +391,19 @@ class Manager:
 
 class _TrainingOver(Exception):
     """The groups that finished training left before this one came back."""
+
+
+class QuorumError(SystemExit):
+    """The daemon refused the step quorum (the state lost, a stale worker):
+    one line, exit 1."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(1)
+        self.message = f"meshrun.ft: step quorum: {why}"
+        _log(self.message.removeprefix("meshrun.ft: "))
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class CallbackError(SystemExit):

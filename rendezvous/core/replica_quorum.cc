@@ -146,6 +146,26 @@ void ReplicaQuorum::TryForm(bool overdue, std::vector<QuorumAnswer>* out) {
     }
     return;
   }
+  if (max_committed < committed_high_) {
+    // Every group that had the state is gone (or could not give it): training
+    // on from here would drop committed steps without a word.
+    for (auto it = arrived_.begin(); it != arrived_.end();) {
+      if (std::binary_search(complete.begin(), complete.end(), it->first.first)) {
+        out->push_back(
+            {it->second.waiter,
+             absl::DataLossError(absl::StrCat(
+                 "quorum: the training state after ", committed_high_,
+                 " committed steps is lost: no live replica group holds it (the groups "
+                 "here have ",
+                 max_committed,
+                 " at most); restart the job, from a checkpoint if it has one"))});
+        it = arrived_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return;
+  }
   if (finishing) {
     // Everyone here leaves with the final state after this quorum.
     for (const auto& [key, arrived] : arrived_)
@@ -174,6 +194,7 @@ void ReplicaQuorum::TryForm(bool overdue, std::vector<QuorumAnswer>* out) {
   formed.group_id = group_id_;
 
   Step& step = steps_[formed.quorum_id];
+  step.steps = max_committed;
   step.participants = complete;
   for (uint32_t r : complete) step.admissions[r] = replicas_[r].admission;
   for (const auto& [key, arrived] : arrived_) out->push_back({arrived.waiter, formed});
@@ -240,6 +261,7 @@ void ReplicaQuorum::Decide(Step& step, CommitDecision decision,
                            std::vector<QuorumAnswer>* out) {
   if (step.decision) return;
   step.decision = decision;
+  if (decision.commit) committed_high_ = std::max(committed_high_, step.steps + 1);
   for (const auto& [waiter, deadline] : step.voters) out->push_back({waiter, decision});
   step.voters.clear();
   // Only the newest step says whether its group can carry on.

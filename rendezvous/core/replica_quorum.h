@@ -21,7 +21,11 @@
 // participant with the most committed steps is the source of a heal when
 // any participant has fewer. Groups that arrive after the ones that finished
 // training have left (a restart or a joining node, too late) are told
-// OUT_OF_RANGE: nobody is left to give them the final state.
+// OUT_OF_RANGE: nobody is left to give them the final state. A quorum whose
+// groups all have fewer steps than a step that committed (every group that
+// held the state died, or could not hand it over: a program's state_dict
+// that raises) is refused with DATA_LOSS instead of training on from an
+// older state: the steps since would be lost silently.
 //
 // After its all-reduce, every member of every participant votes. The step
 // commits when all voted ok; it is discarded at the first failed vote, when
@@ -157,6 +161,7 @@ class ReplicaQuorum {
     bool finished;
   };
   struct Step {
+    uint64_t steps = 0;  // the participants' committed steps: it commits steps + 1
     std::vector<uint32_t> participants;
     std::map<uint32_t, uint64_t> admissions;  // by participant, when known
     std::map<Member, bool> votes;
@@ -184,6 +189,9 @@ class ReplicaQuorum {
   // training: a quorum whose groups have fewer is refused (OUT_OF_RANGE),
   // since the finished ones, the only holders of the final state, have left.
   uint64_t finished_steps_ = 0;
+  // The most steps a decision has committed: a quorum whose groups all hold
+  // fewer is refused (DATA_LOSS), since no group that has the state is left.
+  uint64_t committed_high_ = 0;
 };
 
 }  // namespace meshrun::rdzv

@@ -18,6 +18,12 @@ Cases:
              step-to-batch mapping is checked too).
   scope      seed 002's script under --restart-scope=job: one line naming the
              flag, exit code 2, and no step trained.
+  callback   a heal's source whose state_dict callback raises
+             (ft_callback_worker.py): it ends with one line naming the
+             callback; the restarted groups, none of which holds the state,
+             are refused by the quorum with one line (DATA_LOSS) until the
+             restart budget is spent; the run fails; no step is trained from
+             zero again.
   changes    each copy differs from its seed in exactly its marked lines (the
              numbers the README gives).
 
@@ -337,6 +343,30 @@ def case_scope(args: argparse.Namespace) -> None:
     print("ok:", errors[0])
 
 
+def case_callback(args: argparse.Namespace) -> None:
+    env = dict(os.environ, PYTHON_EXEC=args.python, PYTHONPATH=args.pythonpath)
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ft_callback_worker.py")
+    run = Run(
+        [args.meshrun, "--standalone", "--nproc-per-node=2", "--restart-scope=replica",
+         "--max-restarts=3", worker],
+        env,
+    )  # fmt: skip
+    rc = run.finish(time.monotonic() + DEADLINE_S)
+    out = run.output()
+    text = "\n".join(out)
+    assert rc != 0, text
+    raised = [line for line in out if line.startswith("meshrun.ft: the state_dict callback")]
+    assert raised, text
+    assert raised[0] == (
+        "meshrun.ft: the state_dict callback raised ValueError: the program cannot give its state"
+    ), raised[0]
+    lost = [line for line in out if line.startswith("meshrun.ft: step quorum: ")]
+    assert lost and "committed steps is lost" in lost[0], text
+    # Replica 0 trained from step 0 once, in its first life, never again.
+    assert sum(1 for line in out if line == "replica 0 trained step 0") == 1, text
+    print("ok:", raised[0], "|", lost[0])
+
+
 def case_changes() -> None:
     for name, program in PROGRAMS.items():
         seed = open(os.path.join(SEEDS, program.seed)).read().splitlines()
@@ -361,13 +391,15 @@ def main() -> None:
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--python", required=True)
     parser.add_argument("--pythonpath", required=True)
-    parser.add_argument("case", choices=[*PROGRAMS, "scope", "changes"])
+    parser.add_argument("case", choices=[*PROGRAMS, "scope", "callback", "changes"])
     args = parser.parse_args()
     sys.path[:0] = args.pythonpath.split(":")
     if args.case in PROGRAMS:
         case_kill(args, PROGRAMS[args.case])
     elif args.case == "scope":
         case_scope(args)
+    elif args.case == "callback":
+        case_callback(args)
     else:
         case_changes()
 

@@ -265,6 +265,43 @@ TEST(ReplicaQuorumTest, AGroupArrivingAfterTheFinishedOnesLeftIsRefused) {
       << d.Error(late);
 }
 
+// Every group that held the state died after step 2 committed (or its
+// program could not hand it over): the restarted groups, all at step 0,
+// are refused rather than training on from step 0 as if nothing was lost.
+TEST(ReplicaQuorumTest,
+     GroupsThatAllLostTheCommittedStateAreRefusedNotRestartedFromZero) {
+  QuorumDriver d;
+  uint64_t group = 0;
+  CommitStep(d, 0, &group);
+  CommitStep(d, 1, &group);
+  for (uint32_t r : {0u, 1u, 2u}) {
+    d.quorum().ReplicaFailed(r, ReplicaQuorum::Loss::kRestarting, &d.out());
+  }
+  d.Collect();
+  // The first one here is refused at once (the others are not expected).
+  const QuorumWaiter a = d.Arrive(0, 0, /*incarnation=*/1);
+  ASSERT_TRUE(d.Answered(a));
+  // The others wait for it, until its agent reports its worker's exit.
+  const QuorumWaiter b = d.Arrive(1, 0, 1);
+  const QuorumWaiter c = d.Arrive(2, 0, 1);
+  EXPECT_FALSE(d.Answered(c));
+  d.quorum().ReplicaFailed(0, ReplicaQuorum::Loss::kRestarting, &d.out());
+  d.Collect();
+  for (QuorumWaiter w : {a, b, c}) {
+    ASSERT_TRUE(d.Answered(w));
+    EXPECT_EQ(d.Error(w).code(), absl::StatusCode::kDataLoss) << d.Error(w);
+  }
+  EXPECT_NE(d.Error(a).message().find("after 2 committed steps is lost"),
+            std::string::npos)
+      << d.Error(a);
+  // One that still holds it is a source again: the others are healed from it.
+  const QuorumWaiter holder = d.Arrive(0, 2, /*incarnation=*/2);
+  const QuorumWaiter behind = d.Arrive(1, 0, 1);
+  d.Arrive(2, 0, 1);
+  EXPECT_TRUE(d.Formed(holder).heal);
+  EXPECT_EQ(d.Formed(behind).source_replica, 0u);
+}
+
 TEST(ReplicaQuorumTest, AtTheDeadlineTheCompleteReplicasGoOnAndTheLateOneArrivesAgain) {
   QuorumDriver d;
   const QuorumWaiter a = d.Arrive(0, 0), b = d.Arrive(1, 0);
