@@ -15,8 +15,9 @@ Both train the same steps on the same data (torch_ddp_recovery.batch_of: a
 function of the step) and fail on the same schedule as train_example
 --fault-tolerant (KillStep with replica groups of one): --kill-at-step F
 (replica --kill-rank, default the last, in its first life) or --kill-every N
-(failure j at step j * N, each replica in turn; replica r's k-th restart met
-failure k * 4 + r + 1). Lines, as train_example's fault-tolerant mode:
+(failure j at step j * N, each replica in turn, at the first step from there
+on that every replica takes part in; replica r's k-th restart met failure
+k * 4 + r + 1). Lines, as train_example's fault-tolerant mode:
 
   rank R pid P: replica R member 0 incarnation I   (at start)
   step S: replicas 0,1,3   (meshrun.ft)  /  step S: 3 replicas  (torchft: its
@@ -54,6 +55,20 @@ def kill_step(args: argparse.Namespace, replica: int, lives: int) -> int:
     if args.kill_at_step >= 0 and lives == 0 and replica == args.kill_rank:
         return args.kill_at_step
     return -1
+
+
+def due(args: argparse.Namespace, step: int, dies_at: int, full: bool, last_partial: int) -> bool:
+    """As train_example: --kill-every's failure strikes at the first step from
+    its own on that every replica takes part in, once the failure before it
+    has struck (a step without every replica since that one's planned step):
+    one at a time, never while another is still coming back. --kill-at-step's
+    at its step."""
+    if dies_at < 0:
+        return False
+    if args.kill_every > 0:
+        previous_struck = dies_at <= args.kill_every or last_partial >= dies_at - args.kill_every
+        return step >= dies_at and full and previous_struck
+    return step == dies_at
 
 
 def rows(step: int, replica: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,6 +110,7 @@ def train_meshrun(args: argparse.Namespace) -> None:
         say(f"layout meshrun.ft x {REPLICAS} (torch {torch.__version__})")
     dies_at = kill_step(args, replica, lives)
     last = None
+    last_partial = -1  # the last step seen without every replica
     while True:
         optimizer.zero_grad()  # the step's quorum (and a heal)
         step = manager.current_step()
@@ -105,7 +121,9 @@ def train_meshrun(args: argparse.Namespace) -> None:
         if reports and participants != last:
             say(f"step {step}: replicas {','.join(map(str, participants))}")
             last = participants
-        if step == dies_at:
+        if len(participants) < REPLICAS:
+            last_partial = step
+        if due(args, step, dies_at, len(participants) == REPLICAS, last_partial):
             say(f"rank {replica} SIGKILLs itself at step {step} (start)")
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = rows(step, replica, args.seed)
@@ -151,9 +169,10 @@ def train_torchft(args: argparse.Namespace) -> None:
         say(f"layout torchft x {REPLICAS} (torch {torch.__version__})")
     dies_at = kill_step(args, replica, lives)
     last = None
+    last_partial = -1  # the last step seen without every replica
     while manager.current_step() < args.steps:
         before = manager.current_step()
-        if before == dies_at:
+        if due(args, before, dies_at, last == REPLICAS, last_partial):
             say(f"rank {replica} SIGKILLs itself at step {before} (start)")
             os.kill(os.getpid(), signal.SIGKILL)
         optimizer.zero_grad()  # starts the step's quorum (asynchronous)
@@ -162,9 +181,11 @@ def train_torchft(args: argparse.Namespace) -> None:
         loss.backward()
         n = manager.num_participants()
         reports = manager.participating_rank() == 0
+        if n < REPLICAS:
+            last_partial = before
         if reports and n != last:
             say(f"step {before}: {n} replicas")
-            last = n
+        last = n
         optimizer.step()  # should_commit; a heal's state is applied here
         committed = manager.current_step() > before
         # torchft says it healed in its log only; its flag stays up until the

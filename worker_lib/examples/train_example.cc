@@ -235,8 +235,12 @@ struct KillPlan {
 // --kill-every N: failure j = 1, 2, ... strikes at step j * N, on the last
 // rank of replica (j - 1) mod `replicas` (of `replica_size` ranks each) when
 // fault-tolerant, so that every replica fails in turn and replica r's k-th
-// restart met failure k * replicas + r + 1; otherwise on rank world - 1 -
-// (j - 1) mod world, the world's j-th attempt meeting failure j.
+// restart met failure k * replicas + r + 1 (there, at the first step from
+// j * N on that every replica takes part in, once failure j - 1 has struck:
+// failures come one at a time, never while another replica is still coming
+// back, which could leave no replica that holds the state); otherwise on
+// rank world - 1 - (j - 1) mod world, the world's j-th attempt meeting
+// failure j.
 int64_t KillStep(const KillPlan& kill, int rank, int world_size, int replica,
                  int replicas, int replica_size, int lives, bool fault_tolerant) {
   if (kill.every <= 0) return lives == 0 && rank == kill.rank ? kill.step : -1;
@@ -340,6 +344,7 @@ int RunFaultTolerant(const Run& run, const KillPlan& kill, const HoldPlan& hold)
   }
 
   std::vector<uint32_t> last_participants;
+  int64_t last_incomplete = -1;  // the last step this replica saw without every replica
   while (true) {
     for (size_t i = 0; i < hold.steps.size(); ++i) {
       if (static_cast<int64_t>((*replicas)->committed_steps()) != hold.steps[i]) continue;
@@ -370,9 +375,19 @@ int RunFaultTolerant(const Run& run, const KillPlan& kill, const HoldPlan& hold)
       last_participants = quorum->participants;
     }
     if (static_cast<int64_t>(quorum->step) >= run.steps) break;
-    if (kills_here && kill.point == "start" &&
-        static_cast<int64_t>(quorum->step) == kill_step)
-      ft_options.fault_injection("start", quorum->step);
+    const bool everyone =
+        static_cast<int>(quorum->participants.size()) == id->replicas_in_world;
+    if (!everyone) last_incomplete = static_cast<int64_t>(quorum->step);
+    if (kills_here && kill.point == "start") {
+      // --kill-every: also after the failure before this one struck (a step
+      // without every replica since its planned step), see KillStep.
+      const bool due =
+          kill.every > 0
+              ? static_cast<int64_t>(quorum->step) >= kill_step && everyone &&
+                    (kill_step <= kill.every || last_incomplete >= kill_step - kill.every)
+              : static_cast<int64_t>(quorum->step) == kill_step;
+      if (due) KillSelf(rank, static_cast<int64_t>(quorum->step), "start");
+    }
     auto [input, target] = run.batch_of(step);
     auto loss = (*trainer)->Step(DataShard(input, num_replicas, id->replica),
                                  DataShard(target, num_replicas, id->replica));
