@@ -505,6 +505,20 @@ def command(args, setup, steps, kill, checkpoint_dir, restarts):
     return cmd + kill_flags
 
 
+PYTHON_SETUPS = ("ftpy", "torchft")
+
+
+def args_for(args, setup):
+    """The run's settings for `setup`: the Python pair trains longer runs
+    (--python-*), as its interpreters take seconds to start again."""
+    if setup not in PYTHON_SETUPS:
+        return args
+    view = argparse.Namespace(**vars(args))
+    view.steps, view.every_steps = args.python_steps, args.python_every_steps
+    view.kill_every = args.python_kill_every
+    return view
+
+
 def plan(args, experiment):
     """(steps, kill flag, failures) of an `experiment` launch."""
     if experiment == "one":
@@ -513,6 +527,7 @@ def plan(args, experiment):
 
 
 def run_one(args, work, setup, experiment, round_index, raw):
+    args = args_for(args, setup)
     steps, kill, expected = plan(args, experiment)
     tag = f"r{round_index}-{experiment}-{setup}"
     checkpoint_dir = os.path.join(work, tag + "-ckpt")
@@ -757,6 +772,15 @@ def main():
         help="N: a failure every N steps (best not a multiple of C, so "
         "failures fall at varied points of the checkpoint interval)",
     )
+    parser.add_argument(
+        "--python-steps", type=int, default=60, help="steps of a one-failure run of ftpy, torchft"
+    )
+    parser.add_argument(
+        "--python-every-steps", type=int, default=200, help="steps of their --kill-every run"
+    )
+    parser.add_argument(
+        "--python-kill-every", type=int, default=50, help="their N (a Python restart takes seconds)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="medians over this many rounds")
     parser.add_argument(
         "--quick",
@@ -785,6 +809,7 @@ def main():
     if args.quick:
         args.sizes, args.rounds, args.steps, args.every_steps = "parity", 1, 150, 60
         args.checkpoint_every, args.kill_every = 4, 23
+        args.python_steps, args.python_every_steps, args.python_kill_every = 80, 200, 50
     setups = args.setups.split(",")
     experiments = args.experiments.split(",")
     if not setups or not set(setups) <= set(SETUPS):
@@ -799,6 +824,14 @@ def main():
         parser.error(
             f"--kill-at-step {args.kill_at_step} must lie within 1..{args.steps - 2} "
             f"(--steps {args.steps})"
+        )
+    if set(setups) & set(PYTHON_SETUPS) and not (
+        0 < args.kill_at_step < args.python_steps - 1
+        and 1 < args.python_kill_every < args.python_every_steps - 1
+    ):
+        parser.error(
+            "--kill-at-step must lie within 1..--python-steps - 2 and --python-kill-every "
+            "within 2..--python-every-steps - 2"
         )
     if not 1 < args.kill_every < args.every_steps - 1:
         parser.error(
@@ -823,8 +856,9 @@ def main():
     if args.dry_run:
         for experiment in experiments:
             for setup in setups:
-                steps, kill, failures = plan(args, experiment)
-                print(" ".join(command(args, setup, steps, kill, "CHECKPOINT_DIR", failures + 1)))
+                view = args_for(args, setup)
+                steps, kill, failures = plan(view, experiment)
+                print(" ".join(command(view, setup, steps, kill, "CHECKPOINT_DIR", failures + 1)))
         return 0
 
     work = args.work or tempfile.mkdtemp(prefix="meshrun-bench-recovery-")
@@ -859,10 +893,24 @@ def main():
         f"steps (restart setups). {args.rounds} round(s), medians over rounds."
     )
     print()
-    if "one" in experiments:
-        report_one(args, setups, results)
-    if "every" in experiments:
-        report_every(args, setups, results)
+    # The C++ setups against torchrun, then meshrun.ft against torchft.
+    for group in (
+        [s for s in setups if s not in PYTHON_SETUPS],
+        [s for s in setups if s in PYTHON_SETUPS],
+    ):
+        if not group:
+            continue
+        view = args_for(args, group[0])
+        if group[0] in PYTHON_SETUPS:
+            print(
+                "#### Python programs: meshrun.ft against torchft 0.2.0 (the same GPT in "
+                "Python, worker_lib/examples/gpt.py; bench/recovery/ft_python_recovery.py)"
+            )
+            print()
+        if "one" in experiments:
+            report_one(view, group, results)
+        if "every" in experiments:
+            report_every(view, group, results)
     report_unplanned(results)
     if args.check and "one" in experiments:
         # The checkpoint the restart setups resume from: the last one taken
@@ -871,7 +919,7 @@ def main():
         want = {"ft": (0, 1), "restart": (args.kill_at_step - resumed + 1,) * 2}
         want["torch"] = want["restart"]
         want["ftpy"] = want["ft"]
-        want["torchft"] = (0, args.steps)  # torchft's own design: measured, not held to ours
+        want["torchft"] = (0, args.python_steps)  # torchft's design: measured, not held to ours
         for setup in setups:
             for run in results[("one", setup)]:
                 lost = run.failures[0].steps_lost
