@@ -773,7 +773,7 @@ def main():
         "failures fall at varied points of the checkpoint interval)",
     )
     parser.add_argument(
-        "--python-steps", type=int, default=60, help="steps of a one-failure run of ftpy, torchft"
+        "--python-steps", type=int, default=100, help="steps of a one-failure run of ftpy, torchft"
     )
     parser.add_argument(
         "--python-every-steps", type=int, default=200, help="steps of their --kill-every run"

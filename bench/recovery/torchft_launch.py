@@ -7,6 +7,11 @@ TORCHFT_LIGHTHOUSE, REPLICA_GROUP_ID and NUM_REPLICA_GROUPS, whose
 
     torchft_launch.py --groups 4 --max-restarts K --torchrun T --lighthouse L -- SCRIPT ARGS...
 
+With --meshrun M instead of --torchrun, each group is launched by meshrun
+(meshrun --standalone --nproc-per-node=1 --max-restarts=K SCRIPT): torchft's
+users keep their habit of one launcher per replica group, with meshrun in
+torchrun's place (tests/e2e/ft_python_test.py's `torchft` case).
+
 Every process's output comes out on stdout, a line at a time. Exit code: 0
 when every group finished, else the first non-zero one. SIGTERM or SIGINT
 stops everything it started.
@@ -33,7 +38,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, required=True)
     parser.add_argument("--max-restarts", type=int, default=0)
-    parser.add_argument("--torchrun", required=True)
+    launcher = parser.add_mutually_exclusive_group(required=True)
+    launcher.add_argument("--torchrun")
+    launcher.add_argument("--meshrun")
     parser.add_argument("--lighthouse", required=True)
     parser.add_argument("script", nargs=argparse.REMAINDER)
     args = parser.parse_args()
@@ -83,6 +90,7 @@ def main() -> None:
         for group in range(args.groups):
             env = dict(os.environ)
             env.update(
+                PYTHON_EXEC=sys.executable,  # meshrun's python (torchrun uses its own)
                 TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{port}",
                 REPLICA_GROUP_ID=str(group),
                 NUM_REPLICA_GROUPS=str(args.groups),
@@ -91,7 +99,7 @@ def main() -> None:
             groups.append(
                 start(
                     [
-                        args.torchrun,
+                        args.torchrun or args.meshrun,
                         "--standalone",
                         "--nnodes=1",
                         "--nproc-per-node=1",

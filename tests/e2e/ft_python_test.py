@@ -24,6 +24,15 @@ Cases:
              are refused by the quorum with one line (DATA_LOSS) until the
              restart budget is spent; the run fails; no step is trained from
              zero again.
+  torchft    torchft's habit of one launcher per replica group, with meshrun in
+             torchrun's place: a torchft DDP program (the recovery benchmark's,
+             bench/recovery/ft_python_recovery.py --system torchft, on
+             torchft 0.2.0's Manager, DistributedDataParallel and Optimizer)
+             as two replica groups, each under its own meshrun --standalone,
+             with torchft's Lighthouse (bench/recovery/torchft_launch.py
+             --meshrun); replica 1 SIGKILLs itself at step 30: its meshrun
+             restarts it, torchft heals it, both finish; replica 0 keeps its
+             pid.
   changes    each copy differs from its seed in exactly its marked lines (the
              numbers the README gives).
 
@@ -367,6 +376,44 @@ def case_callback(args: argparse.Namespace) -> None:
     print("ok:", raised[0], "|", lost[0])
 
 
+def case_torchft(args: argparse.Namespace) -> None:
+    bench = os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "recovery"
+    )
+    bindir = os.path.dirname(args.python)
+    command = [
+        args.python,
+        os.path.join(bench, "torchft_launch.py"),
+        "--groups=2",
+        "--max-restarts=1",
+        f"--meshrun={args.meshrun}",
+        f"--lighthouse={os.path.join(bindir, 'torchft_lighthouse')}",
+        "--",
+        os.path.join(bench, "ft_python_recovery.py"),
+        "--system=torchft",
+        "--sizes=parity",
+        "--steps=150",
+        "--kill-at-step=30",
+        "--kill-rank=1",
+    ]
+    run = Run(command, dict(os.environ, PYTHONUNBUFFERED="1"))
+    rc = run.finish(time.monotonic() + DEADLINE_S)
+    out = run.output()
+    text = "\n".join(line for line in out if "torchft::" not in line)
+    assert rc == 0, text[-6000:]
+    started = [line for line in out if re.search(r"^rank \d pid \d+: replica", line)]
+    assert len([line for line in started if line.startswith("rank 0 ")]) == 1, started
+    assert any("replica 1 member 0 incarnation 1" in line for line in started), started
+    assert "rank 1 SIGKILLs itself at step 30 (start)" in out, text[-6000:]
+    assert "[meshrun] [warning] worker failed" in text, text[-6000:]
+    healed = [
+        line for line in out if re.search(r"replica 1 member 0 healed .* at step [1-9]", line)
+    ]
+    assert healed, text[-6000:]
+    assert any(line.startswith("step 149 loss") for line in out), text[-6000:]
+    print(f"ok: replica 1 restarted by its meshrun, {healed[0]}; replica 0 kept its pid")
+
+
 def case_changes() -> None:
     for name, program in PROGRAMS.items():
         seed = open(os.path.join(SEEDS, program.seed)).read().splitlines()
@@ -391,7 +438,7 @@ def main() -> None:
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--python", required=True)
     parser.add_argument("--pythonpath", required=True)
-    parser.add_argument("case", choices=[*PROGRAMS, "scope", "callback", "changes"])
+    parser.add_argument("case", choices=[*PROGRAMS, "scope", "callback", "torchft", "changes"])
     args = parser.parse_args()
     sys.path[:0] = args.pythonpath.split(":")
     if args.case in PROGRAMS:
@@ -400,6 +447,8 @@ def main() -> None:
         case_scope(args)
     elif args.case == "callback":
         case_callback(args)
+    elif args.case == "torchft":
+        case_torchft(args)
     else:
         case_changes()
 
