@@ -903,7 +903,7 @@ def main():
         view = args_for(args, group[0])
         if group[0] in PYTHON_SETUPS:
             print(
-                "#### Python programs: meshrun.ft against torchft 0.2.0 (the same GPT in "
+                "## Python programs: meshrun.ft against torchft 0.2.0 (the same GPT in "
                 "Python, worker_lib/examples/gpt.py; bench/recovery/ft_python_recovery.py)"
             )
             print()
