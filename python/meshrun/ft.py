@@ -318,7 +318,10 @@ class Manager:
             try:
                 state = self._state_dict()
             except Exception as e:
-                self._send_heal_header(-1, source)  # the receivers must not wait
+                try:
+                    self._send_heal_header(-1, source)  # the receivers must not wait
+                except Exception:
+                    pass  # they are gone too: this line is still the one to print
                 raise CallbackError("state_dict", e) from None
             payload = _state.pack({"step": self._step, "history": self._history, "state": state})
         try:
