@@ -30,7 +30,7 @@ Cases:
              torchft 0.2.0's Manager, DistributedDataParallel and Optimizer)
              as two replica groups, each under its own meshrun --standalone,
              with torchft's Lighthouse (bench/recovery/torchft_launch.py
-             --meshrun); replica 1 SIGKILLs itself at step 30: its meshrun
+             --meshrun); replica 1 SIGKILLs itself at step 15: its meshrun
              restarts it, torchft heals it, both finish; replica 0 keeps its
              pid.
   changes    each copy differs from its seed in exactly its marked lines (the
@@ -392,8 +392,8 @@ def case_torchft(args: argparse.Namespace) -> None:
         os.path.join(bench, "ft_python_recovery.py"),
         "--system=torchft",
         "--sizes=parity",
-        "--steps=150",
-        "--kill-at-step=30",
+        "--steps=40",
+        "--kill-at-step=15",
         "--kill-rank=1",
     ]
     run = Run(command, dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -404,13 +404,13 @@ def case_torchft(args: argparse.Namespace) -> None:
     started = [line for line in out if re.search(r"^rank \d pid \d+: replica", line)]
     assert len([line for line in started if line.startswith("rank 0 ")]) == 1, started
     assert any("replica 1 member 0 incarnation 1" in line for line in started), started
-    assert "rank 1 SIGKILLs itself at step 30 (start)" in out, text[-6000:]
+    assert "rank 1 SIGKILLs itself at step 15 (start)" in out, text[-6000:]
     assert "[meshrun] [warning] worker failed" in text, text[-6000:]
     healed = [
         line for line in out if re.search(r"replica 1 member 0 healed .* at step [1-9]", line)
     ]
     assert healed, text[-6000:]
-    assert any(line.startswith("step 149 loss") for line in out), text[-6000:]
+    assert any(line.startswith("step 39 loss") for line in out), text[-6000:]
     print(f"ok: replica 1 restarted by its meshrun, {healed[0]}; replica 0 kept its pid")
 
 
