@@ -558,9 +558,11 @@ def run_one(args, work, setup, experiment, round_index, raw):
         problem = f"{len(result.failures)} failures, not {expected}"
     elif any(f.lost_s is None for f in result.failures):
         problem = "a failure without recovery lines"
-    elif experiment == "one" and result.failures[0].back_s is None:
+    elif experiment == "one" and result.failures[0].back_s is None and not args.check:
         # (With --kill-every a failure may strike before the last one's
-        # replica is back, or too close to the end for its own to be.)
+        # replica is back, or too close to the end for its own to be. With
+        # --check, the smoke test's verdict, timing is no verdict: a loaded
+        # machine may restart the replica after the last step.)
         problem = f"not back at full strength by the last step ({steps - 1}): more --steps"
     if problem:
         tail = " | ".join(line for _, line in lines[-4:])
@@ -669,9 +671,10 @@ def report_one(args, setups, results):
             ckpt = (
                 f"{row['ckpt'] * 1e3:.1f}" if row["ckpt"] >= 0 else f"~0 ({row['ckpt'] * 1e3:.1f})"
             )
+        back = "n/a (after the last step)" if row["back"] is None else f"{row['back']:.2f}"
         print(
             f"| {NAMES[setup]} | {row['step'] * 1e3:.1f} | {ckpt} | {row['lost']:g} "
-            f"| {row['lost_s']:.2f} | {row['back']:.2f} | {breakdown} |"
+            f"| {row['lost_s']:.2f} | {back} | {breakdown} |"
         )
     ratio_rows(rows, ["step", None, "lost", "lost_s", "back", None])
     print()
@@ -681,7 +684,11 @@ def report_one(args, setups, results):
             f"Goal (FT): survivors lose at most one step: {ft['lost']:g} "
             f"({'MET' if ft['lost'] <= 1 else 'NOT MET'}); full strength within 2 s plus "
             f"the weight copy ({mb:.1f} MiB, milliseconds at loopback speed): "
-            f"{ft['back']:.2f} s ({'MET' if ft['back'] <= 2.0 else 'NOT MET'})."
+            + (
+                "not back before the last step (NOT MET)"
+                if ft["back"] is None
+                else f"{ft['back']:.2f} s ({'MET' if ft['back'] <= 2.0 else 'NOT MET'})."
+            )
         )
         print()
 
