@@ -474,8 +474,13 @@ class Optimizer:
         """True when the step committed and was applied."""
         if closure is not None:
             raise UsageError("Optimizer.step(closure) is not supported")
-        grads = [p.grad for g in self.optim.param_groups for p in g["params"]]
-        if not self.manager.reduce_and_vote(grads):
+        params = [p for g in self.optim.param_groups for p in g["params"] if p.requires_grad]
+        for p in params:
+            # A parameter this group did not use still takes the others'
+            # average, and every group's buffer has the same layout.
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if not self.manager.reduce_and_vote([p.grad for p in params]):
             return False
         self.optim.step()
         return True
