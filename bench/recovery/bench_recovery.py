@@ -427,6 +427,8 @@ def command(args, setup, steps, kill, checkpoint_dir, restarts):
     kill_flags = (
         ["--kill-at-step", str(kill[1])] if kill[0] == "at" else ["--kill-every", str(kill[1])]
     )
+    # The Python programs' shared flags (train_example's are model_flags()).
+    python_flags = ["--sizes", args.sizes, "--steps", str(steps), "--lr", str(layouts.LR)]
     if setup == "torch":
         return [
             args.torchrun,
@@ -434,29 +436,19 @@ def command(args, setup, steps, kill, checkpoint_dir, restarts):
             f"--nproc-per-node={WORLD}",
             f"--max-restarts={restarts}",
             os.path.join(HERE, "torch_ddp_recovery.py"),
-            "--sizes",
-            args.sizes,
-            "--steps",
-            str(steps),
-            "--lr",
-            str(layouts.LR),
+            *python_flags,
             "--checkpoint-dir",
             checkpoint_dir,
             "--checkpoint-every",
             str(args.checkpoint_every),
             *kill_flags,
         ]
-    if setup in ("ftpy", "torchft"):
+    if setup in PYTHON_SETUPS:
         script = [
             os.path.join(HERE, "ft_python_recovery.py"),
             "--system",
             "meshrun" if setup == "ftpy" else "torchft",
-            "--sizes",
-            args.sizes,
-            "--steps",
-            str(steps),
-            "--lr",
-            str(layouts.LR),
+            *python_flags,
             *kill_flags,
         ]
         if setup == "torchft":

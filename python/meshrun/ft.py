@@ -148,8 +148,8 @@ class Manager:
         self._id = identity_from_env(os.environ)
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
+        # The daemon's wait for missing groups, at the quorum and at the vote.
         self._quorum_timeout = quorum_timeout.total_seconds()
-        self._commit_timeout = quorum_timeout.total_seconds()
         self._daemon = DaemonClient(self._id)
         if backend is None:
             backend = dist.get_backend() if dist.is_initialized() else "gloo"
@@ -247,7 +247,7 @@ class Manager:
             except Exception as e:
                 ok, reason = False, _first_line(e)
                 self._replicas.fail()
-        commit, why_not = self._daemon.commit(quorum.quorum_id, ok, self._commit_timeout)
+        commit, why_not = self._daemon.commit(quorum.quorum_id, ok, self._quorum_timeout)
         if commit and not self._group_agrees(True):
             commit, why_not = False, "another member of this replica group was told to discard"
         elif not commit and self._id.replica_size > 1:

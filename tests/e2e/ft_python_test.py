@@ -41,6 +41,7 @@ Usage: ft_python_test.py --meshrun BIN --python PY --pythonpath P CASE
 
 import argparse
 import difflib
+import io
 import os
 import re
 import signal
@@ -263,9 +264,8 @@ def load_records(workdir: str, program: Program) -> list[dict]:
             if not os.path.exists(path):
                 raise AssertionError(f"no record from replica {r} member {m}")
             record = torch.load(path, weights_only=False)
-            record["model"] = plain(torch.load(_bytes(record["state"]), weights_only=False))[
-                "model"
-            ]
+            state = torch.load(io.BytesIO(record["state"]), weights_only=False)
+            record["model"] = plain(state)["model"]
             group.append(record)
         if program.replica_size > 1 and program.model_prefix == "":
             whole = {k: torch.cat([g["model"][k] for g in group]) for k in group[0]["model"]}
@@ -273,12 +273,6 @@ def load_records(workdir: str, program: Program) -> list[dict]:
                 record["model"] = whole
         records.extend(group)
     return records
-
-
-def _bytes(data: bytes):
-    import io
-
-    return io.BytesIO(data)
 
 
 def case_kill(args: argparse.Namespace, program: Program) -> None:
