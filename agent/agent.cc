@@ -1057,6 +1057,10 @@ class Agent {
       in.virtual_local_rank = options_.virtual_local_rank;
       in.replica_size = options_.replica_size;
       in.replica_restarts = replica_restarts;
+      if (options_.replica_size > 0) {
+        in.num_replicas = static_cast<int>(options_.run_config.max_nodes()) *
+                          options_.nproc / options_.replica_size;
+      }
       in.has_omp_num_threads = getenv("OMP_NUM_THREADS") != nullptr;
       auto inherited = [](const char* name) -> std::optional<std::string> {
         const char* value = getenv(name);

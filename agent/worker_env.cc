@@ -43,6 +43,7 @@ std::map<std::string, std::string> BuildWorkerEnv(const WorkerEnvInputs& in) {
     env["MESHRUN_REPLICA_SIZE"] = std::to_string(in.replica_size);
     env["MESHRUN_REPLICA_ID"] = std::to_string(rank / in.replica_size);
     env["MESHRUN_REPLICA_RESTARTS"] = std::to_string(in.replica_restarts);
+    env["MESHRUN_NUM_REPLICAS"] = std::to_string(in.num_replicas);
     // The step quorum's check of who the worker is, and its group's keys.
     if (in.round.admission_epoch != 0)
       env["MESHRUN_ADMISSION_EPOCH"] = std::to_string(in.round.admission_epoch);

@@ -38,6 +38,9 @@ struct WorkerEnvInputs {
   // worker's replica group has been restarted in this round.
   int replica_size = 0;
   uint32_t replica_restarts = 0;
+  // Replica groups at full strength (--nnodes MAX x nproc / replica_size):
+  // an elastic job's data shards stay put while nodes come and go.
+  int num_replicas = 0;
   // The agent's own environment, where it matters.
   bool has_omp_num_threads = false;
   std::optional<std::string> torch_nccl_async_error_handling;

@@ -7,6 +7,7 @@ TORCHFT_LIGHTHOUSE, REPLICA_GROUP_ID and NUM_REPLICA_GROUPS, whose
 
     torchft_launch.py --groups 4 --max-restarts K --torchrun T --lighthouse L -- SCRIPT ARGS...
 
+With --lighthouse-url, the groups use that Lighthouse and none is started.
 With --meshrun M instead of --torchrun, each group is launched by meshrun
 (meshrun --standalone --nproc-per-node=1 --max-restarts=K SCRIPT): torchft's
 users keep their habit of one launcher per replica group, with meshrun in
@@ -42,6 +43,9 @@ def main() -> None:
     launcher.add_argument("--torchrun")
     launcher.add_argument("--meshrun")
     parser.add_argument("--lighthouse", required=True)
+    parser.add_argument(
+        "--lighthouse-url", help="a Lighthouse already running (coordinator_restart.py's)"
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     script = args.script[1:] if args.script[:1] == ["--"] else args.script
@@ -80,18 +84,21 @@ def main() -> None:
     signal.signal(signal.SIGINT, lambda *a: (stop_all(), sys.exit(130)))
     barrier = tempfile.mkdtemp(prefix="torchft-bench-barrier-")
     try:
-        port = free_port()
-        start(
-            [args.lighthouse, "--min_replicas", "1", "--quorum_tick_ms", "100",
-             "--join_timeout_ms", "10000", "--bind", f"127.0.0.1:{port}"],
-            dict(os.environ),
-        )  # fmt: skip
+        url = args.lighthouse_url
+        if not url:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            start(
+                [args.lighthouse, "--min_replicas", "1", "--quorum_tick_ms", "100",
+                 "--join_timeout_ms", "10000", "--bind", f"127.0.0.1:{port}"],
+                dict(os.environ),
+            )  # fmt: skip
         groups = []
         for group in range(args.groups):
             env = dict(os.environ)
             env.update(
                 PYTHON_EXEC=sys.executable,  # meshrun's python (torchrun uses its own)
-                TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{port}",
+                TORCHFT_LIGHTHOUSE=url,
                 REPLICA_GROUP_ID=str(group),
                 NUM_REPLICA_GROUPS=str(args.groups),
                 TORCHFT_BENCH_BARRIER=barrier,  # ft_python_recovery.py's start_together

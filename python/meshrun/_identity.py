@@ -33,6 +33,9 @@ class ReplicaIdentity:
     member: int  # rank within the replica group
     replica_size: int  # members per group (MESHRUN_REPLICA_SIZE)
     replicas_in_world: int  # groups in this world (WORLD_SIZE / replica_size)
+    # Groups at full strength (MESHRUN_NUM_REPLICAS: --nnodes MAX's worth),
+    # more than replicas_in_world while an elastic job has fewer nodes.
+    replicas_at_full_strength: int
     incarnation: int  # restarts of this group (MESHRUN_REPLICA_RESTARTS)
     admission: int  # the node's admission into its slot (0: unknown)
     endpoint: str  # the daemon's gRPC endpoint (MESHRUN_STORE_ENDPOINT)
@@ -93,6 +96,13 @@ def identity_from_env(env: Mapping[str, str]) -> ReplicaIdentity:
     named = _int(env, "MESHRUN_REPLICA_ID", replica)
     if named != replica:
         raise UsageError(f"MESHRUN_REPLICA_ID={named} but rank {rank} is in group {replica}")
+    in_world = world // size
+    full_strength = _int(env, "MESHRUN_NUM_REPLICAS", in_world)
+    if full_strength < in_world:
+        raise UsageError(
+            f"MESHRUN_NUM_REPLICAS={full_strength} is fewer than the {in_world} replica "
+            "groups in this world"
+        )
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if not run_id:
         raise UsageError("TORCHELASTIC_RUN_ID is not set: the daemon's quorum is per run")
@@ -101,7 +111,8 @@ def identity_from_env(env: Mapping[str, str]) -> ReplicaIdentity:
         replica=replica,
         member=rank % size,
         replica_size=size,
-        replicas_in_world=world // size,
+        replicas_in_world=in_world,
+        replicas_at_full_strength=full_strength,
         incarnation=_int(env, "MESHRUN_REPLICA_RESTARTS", 0),
         admission=_int(env, "MESHRUN_ADMISSION_EPOCH", 0),
         endpoint=endpoint,

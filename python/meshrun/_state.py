@@ -9,14 +9,22 @@ receiver wraps it on its own mesh.
 """
 
 import io
+import sys
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
+
+
+def _dtensor_class() -> type | None:
+    """DTensor once the program has imported it (FSDP2 and TP do): only then
+    can its state hold one, and importing it here would cost every worker's
+    start about half a second."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
 class _LocalShard:
-    def __init__(self, tensor: DTensor) -> None:
+    def __init__(self, tensor: Any) -> None:  # a DTensor
         self.local = tensor.to_local().detach().cpu()
         self.placements = tuple(tensor.placements)
         self.shape = tuple(tensor.shape)
@@ -32,10 +40,13 @@ def _map(value: Any, fn) -> Any:
 
 
 def _find_mesh(value: Any):
+    dtensor = _dtensor_class()
+    if dtensor is None:
+        return None
     found = []
 
     def visit(v: Any) -> Any:
-        if isinstance(v, DTensor) and not found:
+        if isinstance(v, dtensor) and not found:
             found.append(v.device_mesh)
         return v
 
@@ -44,8 +55,10 @@ def _find_mesh(value: Any):
 
 
 def pack(state: Any) -> bytes:
+    dtensor = _dtensor_class()
+
     def to_plain(v: Any) -> Any:
-        if isinstance(v, DTensor):
+        if dtensor is not None and isinstance(v, dtensor):
             return _LocalShard(v)
         if isinstance(v, torch.Tensor):
             return v.detach().cpu()
@@ -67,6 +80,8 @@ def unpack(data: bytes, own_state: Any) -> Any:
         if isinstance(v, _LocalShard):
             if mesh is None:
                 raise RuntimeError("the state holds DTensors but this replica's has none")
+            from torch.distributed.tensor import DTensor
+
             return DTensor.from_local(
                 v.local.to(mesh.device_type),
                 mesh,

@@ -528,7 +528,7 @@ class DistributedSampler(Sampler[int]):
         seed: int = 0,
     ) -> None:
         identity = identity_from_env(os.environ)
-        self._replicas = num_replicas or identity.replicas_in_world
+        self._replicas = num_replicas or identity.replicas_at_full_strength
         self._shards = self._replicas * identity.replica_size
         self._shard = identity.replica * identity.replica_size + identity.member
         self._dataset_len = len(dataset)  # type: ignore[arg-type]

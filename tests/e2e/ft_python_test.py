@@ -16,6 +16,16 @@ Cases:
              process, each step on its participants' data only (the replay
              draws the batches with torch's own DistributedSampler, so the
              step-to-batch mapping is checked too).
+  elastic    seed 002's script as its multinode.sh launches it (--nnodes=1:2,
+             two workers a node, here one replica group a node) on a
+             meshrun-rdzvd: node A trains alone, node B joins mid-training
+             (healed from A, no re-form), B is lost (its agent and workers
+             SIGKILLed: A trains on alone), node C joins and takes B's slot
+             (healed); A's workers keep their pids, nobody restarts, and every
+             worker equals the replay of the committed steps, whose
+             participants went [0], [0, 1], [0], [0, 1]. A newcomer joins
+             while A's workers are SIGSTOPped (the C++ test's holds), so that
+             it always finds A training, however slow the machine.
   scope      seed 002's script under --restart-scope=job: one line naming the
              flag, exit code 2, and no step trained.
   callback   a heal's source whose state_dict callback raises
@@ -42,6 +52,7 @@ Usage: ft_python_test.py --meshrun BIN --python PY --pythonpath P CASE
 import argparse
 import difflib
 import io
+import itertools
 import os
 import re
 import signal
@@ -50,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -241,7 +253,9 @@ def launch(
         FT_TEST_TOKEN=token,
         MESHRUN_FT_RECORD_DIR=workdir,
     )
-    command = [args.meshrun, "--standalone", f"--nproc-per-node={program.nproc}", *flags]
+    # --standalone unless the flags name a rendezvous.
+    standalone = [] if any(f.startswith("--rdzv-endpoint") for f in flags) else ["--standalone"]
+    command = [args.meshrun, *standalone, f"--nproc-per-node={program.nproc}", *flags]
     return Run([*command, os.path.join(SEEDS, program.ft), *program.args], env)
 
 
@@ -327,6 +341,143 @@ def case_kill(args: argparse.Namespace, program: Program) -> None:
             f"ok: {program.steps} steps, {alone} by replica 0 alone, replica 1 back at step "
             f"{back} (pid {before[victim]} killed); every worker equals the replay"
         )
+
+
+class Daemon(Run):
+    """meshrun-rdzvd on 127.0.0.1, kernel-assigned ports."""
+
+    def __init__(self, meshrun: str, deadline: float) -> None:
+        rdzvd = os.path.join(os.path.dirname(meshrun), "meshrun-rdzvd")
+        super().__init__(
+            [rdzvd, "--host=127.0.0.1", "--port=0", "--metrics-port=0", "--log-level=warn"],
+            dict(os.environ),
+        )
+        for name in ("ENDPOINT", "METRICS"):
+            if not self.wait_for(f"^MESHRUN_RDZVD_{name}=", deadline):
+                raise AssertionError("meshrun-rdzvd did not start:\n" + "\n".join(self.output()))
+        values = dict(line.split("=", 1) for line in self.output()[:2])
+        self.endpoint = values["MESHRUN_RDZVD_ENDPOINT"]
+        self.metrics = values["MESHRUN_RDZVD_METRICS"]
+
+    def waiting_at_quorum(self, run_id: str) -> int:
+        with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        sample = f'meshrun_run_step_quorum_waiting{{run="{run_id}",call="quorum"}} '
+        return next((int(float(line.split()[-1])) for line in text.splitlines()
+                     if line.startswith(sample)), 0)  # fmt: skip
+
+
+def case_elastic(args: argparse.Namespace) -> None:
+    program = PROGRAMS["ddp"]  # 4 shards at full strength: the replay is the same
+    run_id = "ftelastic"
+    deadline = time.monotonic() + DEADLINE_S
+    daemon = Daemon(args.meshrun, deadline)
+    nodes: dict[str, Run] = {}
+    tokens = {name: uuid.uuid4().hex for name in "ABC"}
+    flags = [
+        "--nnodes=1:2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={daemon.endpoint}",
+        f"--rdzv-id={run_id}",
+        "--rdzv-conf=last_call_timeout=1",
+        "--restart-scope=replica",
+        "--replica-size=2",
+        "--max-restarts=0",  # any restart fails the run
+    ]
+    node_program = Program(**{**program.__dict__, "nproc": 2})
+
+    def expect(name: str, pattern: str) -> None:
+        if not nodes[name].wait_for(pattern, deadline):
+            tails = {n: "\n".join(r.output()[-25:]) for n, r in nodes.items()}
+            raise AssertionError(f"node {name} never printed {pattern!r}: {tails}")
+
+    def join_while_a_holds(name: str) -> None:
+        """Node `name` joins while A's workers are stopped, so that they are
+        still training when its groups arrive at the quorum."""
+        nodes[name] = launch(args, node_program, flags, workdir, tokens[name])
+        while len(worker_pids(tokens[name])) < 2:
+            if time.monotonic() > deadline or nodes[name].proc.poll() is not None:
+                raise AssertionError("\n".join(nodes[name].output()[-30:]))
+            time.sleep(0.05)
+        held = worker_pids(tokens["A"]).values()
+        for pid in held:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            # A's members waiting at the quorum now stay as they are; the
+            # newcomer's two add to them. Under the quorum timeout (30 s).
+            time.sleep(0.5)
+            before = daemon.waiting_at_quorum(run_id)
+            hold_until = min(deadline, time.monotonic() + 25)
+            while daemon.waiting_at_quorum(run_id) < before + 2:
+                if time.monotonic() > hold_until:
+                    raise AssertionError(
+                        f"node {name}'s workers never reached the quorum ({before} waiting "
+                        "before them):\n" + "\n".join(nodes[name].output()[:30])
+                    )
+                time.sleep(0.1)
+        finally:
+            for pid in held:
+                os.kill(pid, signal.SIGCONT)
+
+    with tempfile.TemporaryDirectory() as workdir:
+        try:
+            nodes["A"] = launch(args, node_program, flags, workdir, tokens["A"])
+            expect("A", r"^rank 0 epoch 0 loss")
+            a_pids = worker_pids(tokens["A"])
+            join_while_a_holds("B")
+            # Ranks in the seed's lines are those of the replica group (the
+            # default group): B trained an epoch with A.
+            expect("B", r"healed from replica 0")
+            expect("B", r"^rank 0 epoch \d+ loss")
+            os.killpg(nodes["B"].proc.pid, signal.SIGKILL)  # the node is lost
+            nodes["B"].stop()
+            lost_at = len(nodes["A"].output())
+            while not any(
+                re.match(r"rank 0 epoch", line) for line in nodes["A"].output()[lost_at:]
+            ):
+                if time.monotonic() > deadline or nodes["A"].proc.poll() is not None:
+                    raise AssertionError(
+                        "A stopped training:\n" + "\n".join(nodes["A"].output()[-30:])
+                    )
+                time.sleep(0.05)
+            join_while_a_holds("C")
+            codes = {name: nodes[name].finish(deadline) for name in "AC"}
+        finally:
+            for run in nodes.values():
+                run.stop()
+            daemon.stop()
+        out = {name: run.output() for name, run in nodes.items()}
+        if os.environ.get("FT_TEST_VERBOSE"):
+            for name, lines in out.items():
+                print(f"--- node {name}\n" + "\n".join(lines))
+        for name, rc in codes.items():
+            assert rc == 0, f"node {name} exited {rc}:\n" + "\n".join(out[name][-40:])
+        for name in "AC":
+            text = "\n".join(out[name])
+            assert "restarting" not in text and "re-form" not in text, text[-4000:]
+        for name in "BC":
+            healed = [line for line in out[name] if "healed from replica 0" in line]
+            assert len(healed) == 2, f"node {name}: {healed}"
+        records = load_records(workdir, Program(**{**program.__dict__, "nproc": 4}))
+        history = records[0]["history"]
+        phases = [h for i, h in enumerate(history) if i == 0 or history[i - 1] != h]
+        spans = [sum(1 for _ in g) for _, g in itertools.groupby(map(tuple, history))]
+        assert phases == [[0], [0, 1], [0], [0, 1]], (phases, spans)
+        expected = program.replay(history)
+        for record in records:
+            who = f"replica {record['replica']} member {record['member']}"
+            assert record["steps"] == program.steps, f"{who}: {record['steps']} steps"
+            assert record["history"] == history, f"{who}: another history"
+            assert record["incarnation"] == 0, f"{who}: restart {record['incarnation']}"
+            if record["replica"] == 0:
+                assert record["pid"] == a_pids[record["member"]], f"{who}: a new pid"
+            for name, value in expected.items():
+                got = record["model"][program.model_prefix + name]
+                if not torch.allclose(got, value, rtol=1e-5, atol=1e-5):
+                    diff = (got - value).abs().max().item()
+                    raise AssertionError(f"{who}: {name} differs from the replay by {diff}")
+        print(f"ok: {program.steps} steps, participants {phases} for {spans} steps; "
+              "A kept its pids; every worker equals the replay")  # fmt: skip
 
 
 def case_scope(args: argparse.Namespace) -> None:
@@ -432,11 +583,15 @@ def main() -> None:
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--python", required=True)
     parser.add_argument("--pythonpath", required=True)
-    parser.add_argument("case", choices=[*PROGRAMS, "scope", "callback", "torchft", "changes"])
+    parser.add_argument(
+        "case", choices=[*PROGRAMS, "elastic", "scope", "callback", "torchft", "changes"]
+    )
     args = parser.parse_args()
     sys.path[:0] = args.pythonpath.split(":")
     if args.case in PROGRAMS:
         case_kill(args, PROGRAMS[args.case])
+    elif args.case == "elastic":
+        case_elastic(args)
     elif args.case == "scope":
         case_scope(args)
     elif args.case == "callback":

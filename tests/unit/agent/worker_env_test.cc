@@ -117,6 +117,7 @@ TEST(AgentWorkerEnvTest, ReplicaScopeNamesTheReplicaGroup) {
   WorkerEnvInputs in = Inputs(3, 4);  // rank 7
   in.replica_size = 2;
   in.replica_restarts = 1;
+  in.num_replicas = 6;
   in.round.admission_epoch = (uint64_t{3} << 32) | 5;
   std::map<std::string, std::string> env = BuildWorkerEnv(in);
   EXPECT_EQ(env["MESHRUN_RESTART_SCOPE"], "replica");
@@ -124,12 +125,13 @@ TEST(AgentWorkerEnvTest, ReplicaScopeNamesTheReplicaGroup) {
   EXPECT_EQ(env["MESHRUN_REPLICA_SIZE"], "2");
   EXPECT_EQ(env["MESHRUN_REPLICA_ID"], "3");
   EXPECT_EQ(env["MESHRUN_REPLICA_RESTARTS"], "1");
+  EXPECT_EQ(env["MESHRUN_NUM_REPLICAS"], "6");
   EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "2");
   // Scope job: none of them.
   env = BuildWorkerEnv(Inputs(3, 4));
   for (const char* name :
        {"MESHRUN_RESTART_SCOPE", "MESHRUN_REPLICA_SIZE", "MESHRUN_REPLICA_ID",
-        "MESHRUN_REPLICA_RESTARTS", "MESHRUN_ADMISSION_EPOCH"})
+        "MESHRUN_REPLICA_RESTARTS", "MESHRUN_ADMISSION_EPOCH", "MESHRUN_NUM_REPLICAS"})
     EXPECT_EQ(env.count(name), 0u) << name;
 }
 

@@ -38,6 +38,14 @@ class IdentityTest(unittest.TestCase):
         self.assertEqual((i.replica, i.member, i.replica_size, i.replicas_in_world), (1, 1, 2, 3))
         self.assertEqual((i.incarnation, i.admission), (3, 7))
         self.assertEqual(i.store_prefix, "ft/replica1/admission7/incarnation3/")
+        self.assertEqual(i.replicas_at_full_strength, 3)  # no MESHRUN_NUM_REPLICAS
+
+    def test_full_strength_is_the_launchers_while_nodes_are_missing(self) -> None:
+        # --nnodes=1:4 with one node of 2 workers, groups of 2: 1 of 4 groups.
+        env = {**ENV, "WORLD_SIZE": "2", "RANK": "1", "MESHRUN_REPLICA_ID": "0"}
+        i = identity_from_env({**env, "MESHRUN_NUM_REPLICAS": "4"})
+        self.assertEqual((i.replicas_in_world, i.replicas_at_full_strength), (1, 4))
+        self.assertIn("fewer than the 3", self.refused(MESHRUN_NUM_REPLICAS="2"))
 
     def refused(self, **changes: str | None) -> str:
         env = {k: v for k, v in {**ENV, **changes}.items() if v is not None}
@@ -102,6 +110,20 @@ class SamplerTest(unittest.TestCase):
         with mock.patch.object(ft, "_manager", healed):
             self.assertEqual(list(sampler), [])  # epoch 0: nothing left
             self.assertEqual(sampler.start_epoch, 2)
+
+    def test_an_elastic_jobs_shards_are_those_of_full_strength(self) -> None:
+        # One node of two (groups of 2) serves shards 0 and 1 of 4, as it
+        # will once the second node's groups take shards 2 and 3.
+        dataset = TensorDataset(torch.arange(40))
+        env = {**ENV, "WORLD_SIZE": "2", "RANK": "1", "MESHRUN_REPLICA_ID": "0"}
+        with mock.patch.dict(os.environ, {**env, "MESHRUN_NUM_REPLICAS": "2"}, clear=True):
+            ours = ft.DistributedSampler(dataset, 2, shuffle=False)
+        fake = mock.Mock(
+            start_step=mock.Mock(return_value=0), current_step=mock.Mock(return_value=0)
+        )
+        with mock.patch.object(ft, "_manager", fake):
+            self.assertEqual(next(iter_batch(ours, 2)), [1, 5])
+        self.assertEqual(len(ours), 10)
 
 
 def iter_batch(sampler: ft.DistributedSampler, batch: int):
