@@ -20,7 +20,9 @@ jobs=${JOBS:-2}
 wait_quiet=${WAIT_QUIET:-60}
 
 source scripts/lib/bench-common.sh
-build_binaries bench-coordinator meshrun meshrun-rdzvd meshrun_python
+build_binaries bench-coordinator meshrun meshrun-rdzvd
+# The gRPC stubs of the checkout's meshrun package (build/python).
+[ "${NO_BUILD:-0}" = 1 ] || ninja -C "$build_dir" meshrun_python >&2
 find_torch bench-coordinator
 torchrun=${TORCHRUN:-$venv_torchrun}
 wait_for_quiet bench-coordinator "$wait_quiet"

@@ -161,6 +161,7 @@ class Outcome:
     discarded: int
     steps_lost: int
     stalled_s: float | None  # None: no step committed after the return
+    ending: str = ""  # how the job ended: its exit code, or the timeout
     log: list[str] = field(default_factory=list)
 
 
@@ -173,6 +174,7 @@ def run_once(args: argparse.Namespace, system: str) -> Outcome:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.python, PYTHONUNBUFFERED="1")
     job = Process(job_command(args, system, coordinator), env)
     deadline = time.monotonic() + args.timeout
+    timed_out = False
     try:
         t_kill = job.wait_for(f"^step {args.kill_at_step} loss ", deadline)
         if t_kill is None:
@@ -184,7 +186,7 @@ def run_once(args: argparse.Namespace, system: str) -> Outcome:
         try:
             job.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            pass
+            timed_out = True
     finally:
         job.stop()
         coordinator.kill()
@@ -205,6 +207,9 @@ def run_once(args: argparse.Namespace, system: str) -> Outcome:
         steps_lost=max(0, high_before + 1 - low_after),
         stalled_s=(after[0] - t_back - step_time) if after else None,
         log=text,
+        ending=f"killed at the {args.timeout:g} s timeout"
+        if timed_out
+        else f"exit code {job.proc.returncode}",
     )
 
 
@@ -239,15 +244,20 @@ def main() -> None:
     print(f"The coordinator SIGKILLed at step {args.kill_at_step} of {args.steps}, back "
           f"{args.down:g} s later on its port; medians of {args.rounds} runs.\n")  # fmt: skip
     print(
-        "| system | finished | worker restarts | steps discarded | stalled after its return (s) |"
+        "| system | finished | worker restarts | steps discarded | committed steps lost "
+        "| stalled after its return (s) |"
     )
-    print("|---|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|")
     failed = False
     for system in systems:
         outcomes = []
         for round_index in range(args.rounds):
             outcome = run_once(args, system)
             outcomes.append(outcome)
+            print(f"{system} round {round_index + 1}: {outcome.ending}, "
+                  f"{outcome.restarts} worker restarts, {outcome.discarded} discarded, "
+                  f"{outcome.steps_lost} committed steps lost, stalled {outcome.stalled_s} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
             if args.log_dir:
                 os.makedirs(args.log_dir, exist_ok=True)
                 path = os.path.join(args.log_dir, f"{system}-{round_index}.log")
