@@ -88,6 +88,7 @@ enum FlagId {
   kTlsKey,
   kTlsClientCa,
   kMetricsPort,
+  kRay,
   kNumFlags,
 };
 
@@ -229,6 +230,13 @@ constexpr FlagDef kFlags[] = {
      "When this meshrun hosts the rendezvous daemon (--standalone, or the node the "
      "endpoint names): serve /metrics, /api/status and the status page on PORT "
      "(0: kernel-assigned; the URL is logged)."},
+    {"--ray", "", true, "[=ADDRESS]", "",
+     "Run on a Ray cluster (ADDRESS, else $RAY_ADDRESS, else auto) from this one "
+     "command: one agent per Ray node in a placement group of --nnodes MAX bundles "
+     "(MIN alive at least), the rendezvous daemon beside this command, every "
+     "node's output here, prefixed by node. Needs meshrun's Python package and "
+     "ray where the command runs. Only as --ray or --ray=ADDRESS.",
+     false},
 };
 static_assert(std::size(kFlags) == kNumFlags, "one kFlags row per FlagId");
 
@@ -354,6 +362,7 @@ absl::StatusOr<SplitArgs> SplitCommandLine(const std::vector<std::string>& args)
       out.flag_tokens.emplace_back(def->name);
       continue;
     }
+    if (!value.has_value() && def == &kFlags[kRay]) value = "";  // bare --ray
     if (!value.has_value()) {
       if (i + 1 >= args.size() || IsFlagLike(args[i + 1]) || args[i + 1] == "--") {
         fail(absl::InvalidArgumentError(absl::StrCat(spelled, ": missing value")));
@@ -1340,6 +1349,39 @@ absl::Status ApplySlurmEnvironment(const std::map<std::string, std::string>& env
   return absl::OkStatus();
 }
 
+// --ray: the Ray driver (python/meshrun/ray_launch.py) starts the daemon and
+// gives each node's agent its endpoint; the flags that would name another
+// rendezvous are refused, and the rest validates as a c10d launch.
+absl::Status ApplyRay(const Given& ray, const std::map<std::string, std::string>& env,
+                      FlagValues* flags, LaunchConfig* config) {
+  for (FlagId other : {kSlurm, kStandalone}) {
+    if (flags->Switch(other))
+      return FlagError(kRay,
+                       absl::StrCat("cannot be combined with ", kFlags[other].name));
+  }
+  for (FlagId other : {kRdzvEndpoint, kNodeRank, kMasterAddr, kMasterPort}) {
+    if (flags->GetExplicit(other)) {
+      return FlagError(kRay, absl::StrCat("cannot be combined with ", kFlags[other].name,
+                                          ": Ray places the nodes and meshrun starts the "
+                                          "rendezvous daemon itself"));
+    }
+  }
+  if (std::optional<Given> backend = flags->GetExplicit(kRdzvBackend);
+      backend && backend->text != "c10d") {
+    return FlagError(kRay, "runs the c10d rendezvous; --rdzv-backend=" + backend->text +
+                               " cannot be used with it");
+  }
+  flags->SetFallback(kRdzvBackend, Given{"c10d", ""});
+  flags->SetFallback(kRdzvEndpoint, Given{"127.0.0.1:29400", ""});  // the driver's, later
+  auto from_env = env.find("RAY_ADDRESS");
+  config->ray_address = !ray.text.empty() ? ray.text
+                        : from_env != env.end() && !from_env->second.empty()
+                            ? from_env->second
+                            : "auto";
+  config->ray_rdzv_id_given = flags->GetExplicit(kRdzvId).has_value();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 StdStreams StdStreamsSpec::ForLocalRank(int local_rank) const {
@@ -1430,6 +1472,10 @@ absl::StatusOr<LaunchConfig> ParseLaunchArgs(
   config.script = *split->script;
   config.script_args = split->script_args;
 
+  if (std::optional<Given> ray = flags.GetExplicit(kRay)) {
+    absl::Status status = ApplyRay(*ray, env, &flags, &config);
+    if (!status.ok()) return status;
+  }
   config.slurm = flags.Switch(kSlurm);
   if (config.slurm) {
     absl::Status status = ApplySlurmEnvironment(env, &flags, &config);

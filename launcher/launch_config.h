@@ -234,6 +234,12 @@ struct LaunchConfig {
   // first node hosts the derived rendezvous endpoint.
   bool slurm = false;
 
+  // --ray[=ADDRESS]: the Ray cluster's address (the flag's, else
+  // $RAY_ADDRESS, else "auto"); unset without the flag. main hands the
+  // launch to the Ray driver (python/meshrun/ray_launch.py).
+  std::optional<std::string> ray_address;
+  bool ray_rdzv_id_given = false;  // else the driver names the run
+
   // Things the user should be told (overridden or ignored flags), one line
   // each; main logs them before launching.
   std::vector<std::string> notices;

@@ -13,8 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -131,6 +133,43 @@ std::map<std::string, std::string> WorkerSecurityEnv(const LaunchConfig& config)
   return env;
 }
 
+// --ray: the launch is the Ray driver's (python/meshrun/ray_launch.py), which
+// starts an agent per Ray node with these same arguments less --ray. Returns
+// only when it cannot be started.
+int ExecRayDriver(const std::vector<std::string>& args, const LaunchConfig& config) {
+  std::error_code ignored;
+  const std::string self =
+      std::filesystem::read_symlink("/proc/self/exe", ignored).string();
+  const char* python_exec = getenv("PYTHON_EXEC");
+  const std::string python = python_exec && *python_exec ? python_exec : "python3";
+  std::vector<std::string> driver{
+      python,
+      "-m",
+      "meshrun.ray_launch",
+      "--address=" + *config.ray_address,
+      "--meshrun=" + self,
+      "--nnodes=" + std::to_string(config.min_nodes) + ":" +
+          std::to_string(config.max_nodes),
+      "--nproc-per-node=" + std::to_string(config.nproc_per_node)};
+  if (!config.ray_rdzv_id_given) driver.push_back("--name-run");
+  driver.push_back("--");
+  bool dropped = false;  // the first --ray is the launcher's (a value cannot be one)
+  for (const std::string& arg : args) {
+    if (!dropped && (arg == "--ray" || arg.rfind("--ray=", 0) == 0)) {
+      dropped = true;
+      continue;
+    }
+    driver.push_back(arg);
+  }
+  std::vector<char*> argv;
+  for (std::string& arg : driver) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  std::fprintf(stderr, "meshrun: --ray: cannot run %s: %s\n", python.c_str(),
+               std::strerror(errno));
+  return 1;
+}
+
 int Main(int argc, char** argv) {
   // Debian builds absl with debug deadlock detection on; its bookkeeping was
   // ~11% of the daemon's CPU in a 5,000-client barrier (bench/results).
@@ -154,6 +193,7 @@ int Main(int argc, char** argv) {
     std::printf("%s\n", rdzv::VersionLine("meshrun").c_str());
     return 0;
   }
+  if (config.ray_address) return ExecRayDriver(args, config);
   RunExecutablesDirectly(config);
 
   auto log = spdlog::stderr_color_mt("meshrun");

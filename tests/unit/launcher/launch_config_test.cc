@@ -1325,4 +1325,37 @@ TEST(LaunchConfigTest, NprocPerNodeXpuIsRefusedInOneLine) {
 }
 
 }  // namespace
+// --ray[=ADDRESS]: the address (else $RAY_ADDRESS, else auto), a bare --ray
+// that takes no following token, and the flags that would name another
+// rendezvous refused in one line.
+TEST(LaunchConfigTest, RayTakesItsAddressOnlyAfterAnEqualsSign) {
+  LaunchConfig bare = MustParse({"--ray", "--nnodes=2", "train.py"});
+  EXPECT_EQ(bare.ray_address, "auto");
+  EXPECT_EQ(bare.script, "train.py");
+  EXPECT_EQ(bare.max_nodes, 2);
+  EXPECT_FALSE(bare.ray_rdzv_id_given);
+  EXPECT_EQ(MustParse({"--ray", "train.py"}, {{"RAY_ADDRESS", "h:6379"}}).ray_address,
+            "h:6379");
+  LaunchConfig named = MustParse({"--ray=ray://h:10001", "--rdzv-id=job", "train.py"});
+  EXPECT_EQ(named.ray_address, "ray://h:10001");
+  EXPECT_TRUE(named.ray_rdzv_id_given);
+  EXPECT_FALSE(MustParse({"train.py"}).ray_address.has_value());
+}
+
+TEST(LaunchConfigTest, RayRefusesAnotherRendezvous) {
+  for (const Args& flags : std::vector<Args>{{"--rdzv-endpoint=h:1"},
+                                             {"--standalone"},
+                                             {"--node-rank=0"},
+                                             {"--master-addr=h"},
+                                             {"--rdzv-backend=static"}}) {
+    Args args{"--ray"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::string error = ErrorOf(With(args));
+    EXPECT_TRUE(absl::StartsWith(error, "--ray: ")) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  }
+  EXPECT_EQ(ErrorOf({"--ray", "--slurm", "train.py"}),
+            "--ray: cannot be combined with --slurm");
+}
+
 }  // namespace meshrun::launcher

@@ -1,0 +1,264 @@
+"""meshrun --ray on a Ray cluster of several nodes started on this machine.
+
+Run under `unshare --net --pid --fork --mount-proc` (tests/CMakeLists.txt):
+the cluster listens on the namespace's own loopback, and every process the
+test starts (Ray's daemons, which `ray start` detaches, included) ends with
+the namespace when this script, its init, exits. It still stops the cluster
+with `ray stop --force` and checks that nothing of a run is left.
+
+The cluster: a head holding no CPUs (so nothing is placed there, as on a
+head node kept for Ray's own services) and three worker nodes of 2 CPUs each
+(`ray start --address`, each its own Ray node with its own resources).
+
+Cases:
+  seed003   seed 003's TP + PP program on CPUs (2d_parallelism_cpu.py) with
+            `meshrun --ray --nnodes=2 --nproc-per-node=2`: exit code 0, each
+            node's lines prefixed by its node, the ranks' lines as under
+            torchrun 2 with the same layout (two torchrun agents on a c10d
+            endpoint); afterwards no placement group, actor or meshrun
+            process of the run is left.
+  bad       no cluster at an address: one line, exit code 2, in seconds;
+            --nnodes=4 on three nodes: one line naming the count, exit code
+            2, nothing placed; --ray with --rdzv-endpoint: exit code 2.
+  sigterm   SIGTERM to `meshrun --ray` while its workers run: it exits 143
+            within the agents' shutdown timeout and leaves no worker, actor
+            or placement group.
+
+Usage: ray_test.py --meshrun BIN --torchrun T --python PY --pythonpath P CASE
+"""
+
+import argparse
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEED = os.path.join(HERE, "..", "..", "examples", "seeds", "003_tp_pp", "2d_parallelism_cpu.py")
+WORKER_NODES = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A head with no CPUs and WORKER_NODES nodes of 2 CPUs, on 127.0.0.1."""
+
+    def __init__(self, ray: str, temp: str) -> None:
+        self.ray = ray
+        self.address = f"127.0.0.1:{free_port()}"
+        common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+        self._start(["--head", f"--port={self.address.split(':')[1]}", "--num-cpus=0",
+                     "--include-dashboard=false", f"--temp-dir={temp}", *common])  # fmt: skip
+        for _ in range(WORKER_NODES):
+            self._start([f"--address={self.address}", "--num-cpus=2", *common])
+
+    def _start(self, flags: list[str]) -> None:
+        done = subprocess.run([self.ray, "start", *flags], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        if done.returncode != 0:
+            raise AssertionError(f"ray start {flags}: {done.stdout}{done.stderr}")
+
+    def stop(self) -> None:
+        subprocess.run([self.ray, "stop", "--force"], capture_output=True, timeout=120)
+
+    def leftovers(self) -> list[str]:
+        """Placement groups not removed and actors alive, as Ray's GCS says."""
+        code = (
+            "import ray, json\n"
+            f"ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False)\n"
+            "pgs = [p['placement_group_id'] for p in ray.util.placement_group_table().values()\n"
+            "       if p['state'] != 'REMOVED']\n"
+            "from ray._private.state import actors\n"
+            "alive = [a['ActorID'] for a in actors().values() if a['State'] != 'DEAD']\n"
+            "print(json.dumps(['pg ' + p for p in pgs] + ['actor ' + a for a in alive]))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        import json
+
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def meshrun_processes(meshrun: str) -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].decode(errors="replace") == meshrun:
+            found.append(entry)
+    return found
+
+
+def launch(args: argparse.Namespace, flags: list[str], script: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, PYTHON_EXEC=args.python, PYTHONPATH=args.pythonpath)
+    return subprocess.Popen(
+        [args.meshrun, *flags, *script],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def rank_lines(text: str, prefixed: bool) -> list[str]:
+    """The program's own lines (no launcher's), without the node prefix."""
+    lines = []
+    for line in text.splitlines():
+        if prefixed:
+            m = re.match(r"^\[node\d+\] (.*)$", line)
+            assert m, f"a line without its node: {line!r}"
+            line = m.group(1)
+        if re.match(r"^(\d+ )?torch\.Size", line):
+            lines.append(line)
+    return sorted(lines)
+
+
+def torchrun_lines(args: argparse.Namespace) -> list[str]:
+    endpoint = f"127.0.0.1:{free_port()}"
+    # --tee: each rank's lines whole (ranks sharing torchrun's stdout
+    # interleave print()'s pieces), prefixed "[defaultN]:".
+    common = ["--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d", "--tee=3",
+              f"--rdzv_endpoint={endpoint}", "--rdzv_id=seed003", SEED]  # fmt: skip
+    agents = [subprocess.Popen([args.torchrun, *common], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True) for _ in range(2)]  # fmt: skip
+    out = ""
+    for agent in agents:
+        text, _ = agent.communicate(timeout=240)
+        assert agent.returncode == 0, text
+        out += text
+    return rank_lines(re.sub(r"^\[default\d+\]:", "", out, flags=re.M), prefixed=False)
+
+
+def case_seed003(args: argparse.Namespace, cluster: Cluster) -> None:
+    run = launch(args, [f"--ray={cluster.address}", "--nnodes=2", "--nproc-per-node=2"], [SEED])
+    out, err = run.communicate(timeout=240)
+    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{err}"
+    nodes = set(re.findall(r"^\[(node\d+)\]", out, re.M))
+    assert nodes == {"node0", "node1"}, nodes
+    assert len(re.findall(r"^meshrun: --ray: node\d is Ray node ", err, re.M)) == 2, err
+    ours = rank_lines(out, prefixed=True)
+    theirs = torchrun_lines(args)
+    assert ours == theirs, f"meshrun --ray:\n{ours}\ntorchrun:\n{theirs}"
+    assert cluster.leftovers() == [], cluster.leftovers()
+    assert meshrun_processes(args.meshrun) == []
+    print(f"ok: {len(ours)} rank lines as torchrun's, on {sorted(nodes)}; nothing left")
+
+
+def one_line_refusal(args, flags, script, expect: str, within_s: float) -> str:
+    start = time.monotonic()
+    run = launch(args, flags, script)
+    out, err = run.communicate(timeout=120)
+    took = time.monotonic() - start
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert run.returncode == 2, f"exit {run.returncode}: {err}"
+    assert len(lines) == 1 and expect in lines[0], lines
+    assert took < within_s, f"{took:.1f} s"
+    return lines[0]
+
+
+def case_bad(args: argparse.Namespace, cluster: Cluster) -> None:
+    nowhere = f"127.0.0.1:{free_port()}"
+    said = [
+        one_line_refusal(
+            args, [f"--ray={nowhere}", "--nnodes=2"], [SEED], f"no Ray cluster at {nowhere}", 10
+        ),  # fmt: skip
+        one_line_refusal(
+            args,
+            [f"--ray={cluster.address}", "--nnodes=4", "--nproc-per-node=2"],
+            [SEED],
+            "fewer than --nnodes' 4",
+            60,
+        ),  # fmt: skip
+        one_line_refusal(
+            args,
+            ["--ray", "--rdzv-endpoint=127.0.0.1:1"],
+            [SEED],
+            "cannot be combined with --rdzv-endpoint",
+            10,
+        ),  # fmt: skip
+    ]
+    assert cluster.leftovers() == [], cluster.leftovers()
+    print("ok:", " | ".join(said))
+
+
+SLEEPER = """\
+import os, time
+print(f"rank {os.environ['RANK']} ready", flush=True)
+time.sleep(600)
+"""
+
+
+def case_sigterm(args: argparse.Namespace, cluster: Cluster) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        script = os.path.join(work, "sleeper.py")
+        with open(script, "w") as f:
+            f.write(SLEEPER)
+        flags = [f"--ray={cluster.address}", "--nnodes=2", "--nproc-per-node=2"]
+        run = launch(args, flags, [script])
+        seen: list[str] = []
+        deadline = time.monotonic() + 120
+        while sum("ready" in line for line in seen) < 4:
+            line = run.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(seen) + run.stderr.read()
+            seen.append(line)
+        start = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=120)
+        took = time.monotonic() - start
+    assert run.returncode == 143, f"exit {run.returncode}: {err}"
+    assert took < 45, f"{took:.1f} s to stop"
+    assert cluster.leftovers() == [], cluster.leftovers()
+    assert meshrun_processes(args.meshrun) == []
+    sleepers = [p for p in os.listdir("/proc") if p.isdigit() and _runs(p, "sleeper.py")]
+    assert sleepers == [], sleepers
+    print(f"ok: stopped in {took:.1f} s with 143; nothing left")
+
+
+def _runs(pid: str, name: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return name.encode() in f.read()
+    except OSError:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--meshrun", required=True)
+    parser.add_argument("--torchrun", required=True)
+    parser.add_argument("--python", required=True)
+    parser.add_argument("--pythonpath", required=True)
+    parser.add_argument("case", choices=["seed003", "bad", "sigterm"])
+    args = parser.parse_args()
+    if os.getpid() != 1:
+        sys.exit("ray_test.py: run it under unshare --net --pid --fork --mount-proc")
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ["PYTHONPATH"] = args.pythonpath  # the leftovers check imports ray only
+    ray = os.path.join(os.path.dirname(args.python), "ray")
+    with tempfile.TemporaryDirectory(prefix="ray-") as temp:
+        cluster = Cluster(ray, temp)
+        try:
+            {"seed003": case_seed003, "bad": case_bad, "sigterm": case_sigterm}[args.case](
+                args, cluster
+            )
+        finally:
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
