@@ -41,6 +41,11 @@ from typing import Any
 EXIT_USAGE = 2  # bad input: no cluster, too few nodes, no meshrun on a node
 EXIT_FAILED = 1
 
+# A newcomer's actor that has not started in this long (the node's
+# resources are taken by other work) is given up, and tried again later.
+NEWCOMER_START_S = 120
+NEWCOMER_RETRY_S = 30
+
 FORWARDED = ("PYTHON_EXEC", "PYTHONPATH", "OMP_NUM_THREADS")
 FORWARDED_PREFIXES = ("MESHRUN_", "PET_", "TORCH", "NCCL_", "GLOO_")
 
@@ -120,9 +125,13 @@ def quiet_stderr() -> Iterator[None]:
 
 class NodeAgent:
     """A Ray actor on one node: runs that node's meshrun and keeps its output
-    for the driver's polls. Its meshrun dies with it (PR_SET_PDEATHSIG)."""
+    for the driver's polls. Its meshrun dies with it (PR_SET_PDEATHSIG), and
+    with the node's raylet: Ray counts a node whose raylet died as dead but
+    leaves its worker processes running, and an agent Ray no longer counts
+    must not keep its node in the run."""
 
     def __init__(self) -> None:
+        self._raylet = os.getppid()  # Ray's workers are its raylet's children
         self._proc: subprocess.Popen | None = None
         self._lines: list[str] = []
         self._lock = threading.Lock()
@@ -156,7 +165,14 @@ class NodeAgent:
             preexec_fn=die_with_actor,
         )
         threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._watch_raylet, daemon=True).start()
         return self._proc.pid
+
+    def _watch_raylet(self) -> None:
+        while os.getppid() == self._raylet:
+            time.sleep(0.5)
+        self.signal(signal.SIGKILL)  # the node is lost: so is its agent
+        os._exit(1)
 
     def _pump(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -190,7 +206,14 @@ class Run:
         self.launcher_args = launcher_args
         self.daemon: subprocess.Popen | None = None
         self.placement_group = None
-        self.actors: list[Any] = []
+        self.actors: list[Any] = []  # node K's actor at index K
+        self.nodes: list[dict[str, Any]] = []  # what each actor said of its node
+        self.codes: dict[int, int] = {}  # node K's meshrun exit code
+        self.lost: set[int] = set()  # nodes whose actor died with them
+        self.bundle: dict[str, float] = {}
+        self.agent: tuple[list[str], dict[str, str], str] = ([], {}, "")  # argv, env, cwd
+        self.tried: dict[str, float] = {}  # node id -> when a newcomer's actor gave up
+        self.pending: dict[str, tuple[Any, Any, float]] = {}  # node id -> a newcomer starting
         self.stopping: int = 0  # the signal that asks us to stop
 
     def connect(self):
@@ -221,7 +244,7 @@ class Run:
     def reserve(self, ray) -> int:
         from ray.util.placement_group import placement_group
 
-        bundle = bundle_for(ray.cluster_resources(), self.args.nproc_per_node)
+        bundle = self.bundle = bundle_for(ray.cluster_resources(), self.args.nproc_per_node)
         ((kind, need),) = bundle.items()
         fit = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get(kind, 0) >= need]
         if len(fit) < self.args.min_nodes:
@@ -287,16 +310,75 @@ class Run:
             )
         run_id = uuid.uuid4().hex[:12]
         argv = agent_argv(self.args, self.launcher_args, endpoint, run_id)
-        env = forwarded_env(dict(os.environ))
+        self.agent = (argv, forwarded_env(dict(os.environ)), cwd)
+        self.nodes = nodes
         for i, n in enumerate(nodes):
             say(f"node{i} is Ray node {n['node_id'][:8]} at {n['ip']} ({n['hostname']})")
-        ray.get([a.start.remote(argv, env, cwd) for a in self.actors])
+        ray.get([a.start.remote(*self.agent) for a in self.actors])
+
+    def place_newcomers(self, ray) -> None:
+        """An agent on each alive node that can hold a bundle and has none,
+        up to --nnodes MAX: it joins the run as any meshrun node does. Its
+        actor holds the bundle's resources itself, pinned to that node (a
+        placement group cannot grow). Never waits: an actor still starting
+        is looked at again on the next call."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        for node_id, (actor, described, since) in list(self.pending.items()):
+            ready, _ = ray.wait([described], timeout=0)
+            if not ready:
+                if time.monotonic() - since > NEWCOMER_START_S:
+                    del self.pending[node_id]  # its resources are taken: try again later
+                    ray.kill(actor)
+                    self.tried[node_id] = time.monotonic()
+                continue
+            del self.pending[node_id]
+            try:
+                info = ray.get(described)
+            except ray.exceptions.RayError:
+                self.tried[node_id] = time.monotonic()  # the node died meanwhile
+                continue
+            if not info["meshrun"] or not info["cwd"]:
+                ray.kill(actor)
+                self.tried[node_id] = time.monotonic()
+                say(f"Ray node {node_id[:8]} joined without {self.args.meshrun} or "
+                    f"{self.agent[2]}: no agent there")  # fmt: skip
+                continue
+            index = len(self.actors)
+            self.actors.append(actor)
+            self.nodes.append(info)
+            actor.start.remote(*self.agent)
+            say(f"node{index} is Ray node {node_id[:8]} at {info['ip']} ({info['hostname']}), "
+                "new in the cluster: it joins the run")  # fmt: skip
+
+        live = [i for i in range(len(self.actors)) if i not in self.codes and i not in self.lost]
+        used = {self.nodes[i]["node_id"] for i in live} | set(self.pending)
+        ((kind, need),) = self.bundle.items()
+        room = self.args.max_nodes - len(live) - len(self.pending)
+        for node in ray.nodes():
+            node_id = node["NodeID"]
+            recently = time.monotonic() - self.tried.get(node_id, -1e9) < NEWCOMER_RETRY_S
+            if (room <= 0 or not node["Alive"] or node_id in used or recently
+                    or node["Resources"].get(kind, 0) < need):  # fmt: skip
+                continue
+            resources = {"num_gpus": need} if kind == "GPU" else {"num_cpus": need}
+            actor = (
+                ray.remote(max_restarts=0)(NodeAgent)
+                .options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                    **resources,
+                )
+                .remote()
+            )
+            described = actor.describe.remote(self.args.meshrun, self.agent[2])
+            self.pending[node_id] = (actor, described, time.monotonic())
+            room -= 1
 
     def stream(self, ray) -> int:
         """Prints every agent's lines until all have ended; the run's code."""
-        codes: dict[int, int] = {}
-        lost: set[int] = set()
+        codes, lost = self.codes, self.lost
         asked_to_stop = 0.0
+        next_look = time.monotonic() + 2
         while len(codes) + len(lost) < len(self.actors):
             if self.stopping and not asked_to_stop:
                 asked_to_stop = time.monotonic()
@@ -312,13 +394,18 @@ class Run:
                     lines, code = ray.get(actor.poll.remote(), timeout=30)
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                     lost.add(i)
-                    say(f"node{i} is lost ({type(e).__name__}): the run goes on without it")
+                    ray_node = self.nodes[i]["node_id"][:8]
+                    say(f"node{i} (Ray node {ray_node}) is lost ({type(e).__name__}): "
+                        "the run goes on as meshrun's elastic rules say")  # fmt: skip
                     continue
                 for line in lines:
                     sys.stdout.write(f"[node{i}] {line}\n")
                 if code is not None:
                     codes[i] = code
             sys.stdout.flush()
+            if not self.stopping and not codes and time.monotonic() > next_look:
+                self.place_newcomers(ray)
+                next_look = time.monotonic() + 2
             time.sleep(0.1)
         if self.stopping:
             return 128 + self.stopping
@@ -328,7 +415,7 @@ class Run:
         return failed[0] if failed else 0
 
     def stop(self, ray) -> None:
-        for actor in self.actors:
+        for actor in [*self.actors, *(pending[0] for pending in self.pending.values())]:
             try:
                 ray.kill(actor)
             except Exception:

@@ -20,6 +20,12 @@ Cases:
   bad       no cluster at an address: one line, exit code 2, in seconds;
             --nnodes=4 on three nodes: one line naming the count, exit code
             2, nothing placed; --ray with --rdzv-endpoint: exit code 2.
+  elastic   a job of --nnodes=1:3 on a cluster of two nodes: world 4; one
+            node's raylet SIGKILLed: the driver says the node is lost, its
+            agent goes with it, and the run re-forms on the other (world 2);
+            a third node started: the driver places an agent there and the
+            run re-forms with it (world 4); the run then succeeds, leaving
+            nothing behind.
   sigterm   SIGTERM to `meshrun --ray` while its workers run: it exits 143
             within the agents' shutdown timeout and leaves no worker, actor
             or placement group.
@@ -51,14 +57,30 @@ def free_port() -> int:
 class Cluster:
     """A head with no CPUs and WORKER_NODES nodes of 2 CPUs, on 127.0.0.1."""
 
-    def __init__(self, ray: str, temp: str) -> None:
+    def __init__(self, ray: str, temp: str, nodes: int = WORKER_NODES) -> None:
         self.ray = ray
         self.address = f"127.0.0.1:{free_port()}"
-        common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+        self._common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
         self._start(["--head", f"--port={self.address.split(':')[1]}", "--num-cpus=0",
-                     "--include-dashboard=false", f"--temp-dir={temp}", *common])  # fmt: skip
-        for _ in range(WORKER_NODES):
-            self._start([f"--address={self.address}", "--num-cpus=2", *common])
+                     "--include-dashboard=false", f"--temp-dir={temp}", *self._common])  # fmt: skip
+        for _ in range(nodes):
+            self.add_node()
+
+    def add_node(self) -> None:
+        self._start([f"--address={self.address}", "--num-cpus=2", *self._common])
+
+    def kill_raylet(self, node_id_prefix: str) -> int:
+        """SIGKILLs the raylet of the Ray node whose id starts so: the node
+        dies as when its machine does, as far as Ray can tell."""
+        for pid in os.listdir("/proc"):
+            if (
+                pid.isdigit()
+                and _runs(pid, "raylet/raylet")
+                and _runs(pid, f"--node_id={node_id_prefix}")
+            ):
+                os.kill(int(pid), signal.SIGKILL)
+                return int(pid)
+        raise AssertionError(f"no raylet of Ray node {node_id_prefix}")
 
     def _start(self, flags: list[str]) -> None:
         done = subprocess.run([self.ray, "start", *flags], capture_output=True, text=True,
@@ -228,6 +250,77 @@ def case_sigterm(args: argparse.Namespace, cluster: Cluster) -> None:
     print(f"ok: stopped in {took:.1f} s with 143; nothing left")
 
 
+WAITER = """\
+import os, sys, time
+env = os.environ
+print(f"rank {env['RANK']} of {env['WORLD_SIZE']} ready", flush=True)
+while not os.path.exists(os.path.join(sys.argv[1], "done")):
+    time.sleep(0.1)
+"""
+
+
+class Lines:
+    """A process's stdout and stderr lines, read as they come."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        import threading
+
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        for stream in (proc.stdout, proc.stderr):
+            threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._lock:
+                self.lines.append(line.rstrip("\n"))
+
+    def text(self) -> str:
+        with self._lock:
+            return "\n".join(self.lines)
+
+    def wait_count(self, pattern: str, count: int, deadline: float) -> list[str]:
+        while time.monotonic() < deadline:
+            found = re.findall(pattern, self.text(), re.M)
+            if len(found) >= count:
+                return found
+            time.sleep(0.1)
+        ours = [line for line in self.text().splitlines() if line.startswith(("[node", "meshrun"))]
+        raise AssertionError(f"{count} of {pattern!r} never came:\n" + "\n".join(ours[-60:]))
+
+
+def case_elastic(args: argparse.Namespace, cluster: Cluster) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        script = os.path.join(work, "waiter.py")
+        with open(script, "w") as f:
+            f.write(WAITER)
+        flags = [f"--ray={cluster.address}", "--nnodes=1:3", "--nproc-per-node=2",
+                 "--max-restarts=3", "--rdzv-conf=last_call_timeout=1"]  # fmt: skip
+        run = launch(args, flags, [script, work])
+        out = Lines(run)
+        deadline = time.monotonic() + 240
+        try:
+            out.wait_count(r"^\[node\d\] rank \d of 4 ready", 4, deadline)
+            (victim,) = re.findall(r"node1 is Ray node (\w+)", out.text())
+            cluster.kill_raylet(victim)
+            out.wait_count(r"node1 \(Ray node \w+\) is lost", 1, deadline)
+            out.wait_count(r"^\[node0\] rank \d of 2 ready", 2, deadline)
+            cluster.add_node()
+            out.wait_count(r"node2 is Ray node \w+ .*it joins the run", 1, deadline)
+            found = out.wait_count(r"^\[(node\d)\] rank \d of 4 ready", 8, deadline)[4:]
+            assert sorted(found) == ["node0", "node0", "node2", "node2"], found
+            open(os.path.join(work, "done"), "w").close()
+            run.wait(timeout=max(1, deadline - time.monotonic()))
+        finally:
+            if run.poll() is None:
+                run.kill()
+    assert run.returncode == 0, f"exit {run.returncode}:\n{out.text()[-5000:]}"
+    assert cluster.leftovers() == [], cluster.leftovers()
+    assert meshrun_processes(args.meshrun) == []
+    print("ok: node1's raylet killed, world 4 -> 2; node2 joined, world 4 again; "
+          "the run succeeded, nothing left")  # fmt: skip
+
+
 def _runs(pid: str, name: str) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -242,7 +335,7 @@ def main() -> None:
     parser.add_argument("--torchrun", required=True)
     parser.add_argument("--python", required=True)
     parser.add_argument("--pythonpath", required=True)
-    parser.add_argument("case", choices=["seed003", "bad", "sigterm"])
+    parser.add_argument("case", choices=["seed003", "bad", "elastic", "sigterm"])
     args = parser.parse_args()
     if os.getpid() != 1:
         sys.exit("ray_test.py: run it under unshare --net --pid --fork --mount-proc")
@@ -251,11 +344,11 @@ def main() -> None:
     os.environ["PYTHONPATH"] = args.pythonpath  # the leftovers check imports ray only
     ray = os.path.join(os.path.dirname(args.python), "ray")
     with tempfile.TemporaryDirectory(prefix="ray-") as temp:
-        cluster = Cluster(ray, temp)
+        cluster = Cluster(ray, temp, nodes=2 if args.case == "elastic" else WORKER_NODES)
+        cases = {"seed003": case_seed003, "bad": case_bad, "elastic": case_elastic,
+                 "sigterm": case_sigterm}  # fmt: skip
         try:
-            {"seed003": case_seed003, "bad": case_bad, "sigterm": case_sigterm}[args.case](
-                args, cluster
-            )
+            cases[args.case](args, cluster)
         finally:
             cluster.stop()
 
