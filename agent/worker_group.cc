@@ -299,12 +299,17 @@ absl::StatusOr<std::string> CreateGroupCgroup() {
   const std::string parent = absl::StrCat(mount, own);
   RemoveStaleCgroups(parent);
   static std::atomic<uint64_t> counter{0};
-  std::string dir =
-      absl::StrCat(parent, "/meshrun-agent.", ::getpid(), ".", counter.fetch_add(1));
-  if (::mkdir(dir.c_str(), 0755) != 0)
-    return absl::UnavailableError(
-        absl::StrCat("cannot create ", dir, ": ", std::strerror(errno)));
-  return dir;
+  // The name can be taken: an agent of another PID namespace (a container,
+  // `unshare --pid`) with the same pid, or one SIGKILLed there, whose
+  // cgroups RemoveStaleCgroups cannot tell from a live agent's.
+  for (int attempt = 0;; ++attempt) {
+    std::string dir =
+        absl::StrCat(parent, "/meshrun-agent.", ::getpid(), ".", counter.fetch_add(1));
+    if (::mkdir(dir.c_str(), 0755) == 0) return dir;
+    if (errno != EEXIST || attempt == 1000)
+      return absl::UnavailableError(
+          absl::StrCat("cannot create ", dir, ": ", std::strerror(errno)));
+  }
 }
 
 // SIGKILL to every process in the cgroup `dir` and below.
