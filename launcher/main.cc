@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -52,11 +53,23 @@ std::string FormatEndpoint(const std::string& host, int port) {
          std::to_string(port);
 }
 
+// host_pid_random, after MESHRUN_NODE_LABEL's letters, digits and -.: when
+// set (meshrun --ray: "ray-" and the Ray node), so that the status page and
+// `meshrun status` say which node of the cluster each agent is.
 std::string NodeId() {
   std::random_device random;
   char suffix[9];
   std::snprintf(suffix, sizeof suffix, "%08x", random());
-  return LocalHostName() + "_" + std::to_string(getpid()) + "_" + suffix;
+  std::string label;
+  if (const char* given = getenv("MESHRUN_NODE_LABEL")) {
+    for (const char* c = given; *c != '\0' && label.size() < 64; ++c) {
+      if (std::isalnum(static_cast<unsigned char>(*c)) || *c == '-' || *c == '.' ||
+          *c == ':')
+        label.push_back(*c);
+    }
+    if (!label.empty()) label.push_back('_');
+  }
+  return label + LocalHostName() + "_" + std::to_string(getpid()) + "_" + suffix;
 }
 
 // torchrun hands every script to python unless --no-python. An executable

@@ -154,9 +154,12 @@ class NodeAgent:
 
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
+        import ray
+
+        label = "ray-" + ray.get_runtime_context().get_node_id()[:8]
         self._proc = subprocess.Popen(
             argv,
-            env={**os.environ, **env},
+            env={**os.environ, **env, "MESHRUN_NODE_LABEL": label},
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -20,7 +20,8 @@ Cases:
   bad       no cluster at an address: one line, exit code 2, in seconds;
             --nnodes=4 on three nodes: one line naming the count, exit code
             2, nothing placed; --ray with --rdzv-endpoint: exit code 2.
-  elastic   a job of --nnodes=1:3 on a cluster of two nodes: world 4; one
+  elastic   a job of --nnodes=1:3 on a cluster of two nodes: world 4, and the
+            daemon's status page names each agent's Ray node; one
             node's raylet SIGKILLed: the driver says the node is lost, its
             agent goes with it, and the run re-forms on the other (world 2);
             a third node started: the driver places an agent there and the
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = os.path.join(HERE, "..", "..", "examples", "seeds", "003_tp_pp", "2d_parallelism_cpu.py")
@@ -301,6 +303,12 @@ def case_elastic(args: argparse.Namespace, cluster: Cluster) -> None:
         deadline = time.monotonic() + 240
         try:
             out.wait_count(r"^\[node\d\] rank \d of 4 ready", 4, deadline)
+            # The status page names each agent's Ray node.
+            (page,) = re.findall(r"status page (http://\S+)/", out.text())
+            with urllib.request.urlopen(f"{page}/api/status", timeout=30) as reply:
+                status = reply.read().decode()
+            for ray_node in re.findall(r"node\d is Ray node (\w+)", out.text()):
+                assert f'"ray-{ray_node}_' in status, (ray_node, status[:3000])
             (victim,) = re.findall(r"node1 is Ray node (\w+)", out.text())
             cluster.kill_raylet(victim)
             out.wait_count(r"node1 \(Ray node \w+\) is lost", 1, deadline)
