@@ -62,6 +62,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -344,7 +345,11 @@ int RunFaultTolerant(const Run& run, const KillPlan& kill, const HoldPlan& hold)
   }
 
   std::vector<uint32_t> last_participants;
-  int64_t last_incomplete = -1;  // the last step this replica saw without every replica
+  // --kill-every: failure j - 1 struck replica (r - 1) mod replicas (this
+  // one's failure is j): the last step it was seen missing from.
+  const uint32_t previous_victim =
+      static_cast<uint32_t>((id->replica + num_replicas - 1) % num_replicas);
+  int64_t previous_victim_missing = -1;
   while (true) {
     for (size_t i = 0; i < hold.steps.size(); ++i) {
       if (static_cast<int64_t>((*replicas)->committed_steps()) != hold.steps[i]) continue;
@@ -377,15 +382,19 @@ int RunFaultTolerant(const Run& run, const KillPlan& kill, const HoldPlan& hold)
     if (static_cast<int64_t>(quorum->step) >= run.steps) break;
     const bool everyone =
         static_cast<int>(quorum->participants.size()) == id->replicas_in_world;
-    if (!everyone) last_incomplete = static_cast<int64_t>(quorum->step);
+    if (std::find(quorum->participants.begin(), quorum->participants.end(),
+                  previous_victim) == quorum->participants.end())
+      previous_victim_missing = static_cast<int64_t>(quorum->step);
     if (kills_here && kill.point == "start") {
-      // --kill-every: also after the failure before this one struck (a step
-      // without every replica since its planned step), see KillStep.
+      // --kill-every: also after the failure before this one struck (its
+      // replica was missing from a step since its planned step), see
+      // KillStep. Any replica missing would not do: failures overdue while
+      // one replica came back would all strike at its return.
       const bool due =
-          kill.every > 0
-              ? static_cast<int64_t>(quorum->step) >= kill_step && everyone &&
-                    (kill_step <= kill.every || last_incomplete >= kill_step - kill.every)
-              : static_cast<int64_t>(quorum->step) == kill_step;
+          kill.every > 0 ? static_cast<int64_t>(quorum->step) >= kill_step && everyone &&
+                               (kill_step <= kill.every ||
+                                previous_victim_missing >= kill_step - kill.every)
+                         : static_cast<int64_t>(quorum->step) == kill_step;
       if (due) KillSelf(rank, static_cast<int64_t>(quorum->step), "start");
     }
     auto [input, target] = run.batch_of(step);
