@@ -145,7 +145,10 @@ TEST(FaultTolerantReplicas, BadCombinationsAreRefused) {
 TEST(FaultTolerantReplicas, EveryReplicaFailingInTurnIsHealedEachTime) {
   MeshrunRun run = RunUnderMeshrun(
       4, "train_example",
-      Args("--dp 4 --steps 3000 --kill-every 10 --fault-tolerant --verify"),
+      // --rtol 1e-4: over 3,000 steps on changing participant sets, float32
+      // averages summed in another order than the one-process replay's
+      // drift apart by up to 1.6e-5 (seen in a stress run).
+      Args("--dp 4 --steps 3000 --kill-every 10 --fault-tolerant --verify --rtol 1e-4"),
       std::chrono::seconds(240), {"--restart-scope=replica", "--max-restarts=4"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(CountLines(run.output, "SIGKILLs itself at step"), 4) << run.output;
