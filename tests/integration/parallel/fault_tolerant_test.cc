@@ -145,10 +145,12 @@ TEST(FaultTolerantReplicas, BadCombinationsAreRefused) {
 TEST(FaultTolerantReplicas, EveryReplicaFailingInTurnIsHealedEachTime) {
   MeshrunRun run = RunUnderMeshrun(
       4, "train_example",
-      // --rtol 1e-4: over 3,000 steps on changing participant sets, float32
-      // averages summed in another order than the one-process replay's
-      // drift apart by up to 1.6e-5 (seen in a stress run).
-      Args("--dp 4 --steps 3000 --kill-every 10 --fault-tolerant --verify --rtol 1e-4"),
+      // --rtol 1e-3: over 3,000 SGD steps on changing participant sets,
+      // float32 averages summed in another order than the one-process
+      // replay's drift apart (1.6e-5 and 2.2e-4 seen in stress runs); a
+      // wrong heal or step is off by far more. The short runs above keep
+      // the default 1e-5.
+      Args("--dp 4 --steps 3000 --kill-every 10 --fault-tolerant --verify --rtol 1e-3"),
       std::chrono::seconds(240), {"--restart-scope=replica", "--max-restarts=4"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(CountLines(run.output, "SIGKILLs itself at step"), 4) << run.output;
