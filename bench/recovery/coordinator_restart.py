@@ -134,8 +134,7 @@ class Coordinator:
         raise SystemExit("coordinator_restart: torchft_lighthouse did not start")
 
     def kill(self) -> None:
-        os.killpg(self.process.proc.pid, signal.SIGKILL)
-        self.process.stop()
+        self.process.stop()  # SIGKILL to its process group
 
     def restart(self) -> None:
         self.process = self._start()
