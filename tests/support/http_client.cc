@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <sstream>
 #include <thread>
@@ -21,11 +22,24 @@ int ConnectLoopback(int port) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    close(fd);
-    return -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+  // A signal (libFuzzer's SIGALRM) can interrupt a connect that waits for a
+  // SYN's retransmission; the handshake goes on, so wait for it to end.
+  if (errno == EINTR) {
+    pollfd p{fd, POLLOUT, 0};
+    int ready;
+    do ready = poll(&p, 1, 30'000);
+    while (ready < 0 && errno == EINTR);
+    int error = ready == 1 ? 0 : ETIMEDOUT;
+    socklen_t len = sizeof error;
+    if (ready == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
+    if (error == 0) return fd;
+    errno = error;
   }
-  return fd;
+  const int saved = errno;
+  close(fd);
+  errno = saved;
+  return -1;
 }
 
 bool SendAll(int fd, const std::string& data) {

@@ -12,6 +12,7 @@
 namespace meshrun::testing {
 
 // A connected TCP socket to 127.0.0.1:port, or -1.
+// -1 with errno set when the connection cannot be made.
 int ConnectLoopback(int port);
 bool SendAll(int fd, const std::string& data);
 // Everything the peer sends until it closes, or nullopt at the deadline.
