@@ -165,6 +165,11 @@ int ExecRayDriver(const std::vector<std::string>& args, const LaunchConfig& conf
           std::to_string(config.max_nodes),
       "--nproc-per-node=" + std::to_string(config.nproc_per_node)};
   if (!config.ray_rdzv_id_given) driver.push_back("--name-run");
+  // Where the program is among the arguments, so that the driver can ship
+  // its folder to a node that lacks it.
+  const char* kind = config.module ? "module" : config.no_python ? "binary" : "script";
+  driver.push_back(std::string("--program-kind=") + kind);
+  driver.push_back("--program-args=" + std::to_string(config.script_args.size()));
   driver.push_back("--");
   bool dropped = false;  // the first --ray is the launcher's (a value cannot be one)
   for (const std::string& arg : args) {

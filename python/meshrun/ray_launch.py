@@ -20,7 +20,10 @@ workers with them), then the actors, the placement group and the daemon.
 
 Ray nodes run the agents with their own environment plus the driver's
 PYTHON_EXEC, PYTHONPATH, OMP_NUM_THREADS and MESHRUN_*, PET_*, TORCH*,
-NCCL_*, GLOO_* variables, in the driver's working directory.
+NCCL_*, GLOO_* variables, in the driver's working directory. A node that
+lacks the program (the script, or with -m the working directory) gets its
+folder through Ray's runtime environment (``working_dir``): the agent there
+runs in that copy. meshrun itself must be installed on every node.
 """
 
 import argparse
@@ -70,11 +73,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--nnodes", required=True, help="MIN:MAX")
     parser.add_argument("--nproc-per-node", type=int, required=True)
     parser.add_argument("--name-run", action="store_true", help="give the run a fresh id")
+    parser.add_argument("--program-kind", choices=["script", "module", "binary"], default="script")
+    parser.add_argument("--program-args", type=int, default=0, help="the tokens after the program")
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
     low, _, high = args.nnodes.partition(":")
     args.min_nodes, args.max_nodes = int(low), int(high or low)
-    return args, argv[split + 1 :]
+    launcher_args = argv[split + 1 :]
+    if not 0 <= args.program_args < len(launcher_args):
+        parser.error("--program-args must count the tokens after the program")
+    return args, launcher_args
 
 
 def check_reachable(address: str) -> None:
@@ -108,6 +116,31 @@ def agent_argv(args: argparse.Namespace, launcher_args: list[str], endpoint: str
     return [args.meshrun, *ours, *launcher_args]
 
 
+class Program:
+    """What the agents run, and the folder a node lacking it is sent.
+
+    ``token`` is the program's place in the launcher's arguments; ``path``
+    where it is on the driver's machine (None: found on the PATH, never
+    shipped); ``folder`` what Ray's working_dir ships (the script's folder,
+    or the working directory for a module); ``shipped_token`` the program's
+    name inside that copy."""
+
+    def __init__(self, kind: str, launcher_args: list[str], tail: int, cwd: str) -> None:
+        self.index = len(launcher_args) - tail - 1
+        token = launcher_args[self.index]
+        self.path: str | None = None
+        if kind == "module":
+            self.folder, self.shipped_token = cwd, token
+        elif kind == "binary" and "/" not in token:
+            self.folder, self.shipped_token = "", token
+        else:
+            self.path = os.path.realpath(os.path.join(cwd, token))
+            self.folder, self.shipped_token = os.path.dirname(self.path), os.path.basename(token)
+
+    def shipped_args(self, launcher_args: list[str]) -> list[str]:
+        return [*launcher_args[: self.index], self.shipped_token, *launcher_args[self.index + 1 :]]
+
+
 @contextlib.contextmanager
 def quiet_stderr() -> Iterator[None]:
     """File descriptor 2 to /dev/null (native code writes there directly)."""
@@ -137,7 +170,9 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._eof = threading.Event()
 
-    def describe(self, meshrun: str, cwd: str) -> dict[str, Any]:
+    def describe(self, meshrun: str, cwd: str, program: str | None) -> dict[str, Any]:
+        """This node: its ids, and whether it has meshrun and the program
+        where the driver has them (``own_cwd``: the folder Ray shipped here)."""
         import ray
 
         return {
@@ -145,7 +180,8 @@ class NodeAgent:
             "ip": ray.util.get_node_ip_address(),
             "hostname": socket.gethostname(),
             "meshrun": os.access(meshrun, os.X_OK) or shutil.which(meshrun) is not None,
-            "cwd": os.path.isdir(cwd),
+            "program": os.path.isdir(cwd) and (program is None or os.path.exists(program)),
+            "own_cwd": os.getcwd(),
         }
 
     def start(self, argv: list[str], env: dict[str, str], cwd: str) -> int:
@@ -214,12 +250,22 @@ class Run:
         self.codes: dict[int, int] = {}  # node K's meshrun exit code
         self.lost: set[int] = set()  # nodes whose actor died with them
         self.bundle: dict[str, float] = {}
-        self.agent: tuple[list[str], dict[str, str], str] = ([], {}, "")  # argv, env, cwd
+        self.cwd = os.getcwd()
+        self.program = Program(args.program_kind, launcher_args, args.program_args, self.cwd)
+        self.argv: list[str] = []  # each agent's command
+        self.shipped_argv: list[str] = []  # on a node the program was shipped to
+        self.env: dict[str, str] = {}
+        self.agent_class: Any = None  # NodeAgent as a Ray actor
         self.tried: dict[str, float] = {}  # node id -> when a newcomer's actor gave up
-        self.pending: dict[str, tuple[Any, Any, float]] = {}  # node id -> a newcomer starting
+        # node id -> a newcomer starting: its actor, its describe() call, since when
+        self.pending: dict[str, tuple[Any, Any, float]] = {}
+        self.shipped = False  # the program's folder is the job's working_dir
         self.stopping: int = 0  # the signal that asks us to stop
 
-    def connect(self):
+    def connect(self, ship: bool = False):
+        """ray.init; with ``ship``, the program's folder is the job's
+        working_dir (Ray ships only a job's local folders), and every actor
+        starts in its copy."""
         check_reachable(self.args.address)
         try:
             import ray
@@ -236,12 +282,15 @@ class Run:
                     log_to_driver=False,
                     logging_level="ERROR",
                     configure_logging=True,
+                    runtime_env={"working_dir": self.program.folder} if ship else None,
                 )
-            except (ConnectionError, RuntimeError, ValueError) as e:
+            except (ConnectionError, RuntimeError, ValueError, OSError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                what = f"ship {self.program.folder}" if ship else "connect"
                 raise LaunchError(
-                    f"cannot connect to the Ray cluster at {self.args.address}: {first}"
+                    f"cannot {what} to the Ray cluster at {self.args.address}: {first}"
                 ) from None
+        self.shipped = ship
         return ray
 
     def reserve(self, ray) -> int:
@@ -290,34 +339,68 @@ class Run:
         )
         return endpoint
 
-    def place_agents(self, ray, count: int, endpoint: str) -> None:
+    def describe(self, actor: Any) -> Any:
+        return actor.describe.remote(self.args.meshrun, self.cwd, self.program.path)
+
+    def start(self, actor: Any, node: dict[str, Any]) -> Any:
+        """The node's meshrun, where the program is: the driver's directory,
+        else the copy Ray shipped (the actor's own working directory)."""
+        if node["program"]:
+            return actor.start.remote(self.argv, self.env, self.cwd)
+        return actor.start.remote(self.shipped_argv, self.env, node["own_cwd"])
+
+    def program_missing(self, where: str) -> LaunchError:
+        program = self.program.path or self.program.shipped_token
+        return LaunchError(
+            f"{program} is not on {where}, and meshrun does not ship it "
+            "(a program found on the PATH): install it there"
+        )
+
+    def place_agents(self, ray, count: int) -> list[str]:
+        """An actor in each bundle. Refuses nodes without meshrun; returns
+        the nodes that lack the program (none once it was shipped)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        remote = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
+        self.agent_class = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
         self.actors = [
-            remote.options(
+            self.agent_class.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement_group, placement_group_bundle_index=i
                 )
             ).remote()
             for i in range(count)
         ]
-        cwd = os.getcwd()
-        nodes = ray.get([a.describe.remote(self.args.meshrun, cwd) for a in self.actors])
-        lacking = [f"node{i} ({n['hostname']}, Ray node {n['node_id'][:8]})"
-                   for i, n in enumerate(nodes) if not n["meshrun"] or not n["cwd"]]  # fmt: skip
-        if lacking:
+        try:
+            self.nodes = ray.get([self.describe(a) for a in self.actors])
+        except ray.exceptions.RuntimeEnvSetupError as e:
             raise LaunchError(
-                f"{self.args.meshrun} or the directory {cwd} is not on {', '.join(lacking)}: "
-                "install meshrun there, or share the directory"
+                f"Ray could not ship {self.program.folder}: {str(e).strip().splitlines()[-1]}"
+            ) from None
+        named = [
+            f"node{i} ({n['hostname']}, Ray node {n['node_id'][:8]})"
+            for i, n in enumerate(self.nodes)
+        ]
+        without = [named[i] for i, n in enumerate(self.nodes) if not n["meshrun"]]
+        if without:
+            raise LaunchError(
+                f"{self.args.meshrun} is not on {', '.join(without)}: install meshrun there"
             )
+        lacking = [named[i] for i, n in enumerate(self.nodes) if not n["program"]]
+        if not lacking or self.shipped:
+            return []  # those nodes run the program in their copy
+        if not self.program.folder:
+            raise self.program_missing(", ".join(lacking))
+        return lacking
+
+    def start_agents(self, ray, endpoint: str) -> None:
         run_id = uuid.uuid4().hex[:12]
-        argv = agent_argv(self.args, self.launcher_args, endpoint, run_id)
-        self.agent = (argv, forwarded_env(dict(os.environ)), cwd)
-        self.nodes = nodes
-        for i, n in enumerate(nodes):
+        self.argv = agent_argv(self.args, self.launcher_args, endpoint, run_id)
+        shipped_args = self.program.shipped_args(self.launcher_args)
+        self.shipped_argv = agent_argv(self.args, shipped_args, endpoint, run_id)
+        self.env = forwarded_env(dict(os.environ))
+        for i, n in enumerate(self.nodes):
             say(f"node{i} is Ray node {n['node_id'][:8]} at {n['ip']} ({n['hostname']})")
-        ray.get([a.start.remote(*self.agent) for a in self.actors])
+        ray.get([self.start(a, n) for a, n in zip(self.actors, self.nodes, strict=True)])
 
     def place_newcomers(self, ray) -> None:
         """An agent on each alive node that can hold a bundle and has none,
@@ -327,54 +410,69 @@ class Run:
         is looked at again on the next call."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        ((kind, need),) = self.bundle.items()
+
+        def give_up(node_id: str, actor: Any) -> None:
+            ray.kill(actor)
+            self.tried[node_id] = time.monotonic()
+
         for node_id, (actor, described, since) in list(self.pending.items()):
             ready, _ = ray.wait([described], timeout=0)
             if not ready:
                 if time.monotonic() - since > NEWCOMER_START_S:
                     del self.pending[node_id]  # its resources are taken: try again later
-                    ray.kill(actor)
-                    self.tried[node_id] = time.monotonic()
+                    give_up(node_id, actor)
                 continue
             del self.pending[node_id]
             try:
                 info = ray.get(described)
-            except ray.exceptions.RayError:
-                self.tried[node_id] = time.monotonic()  # the node died meanwhile
+            except ray.exceptions.RayError as e:
+                give_up(node_id, actor)  # the node died meanwhile, or Ray could not ship there
+                say(
+                    f"Ray node {node_id[:8]} joined, but its agent did not start: "
+                    f"{str(e).strip().splitlines()[-1]}"
+                )
                 continue
-            if not info["meshrun"] or not info["cwd"]:
-                ray.kill(actor)
-                self.tried[node_id] = time.monotonic()
-                say(f"Ray node {node_id[:8]} joined without {self.args.meshrun} or "
-                    f"{self.agent[2]}: no agent there")  # fmt: skip
+            if not info["meshrun"]:
+                give_up(node_id, actor)
+                say(f"Ray node {node_id[:8]} joined without {self.args.meshrun}: no agent there")
+                continue
+            if not info["program"] and not self.shipped:
+                give_up(node_id, actor)
+                say(
+                    f"Ray node {node_id[:8]} joined without {self.program.path or self.cwd}: "
+                    "no agent there (meshrun ships the program's folder only when a node "
+                    "lacks it at the start)"
+                )
                 continue
             index = len(self.actors)
             self.actors.append(actor)
             self.nodes.append(info)
-            actor.start.remote(*self.agent)
-            say(f"node{index} is Ray node {node_id[:8]} at {info['ip']} ({info['hostname']}), "
-                "new in the cluster: it joins the run")  # fmt: skip
+            self.start(actor, info)
+            say(
+                f"node{index} is Ray node {node_id[:8]} at {info['ip']} ({info['hostname']}), "
+                "new in the cluster: it joins the run"
+            )
 
         live = [i for i in range(len(self.actors)) if i not in self.codes and i not in self.lost]
         used = {self.nodes[i]["node_id"] for i in live} | set(self.pending)
-        ((kind, need),) = self.bundle.items()
         room = self.args.max_nodes - len(live) - len(self.pending)
         for node in ray.nodes():
             node_id = node["NodeID"]
             recently = time.monotonic() - self.tried.get(node_id, -1e9) < NEWCOMER_RETRY_S
-            if (room <= 0 or not node["Alive"] or node_id in used or recently
-                    or node["Resources"].get(kind, 0) < need):  # fmt: skip
+            if (
+                room <= 0
+                or not node["Alive"]
+                or node_id in used
+                or recently
+                or node["Resources"].get(kind, 0) < need
+            ):
                 continue
-            resources = {"num_gpus": need} if kind == "GPU" else {"num_cpus": need}
-            actor = (
-                ray.remote(max_restarts=0)(NodeAgent)
-                .options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                    **resources,
-                )
-                .remote()
-            )
-            described = actor.describe.remote(self.args.meshrun, self.agent[2])
-            self.pending[node_id] = (actor, described, time.monotonic())
+            actor = self.agent_class.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                **({"num_gpus": need} if kind == "GPU" else {"num_cpus": need}),
+            ).remote()
+            self.pending[node_id] = (actor, self.describe(actor), time.monotonic())
             room -= 1
 
     def stream(self, ray) -> int:
@@ -398,8 +496,10 @@ class Run:
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                     lost.add(i)
                     ray_node = self.nodes[i]["node_id"][:8]
-                    say(f"node{i} (Ray node {ray_node}) is lost ({type(e).__name__}): "
-                        "the run goes on as meshrun's elastic rules say")  # fmt: skip
+                    say(
+                        f"node{i} (Ray node {ray_node}) is lost ({type(e).__name__}): "
+                        "the run goes on as meshrun's elastic rules say"
+                    )
                     continue
                 for line in lines:
                     sys.stdout.write(f"[node{i}] {line}\n")
@@ -451,9 +551,20 @@ def main(argv: list[str] | None = None) -> int:
         # After ray.init, which installs its own SIGTERM handler.
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        count = run.reserve(ray)
-        endpoint = run.start_daemon(ray)
-        run.place_agents(ray, count, endpoint)
+        lacking = run.place_agents(ray, run.reserve(ray))
+        if lacking:
+            say(
+                f"Ray ships {run.program.folder} to {', '.join(lacking)}, which lack "
+                f"{run.program.path or run.cwd}"
+            )
+            run.stop(ray)
+            ray.shutdown()
+            run = Run(args, launcher_args)
+            ray = run.connect(ship=True)
+            signal.signal(signal.SIGTERM, stop)
+            signal.signal(signal.SIGINT, stop)
+            run.place_agents(ray, run.reserve(ray))
+        run.start_agents(ray, run.start_daemon(ray))
         return run.stream(ray)
     except LaunchError as e:
         say(str(e))

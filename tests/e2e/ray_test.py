@@ -27,6 +27,11 @@ Cases:
             a third node started: the driver places an agent there and the
             run re-forms with it (world 4); the run then succeeds, leaving
             nothing behind.
+  shipped   a node that lacks the script's folder (a tmpfs over it in the
+            node's mount namespace): `meshrun --ray` ships the folder there
+            through Ray's working_dir, the script and the module beside it
+            run in the copy, and the run succeeds; then a node without
+            meshrun's binaries: --nnodes=3 refused in one line, exit code 2.
   sigterm   SIGTERM to `meshrun --ray` while its workers run: it exits 143
             within the agents' shutdown timeout and leaves no worker, actor
             or placement group.
@@ -38,78 +43,17 @@ import argparse
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
+from ray_cluster import Cluster, free_port, runs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = os.path.join(HERE, "..", "..", "examples", "seeds", "003_tp_pp", "2d_parallelism_cpu.py")
 WORKER_NODES = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Cluster:
-    """A head with no CPUs and WORKER_NODES nodes of 2 CPUs, on 127.0.0.1."""
-
-    def __init__(self, ray: str, temp: str, nodes: int = WORKER_NODES) -> None:
-        self.ray = ray
-        self.address = f"127.0.0.1:{free_port()}"
-        self._common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
-        self._start(["--head", f"--port={self.address.split(':')[1]}", "--num-cpus=0",
-                     "--include-dashboard=false", f"--temp-dir={temp}", *self._common])  # fmt: skip
-        for _ in range(nodes):
-            self.add_node()
-
-    def add_node(self) -> None:
-        self._start([f"--address={self.address}", "--num-cpus=2", *self._common])
-
-    def kill_raylet(self, node_id_prefix: str) -> int:
-        """SIGKILLs the raylet of the Ray node whose id starts so: the node
-        dies as when its machine does, as far as Ray can tell."""
-        for pid in os.listdir("/proc"):
-            if (
-                pid.isdigit()
-                and _runs(pid, "raylet/raylet")
-                and _runs(pid, f"--node_id={node_id_prefix}")
-            ):
-                os.kill(int(pid), signal.SIGKILL)
-                return int(pid)
-        raise AssertionError(f"no raylet of Ray node {node_id_prefix}")
-
-    def _start(self, flags: list[str]) -> None:
-        done = subprocess.run([self.ray, "start", *flags], capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
-        if done.returncode != 0:
-            raise AssertionError(f"ray start {flags}: {done.stdout}{done.stderr}")
-
-    def stop(self) -> None:
-        subprocess.run([self.ray, "stop", "--force"], capture_output=True, timeout=120)
-
-    def leftovers(self) -> list[str]:
-        """Placement groups not removed and actors alive, as Ray's GCS says."""
-        code = (
-            "import ray, json\n"
-            f"ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False)\n"
-            "pgs = [p['placement_group_id'] for p in ray.util.placement_group_table().values()\n"
-            "       if p['state'] != 'REMOVED']\n"
-            "from ray._private.state import actors\n"
-            "alive = [a['ActorID'] for a in actors().values() if a['State'] != 'DEAD']\n"
-            "print(json.dumps(['pg ' + p for p in pgs] + ['actor ' + a for a in alive]))\n"
-        )
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        import json
-
-        return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def meshrun_processes(meshrun: str) -> list[str]:
@@ -127,11 +71,14 @@ def meshrun_processes(meshrun: str) -> list[str]:
     return found
 
 
-def launch(args: argparse.Namespace, flags: list[str], script: list[str]) -> subprocess.Popen:
+def launch(
+    args: argparse.Namespace, flags: list[str], script: list[str], cwd: str | None = None
+) -> subprocess.Popen:
     env = dict(os.environ, PYTHON_EXEC=args.python, PYTHONPATH=args.pythonpath)
     return subprocess.Popen(
         [args.meshrun, *flags, *script],
         env=env,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -155,10 +102,21 @@ def torchrun_lines(args: argparse.Namespace) -> list[str]:
     endpoint = f"127.0.0.1:{free_port()}"
     # --tee: each rank's lines whole (ranks sharing torchrun's stdout
     # interleave print()'s pieces), prefixed "[defaultN]:".
-    common = ["--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d", "--tee=3",
-              f"--rdzv_endpoint={endpoint}", "--rdzv_id=seed003", SEED]  # fmt: skip
-    agents = [subprocess.Popen([args.torchrun, *common], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True) for _ in range(2)]  # fmt: skip
+    common = [
+        "--nnodes=2",
+        "--nproc_per_node=2",
+        "--rdzv_backend=c10d",
+        "--tee=3",
+        f"--rdzv_endpoint={endpoint}",
+        "--rdzv_id=seed003",
+        SEED,
+    ]
+    agents = [
+        subprocess.Popen(
+            [args.torchrun, *common], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        for _ in range(2)
+    ]
     out = ""
     for agent in agents:
         text, _ = agent.communicate(timeout=240)
@@ -182,9 +140,11 @@ def case_seed003(args: argparse.Namespace, cluster: Cluster) -> None:
     print(f"ok: {len(ours)} rank lines as torchrun's, on {sorted(nodes)}; nothing left")
 
 
-def one_line_refusal(args, flags, script, expect: str, within_s: float) -> str:
+def one_line_refusal(
+    args, flags, script, expect: str, within_s: float, cwd: str | None = None
+) -> str:
     start = time.monotonic()
-    run = launch(args, flags, script)
+    run = launch(args, flags, script, cwd)
     out, err = run.communicate(timeout=120)
     took = time.monotonic() - start
     lines = [line for line in err.splitlines() if line.strip()]
@@ -199,21 +159,21 @@ def case_bad(args: argparse.Namespace, cluster: Cluster) -> None:
     said = [
         one_line_refusal(
             args, [f"--ray={nowhere}", "--nnodes=2"], [SEED], f"no Ray cluster at {nowhere}", 10
-        ),  # fmt: skip
+        ),
         one_line_refusal(
             args,
             [f"--ray={cluster.address}", "--nnodes=4", "--nproc-per-node=2"],
             [SEED],
             "fewer than --nnodes' 4",
             60,
-        ),  # fmt: skip
+        ),
         one_line_refusal(
             args,
             ["--ray", "--rdzv-endpoint=127.0.0.1:1"],
             [SEED],
             "cannot be combined with --rdzv-endpoint",
             10,
-        ),  # fmt: skip
+        ),
     ]
     assert cluster.leftovers() == [], cluster.leftovers()
     print("ok:", " | ".join(said))
@@ -247,7 +207,7 @@ def case_sigterm(args: argparse.Namespace, cluster: Cluster) -> None:
     assert took < 45, f"{took:.1f} s to stop"
     assert cluster.leftovers() == [], cluster.leftovers()
     assert meshrun_processes(args.meshrun) == []
-    sleepers = [p for p in os.listdir("/proc") if p.isdigit() and _runs(p, "sleeper.py")]
+    sleepers = [p for p in os.listdir("/proc") if p.isdigit() and runs(p, "sleeper.py")]
     assert sleepers == [], sleepers
     print(f"ok: stopped in {took:.1f} s with 143; nothing left")
 
@@ -296,8 +256,13 @@ def case_elastic(args: argparse.Namespace, cluster: Cluster) -> None:
         script = os.path.join(work, "waiter.py")
         with open(script, "w") as f:
             f.write(WAITER)
-        flags = [f"--ray={cluster.address}", "--nnodes=1:3", "--nproc-per-node=2",
-                 "--max-restarts=3", "--rdzv-conf=last_call_timeout=1"]  # fmt: skip
+        flags = [
+            f"--ray={cluster.address}",
+            "--nnodes=1:3",
+            "--nproc-per-node=2",
+            "--max-restarts=3",
+            "--rdzv-conf=last_call_timeout=1",
+        ]
         run = launch(args, flags, [script, work])
         out = Lines(run)
         deadline = time.monotonic() + 240
@@ -325,16 +290,55 @@ def case_elastic(args: argparse.Namespace, cluster: Cluster) -> None:
     assert run.returncode == 0, f"exit {run.returncode}:\n{out.text()[-5000:]}"
     assert cluster.leftovers() == [], cluster.leftovers()
     assert meshrun_processes(args.meshrun) == []
-    print("ok: node1's raylet killed, world 4 -> 2; node2 joined, world 4 again; "
-          "the run succeeded, nothing left")  # fmt: skip
+    print(
+        "ok: node1's raylet killed, world 4 -> 2; node2 joined, world 4 again; "
+        "the run succeeded, nothing left"
+    )
 
 
-def _runs(pid: str, name: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return name.encode() in f.read()
-    except OSError:
-        return False
+GREETER = """\
+import os
+from helper import greeting  # beside the script: its whole folder must be there
+print(f"rank {os.environ['RANK']} {greeting()} in {os.getcwd()}", flush=True)
+"""
+
+
+def case_shipped(args: argparse.Namespace, cluster: Cluster) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        job = os.path.join(work, "job")
+        os.mkdir(job)
+        with open(os.path.join(job, "greeter.py"), "w") as f:
+            f.write(GREETER)
+        with open(os.path.join(job, "helper.py"), "w") as f:
+            f.write("def greeting() -> str:\n    return 'hello'\n")
+        cluster.add_node(hide=(work,))
+        flags = [f"--ray={cluster.address}", "--nnodes=2", "--nproc-per-node=2"]
+        run = launch(args, flags, ["greeter.py"], cwd=job)
+        out, err = run.communicate(timeout=240)
+        assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{err}"
+        shipping = re.findall(
+            r"^meshrun: --ray: Ray ships (\S+) to node\d .*, which lack (\S+)$", err, re.M
+        )
+        assert shipping == [(job, os.path.join(job, "greeter.py"))], err
+        greeted = re.findall(r"^\[node\d\] rank (\d) hello in (\S+)$", out, re.M)
+        assert sorted(rank for rank, _ in greeted) == ["0", "1", "2", "3"], out
+        copies = {cwd for _, cwd in greeted if cwd != job}
+        assert len(copies) == 1 and sum(cwd == job for _, cwd in greeted) == 2, greeted
+        assert cluster.leftovers() == [], cluster.leftovers()
+
+        # A node without meshrun: refused before anything starts.
+        cluster.add_node(hide=(os.path.dirname(args.meshrun),))
+        refused = one_line_refusal(
+            args,
+            [f"--ray={cluster.address}", "--nnodes=3", "--nproc-per-node=2"],
+            ["greeter.py"],
+            f"{args.meshrun} is not on node",
+            60,
+            cwd=job,
+        )
+    assert cluster.leftovers() == [], cluster.leftovers()
+    assert meshrun_processes(args.meshrun) == []
+    print(f"ok: greeter.py's folder shipped to the node without it ({copies.pop()}); {refused}")
 
 
 def main() -> None:
@@ -343,7 +347,7 @@ def main() -> None:
     parser.add_argument("--torchrun", required=True)
     parser.add_argument("--python", required=True)
     parser.add_argument("--pythonpath", required=True)
-    parser.add_argument("case", choices=["seed003", "bad", "elastic", "sigterm"])
+    parser.add_argument("case", choices=["seed003", "bad", "elastic", "sigterm", "shipped"])
     args = parser.parse_args()
     if os.getpid() != 1:
         sys.exit("ray_test.py: run it under unshare --net --pid --fork --mount-proc")
@@ -352,9 +356,15 @@ def main() -> None:
     os.environ["PYTHONPATH"] = args.pythonpath  # the leftovers check imports ray only
     ray = os.path.join(os.path.dirname(args.python), "ray")
     with tempfile.TemporaryDirectory(prefix="ray-") as temp:
-        cluster = Cluster(ray, temp, nodes=2 if args.case == "elastic" else WORKER_NODES)
-        cases = {"seed003": case_seed003, "bad": case_bad, "elastic": case_elastic,
-                 "sigterm": case_sigterm}  # fmt: skip
+        nodes = {"elastic": 2, "shipped": 1}.get(args.case, WORKER_NODES)
+        cluster = Cluster(ray, temp, nodes=nodes)
+        cases = {
+            "seed003": case_seed003,
+            "bad": case_bad,
+            "elastic": case_elastic,
+            "sigterm": case_sigterm,
+            "shipped": case_shipped,
+        }
         try:
             cases[args.case](args, cluster)
         finally:
