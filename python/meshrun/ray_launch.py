@@ -285,7 +285,11 @@ class Run:
                     runtime_env={"working_dir": self.program.folder} if ship else None,
                 )
             except (ConnectionError, RuntimeError, ValueError, OSError) as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+                # The first line, or the last where the first only introduces
+                # a traceback ("Initialization failure from server:").
+                first = (lines[-1] if lines[0].endswith(":") else lines[0]) if lines else ""
+                first = first or type(e).__name__
                 what = f"ship {self.program.folder}" if ship else "connect"
                 raise LaunchError(
                     f"cannot {what} to the Ray cluster at {self.args.address}: {first}"
@@ -318,7 +322,8 @@ class Run:
 
     def start_daemon(self, ray) -> str:
         rdzvd = os.path.join(os.path.dirname(self.args.meshrun), "meshrun-rdzvd")
-        host = ray.util.get_node_ip_address()
+        with quiet_stderr():  # Ray's core says how it found the address
+            host = ray.util.get_node_ip_address()
         self.daemon = subprocess.Popen(
             [rdzvd, f"--host={host}", "--port=0", "--metrics-port=0", "--log-level=warn"],
             stdout=subprocess.PIPE,

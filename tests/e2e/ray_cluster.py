@@ -72,6 +72,26 @@ class Cluster:
     def stop(self) -> None:
         subprocess.run([self.ray, "stop", "--force"], capture_output=True, timeout=120)
 
+    def wait_alive(self, count: int, timeout_s: float = 180) -> None:
+        """Until Ray counts exactly ``count`` alive nodes with CPUs: a node
+        started has joined, and one whose raylet was killed is marked dead."""
+        code = (
+            "import ray, sys, time\n"
+            f"ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False)\n"
+            f"deadline = time.monotonic() + {timeout_s}\n"
+            "while time.monotonic() < deadline:\n"
+            "    nodes = ray.nodes()\n"
+            "    if sum(n['Alive'] and n['Resources'].get('CPU', 0) > 0 for n in nodes) == "
+            f"{count}:\n"
+            "        sys.exit(0)\n"
+            "    time.sleep(0.5)\n"
+            "sys.exit(1)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s + 60
+        )
+        assert done.returncode == 0, f"Ray never counted {count} nodes: {done.stderr[-3000:]}"
+
     def leftovers(self) -> list[str]:
         """Placement groups not removed and actors alive, as Ray's GCS says."""
         code = (
