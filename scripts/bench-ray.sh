@@ -2,8 +2,8 @@
 # meshrun --ray against Ray Train's TorchTrainer (issue 31): seed 003's TP + PP
 # function as a training loop on one Ray cluster of three 2-CPU nodes started
 # on this machine, in a network and PID namespace of its own; time from the
-# command to the first step, and back to training after a Ray node's raylet is
-# SIGKILLed (bench/ray/bench_ray.py says what is measured). Installs Ray
+# command to the first step, and back to training after a Ray node is killed
+# (its raylet and all it started; bench/ray/bench_ray.py says what is measured). Installs Ray
 # Train's packages into the venv (scripts/bench-requirements.txt); records
 # bench/ray/results.md.
 #
@@ -63,9 +63,9 @@ cat "$tmp/stdout"
   echo "\`meshrun --ray --nnodes=2 --nproc-per-node=2 --max-restarts=3\` and under"
   echo "\`TorchTrainer(ScalingConfig(num_workers=4, use_gpu=False),"
   echo "FailureConfig(max_failures=3))\`, seed 003's way. Once every rank has done 3"
-  echo "steps, the raylet of rank 2's node is SIGKILLed; both recover on the surviving"
-  echo "node and the spare one, training from step 0 (no checkpoint in either). Columns:"
-  echo "bench_ray.py's docstring."
+  echo "steps, rank 2's node is SIGKILLed (its raylet and all it started); both"
+  echo "recover on the surviving node and the spare one, training from step 0 (no"
+  echo "checkpoint in either). Columns: bench_ray.py's docstring."
   echo
   echo "## Results"
   echo

@@ -15,8 +15,9 @@ Per run, from the ranks' marks (each step's end, on every rank):
 
   first step   seconds from the command's start to the end of step 0 on
                all four ranks
-  back         once every rank has done 3 steps, the raylet of rank 2's Ray
-               node is SIGKILLed (the node dies, as far as Ray can tell);
+  back         once every rank has done 3 steps, rank 2's Ray node is
+               SIGKILLed: its raylet and every process it started (as when
+               its machine dies);
                seconds from then to the end of a step 0 on all four ranks in
                fresh processes (on the surviving node and the spare one)
 
@@ -129,7 +130,7 @@ def one_run(system: str, args: argparse.Namespace, cluster: Cluster, work: str):
         before = read_marks(marks)
         victim = next(m.node for m in before if m.rank == 2)
         killed_at = time.time()
-        cluster.kill_raylet(victim)
+        cluster.kill_node(victim)
         old = {m.pid for m in before}
         back = (
             wait_for(

@@ -240,8 +240,9 @@ class NodeAgent:
 class Run:
     """One --ray launch: what it started, so that it can stop all of it."""
 
-    def __init__(self, args: argparse.Namespace, launcher_args: list[str]) -> None:
+    def __init__(self, args: argparse.Namespace, launcher_args: list[str], out) -> None:
         self.args = args
+        self.out = out  # where the nodes' lines go
         self.launcher_args = launcher_args
         self.daemon: subprocess.Popen | None = None
         self.placement_group = None
@@ -507,10 +508,10 @@ class Run:
                     )
                     continue
                 for line in lines:
-                    sys.stdout.write(f"[node{i}] {line}\n")
+                    self.out.write(f"[node{i}] {line}\n")
                 if code is not None:
                     codes[i] = code
-            sys.stdout.flush()
+            self.out.flush()
             if not self.stopping and not codes and time.monotonic() > next_look:
                 self.place_newcomers(ray)
                 next_look = time.monotonic() + 2
@@ -545,7 +546,11 @@ class Run:
 
 def main(argv: list[str] | None = None) -> int:
     args, launcher_args = parse_args(sys.argv[1:] if argv is None else argv)
-    run = Run(args, launcher_args)
+    # Ray's driver prints what the cluster reports to sys.stdout (a dead
+    # raylet's last 20 log lines, among others), between the nodes' lines and
+    # without a prefix: the run's lines keep the real stdout, Ray's go nowhere.
+    out, sys.stdout = sys.stdout, open(os.devnull, "w")
+    run = Run(args, launcher_args, out)
 
     def stop(signum: int, _frame: object) -> None:
         run.stopping = signum
@@ -564,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             run.stop(ray)
             ray.shutdown()
-            run = Run(args, launcher_args)
+            run = Run(args, launcher_args, out)
             ray = run.connect(ship=True)
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)

@@ -48,16 +48,45 @@ class Cluster:
 
     def kill_raylet(self, node_id_prefix: str) -> int:
         """SIGKILLs the raylet of the Ray node whose id starts so: the node
-        dies as when its machine does, as far as Ray can tell."""
+        dies, as far as Ray can tell, but what it started runs on."""
+        pid = self.raylet_pid(node_id_prefix)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def raylet_pid(self, node_id_prefix: str) -> int:
         for pid in os.listdir("/proc"):
             if (
                 pid.isdigit()
                 and runs(pid, "raylet/raylet")
                 and runs(pid, f"--node_id={node_id_prefix}")
             ):
-                os.kill(int(pid), signal.SIGKILL)
                 return int(pid)
         raise AssertionError(f"no raylet of Ray node {node_id_prefix}")
+
+    def kill_node(self, node_id_prefix: str) -> list[int]:
+        """SIGKILLs the raylet of the Ray node whose id starts so and every
+        process it started (Ray's workers, the node's agents): the node dies
+        as with its machine. A raylet killed alone leaves its workers running
+        as orphans, which a dead machine would not."""
+        raylet = self.raylet_pid(node_id_prefix)
+        parents = {}
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    parents[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+        tree, grew = {raylet}, True
+        while grew:
+            found = {pid for pid, parent in parents.items() if parent in tree} - tree
+            tree |= found
+            grew = bool(found)
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return sorted(tree)
 
     def _start(self, flags: list[str], hide: tuple[str, ...] = ()) -> None:
         argv = [self.ray, "start", *flags]

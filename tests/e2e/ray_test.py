@@ -12,7 +12,8 @@ head node kept for Ray's own services) and three worker nodes of 2 CPUs each
 
 Cases:
   seed003   seed 003's TP + PP program on CPUs (2d_parallelism_cpu.py) with
-            `meshrun --ray --nnodes=2 --nproc-per-node=2`: exit code 0, each
+            `meshrun --ray --nnodes=2 --nproc-per-node=2`, no address named
+            (nor RAY_ADDRESS): exit code 0, each
             node's lines prefixed by its node, the ranks' lines as under
             torchrun 2 with the same layout (two torchrun agents on a c10d
             endpoint); afterwards no placement group, actor or meshrun
@@ -75,6 +76,7 @@ def launch(
     args: argparse.Namespace, flags: list[str], script: list[str], cwd: str | None = None
 ) -> subprocess.Popen:
     env = dict(os.environ, PYTHON_EXEC=args.python, PYTHONPATH=args.pythonpath)
+    env.pop("RAY_ADDRESS", None)
     return subprocess.Popen(
         [args.meshrun, *flags, *script],
         env=env,
@@ -126,7 +128,9 @@ def torchrun_lines(args: argparse.Namespace) -> list[str]:
 
 
 def case_seed003(args: argparse.Namespace, cluster: Cluster) -> None:
-    run = launch(args, [f"--ray={cluster.address}", "--nnodes=2", "--nproc-per-node=2"], [SEED])
+    # No address: Ray's "auto" finds the cluster this machine runs (the one
+    # in this PID namespace), as on a node of seed 003's cluster.
+    run = launch(args, ["--ray", "--nnodes=2", "--nproc-per-node=2"], [SEED])
     out, err = run.communicate(timeout=240)
     assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{err}"
     nodes = set(re.findall(r"^\[(node\d+)\]", out, re.M))
