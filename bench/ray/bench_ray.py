@@ -69,12 +69,14 @@ def read_marks(path: str) -> list[Mark]:
     return marks
 
 
-def wait_for(what: str, deadline: float, probe):
+def wait_for(what: str, deadline: float, probe, proc: subprocess.Popen):
     """probe() until it returns something other than None."""
     while time.monotonic() < deadline:
         found = probe()
         if found is not None:
             return found
+        if proc.poll() is not None:
+            raise TimeoutError(f"it exited ({proc.returncode}) before {what}")
         time.sleep(0.05)
     raise TimeoutError(f"timed out waiting for {what}")
 
@@ -107,6 +109,8 @@ def command(system: str, args: argparse.Namespace, address: str, marks: str, sto
 def one_run(system: str, args: argparse.Namespace, cluster: Cluster, work: str):
     marks, stop = os.path.join(work, f"{system}.marks"), os.path.join(work, f"{system}.stop")
     open(marks, "w").close()
+    if os.path.exists(stop):
+        os.remove(stop)  # the last round's
     log = open(os.path.join(args.log_dir, f"{system}-{int(time.time())}.log"), "w")
     env = dict(os.environ, PYTHON_EXEC=sys.executable)
     start = time.time()
@@ -120,13 +124,14 @@ def one_run(system: str, args: argparse.Namespace, cluster: Cluster, work: str):
     )
     deadline = time.monotonic() + args.timeout
     try:
-        first = wait_for("step 0", deadline, lambda: all_ranks_step0(marks, start, set())) - start
+        step0 = wait_for("step 0", deadline, lambda: all_ranks_step0(marks, start, set()), proc)
+        first = step0 - start
 
         def three_steps():
             done = {m.rank for m in read_marks(marks) if m.step >= 2}
             return True if len(done) == RANKS else None
 
-        wait_for("three steps", deadline, three_steps)
+        wait_for("three steps", deadline, three_steps, proc)
         before = read_marks(marks)
         victim = next(m.node for m in before if m.rank == 2)
         killed_at = time.time()
