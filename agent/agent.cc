@@ -22,12 +22,14 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <thread>
 
 #include "agent/agent_state.h"
 #include "agent/backoff.h"
 #include "agent/endpoint_probe.h"
+#include "agent/file_timer_server.h"
 #include "agent/resources.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
@@ -250,6 +252,7 @@ class Agent {
   int Run() {
     for (int number : options_.signals_to_handle) signals_.add(number);
     WaitForSignal();
+    if (!StartWorkerWatchdog()) return 1;
     if (!PrepareLogRoot()) return 1;
     channel_ = rdzv::MakeChannel(options_.rdzv_endpoint, options_.security);
     client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
@@ -715,7 +718,71 @@ class Agent {
     }
   }
 
+  // torchrun's worker watchdog when the agent's environment has
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1: a FIFO at TORCHELASTIC_TIMER_FILE (else
+  // a fresh one in the temporary directory, as torchrun names it) that the
+  // workers' torch.distributed.elastic.timer.FileTimerClient writes to.
+  // False: it cannot start (said why).
+  bool StartWorkerWatchdog() {
+    const char* enabled = getenv("TORCHELASTIC_ENABLE_FILE_TIMER");
+    if (enabled == nullptr || std::string_view(enabled) != "1") return true;
+    const char* given = getenv("TORCHELASTIC_TIMER_FILE");
+    std::string path;
+    if (given != nullptr && *given != '\0') {
+      path = given;
+    } else {
+      std::random_device random;
+      char name[64];
+      std::snprintf(name, sizeof name, "watchdog_timer_%08x%08x", random(), random());
+      path = (fs::temp_directory_path() / name).string();
+    }
+    FileTimerServer::Callbacks callbacks;
+    callbacks.is_worker = [this](pid_t pid) {
+      for (const auto& group : groups_) {
+        for (pid_t worker : group->pids())
+          if (worker == pid) return true;
+      }
+      return false;
+    };
+    callbacks.expired = [this](const ExpiredWorker& expired) { OnTimerExpired(expired); };
+    auto started = FileTimerServer::Start(io_, path, std::move(callbacks));
+    if (!started.ok()) {
+      spdlog::error("{}", std::string(started.status().message()));
+      return false;
+    }
+    worker_watchdog_ = std::move(*started);
+    spdlog::info("worker watchdog: serving torch's FileTimerClient at {}", path);
+    return true;
+  }
+
+  void OnTimerExpired(const ExpiredWorker& expired) {
+    const double late =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+            .count() -
+        expired.expiration_time;
+    if (expired.signal <= 0) {
+      spdlog::warn(
+          "worker watchdog: the timer '{}' of pid {} expired {:.1f} s ago; it names no "
+          "signal, so the worker runs on",
+          expired.scope_id, expired.pid, late);
+      return;
+    }
+    for (const auto& group : groups_) {
+      if (std::optional<int> local_rank =
+              group->SignalWorker(expired.pid, expired.signal)) {
+        spdlog::warn(
+            "worker watchdog: the timer '{}' of local rank {} (pid {}) expired {:.1f} s "
+            "ago: "
+            "sent {}",
+            expired.scope_id, *local_rank, expired.pid, late, SignalName(expired.signal));
+        expired_timers_[expired.pid] = expired.scope_id;
+        return;
+      }
+    }
+  }
+
   void OnWorkerExit(const WorkerExit& exit) {
+    if (worker_watchdog_) worker_watchdog_->Forget(exit.pid);
     ExitInfo info;
     info.local_rank = exit.local_rank;
     info.global_rank = exit.global_rank;
@@ -740,6 +807,7 @@ class Agent {
       cause.set_message(error.message);
       cause.set_traceback(TracebackExcerpt(error.traceback));
     }
+    expired_timers_.erase(exit.pid);
     Dispatch(event::WorkerExited{info});
     // Every local worker of the round has ended: tell the daemon how, for
     // the status page and metrics. Best effort; the run does not depend on it.
@@ -781,6 +849,8 @@ class Agent {
     } else {
       out << "  exitcode  : " << exit.exit_code << " (pid: " << pid << ")\n";
     }
+    if (auto timer = expired_timers_.find(pid); timer != expired_timers_.end())
+      out << "  watchdog  : its timer '" << timer->second << "' expired\n";
     std::string path = ErrorFilePath(exit.local_rank);
     ErrorFile error = ReadErrorFile(path);
     if (!error.message.empty() || !error.traceback.empty()) {
@@ -1076,6 +1146,8 @@ class Agent {
       spec.global_rank = rank;
       spec.argv = options_.worker_argv;
       spec.env = BuildWorkerEnv(in);
+      if (worker_watchdog_)
+        spec.env["TORCHELASTIC_TIMER_FILE"] = worker_watchdog_->path();
       spec.env.insert(options_.worker_security_env.begin(),
                       options_.worker_security_env.end());
       std::string prefix =
@@ -1177,6 +1249,12 @@ class Agent {
   std::unique_ptr<rdzv::StoreRelay> relay_;
   // One per local replica group in restart scope "replica", else one.
   std::vector<std::unique_ptr<WorkerGroup>> groups_;
+  // torchrun's worker watchdog (StartWorkerWatchdog), or null; after the
+  // groups, which its callbacks look at.
+  std::unique_ptr<FileTimerServer> worker_watchdog_;
+  // Workers it signalled, and the timer that expired (for the failure's
+  // description).
+  std::map<pid_t, std::string> expired_timers_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   std::unique_ptr<rdzv::RendezvousClient> heartbeat_client_;

@@ -733,6 +733,16 @@ void WorkerGroup::Signal(int signal) {
   }
 }
 
+std::optional<int> WorkerGroup::SignalWorker(pid_t pid, int signal) {
+  for (const auto& worker : workers_) {
+    if (worker->pid == pid && !worker->reaped) {
+      kill(pid, signal);
+      return worker->local_rank;
+    }
+  }
+  return std::nullopt;
+}
+
 std::vector<pid_t> WorkerGroup::pids() const {
   std::vector<pid_t> result;
   result.reserve(workers_.size());

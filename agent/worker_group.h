@@ -150,6 +150,10 @@ class WorkerGroup {
 
   // Forwards `signal` to the process group of every worker still running.
   void Signal(int signal);
+  // Sends `signal` to the worker process `pid` alone, if it is one of this
+  // group's and unreaped (so the pid cannot belong to another process by
+  // now); returns its local rank, else nullopt.
+  std::optional<int> SignalWorker(pid_t pid, int signal);
 
   size_t live() const { return workers_.size(); }
   // Whether each worker runs in a cgroup of its own (decided at construction).

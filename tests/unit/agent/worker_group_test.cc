@@ -229,6 +229,22 @@ TEST_F(WorkerGroupTest, ReportsExitCodesAndSignals) {
   }
 }
 
+TEST_F(WorkerGroupTest, SignalWorkerReachesOnlyItsOwnUnreapedWorkers) {
+  MakeGroup();
+  ASSERT_TRUE(Start({Shell(0, "exec sleep 60"), Shell(1, "exec sleep 60")}).ok());
+  const std::vector<pid_t> pids = group_->pids();
+  ASSERT_EQ(pids.size(), 2u);
+  EXPECT_EQ(group_->SignalWorker(::getpid(), SIGKILL), std::nullopt);  // not a worker
+  EXPECT_EQ(group_->SignalWorker(pids[1], SIGKILL), 1);
+  ASSERT_TRUE(RunUntilExits(1));
+  EXPECT_EQ(ExitOf(1).signal, SIGKILL);
+  EXPECT_EQ(group_->SignalWorker(pids[1], SIGKILL), std::nullopt);  // reaped
+  EXPECT_EQ(group_->live(), 1u);
+  EXPECT_EQ(group_->SignalWorker(pids[0], SIGTERM), 0);
+  ASSERT_TRUE(RunUntilExits(2));
+  EXPECT_EQ(ExitOf(0).signal, SIGTERM);
+}
+
 TEST_F(WorkerGroupTest, ConsoleLinesArePrefixedPerStream) {
   MakeGroup();
   ASSERT_TRUE(Start({Shell(0, "echo hello; printf world; echo oops >&2"),
