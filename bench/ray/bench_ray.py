@@ -137,12 +137,10 @@ def one_run(system: str, args: argparse.Namespace, cluster: Cluster, work: str):
         killed_at = time.time()
         cluster.kill_node(victim)
         old = {m.pid for m in before}
-        back = (
-            wait_for(
-                "a step after the kill", deadline, lambda: all_ranks_step0(marks, killed_at, old)
-            )
-            - killed_at
+        recovered = wait_for(
+            "a step after the kill", deadline, lambda: all_ranks_step0(marks, killed_at, old), proc
         )
+        back = recovered - killed_at
         open(stop, "w").close()
         code = proc.wait(timeout=max(1, deadline - time.monotonic()))
         return first, back, code
