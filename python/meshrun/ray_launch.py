@@ -38,6 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 # Exit codes: the run's, else these.
@@ -237,6 +238,17 @@ class NodeAgent:
                 pass
 
 
+@dataclass
+class Newcomer:
+    """An agent placed for a node the run gains, until it has started."""
+
+    actor: Any
+    described: Any  # its describe() call
+    since: float
+    bundle: int | None  # the lost node's bundle it was placed in
+    node_id: str | None = None  # else: the node it is pinned to
+
+
 class Run:
     """One --ray launch: what it started, so that it can stop all of it."""
 
@@ -258,8 +270,9 @@ class Run:
         self.env: dict[str, str] = {}
         self.agent_class: Any = None  # NodeAgent as a Ray actor
         self.tried: dict[str, float] = {}  # node id -> when a newcomer's actor gave up
-        # node id -> a newcomer starting: its actor, its describe() call, since when
-        self.pending: dict[str, tuple[Any, Any, float]] = {}
+        self.pending: list[Newcomer] = []  # agents placed, not started yet
+        self.bundle_of: list[int | None] = []  # node K's bundle (None: pinned to its node)
+        self.free_bundles: list[int] = []  # a lost node's, for a newcomer
         self.shipped = False  # the program's folder is the job's working_dir
         self.stopping: int = 0  # the signal that asks us to stop
 
@@ -404,64 +417,94 @@ class Run:
         shipped_args = self.program.shipped_args(self.launcher_args)
         self.shipped_argv = agent_argv(self.args, shipped_args, endpoint, run_id)
         self.env = forwarded_env(dict(os.environ))
+        self.bundle_of = list(range(len(self.actors)))
         for i, n in enumerate(self.nodes):
             say(f"node{i} is Ray node {n['node_id'][:8]} at {n['ip']} ({n['hostname']})")
         ray.get([self.start(a, n) for a, n in zip(self.actors, self.nodes, strict=True)])
 
     def place_newcomers(self, ray) -> None:
-        """An agent on each alive node that can hold a bundle and has none,
-        up to --nnodes MAX: it joins the run as any meshrun node does. Its
-        actor holds the bundle's resources itself, pinned to that node (a
-        placement group cannot grow). Never waits: an actor still starting
-        is looked at again on the next call."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        """Agents for the nodes the run can gain, up to --nnodes MAX; each
+        joins the run as any meshrun node does. Never waits: an actor still
+        starting is looked at again on the next call.
+
+        A lost node's bundle first: Ray moves a dead node's bundles to nodes
+        with room (STRICT_SPREAD: one without a bundle), so an agent placed
+        in that bundle starts wherever Ray puts it, as soon as a node can take
+        it. Then, while no such agent waits, growth past the placement group
+        (it cannot grow): an agent on each alive node with room and no agent,
+        pinned to it and holding the bundle's resources itself."""
+        from ray.util.scheduling_strategies import (
+            NodeAffinitySchedulingStrategy,
+            PlacementGroupSchedulingStrategy,
+        )
 
         ((kind, need),) = self.bundle.items()
 
-        def give_up(node_id: str, actor: Any) -> None:
-            ray.kill(actor)
-            self.tried[node_id] = time.monotonic()
+        def give_up(newcomer: Newcomer, why: str) -> None:
+            ray.kill(newcomer.actor)
+            if newcomer.node_id is not None:
+                self.tried[newcomer.node_id] = time.monotonic()
+            say(why)
 
-        for node_id, (actor, described, since) in list(self.pending.items()):
-            ready, _ = ray.wait([described], timeout=0)
+        waiting = []
+        for newcomer in self.pending:
+            ready, _ = ray.wait([newcomer.described], timeout=0)
             if not ready:
-                if time.monotonic() - since > NEWCOMER_START_S:
-                    del self.pending[node_id]  # its resources are taken: try again later
-                    give_up(node_id, actor)
+                if newcomer.bundle is None and time.monotonic() - newcomer.since > NEWCOMER_START_S:
+                    # its resources are taken by other work: try again later
+                    ray.kill(newcomer.actor)
+                    self.tried[str(newcomer.node_id)] = time.monotonic()
+                else:
+                    waiting.append(newcomer)
                 continue
-            del self.pending[node_id]
             try:
-                info = ray.get(described)
+                info = ray.get(newcomer.described)
             except ray.exceptions.RayError as e:
-                give_up(node_id, actor)  # the node died meanwhile, or Ray could not ship there
-                say(
-                    f"Ray node {node_id[:8]} joined, but its agent did not start: "
-                    f"{str(e).strip().splitlines()[-1]}"
+                # The node died meanwhile, or Ray could not ship there.
+                if newcomer.bundle is not None:
+                    self.free_bundles.append(newcomer.bundle)  # Ray moves it again
+                node = (newcomer.node_id or "?")[:8]
+                give_up(
+                    newcomer,
+                    f"an agent for Ray node {node} did not start: "
+                    f"{str(e).strip().splitlines()[-1]}",
                 )
                 continue
+            node = info["node_id"][:8]
             if not info["meshrun"]:
-                give_up(node_id, actor)
-                say(f"Ray node {node_id[:8]} joined without {self.args.meshrun}: no agent there")
+                give_up(newcomer, f"Ray node {node} has no {self.args.meshrun}: no agent there")
                 continue
             if not info["program"] and not self.shipped:
-                give_up(node_id, actor)
-                say(
-                    f"Ray node {node_id[:8]} joined without {self.program.path or self.cwd}: "
-                    "no agent there (meshrun ships the program's folder only when a node "
-                    "lacks it at the start)"
+                give_up(
+                    newcomer,
+                    f"Ray node {node} lacks {self.program.path or self.cwd}: no agent there "
+                    "(meshrun ships the program's folder only when a node lacks it at the start)",
                 )
                 continue
             index = len(self.actors)
-            self.actors.append(actor)
+            self.actors.append(newcomer.actor)
             self.nodes.append(info)
-            self.start(actor, info)
+            self.bundle_of.append(newcomer.bundle)
+            self.start(newcomer.actor, info)
             say(
-                f"node{index} is Ray node {node_id[:8]} at {info['ip']} ({info['hostname']}), "
-                "new in the cluster: it joins the run"
+                f"node{index} is Ray node {node} at {info['ip']} ({info['hostname']}), "
+                "new in the run: it joins"
             )
+        self.pending = waiting
+
+        for bundle in self.free_bundles:
+            actor = self.agent_class.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=bundle
+                )
+            ).remote()
+            self.pending.append(Newcomer(actor, self.describe(actor), time.monotonic(), bundle))
+        self.free_bundles = []
+        if any(newcomer.bundle is not None for newcomer in self.pending):
+            return
 
         live = [i for i in range(len(self.actors)) if i not in self.codes and i not in self.lost]
-        used = {self.nodes[i]["node_id"] for i in live} | set(self.pending)
+        used = {self.nodes[i]["node_id"] for i in live} | {n.node_id for n in self.pending}
         room = self.args.max_nodes - len(live) - len(self.pending)
         for node in ray.nodes():
             node_id = node["NodeID"]
@@ -478,7 +521,9 @@ class Run:
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 **({"num_gpus": need} if kind == "GPU" else {"num_cpus": need}),
             ).remote()
-            self.pending[node_id] = (actor, self.describe(actor), time.monotonic())
+            self.pending.append(
+                Newcomer(actor, self.describe(actor), time.monotonic(), None, node_id)
+            )
             room -= 1
 
     def stream(self, ray) -> int:
@@ -501,6 +546,8 @@ class Run:
                     lines, code = ray.get(actor.poll.remote(), timeout=30)
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                     lost.add(i)
+                    if self.bundle_of[i] is not None:
+                        self.free_bundles.append(self.bundle_of[i])
                     ray_node = self.nodes[i]["node_id"][:8]
                     say(
                         f"node{i} (Ray node {ray_node}) is lost ({type(e).__name__}): "
@@ -524,7 +571,7 @@ class Run:
         return failed[0] if failed else 0
 
     def stop(self, ray) -> None:
-        for actor in [*self.actors, *(pending[0] for pending in self.pending.values())]:
+        for actor in [*self.actors, *(newcomer.actor for newcomer in self.pending)]:
             try:
                 ray.kill(actor)
             except Exception:

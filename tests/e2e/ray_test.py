@@ -283,7 +283,7 @@ def case_elastic(args: argparse.Namespace, cluster: Cluster) -> None:
             out.wait_count(r"node1 \(Ray node \w+\) is lost", 1, deadline)
             out.wait_count(r"^\[node0\] rank \d of 2 ready", 2, deadline)
             cluster.add_node()
-            out.wait_count(r"node2 is Ray node \w+ .*it joins the run", 1, deadline)
+            out.wait_count(r"node2 is Ray node \w+ .*new in the run", 1, deadline)
             found = out.wait_count(r"^\[(node\d)\] rank \d of 4 ready", 8, deadline)[4:]
             assert sorted(found) == ["node0", "node0", "node2", "node2"], found
             open(os.path.join(work, "done"), "w").close()
