@@ -427,12 +427,14 @@ class Run:
         joins the run as any meshrun node does. Never waits: an actor still
         starting is looked at again on the next call.
 
-        A lost node's bundle first: Ray moves a dead node's bundles to nodes
-        with room (STRICT_SPREAD: one without a bundle), so an agent placed
-        in that bundle starts wherever Ray puts it, as soon as a node can take
-        it. Then, while no such agent waits, growth past the placement group
-        (it cannot grow): an agent on each alive node with room and no agent,
-        pinned to it and holding the bundle's resources itself."""
+        Two ways, the first agent to start wins the place:
+        - in a lost node's bundle: Ray moves a dead node's bundles to nodes
+          with room (STRICT_SPREAD: one without a bundle) once it has marked
+          the node dead, and the agent starts wherever Ray puts the bundle;
+        - pinned to an alive node that has room and no agent (not a lost
+          one: Ray may not know yet that it died), holding the bundle's
+          resources itself: at once on a spare node, and the way past the
+          placement group, which cannot grow."""
         from ray.util.scheduling_strategies import (
             NodeAffinitySchedulingStrategy,
             PlacementGroupSchedulingStrategy,
@@ -440,31 +442,38 @@ class Run:
 
         ((kind, need),) = self.bundle.items()
 
-        def give_up(newcomer: Newcomer, why: str) -> None:
+        def live() -> list[int]:
+            return [
+                i for i in range(len(self.actors)) if i not in self.codes and i not in self.lost
+            ]
+
+        def drop(newcomer: Newcomer, why: str = "") -> None:
             ray.kill(newcomer.actor)
             if newcomer.node_id is not None:
                 self.tried[newcomer.node_id] = time.monotonic()
-            say(why)
+            if newcomer.bundle is not None:
+                self.free_bundles.append(newcomer.bundle)  # for a later newcomer
+            if why:
+                say(why)
 
         waiting = []
         for newcomer in self.pending:
+            if len(live()) >= self.args.max_nodes:
+                drop(newcomer)  # another newcomer took the place
+                continue
             ready, _ = ray.wait([newcomer.described], timeout=0)
             if not ready:
                 if newcomer.bundle is None and time.monotonic() - newcomer.since > NEWCOMER_START_S:
-                    # its resources are taken by other work: try again later
-                    ray.kill(newcomer.actor)
-                    self.tried[str(newcomer.node_id)] = time.monotonic()
+                    drop(newcomer)  # its resources are taken by other work: try again later
                 else:
                     waiting.append(newcomer)
                 continue
+            node = (newcomer.node_id or "?")[:8]
             try:
                 info = ray.get(newcomer.described)
             except ray.exceptions.RayError as e:
                 # The node died meanwhile, or Ray could not ship there.
-                if newcomer.bundle is not None:
-                    self.free_bundles.append(newcomer.bundle)  # Ray moves it again
-                node = (newcomer.node_id or "?")[:8]
-                give_up(
+                drop(
                     newcomer,
                     f"an agent for Ray node {node} did not start: "
                     f"{str(e).strip().splitlines()[-1]}",
@@ -472,10 +481,10 @@ class Run:
                 continue
             node = info["node_id"][:8]
             if not info["meshrun"]:
-                give_up(newcomer, f"Ray node {node} has no {self.args.meshrun}: no agent there")
+                drop(newcomer, f"Ray node {node} has no {self.args.meshrun}: no agent there")
                 continue
             if not info["program"] and not self.shipped:
-                give_up(
+                drop(
                     newcomer,
                     f"Ray node {node} lacks {self.program.path or self.cwd}: no agent there "
                     "(meshrun ships the program's folder only when a node lacks it at the start)",
@@ -492,6 +501,9 @@ class Run:
             )
         self.pending = waiting
 
+        room = self.args.max_nodes - len(live())
+        if room <= 0:
+            return
         for bundle in self.free_bundles:
             actor = self.agent_class.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -500,19 +512,17 @@ class Run:
             ).remote()
             self.pending.append(Newcomer(actor, self.describe(actor), time.monotonic(), bundle))
         self.free_bundles = []
-        if any(newcomer.bundle is not None for newcomer in self.pending):
-            return
 
-        live = [i for i in range(len(self.actors)) if i not in self.codes and i not in self.lost]
-        used = {self.nodes[i]["node_id"] for i in live} | {n.node_id for n in self.pending}
-        room = self.args.max_nodes - len(live) - len(self.pending)
+        taken = {self.nodes[i]["node_id"] for i in range(len(self.actors)) if i not in self.codes}
+        taken |= {n.node_id for n in self.pending}  # lost nodes stay taken
+        pinned = room - sum(n.bundle is None for n in self.pending)
         for node in ray.nodes():
             node_id = node["NodeID"]
             recently = time.monotonic() - self.tried.get(node_id, -1e9) < NEWCOMER_RETRY_S
             if (
-                room <= 0
+                pinned <= 0
                 or not node["Alive"]
-                or node_id in used
+                or node_id in taken
                 or recently
                 or node["Resources"].get(kind, 0) < need
             ):
@@ -524,7 +534,7 @@ class Run:
             self.pending.append(
                 Newcomer(actor, self.describe(actor), time.monotonic(), None, node_id)
             )
-            room -= 1
+            pinned -= 1
 
     def stream(self, ray) -> int:
         """Prints every agent's lines until all have ended; the run's code."""
