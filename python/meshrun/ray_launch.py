@@ -120,11 +120,11 @@ def agent_argv(args: argparse.Namespace, launcher_args: list[str], endpoint: str
 class Program:
     """What the agents run, and the folder a node lacking it is sent.
 
-    ``token`` is the program's place in the launcher's arguments; ``path``
-    where it is on the driver's machine (None: found on the PATH, never
-    shipped); ``folder`` what Ray's working_dir ships (the script's folder,
-    or the working directory for a module); ``shipped_token`` the program's
-    name inside that copy."""
+    ``index`` is the program's place in the launcher's arguments; ``path``
+    where it is on the driver's machine (None: a module, or a program found
+    on the PATH); ``folder`` what Ray's working_dir ships (the script's
+    folder, or the working directory for a module; empty: nothing, for a
+    program on the PATH); ``shipped_token`` the program's name in that copy."""
 
     def __init__(self, kind: str, launcher_args: list[str], tail: int, cwd: str) -> None:
         self.index = len(launcher_args) - tail - 1
