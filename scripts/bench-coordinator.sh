@@ -35,10 +35,7 @@ export PYTHONPATH="$PWD/python:$PWD/$build_dir/python${PYTHONPATH:+:$PYTHONPATH}
 cmd=("$venv_python" bench/recovery/coordinator_restart.py
      --meshrun "$build_dir/bin/meshrun" --torchrun "$torchrun" --log-dir "$tmp/logs" "$@")
 invocation="scripts/bench-coordinator.sh${*:+ $*}"
-tree="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)')"
-started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
-uptime_before=$(uptime)
-t0=$(date +%s)
+mark_start
 run_driver "${cmd[@]}"
 cat "$tmp/stdout"
 {

@@ -71,10 +71,7 @@ fi
 for var in PYTHON_EXEC MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET NO_BUILD; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
-# The tree's state now: the results file this run rewrites is dirty later.
-tree="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)')"
-started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
-t0=$(date +%s)
+mark_start
 run_driver "${cmd[@]}"
 cat "$tmp/stdout"
 

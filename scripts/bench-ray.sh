@@ -36,10 +36,7 @@ export PYTHONPATH="$PWD/python:$PWD/$build_dir/python${PYTHONPATH:+:$PYTHONPATH}
 cmd=(unshare --net --pid --fork --mount-proc "$venv_python" bench/ray/bench_ray.py
      --meshrun "$PWD/$build_dir/bin/meshrun" --log-dir "$tmp/logs" "$@")
 invocation="scripts/bench-ray.sh${*:+ $*}"
-tree="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)')"
-started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
-uptime_before=$(uptime)
-t0=$(date +%s)
+mark_start
 run_driver "${cmd[@]}"
 cat "$tmp/stdout"
 {

@@ -50,8 +50,6 @@ invocation="scripts/bench-recovery.sh${*:+ $*}"
 for var in TORCHRUN MESHRUN_VENV JOBS RESULTS_DIR BUILD_DIR WAIT_QUIET NO_BUILD; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
-# The tree's state now: the results file this run rewrites is dirty later.
-tree="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)')"
 # Where the binaries come from: another tree's build (NO_BUILD=1) may be older
 # than that tree's HEAD, so their times are recorded too.
 built="$build_dir"
@@ -61,9 +59,7 @@ if [ -n "$source_tree" ] && [ "$(cd "$source_tree" && pwd -P)" != "$(pwd -P)" ];
 fi
 built="$built; built at $(for binary in train_example meshrun meshrun-rdzvd; do
   TZ=UTC date -r "$build_dir/bin/$binary" "+$binary %H:%M:%S UTC"; done | paste -sd, - | sed 's/,/, /g')"
-started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
-uptime_before=$(uptime)
-t0=$(date +%s)
+mark_start
 run_driver "${cmd[@]}"
 cat "$tmp/stdout"
 {

@@ -87,6 +87,17 @@ build_binaries() {
     { echo "$name: cannot build $*" >&2; exit 1; }
 }
 
+# mark_start: what the results file says of the run's start. Sets tree
+# (HEAD's short hash, and whether the tree has uncommitted changes, taken now:
+# the results file the run rewrites makes it dirty later), started (UTC),
+# uptime_before, and t0 (run_driver's clock).
+mark_start() {
+  tree="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes in the tree)')"
+  started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+  uptime_before=$(uptime)
+  t0=$(date +%s)
+}
+
 # run_driver COMMAND...: runs a benchmark driver from $t0 on, its progress
 # (stderr) shown live and kept in $tmp/stderr, its tables (stdout) kept in
 # $tmp/stdout for the caller to show. Sets status (its exit code), elapsed
