@@ -756,25 +756,21 @@ class Agent {
   }
 
   void OnTimerExpired(const ExpiredWorker& expired) {
-    const double late =
-        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-            .count() -
-        expired.expiration_time;
     if (expired.signal <= 0) {
       spdlog::warn(
           "worker watchdog: the timer '{}' of pid {} expired {:.1f} s ago; it names no "
           "signal, so the worker runs on",
-          expired.scope_id, expired.pid, late);
+          expired.scope_id, expired.pid, expired.overdue_s);
       return;
     }
     for (const auto& group : groups_) {
       if (std::optional<int> local_rank =
               group->SignalWorker(expired.pid, expired.signal)) {
         spdlog::warn(
-            "worker watchdog: the timer '{}' of local rank {} (pid {}) expired {:.1f} s "
-            "ago: "
-            "sent {}",
-            expired.scope_id, *local_rank, expired.pid, late, SignalName(expired.signal));
+            "worker watchdog: the timer '{}' of local rank {} (pid {}) "
+            "expired {:.1f} s ago: sent {}",
+            expired.scope_id, *local_rank, expired.pid, expired.overdue_s,
+            SignalName(expired.signal));
         expired_timers_[expired.pid] = expired.scope_id;
         return;
       }

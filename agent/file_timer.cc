@@ -76,6 +76,7 @@ std::vector<ExpiredWorker> TimerTable::TakeExpired(double now) {
     const TimerRequest* chosen =
         with_signal != timers.end() ? *with_signal : timers.front();
     out.push_back({pid, chosen->scope_id, chosen->expiration_time,
+                   now - chosen->expiration_time,
                    with_signal != timers.end() ? chosen->signal : 0});
   }
   for (const ExpiredWorker& worker : out) Forget(worker.pid);

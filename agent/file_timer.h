@@ -38,6 +38,7 @@ struct ExpiredWorker {
   pid_t pid = 0;
   std::string scope_id;        // of that timer (or of the earliest expired)
   double expiration_time = 0;  // when it expired
+  double overdue_s = 0;        // how long before TakeExpired's `now`
   int signal = 0;
 };
 

@@ -65,6 +65,7 @@ TEST(TimerTableTest, ExpiresEachWorkerOnceWithItsEarliestSignal) {
   EXPECT_EQ(expired[0].pid, 10);
   EXPECT_EQ(expired[0].scope_id, "inner");
   EXPECT_EQ(expired[0].signal, 9);
+  EXPECT_DOUBLE_EQ(expired[0].overdue_s, 60);
   EXPECT_EQ(table.size(), 1u);  // both of pid 10's timers went
   EXPECT_EQ(table.NextExpiration(), 200);
 }
