@@ -4,7 +4,8 @@ Attempt 0: rank 1 hangs inside ``expires(after=2, scope="hung step")`` (the
 watchdog must kill it); rank 0 waits to be stopped.
 Attempt 1: rank 0 sends the agent a line that is not a request and a timer,
 already expired, with SIGKILL for a process that is not a worker (its own
-child): both must be refused, the child left alone. Both ranks then run a
+child): both must be refused, the child left alone (rank 0 looks once the
+test has seen the agent log its refusal: $FILE_TIMER_TEST_REFUSED exists). Both ranks then run a
 step inside a timer that they release in time, and exit 0.
 """
 
@@ -37,7 +38,13 @@ if rank == 0:
         fifo.write("this is not a request\n")
         forged = FileTimerRequest(child.pid, "forged", time.time() - 1, signal.SIGKILL)
         fifo.write(forged.to_json() + "\n")
-    time.sleep(2)  # the agent reads at once; a kill would have come by now
+    # The test says when the agent has logged its refusal of the forged
+    # timer (which it acts on, or not, as it reads the request).
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.environ["FILE_TIMER_TEST_REFUSED"]):
+        if time.monotonic() > deadline:
+            sys.exit("rank 0: the agent never refused the forged timer")
+        time.sleep(0.05)
     alive = child.poll() is None
     child.kill()
     child.wait()
