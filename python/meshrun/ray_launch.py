@@ -368,13 +368,6 @@ class Run:
             return actor.start.remote(self.argv, self.env, self.cwd)
         return actor.start.remote(self.shipped_argv, self.env, node["own_cwd"])
 
-    def program_missing(self, where: str) -> LaunchError:
-        program = self.program.path or self.program.shipped_token
-        return LaunchError(
-            f"{program} is not on {where}, and meshrun does not ship it "
-            "(a program found on the PATH): install it there"
-        )
-
     def place_agents(self, ray, count: int) -> list[str]:
         """An actor in each bundle. Refuses nodes without meshrun; returns
         the nodes that lack the program (none once it was shipped)."""
@@ -408,7 +401,10 @@ class Run:
         if not lacking or self.shipped:
             return []  # those nodes run the program in their copy
         if not self.program.folder:
-            raise self.program_missing(", ".join(lacking))
+            raise LaunchError(
+                f"{self.program.shipped_token} is not on {', '.join(lacking)}, and meshrun does "
+                "not ship a program found on the PATH: install it there"
+            )
         return lacking
 
     def start_agents(self, ray, endpoint: str) -> None:
@@ -614,23 +610,22 @@ def main(argv: list[str] | None = None) -> int:
 
     ray = None
     try:
-        ray = run.connect()
-        # After ray.init, which installs its own SIGTERM handler.
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        lacking = run.place_agents(ray, run.reserve(ray))
-        if lacking:
+        for ship in (False, True):
+            ray = run.connect(ship)
+            # After ray.init, which installs its own SIGTERM handler.
+            signal.signal(signal.SIGTERM, stop)
+            signal.signal(signal.SIGINT, stop)
+            lacking = run.place_agents(ray, run.reserve(ray))
+            if not lacking:
+                break
             say(
                 f"Ray ships {run.program.folder} to {', '.join(lacking)}, which lack "
                 f"{run.program.path or run.cwd}"
             )
             run.stop(ray)
             ray.shutdown()
+            ray = None
             run = Run(args, launcher_args, out)
-            ray = run.connect(ship=True)
-            signal.signal(signal.SIGTERM, stop)
-            signal.signal(signal.SIGINT, stop)
-            run.place_agents(ray, run.reserve(ray))
         run.start_agents(ray, run.start_daemon(ray))
         return run.stream(ray)
     except LaunchError as e:
