@@ -26,11 +26,15 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_format.h"
 #include "agent/agent_state.h"
 #include "agent/backoff.h"
 #include "agent/endpoint_probe.h"
 #include "agent/file_timer_server.h"
+#include "agent/hang_detector.h"
+#include "agent/heartbeat_server.h"
 #include "agent/resources.h"
+#include "agent/stack_dump.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
 #include "rendezvous/client/rendezvous_client.h"
@@ -213,6 +217,8 @@ constexpr std::chrono::seconds kExitDrain{2};
 // How often an agent that cannot reach the daemon, or waits for other nodes,
 // says so.
 constexpr std::chrono::seconds kWaitReportEvery{20};
+// How long a stack dumper (py-spy, gdb) may take for one worker.
+constexpr std::chrono::seconds kStackDumpTimeout{20};
 
 int StreamsFor(const std::vector<int>& per_rank, int all, int local_rank) {
   if (local_rank < static_cast<int>(per_rank.size())) return per_rank[local_rank];
@@ -225,6 +231,7 @@ class Agent {
       : options_(options),
         state_(options.nproc, options.replica_size),
         signals_(io_),
+        hang_timer_(io_),
         lease_timer_(io_),
         waiting_timer_(io_),
         report_retry_timer_(io_),
@@ -253,6 +260,7 @@ class Agent {
     for (int number : options_.signals_to_handle) signals_.add(number);
     WaitForSignal();
     if (!StartWorkerWatchdog()) return 1;
+    if (!StartHangWatch()) return 1;
     if (!PrepareLogRoot()) return 1;
     channel_ = rdzv::MakeChannel(options_.rdzv_endpoint, options_.security);
     client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
@@ -272,6 +280,7 @@ class Agent {
     }
     Join();
     io_.run();
+    if (stack_dumper_.joinable()) stack_dumper_.join();
     StopBackgroundThreads();
     CleanUpLogRoot();
     return exit_code_;
@@ -777,6 +786,119 @@ class Agent {
     }
   }
 
+  // --hang-timeout: every group's progress sampled a few times a timeout
+  // (agent/hang_detector.h), and the workers' heartbeats. False: it cannot
+  // start (said why).
+  bool StartHangWatch() {
+    if (options_.hang_timeout.count() <= 0) return true;
+    for (size_t group = 0; group < groups_.size(); ++group)
+      hang_detectors_.emplace_back(options_.hang_timeout);
+    auto started = HeartbeatServer::Start(io_, [this](pid_t pid) {
+      for (size_t group = 0; group < groups_.size(); ++group) {
+        if (groups_[group]->LocalRankOf(pid)) {
+          hang_detectors_[group].Heartbeat(pid, std::chrono::steady_clock::now());
+          return true;
+        }
+      }
+      return false;
+    });
+    if (!started.ok()) {
+      spdlog::error("{}", std::string(started.status().message()));
+      return false;
+    }
+    heartbeats_ = std::move(*started);
+    stack_tools_ = FindStackTools(options_.worker_argv, {});
+    spdlog::debug("hang watch: {} s; py-spy: {}; gdb: {}",
+                  options_.hang_timeout.count() / 1000.0,
+                  stack_tools_.py_spy.empty() ? "none" : stack_tools_.py_spy,
+                  stack_tools_.gdb.empty() ? "none" : stack_tools_.gdb);
+    ArmHangTimer();
+    return true;
+  }
+
+  void ArmHangTimer() {
+    const auto interval = std::clamp<std::chrono::milliseconds>(
+        options_.hang_timeout / 10, std::chrono::milliseconds(100),
+        std::chrono::seconds(1));
+    hang_timer_.expires_after(interval);
+    hang_timer_.async_wait([this](const boost::system::error_code& error) {
+      if (error) return;
+      CheckForHangs();
+      ArmHangTimer();
+    });
+  }
+
+  void CheckForHangs() {
+    const auto now = std::chrono::steady_clock::now();
+    const bool running = state_.phase() == AgentState::Phase::kRunning;
+    for (size_t group = 0; group < groups_.size(); ++group) {
+      std::vector<WorkerProgress> progress;
+      if (running && !groups_[group]->stopping()) progress = groups_[group]->Progress();
+      if (std::optional<Hang> hang = hang_detectors_[group].Observe(now, progress))
+        OnHang(*groups_[group], *hang);
+    }
+  }
+
+  // A group made no progress for --hang-timeout: its workers' stacks are
+  // taken (off io_, each tool bounded), printed and kept beside their logs,
+  // then the workers are SIGKILLed and their exits handled as any failure.
+  void OnHang(const WorkerGroup& group, const Hang& hang) {
+    const double quiet_s = std::chrono::duration<double>(hang.quiet_for).count();
+    const std::string why =
+        absl::StrFormat("no progress for %.1f s (%s)", quiet_s,
+                        hang.by_heartbeat ? "no heartbeat" : "no CPU time and no output");
+    std::vector<std::pair<pid_t, int>> hung;  // pid, local rank
+    for (pid_t pid : group.pids()) {
+      if (std::optional<int> local_rank = group.LocalRankOf(pid)) {
+        hung.emplace_back(pid, *local_rank);
+        hung_workers_[pid] = why;
+      }
+    }
+    if (hung.empty()) return;
+    spdlog::error(
+        "hang: local ranks {}..{} made {}; taking their stacks, then stopping them",
+        hung.front().second, hung.back().second, why);
+    if (dumping_stacks_) {  // a dump of an earlier hang is still running
+      KillHung(hung);
+      return;
+    }
+    if (stack_dumper_.joinable()) stack_dumper_.join();
+    dumping_stacks_ = true;
+    std::vector<std::string> files;
+    for (const auto& [pid, local_rank] : hung) {
+      const std::string error_file = ErrorFilePath(local_rank);
+      files.push_back(error_file.empty()
+                          ? std::string()
+                          : (fs::path(error_file).parent_path() / "stacks.txt").string());
+    }
+    stack_dumper_ = std::thread([this, hung, files, tools = stack_tools_] {
+      std::vector<std::string> dumps;
+      for (const auto& [pid, local_rank] : hung)
+        dumps.push_back(DumpStacks(pid, tools, kStackDumpTimeout));
+      boost::asio::post(io_, [this, hung, files, dumps] {
+        dumping_stacks_ = false;
+        for (size_t i = 0; i < hung.size(); ++i) {
+          spdlog::warn("hang: stacks of local rank {} (pid {}), {}", hung[i].second,
+                       hung[i].first, dumps[i]);
+          if (files[i].empty()) continue;
+          std::ofstream out(files[i]);
+          out << dumps[i];
+          if (out)
+            spdlog::info("hang: local rank {}'s stacks are in {}", hung[i].second,
+                         files[i]);
+        }
+        KillHung(hung);
+      });
+    });
+  }
+
+  void KillHung(const std::vector<std::pair<pid_t, int>>& hung) {
+    for (const auto& [pid, local_rank] : hung) {
+      for (const auto& group : groups_)
+        if (group->SignalWorker(pid, SIGKILL)) break;
+    }
+  }
+
   void OnWorkerExit(const WorkerExit& exit) {
     if (worker_watchdog_) worker_watchdog_->Forget(exit.pid);
     ExitInfo info;
@@ -801,9 +923,13 @@ class Agent {
       cause.set_host(options_.host);
       ErrorFile error = ReadErrorFile(ErrorFilePath(exit.local_rank));
       cause.set_message(error.message);
+      if (auto hang = hung_workers_.find(exit.pid);
+          hang != hung_workers_.end() && error.message.empty())
+        cause.set_message("hung: " + hang->second);
       cause.set_traceback(TracebackExcerpt(error.traceback));
     }
     expired_timers_.erase(exit.pid);
+    hung_workers_.erase(exit.pid);
     Dispatch(event::WorkerExited{info});
     // Every local worker of the round has ended: tell the daemon how, for
     // the status page and metrics. Best effort; the run does not depend on it.
@@ -847,6 +973,8 @@ class Agent {
     }
     if (auto timer = expired_timers_.find(pid); timer != expired_timers_.end())
       out << "  watchdog  : its timer '" << timer->second << "' expired\n";
+    if (auto hang = hung_workers_.find(pid); hang != hung_workers_.end())
+      out << "  hang      : " << hang->second << " (--hang-timeout)\n";
     std::string path = ErrorFilePath(exit.local_rank);
     ErrorFile error = ReadErrorFile(path);
     if (!error.message.empty() || !error.traceback.empty()) {
@@ -1144,6 +1272,7 @@ class Agent {
       spec.env = BuildWorkerEnv(in);
       if (worker_watchdog_)
         spec.env["TORCHELASTIC_TIMER_FILE"] = worker_watchdog_->path();
+      if (heartbeats_) spec.env["MESHRUN_HEARTBEAT_SOCKET"] = heartbeats_->name();
       spec.env.insert(options_.worker_security_env.begin(),
                       options_.worker_security_env.end());
       std::string prefix =
@@ -1251,6 +1380,17 @@ class Agent {
   // Workers it signalled, and the timer that expired (for the failure's
   // description).
   std::map<pid_t, std::string> expired_timers_;
+  // --hang-timeout (StartHangWatch): a detector per group, the workers'
+  // heartbeats, and the hung workers being stopped, with why (for the
+  // failure's description).
+  std::vector<HangDetector> hang_detectors_;
+  std::unique_ptr<HeartbeatServer> heartbeats_;
+  boost::asio::steady_timer hang_timer_;
+  StackTools stack_tools_;
+  std::map<pid_t, std::string> hung_workers_;
+  // Takes the stacks of a hang off io_; joined before the next and at exit.
+  std::thread stack_dumper_;
+  bool dumping_stacks_ = false;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   std::unique_ptr<rdzv::RendezvousClient> heartbeat_client_;

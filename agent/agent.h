@@ -78,6 +78,10 @@ struct AgentOptions {
   // then they are stopped and the agent exits with kLeaseExpiredExitCode.
   // Unset: keep_alive_interval x keep_alive_max_attempt, the daemon's lease.
   std::optional<std::chrono::milliseconds> reconnect_grace;
+  // --hang-timeout: a local worker group that makes no progress for this
+  // long (agent/hang_detector.h) has its stacks taken and is stopped as
+  // failed. 0: off.
+  std::chrono::milliseconds hang_timeout{0};
   std::vector<int> signals_to_handle;
   // As given on the command line: the workers' TORCHELASTIC_SIGNALS_TO_HANDLE.
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";

@@ -17,10 +17,13 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -167,6 +170,10 @@ void MarkFdsCloexec() {
   // Into its own cgroup before it can start anything. Best effort: a worker
   // outside it only loses the cleanup of what escapes its process group.
   if (args.cgroup_procs_fd >= 0) (void)::write(args.cgroup_procs_fd, "0", 1);
+  // Where Yama restricts ptrace to ancestors (ptrace_scope 1), the agent and
+  // what it starts may still read the worker: the stack dumps of
+  // --hang-timeout (agent/stack_dump.h). EINVAL without Yama.
+  (void)::prctl(PR_SET_PTRACER, args.parent, 0, 0, 0);
   // Nothing of the agent's but stdin/out/err reaches the worker, even fds
   // opened without O_CLOEXEC by a library (Popen's close_fds in torchrun).
   if (args.simulate_no_close_range_cloexec ||
@@ -398,6 +405,48 @@ struct Prepared {
   std::unique_ptr<OutputSink> err;
 };
 
+// usage_usec of a cgroup v2 cpu.stat (kept by the kernel whether or not the
+// cpu controller is enabled), or nullopt where it cannot be read.
+std::optional<std::chrono::microseconds> CgroupCpuTime(const std::string& dir) {
+  std::ifstream in(absl::StrCat(dir, "/cpu.stat"));
+  std::string key;
+  int64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "usage_usec") return std::chrono::microseconds(value);
+  }
+  return std::nullopt;
+}
+
+// User and system time of every process in the process group `pgid`, and of
+// the children they reaped, from /proc/<pid>/stat.
+std::chrono::microseconds ProcessGroupCpuTime(pid_t pgid) {
+  static const long ticks_per_second = sysconf(_SC_CLK_TCK);
+  int64_t ticks = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+    // After the command's closing parenthesis (a command may hold spaces and
+    // parentheses): state ppid pgrp ... utime(14) stime cutime cstime.
+    const size_t end = stat.rfind(')');
+    if (end == std::string::npos) continue;
+    std::istringstream fields(stat.substr(end + 1));
+    std::string state;
+    int64_t ppid = 0, pgrp = 0, skip = 0, utime = 0, stime = 0, cutime = 0, cstime = 0;
+    fields >> state >> ppid >> pgrp;
+    if (!fields || pgrp != pgid) continue;
+    for (int field = 6; field <= 13; ++field) fields >> skip;
+    fields >> utime >> stime >> cutime >> cstime;
+    if (fields) ticks += utime + stime + cutime + cstime;
+  }
+  return std::chrono::microseconds(ticks * 1000000 /
+                                   (ticks_per_second > 0 ? ticks_per_second : 100));
+}
+
 }  // namespace
 
 struct WorkerGroup::Pipe {
@@ -407,6 +456,7 @@ struct WorkerGroup::Pipe {
   std::unique_ptr<OutputSink> sink;
   std::array<char, 64 * 1024> buffer;  // a default pipe's capacity
   bool open = true;
+  uint64_t bytes_read = 0;
 };
 
 struct WorkerGroup::Worker {
@@ -750,6 +800,28 @@ std::vector<pid_t> WorkerGroup::pids() const {
   return result;
 }
 
+std::vector<WorkerProgress> WorkerGroup::Progress() const {
+  std::vector<WorkerProgress> result;
+  for (const auto& worker : workers_) {
+    if (worker->reaped) continue;
+    WorkerProgress progress;
+    progress.pid = worker->pid;
+    std::optional<std::chrono::microseconds> cpu;
+    if (!worker->cgroup.empty()) cpu = CgroupCpuTime(worker->cgroup);
+    progress.cpu = cpu ? *cpu : ProcessGroupCpuTime(worker->pid);
+    for (const Pipe* pipe : {worker->out.get(), worker->err.get()})
+      if (pipe != nullptr) progress.output_bytes += pipe->bytes_read;
+    result.push_back(progress);
+  }
+  return result;
+}
+
+std::optional<int> WorkerGroup::LocalRankOf(pid_t pid) const {
+  for (const auto& worker : workers_)
+    if (worker->pid == pid && !worker->reaped) return worker->local_rank;
+  return std::nullopt;
+}
+
 void WorkerGroup::KillGroup(const Worker& worker, int signal) {
   // Only while the leader is unreaped: its pid, which is the group's id,
   // cannot be reused until then. Once it is reaped and its group gone, the
@@ -836,6 +908,7 @@ void WorkerGroup::ReadPipe(const std::shared_ptr<Worker>& worker, Pipe* pipe) {
         auto group = self.lock();
         if (!group || worker->finished || !pipe->open) return;
         if (bytes > 0) {
+          pipe->bytes_read += bytes;
           absl::Status status =
               pipe->sink->Write(std::string_view(pipe->buffer.data(), bytes));
           if (!status.ok())

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "agent/hang_detector.h"
 #include "agent/log_sink.h"
 
 namespace meshrun::agent {
@@ -156,9 +157,19 @@ class WorkerGroup {
   std::optional<int> SignalWorker(pid_t pid, int signal);
 
   size_t live() const { return workers_.size(); }
+  // Between Stop and its `done`.
+  bool stopping() const { return stopping_; }
   // Whether each worker runs in a cgroup of its own (decided at construction).
   bool uses_cgroups() const { return !cgroup_parent_.empty(); }
   std::vector<pid_t> pids() const;  // of the live workers, in start order
+  // What each running (unreaped) worker has done so far, for --hang-timeout:
+  // the CPU time of the worker and everything it started (its cgroup's
+  // cpu.stat; without cgroups, the processes of its process group and the
+  // children they reaped, from /proc) and the bytes it wrote to its piped
+  // streams. Reads /proc or /sys: a few microseconds a worker.
+  std::vector<WorkerProgress> Progress() const;
+  // The local rank of the running worker `pid`, else nullopt.
+  std::optional<int> LocalRankOf(pid_t pid) const;
 
  private:
   struct Worker;

@@ -77,6 +77,7 @@ enum FlagId {
   kNumaBinding,
   kShutdownTimeout,
   kRdzvReconnectGrace,
+  kHangTimeout,
   kSignalsToHandle,
   kLogLinePrefixTemplate,
   kVirtualLocalRank,
@@ -197,6 +198,12 @@ constexpr FlagDef kFlags[] = {
      "How long the workers keep running while the daemon is unreachable (the "
      "agent reconnects meanwhile); then they are stopped and meshrun exits 75. "
      "Default: keep_alive_interval x keep_alive_max_attempt."},
+    {"--hang-timeout", "", true, "SECONDS", "1800",
+     "A local worker group that makes no progress for this long (no CPU time "
+     "and no output from any worker and its children; heartbeats alone for "
+     "workers that call meshrun.heartbeat()) has its stacks printed (py-spy, "
+     "else gdb) and is stopped as failed. The default is torch's default "
+     "process-group timeout, which a wait that long fails anyway; 0: off."},
     {"--signals-to-handle", "", true, "LIST", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "Signals forwarded to the workers."},
     {"--log-line-prefix-template", "", true, "TEMPLATE", "[${role_name}${local_rank}]:",
@@ -1113,6 +1120,16 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
                        Got("a positive number of seconds", grace.text));
     }
     config->reconnect_grace = *seconds;
+  }
+
+  {
+    Given hang = flags.GetOr(kHangTimeout);
+    std::optional<std::chrono::milliseconds> seconds = ParseSeconds(hang.text);
+    if (!seconds) {
+      return FlagError(kHangTimeout, hang,
+                       Got("a non-negative number of seconds", hang.text));
+    }
+    config->hang_timeout = *seconds;
   }
 
   Given start_method = flags.GetOr(kStartMethod);

@@ -205,6 +205,8 @@ struct LaunchConfig {
   // --rdzv-reconnect-grace: how long workers run on while the daemon is
   // unreachable; unset: the lease (keep_alive_interval x max_attempt).
   std::optional<std::chrono::milliseconds> reconnect_grace;
+  // --hang-timeout; 0: off.
+  std::chrono::milliseconds hang_timeout{std::chrono::seconds(1800)};
   // --signals-to-handle as signal numbers, in the order given, no repeats.
   std::vector<int> signals_to_handle;
   // ... and as given: the workers' TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun

@@ -278,6 +278,11 @@ std::vector<FlagCase> FlagCases() {
        "7",
        {},
        [](const LaunchConfig& c) { EXPECT_EQ(c.shutdown_timeout, milliseconds(2500)); }},
+      {"--hang-timeout",
+       "90",
+       "7",
+       {},
+       [](const LaunchConfig& c) { EXPECT_EQ(c.hang_timeout, milliseconds(90000)); }},
       {"--signals-to-handle",
        "SIGUSR1",
        "SIGTERM",
@@ -297,6 +302,18 @@ std::vector<FlagCase> FlagCases() {
        {},
        [](const LaunchConfig& c) { EXPECT_TRUE(c.virtual_local_rank); }},
   };
+}
+
+TEST(LaunchConfigTest,
+     HangTimeoutIsTorchsProcessGroupTimeoutUnlessGivenAndZeroTurnsItOff) {
+  EXPECT_EQ(MustParse({"train.py"}).hang_timeout, milliseconds(1800 * 1000));
+  EXPECT_EQ(MustParse({"--hang-timeout=0", "train.py"}).hang_timeout, milliseconds(0));
+  EXPECT_EQ(MustParse({"--hang-timeout=2.5", "train.py"}).hang_timeout,
+            milliseconds(2500));
+  EXPECT_EQ(ErrorOf({"--hang-timeout=-1", "train.py"}),
+            "--hang-timeout: expected a non-negative number of seconds, got '-1'");
+  EXPECT_EQ(ErrorOf({"--hang-timeout=10m", "train.py"}),
+            "--hang-timeout: expected a non-negative number of seconds, got '10m'");
 }
 
 TEST(LaunchConfigTest, EveryFlagInBothSpellingsAndBothValueForms) {

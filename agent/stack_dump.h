@@ -1,0 +1,35 @@
+#pragma once
+
+// --hang-timeout's evidence: a hung worker's stacks, taken before it is
+// stopped. Python frames through py-spy (`dump --nonblocking`: it reads the
+// interpreter's memory without stopping the process, so it works on a
+// SIGSTOPped one too), native frames of every thread through gdb for other
+// programs, and where neither is at hand, each thread's kernel wait channel
+// from /proc.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace meshrun::agent {
+
+struct StackTools {
+  std::string py_spy;  // empty: not found
+  std::string gdb;
+};
+
+// py-spy and gdb as the workers would find them: on the PATH of their
+// environment (`env`'s PATH, else the agent's), and py-spy also beside the
+// worker's program (a virtualenv's bin/, where pip puts it).
+StackTools FindStackTools(const std::vector<std::string>& worker_argv,
+                          const std::map<std::string, std::string>& env);
+
+// The stacks of process `pid`, with a first line saying how they were taken.
+// Blocks: each tool gets at most `timeout` (then it is killed and the next
+// way is tried). Call it off the agent's io_context.
+std::string DumpStacks(pid_t pid, const StackTools& tools, std::chrono::seconds timeout);
+
+}  // namespace meshrun::agent
