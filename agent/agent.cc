@@ -32,6 +32,7 @@
 #include "agent/endpoint_probe.h"
 #include "agent/file_timer_server.h"
 #include "agent/hang_detector.h"
+#include "agent/health_check.h"
 #include "agent/heartbeat_server.h"
 #include "agent/resources.h"
 #include "agent/stack_dump.h"
@@ -278,9 +279,17 @@ class Agent {
       CleanUpLogRoot();
       return exit_code_;
     }
+    if (std::optional<HealthFailure> failure = RunHealthChecksNow()) {
+      SayUnhealthy(*failure, "before joining");
+      (void)report_client_->ReportHealth(HealthReportOf(*failure));
+      calls_->Drain(std::chrono::steady_clock::now(), [this] { client_->CancelCalls(); });
+      CleanUpLogRoot();
+      return kUnhealthyExitCode;
+    }
     Join();
     io_.run();
     if (stack_dumper_.joinable()) stack_dumper_.join();
+    if (health_checker_.joinable()) health_checker_.join();
     StopBackgroundThreads();
     CleanUpLogRoot();
     return exit_code_;
@@ -679,6 +688,11 @@ class Agent {
   void OnRendezvousEvent(const v1::RendezvousEvent& pushed) {
     OnContact();
     heard_on_stream_ = true;
+    // The next round waits for this node's health checks (OnHealthChecked).
+    if (pushed.has_assigned() && checking_health_) {
+      held_assignment_ = pushed;
+      return;
+    }
     if (pushed.has_assigned()) {
       // As below, for replica failures not answered yet (the agent resumes
       // the round, which goes on).
@@ -720,6 +734,7 @@ class Agent {
                    ReformWords(pushed.reform().reason()), pushed.reform().detail());
       Dispatch(event::Reform{pushed.reform().next_round(), pushed.reform().detail()});
       StartWaitingReports(/*at_once=*/false);
+      StartHealthChecks();
     } else if (pushed.has_closed()) {
       closed_ = true;
       Dispatch(
@@ -897,6 +912,61 @@ class Agent {
       for (const auto& group : groups_)
         if (group->SignalWorker(pid, SIGKILL)) break;
     }
+  }
+
+  // --health-check: the checks, before the first join (on the calling
+  // thread: nothing runs yet), and at each re-form (on a thread of their own,
+  // while the workers stop; the next round's assignment waits for them).
+  std::optional<HealthFailure> RunHealthChecksNow() {
+    if (options_.health_checks.empty()) return std::nullopt;
+    return RunHealthChecks(options_.health_checks, options_.health_check_timeout);
+  }
+
+  void StartHealthChecks() {
+    if (options_.health_checks.empty() || checking_health_) return;
+    checking_health_ = true;
+    if (health_checker_.joinable()) health_checker_.join();
+    health_checker_ = std::thread([this] {
+      std::optional<HealthFailure> failure = RunHealthChecksNow();
+      boost::asio::post(io_, [this, failure] { OnHealthChecked(failure); });
+    });
+  }
+
+  void OnHealthChecked(const std::optional<HealthFailure>& failure) {
+    checking_health_ = false;
+    std::optional<v1::RendezvousEvent> held = std::move(held_assignment_);
+    held_assignment_.reset();
+    if (!failure) {
+      if (held) OnRendezvousEvent(*held);
+      return;
+    }
+    SayUnhealthy(*failure, "before the restart");
+    calls_->Post([this, report = HealthReportOf(*failure)] {
+      absl::Status status = report_client_->ReportHealth(report);
+      if (!status.ok())
+        spdlog::warn("cannot tell the daemon this node is unhealthy: {}",
+                     std::string(status.message()));
+    });
+    Dispatch(event::Unhealthy{failure->Summary()});
+  }
+
+  void SayUnhealthy(const HealthFailure& failure, const char* when) {
+    spdlog::error("{}: {}; this node stays out of run {}", when, failure.Summary(),
+                  options_.run_id);
+    if (!failure.output.empty())
+      spdlog::error("output of the health check '{}':\n{}", failure.check,
+                    failure.output);
+  }
+
+  v1::HealthReport HealthReportOf(const HealthFailure& failure) const {
+    v1::HealthReport report;
+    report.set_run_id(options_.run_id);
+    report.set_node_id(options_.node_id);
+    report.set_host(options_.host);
+    report.set_check(failure.check);
+    report.set_outcome(failure.outcome);
+    report.set_output(failure.output);
+    return report;
   }
 
   void OnWorkerExit(const WorkerExit& exit) {
@@ -1391,6 +1461,11 @@ class Agent {
   // Takes the stacks of a hang off io_; joined before the next and at exit.
   std::thread stack_dumper_;
   bool dumping_stacks_ = false;
+  // --health-check at a re-form (StartHealthChecks), and the next round's
+  // assignment while they run.
+  std::thread health_checker_;
+  bool checking_health_ = false;
+  std::optional<v1::RendezvousEvent> held_assignment_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   std::unique_ptr<rdzv::RendezvousClient> heartbeat_client_;

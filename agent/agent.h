@@ -82,6 +82,10 @@ struct AgentOptions {
   // long (agent/hang_detector.h) has its stacks taken and is stopped as
   // failed. 0: off.
   std::chrono::milliseconds hang_timeout{0};
+  // Run by /bin/sh before joining and before each restart round
+  // (agent/health_check.h); the first to fail keeps this node out.
+  std::vector<std::string> health_checks;
+  std::chrono::seconds health_check_timeout{60};
   std::vector<int> signals_to_handle;
   // As given on the command line: the workers' TORCHELASTIC_SIGNALS_TO_HANDLE.
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";

@@ -97,6 +97,17 @@ std::vector<Action> AgentState::Step(const Event& event) {
             actions.insert(actions.end(), exit.begin(), exit.end());
             return actions;
           },
+          [&](const event::Unhealthy& e) -> std::vector<Action> {
+            if (phase_ == Phase::kRunning || phase_ == Phase::kStopping) {
+              exit_after_stop_ = action::Exit{kUnhealthyExitCode, e.summary};
+              phase_ = Phase::kStopping;
+              return {action::StopWorkers{SIGTERM}, action::LeaveRun{}};
+            }
+            std::vector<Action> actions{action::LeaveRun{}};
+            auto exit = ExitNow(kUnhealthyExitCode, e.summary);
+            actions.insert(actions.end(), exit.begin(), exit.end());
+            return actions;
+          },
           [&](const event::RendezvousLost& e) {
             return GiveUp(1, "lost the rendezvous: " + e.reason);
           },

@@ -103,16 +103,25 @@ struct ReplicaVerdict {
   bool will_restart;
   uint32_t restart_count;  // the run's, the restarted workers' new count
 };
+// A health check failed before a restart round (agent/health_check.h): the
+// node stops its workers, leaves the run and exits kUnhealthyExitCode.
+struct Unhealthy {
+  std::string summary;
+};
 }  // namespace event
 
-using Event = std::variant<event::Assigned, event::Reform, event::Closed,
-                           event::WorkerExited, event::WorkersStopped, event::Signal,
-                           event::RendezvousLost, event::RoundLost, event::LeaseExpired,
-                           event::ReplicaStopped, event::ReplicaVerdict>;
+using Event =
+    std::variant<event::Assigned, event::Reform, event::Closed, event::WorkerExited,
+                 event::WorkersStopped, event::Signal, event::RendezvousLost,
+                 event::RoundLost, event::LeaseExpired, event::ReplicaStopped,
+                 event::ReplicaVerdict, event::Unhealthy>;
 
 // meshrun's exit code when it gave up on an unreachable daemon after its
 // lease (sysexits' EX_TEMPFAIL: the job may be retried).
 inline constexpr int kLeaseExpiredExitCode = 75;
+// meshrun's exit code when a health check kept this node out of the run
+// (sysexits' EX_UNAVAILABLE: nothing of the run failed here).
+inline constexpr int kUnhealthyExitCode = 69;
 
 namespace action {
 struct StartWorkers {

@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "agent/health_check.h"
 #include "launcher/slurm_env.h"
 #include "rendezvous/core/request_validation.h"
 
@@ -78,6 +79,9 @@ enum FlagId {
   kShutdownTimeout,
   kRdzvReconnectGrace,
   kHangTimeout,
+  kHealthCheck,
+  kHealthCheckDir,
+  kHealthCheckTimeout,
   kSignalsToHandle,
   kLogLinePrefixTemplate,
   kVirtualLocalRank,
@@ -204,6 +208,16 @@ constexpr FlagDef kFlags[] = {
      "workers that call meshrun.heartbeat()) has its stacks printed (py-spy, "
      "else gdb) and is stopped as failed. The default is torch's default "
      "process-group timeout, which a wait that long fails anyway; 0: off."},
+    {"--health-check", "", true, "CMD", "",
+     "A command (run by /bin/sh) that must succeed before this node joins and "
+     "before each restart; repeatable. A failing one keeps the node out: it says "
+     "which check failed and its output, the daemon's status page shows the node "
+     "unhealthy, and meshrun exits 69, so an elastic run re-forms without it."},
+    {"--health-check-dir", "", true, "DIR", "",
+     "Every executable in DIR is a --health-check too, in name order (as "
+     "run-parts)."},
+    {"--health-check-timeout", "", true, "SECONDS", "60",
+     "A health check still running after this long fails."},
     {"--signals-to-handle", "", true, "LIST", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
      "Signals forwarded to the workers."},
     {"--log-line-prefix-template", "", true, "TEMPLATE", "[${role_name}${local_rank}]:",
@@ -819,6 +833,8 @@ struct CliApp {
         options[id] = app.add_flag(names)->description(help);
       }
     }
+    // Each --health-check counts (one command a line).
+    options[kHealthCheck]->multi_option_policy(CLI::MultiOptionPolicy::Join);
     app.add_option("SCRIPT", script_placeholder,
                    "Training script (a module with -m, a program with --no-python).")
         ->type_name("");
@@ -1130,6 +1146,29 @@ absl::Status ParseWorkerFlags(const FlagValues& flags,
                        Got("a non-negative number of seconds", hang.text));
     }
     config->hang_timeout = *seconds;
+  }
+
+  if (std::optional<Given> checks = flags.Get(kHealthCheck)) {
+    // Repeated flags arrive joined by newlines (CliApp).
+    for (absl::string_view check :
+         absl::StrSplit(checks->text, '\n', absl::SkipWhitespace()))
+      config->health_checks.emplace_back(check);
+  }
+  if (std::optional<Given> dir = flags.Get(kHealthCheckDir); dir && !dir->text.empty()) {
+    absl::StatusOr<std::vector<std::string>> checks = agent::HealthChecksIn(dir->text);
+    if (!checks.ok()) return FlagError(kHealthCheckDir, *dir, checks.status().message());
+    config->health_checks.insert(config->health_checks.end(), checks->begin(),
+                                 checks->end());
+  }
+  {
+    Given timeout = flags.GetOr(kHealthCheckTimeout);
+    std::optional<std::chrono::milliseconds> seconds = ParseSeconds(timeout.text);
+    if (!seconds || *seconds < std::chrono::seconds(1)) {
+      return FlagError(kHealthCheckTimeout, timeout,
+                       Got("a number of seconds, at least 1", timeout.text));
+    }
+    config->health_check_timeout =
+        std::chrono::duration_cast<std::chrono::seconds>(*seconds);
   }
 
   Given start_method = flags.GetOr(kStartMethod);

@@ -205,6 +205,9 @@ struct LaunchConfig {
   // --rdzv-reconnect-grace: how long workers run on while the daemon is
   // unreachable; unset: the lease (keep_alive_interval x max_attempt).
   std::optional<std::chrono::milliseconds> reconnect_grace;
+  // --health-check commands, then --health-check-dir's executables.
+  std::vector<std::string> health_checks;
+  std::chrono::seconds health_check_timeout{60};
   // --hang-timeout; 0: off.
   std::chrono::milliseconds hang_timeout{std::chrono::seconds(1800)};
   // --signals-to-handle as signal numbers, in the order given, no repeats.

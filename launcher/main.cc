@@ -369,6 +369,8 @@ int Main(int argc, char** argv) {
   options.shutdown_timeout = config.shutdown_timeout;
   options.reconnect_grace = config.reconnect_grace;
   options.hang_timeout = config.hang_timeout;
+  options.health_checks = config.health_checks;
+  options.health_check_timeout = config.health_check_timeout;
   options.signals_to_handle = config.signals_to_handle;
   options.signals_to_handle_text = config.signals_to_handle_text;
   options.virtual_local_rank = config.virtual_local_rank;

@@ -195,6 +195,12 @@ absl::Status RendezvousClient::ReportWorkerExits(const v1::WorkerExitsReport& re
   return FromGrpc(stub_->ReportWorkerExits(context.get(), request, &reply));
 }
 
+absl::Status RendezvousClient::ReportHealth(const v1::HealthReport& request) {
+  v1::Empty reply;
+  auto context = MakeContext();
+  return FromGrpc(stub_->ReportHealth(context.get(), request, &reply));
+}
+
 absl::StatusOr<v1::StatusReply> RendezvousClient::Status(
     const v1::StatusRequest& request) {
   v1::StatusReply reply;

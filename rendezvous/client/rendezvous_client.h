@@ -59,6 +59,7 @@ class RendezvousClient {
   absl::StatusOr<meshrun::v1::FailureReply> ReportFailure(
       const meshrun::v1::FailureReport& request);
   absl::Status ReportWorkerExits(const meshrun::v1::WorkerExitsReport& request);
+  absl::Status ReportHealth(const meshrun::v1::HealthReport& request);
   absl::StatusOr<meshrun::v1::StatusReply> Status(
       const meshrun::v1::StatusRequest& request);
   // Fault-tolerant replicas: these wait on the daemon up to the request's

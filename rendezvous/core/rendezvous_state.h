@@ -301,6 +301,7 @@ class RendezvousState {
   bool IsClosed(const std::string& run_id) const;
   // Whether the run has this node (live or departed).
   bool HasNode(const std::string& run_id, const std::string& node_id) const;
+  bool HasRun(const std::string& run_id) const { return runs_.count(run_id) > 0; }
   std::vector<std::string> RunIds() const;
   // The store namespace of each run that is not closed and has formed a
   // round (Assignment::store_prefix of its current round), by run id.

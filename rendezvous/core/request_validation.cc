@@ -219,6 +219,26 @@ absl::Status ValidateWorkerExitsReport(const v1::WorkerExitsReport& request,
                 limits.max_nproc);
 }
 
+absl::Status ValidateHealthReport(const v1::HealthReport& request,
+                                  const RequestLimits& limits) {
+  if (auto s = RunAndNode("health", request.run_id(), request.node_id(), limits); !s.ok())
+    return s;
+  if (auto s = MaxBytes("health.host", request.host().size(), limits.max_host_bytes);
+      !s.ok())
+    return s;
+  if (auto s = Printable("health.host", request.host()); !s.ok()) return s;
+  // The agent sends at most 4 KiB of output (agent/health_check.cc) and a
+  // command line; what is shown is their summary.
+  constexpr size_t kMaxHealthBytes = 16 * 1024;
+  for (auto [field, text] : {std::pair{"health.check", &request.check()},
+                             std::pair{"health.outcome", &request.outcome()},
+                             std::pair{"health.output", &request.output()}}) {
+    if (auto s = MaxBytes(field, text->size(), kMaxHealthBytes); !s.ok()) return s;
+  }
+  if (request.check().empty()) return Invalid("health.check", "must not be empty");
+  return absl::OkStatus();
+}
+
 absl::Status ValidateStatusRequest(const v1::StatusRequest& request,
                                    const RequestLimits& limits) {
   if (request.run_id().empty()) return absl::OkStatus();  // every run

@@ -68,6 +68,8 @@ absl::Status ValidateLeave(const meshrun::v1::LeaveRequest& request,
                            const RequestLimits& limits);
 absl::Status ValidateClose(const meshrun::v1::CloseRequest& request,
                            const RequestLimits& limits);
+absl::Status ValidateHealthReport(const meshrun::v1::HealthReport& request,
+                                  const RequestLimits& limits);
 absl::Status ValidateWorkerExitsReport(const meshrun::v1::WorkerExitsReport& request,
                                        const RequestLimits& limits);
 absl::Status ValidateStatusRequest(const meshrun::v1::StatusRequest& request,

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "rendezvous/core/request_validation.h"
 #include "rendezvous/core/state_codec.h"
 #include "rendezvous/server/grpc_status.h"
@@ -16,6 +17,16 @@ namespace meshrun::rdzv {
 namespace v1 = meshrun::v1;
 
 namespace {
+
+// What the status page says of an unhealthy node: the check, how it failed
+// and the last line of its output.
+std::string HealthSummary(const v1::HealthReport& report) {
+  std::string last(absl::StripTrailingAsciiWhitespace(report.output()));
+  if (size_t newline = last.rfind('\n'); newline != std::string::npos)
+    last = last.substr(newline + 1);
+  return absl::StrCat("health check '", report.check(), "' failed (", report.outcome(),
+                      ")", last.empty() ? "" : ": ", last);
+}
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
                                const absl::Status& status) {
@@ -253,6 +264,9 @@ grpc::ServerWriteReactor<v1::RendezvousEvent>* RendezvousService::Join(
     stream->End(ToGrpc(status));
     return stream;
   }
+  // A node that passed its health checks and joined is not unhealthy.
+  if (auto run = observed_.find(request->run_id()); run != observed_.end())
+    run->second.unhealthy.erase(request->node_id());
   auto it = streams_.find(key);
   if (it != streams_.end()) {
     it->second->End(grpc::Status(grpc::StatusCode::ABORTED,
@@ -575,6 +589,35 @@ grpc::ServerUnaryReactor* RendezvousService::ReportWorkerExits(
   return Done(context, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* RendezvousService::ReportHealth(
+    grpc::CallbackServerContext* context, const v1::HealthReport* request,
+    v1::Empty* /*reply*/) {
+  if (absl::Status invalid = ValidateHealthReport(*request, RequestLimits());
+      !invalid.ok())
+    return Done(context, invalid);
+  // At most this many unhealthy nodes shown per run: the latest reports.
+  constexpr size_t kMaxUnhealthyPerRun = 64;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Only runs the daemon knows, so a stray client cannot grow this.
+  if (!state_.HasRun(request->run_id()))
+    return Done(context,
+                absl::NotFoundError("the daemon knows no run " + request->run_id()));
+  auto& unhealthy = observed_[request->run_id()].unhealthy;
+  NodeStatusRecord record;
+  record.node_id = request->node_id();
+  record.host = request->host();
+  record.state = "unhealthy";
+  record.health = HealthSummary(*request);
+  unhealthy[request->node_id()] = {record, RdzvClock::now()};
+  while (unhealthy.size() > kMaxUnhealthyPerRun) {
+    auto oldest = std::min_element(
+        unhealthy.begin(), unhealthy.end(),
+        [](auto& a, auto& b) { return a.second.second < b.second.second; });
+    unhealthy.erase(oldest);
+  }
+  return Done(context, absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* RendezvousService::Status(grpc::CallbackServerContext* context,
                                                     const v1::StatusRequest* request,
                                                     v1::StatusReply* reply) {
@@ -596,13 +639,21 @@ StatusSnapshot RendezvousService::Snapshot(const std::string& run_id) {
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
   std::lock_guard<std::mutex> lock(mu_);
-  snapshot.runs = state_.Status(RdzvClock::now(), run_id);
+  const RdzvTime now = RdzvClock::now();
+  snapshot.runs = state_.Status(now, run_id);
   for (RunStatusRecord& run : snapshot.runs) {
     auto it = observed_.find(run.run_id);
     if (it == observed_.end()) continue;
     run.last_failure = it->second.last_failure;
     for (const auto& [node_id, exits] : it->second.exits)
       run.worker_exits.push_back(exits);
+    for (const auto& [node_id, reported] : it->second.unhealthy) {
+      NodeStatusRecord node = reported.first;
+      node.heartbeat_age_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - reported.second)
+              .count();
+      run.nodes.push_back(std::move(node));
+    }
   }
   return snapshot;
 }
@@ -634,8 +685,11 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
     round.Add(labels, static_cast<double>(run.round));
     restarts_used.Add(labels, run.restart_count);
     world.Add(labels, run.world_size);
-    std::map<std::string, int> node_states{
-        {"participant", 0}, {"gathering", 0}, {"waiting", 0}, {"succeeded", 0}};
+    std::map<std::string, int> node_states{{"participant", 0},
+                                           {"gathering", 0},
+                                           {"waiting", 0},
+                                           {"succeeded", 0},
+                                           {"unhealthy", 0}};
     for (const NodeStatusRecord& node : run.nodes) ++node_states[node.state];
     for (const auto& [state, n] : node_states)
       nodes.Add({{"run", run.run_id}, {"state", state}}, n);

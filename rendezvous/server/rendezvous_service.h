@@ -86,6 +86,9 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   // served (a real Leave) change it as usual. Call before shutting the
   // server down.
   void BeginShutdown();
+  grpc::ServerUnaryReactor* ReportHealth(grpc::CallbackServerContext* context,
+                                         const meshrun::v1::HealthReport* request,
+                                         meshrun::v1::Empty* reply) override;
   grpc::ServerUnaryReactor* ReportWorkerExits(
       grpc::CallbackServerContext* context, const meshrun::v1::WorkerExitsReport* request,
       meshrun::v1::Empty* reply) override;
@@ -147,6 +150,9 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   struct Observed {
     std::optional<FailureStatusRecord> last_failure;
     std::map<std::string, NodeExitsRecord> exits;  // by node id: its latest round
+    // Nodes kept out by a failed health check, by node id, until they join;
+    // when each reported.
+    std::map<std::string, std::pair<NodeStatusRecord, RdzvTime>> unhealthy;
   };
   std::map<std::string, Observed> observed_;  // guarded by mu_
   // Worker exits reported, by result: 0 success, 1 exit code, 2 signal.

@@ -41,11 +41,13 @@ struct FailureStatusRecord {
 struct NodeStatusRecord {
   std::string node_id;
   std::string host;
-  std::string state;        // participant, gathering, waiting, succeeded, departed
+  // participant, gathering, waiting, succeeded, departed, unhealthy
+  std::string state;
   int32_t group_rank = -1;  // -1 unless a participant of the round
   uint32_t nproc = 0;
   uint32_t rank_base = 0;
   int64_t heartbeat_age_ms = 0;
+  std::string health;  // unhealthy: which check failed, how (HealthFailure::Summary)
 };
 
 struct NodeExitsRecord {

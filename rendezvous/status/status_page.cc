@@ -54,6 +54,7 @@ const std::string& StatusPageHtml() {
   tr:last-child td { border-bottom:none; }
   td.mono { font-family:ui-monospace,Menlo,monospace; font-size:13px; }
   .age.ok { color:var(--ok); } .age.late { color:var(--warn); } .age.dead { color:var(--bad); }
+  td.unhealthy { color:var(--bad); }
   .section { padding:12px 16px; border-top:1px solid var(--line); }
   .section h3 { margin:0 0 6px; font-size:12px; color:var(--muted); text-transform:uppercase;
                 letter-spacing:.4px; }
@@ -129,7 +130,9 @@ function renderRun(run) {
   for (const n of run.nodes) {
     const tr = el("tr");
     tr.dataset.node = n.node_id;
-    tr.append(el("td", "mono", n.node_id), el("td", "mono", n.host), el("td", null, n.state),
+    const st = el("td", n.health ? "unhealthy" : null, n.state);
+    if (n.health) { st.title = n.health; st.append(el("div", "mono", n.health)); }
+    tr.append(el("td", "mono", n.node_id), el("td", "mono", n.host), st,
               el("td", null, n.group_rank >= 0 ? n.group_rank : "-"),
               el("td", null, n.ranks ? n.ranks[0] + " - " + n.ranks[1] : "-"),
               el("td", null, n.nproc));

@@ -56,6 +56,7 @@ v1::StatusReply ToProto(const StatusSnapshot& snapshot) {
       n->set_nproc(node.nproc);
       n->set_rank_base(node.rank_base);
       n->set_heartbeat_age_ms(node.heartbeat_age_ms);
+      n->set_health(node.health);
     }
     if (run.last_failure) {
       const FailureStatusRecord& failure = *run.last_failure;
@@ -106,6 +107,7 @@ StatusSnapshot FromProto(const v1::StatusReply& reply) {
       node.nproc = n.nproc();
       node.rank_base = n.rank_base();
       node.heartbeat_age_ms = n.heartbeat_age_ms();
+      node.health = n.health();
     }
     if (r.has_last_failure()) {
       const v1::FailureStatus& f = r.last_failure();

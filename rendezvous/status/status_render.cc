@@ -195,6 +195,7 @@ void WriteRun(const RunStatusRecord& run, Json* json) {
       json->Null();
     }
     json->Field("heartbeat_age_ms", node.heartbeat_age_ms);
+    if (!node.health.empty()) json->Field("health", node.health);
     json->EndObject();
   }
   json->EndArray();
@@ -343,6 +344,10 @@ std::string RenderStatusTable(const StatusSnapshot& snapshot, int max_traceback_
                  : "  (no nodes)\n";
     } else {
       out += Table(rows, "  ");
+    }
+    for (const NodeStatusRecord& node : run.nodes) {
+      if (!node.health.empty())
+        absl::StrAppend(&out, "  ", node.node_id, " unhealthy: ", node.health, "\n");
     }
     if (run.last_failure) {
       const FailureStatusRecord& failure = *run.last_failure;

@@ -23,7 +23,9 @@ cmake --install "$build_dir" --prefix "$prefix" > "$work/install.log" ||
 for f in bin/meshrun bin/meshrun-rdzvd bin/meshrun-slurm lib/libmeshrun_worker.a \
          include/meshrun/worker_lib/device_mesh.h include/meshrun/worker_lib/parallel/dp.h \
          lib/cmake/meshrun/meshrunConfig.cmake lib/cmake/meshrun/meshrunConfigVersion.cmake \
-         lib/systemd/system/meshrun-rdzvd.service etc/default/meshrun-rdzvd; do
+         lib/systemd/system/meshrun-rdzvd.service etc/default/meshrun-rdzvd \
+         share/meshrun/health-checks/10-gpu share/meshrun/health-checks/20-disk \
+         share/meshrun/health-checks/30-clock; do
   [ -e "$prefix/$f" ] || fail "$f not installed"
 done
 # Internal headers stay internal, and every header installed includes only

@@ -109,6 +109,28 @@ TEST(ValidateJoinTest, NamesEachBadField) {
   }
 }
 
+TEST(ValidateRendezvousTest, AHealthReportIsBoundedAndNamesItsCheck) {
+  v1::HealthReport report;
+  report.set_run_id("r");
+  report.set_node_id("n");
+  report.set_host("node1");
+  report.set_check("nvidia-smi");
+  report.set_outcome("exit 9");
+  report.set_output(std::string(16 << 10, 'o'));
+  EXPECT_TRUE(ValidateHealthReport(report, kLimits).ok());
+  report.set_output(std::string((16 << 10) + 1, 'o'));
+  EXPECT_EQ(Message(ValidateHealthReport(report, kLimits)),
+            "health.output: 16385 bytes exceeds the limit of 16384");
+  report.set_output("");
+  report.set_check("");
+  EXPECT_EQ(Message(ValidateHealthReport(report, kLimits)),
+            "health.check: must not be empty");
+  report.set_check("true");
+  report.set_node_id("");
+  EXPECT_EQ(Message(ValidateHealthReport(report, kLimits)),
+            "health.node_id: must not be empty");
+}
+
 TEST(ValidateRendezvousTest, OtherRequests) {
   v1::HeartbeatRequest heartbeat;
   heartbeat.set_run_id("r");
