@@ -79,7 +79,11 @@ void QuorumServer::Quorum(grpc::ServerUnaryReactor* reactor,
   Park({reactor, reply, nullptr, request.run_id()}, request.run_id(), round,
        [&](ReplicaQuorum& quorum, QuorumWaiter waiter,
            std::vector<QuorumAnswer>* answers) {
-         return quorum.Arrive(arrival, waiter, DeadlineIn(request.timeout_ms()), answers);
+         absl::Status arrived =
+             quorum.Arrive(arrival, waiter, DeadlineIn(request.timeout_ms()), answers);
+         if (arrived.ok())
+           runs_[request.run_id()].stragglers.Arrived(arrival.replica, RdzvClock::now());
+         return arrived;
        });
 }
 
@@ -158,6 +162,30 @@ void QuorumServer::CancelAll() {
   Finish(finishes);
 }
 
+std::map<std::string, std::vector<ReplicaLag>> QuorumServer::LagsByRun() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, std::vector<ReplicaLag>> lags;
+  for (const auto& [run_id, run] : runs_) lags[run_id] = run.stragglers.Lags();
+  return lags;
+}
+
+void QuorumServer::NoteFormedLocked(const std::string& run_id,
+                                    const QuorumFormed& formed) {
+  auto it = runs_.find(run_id);
+  // Every participant's waiter carries the same quorum: count it once.
+  if (it == runs_.end() || it->second.last_formed == formed.quorum_id) return;
+  it->second.last_formed = formed.quorum_id;
+  if (std::optional<PersistentStraggler> straggler =
+          it->second.stragglers.Formed(formed.participants)) {
+    spdlog::warn(
+        "run {}: replica group {} was the last to reach the step quorum at {} of the "
+        "last "
+        "{}, {:.1f} ms behind the first group on average: a straggler",
+        run_id, straggler->replica, straggler->slowest_of_window,
+        StragglerTracker::kWindow, straggler->mean_lag_ms);
+  }
+}
+
 std::map<std::string, QuorumServer::Waiting> QuorumServer::WaitingByRun() {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::string, Waiting> waiting;
@@ -201,6 +229,7 @@ void QuorumServer::DeliverLocked(std::vector<QuorumAnswer>& answers, Finishes* f
     grpc::Status status = grpc::Status::OK;
     if (auto* formed = std::get_if<QuorumFormed>(&answer.result);
         formed && parked.quorum_reply) {
+      NoteFormedLocked(parked.run_id, *formed);
       v1::QuorumReply& reply = *parked.quorum_reply;
       reply.set_quorum_id(formed->quorum_id);
       reply.set_group_id(formed->group_id);

@@ -27,6 +27,7 @@
 
 #include "meshrun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/core/replica_quorum.h"
+#include "rendezvous/core/straggler_tracker.h"
 #include "rendezvous/server/deadline_timer.h"
 
 namespace meshrun::rdzv {
@@ -61,6 +62,9 @@ class QuorumServer {
     size_t commit = 0;
   };
   std::map<std::string, Waiting> WaitingByRun();
+  // Each run's replica groups by their lag at the step quorum, slowest first
+  // (rendezvous/core/straggler_tracker.h).
+  std::map<std::string, std::vector<ReplicaLag>> LagsByRun();
 
  private:
   struct Parked {
@@ -76,6 +80,9 @@ class QuorumServer {
   struct Run {
     uint64_t round = 0;
     std::unique_ptr<ReplicaQuorum> quorum;
+    // Kept across rounds: a slow machine stays slow.
+    StragglerTracker stragglers;
+    uint64_t last_formed = 0;  // the last quorum it was told of
   };
   // Parks the caller and runs `call` (Arrive or Vote) on the run's quorum of
   // `round`; answers whoever that answers.
@@ -86,6 +93,9 @@ class QuorumServer {
   ReplicaQuorum& RunLocked(const std::string& run_id, uint64_t round,
                            std::vector<QuorumAnswer>* answers);
   void DeliverLocked(std::vector<QuorumAnswer>& answers, Finishes* finishes);
+  // A quorum formed: its participants' lags are kept (and a persistent
+  // straggler logged).
+  void NoteFormedLocked(const std::string& run_id, const QuorumFormed& formed);
   // The test hook (above): holds back (takes out of parked_) the answers of
   // all but the first voter of the n-th committed step in `answers`.
   void SplitCommitLocked(std::vector<QuorumAnswer>& answers);

@@ -638,10 +638,21 @@ StatusSnapshot RendezvousService::Snapshot(const std::string& run_id) {
   snapshot.now_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
+  // The quorum's lock before mu_ is taken (mu_ -> quorum_ is the order).
+  std::map<std::string, std::vector<ReplicaLag>> lags = quorum_.LagsByRun();
   std::lock_guard<std::mutex> lock(mu_);
   const RdzvTime now = RdzvClock::now();
   snapshot.runs = state_.Status(now, run_id);
   for (RunStatusRecord& run : snapshot.runs) {
+    // The status shows the slowest few; /metrics has every group.
+    constexpr size_t kStragglersShown = 3;
+    if (auto lag = lags.find(run.run_id); lag != lags.end()) {
+      for (size_t i = 0; i < lag->second.size() && i < kStragglersShown; ++i) {
+        const ReplicaLag& l = lag->second[i];
+        run.stragglers.push_back(
+            {l.replica, l.mean_lag_ms, l.last_lag_ms, l.quorums, l.slowest});
+      }
+    }
     auto it = observed_.find(run.run_id);
     if (it == observed_.end()) continue;
     run.last_failure = it->second.last_failure;
@@ -768,6 +779,21 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
                static_cast<double>(waiting.commit));
   }
   out->push_back(std::move(quorum));
+  MetricFamily lag{"meshrun_replica_quorum_lag_seconds",
+                   "How far each fault-tolerant replica group reaches the step quorum "
+                   "behind the first group, mean over its last 100 quorums.",
+                   "gauge"};
+  MetricFamily last{"meshrun_replica_quorum_last_total",
+                    "Step quorums each replica group was the last to reach.", "counter"};
+  for (const auto& [run_id, groups] : quorum_.LagsByRun()) {
+    for (const ReplicaLag& group : groups) {
+      const Labels labels{{"run", run_id}, {"replica", std::to_string(group.replica)}};
+      lag.Add(labels, group.mean_lag_ms / 1000.0);
+      last.Add(labels, static_cast<double>(group.slowest));
+    }
+  }
+  out->push_back(std::move(lag));
+  out->push_back(std::move(last));
   MetricFamily open{"meshrun_join_streams_open",
                     "Agents' Join streams open now (nodes connected).", "gauge"};
   open.Add({}, static_cast<double>(streams));

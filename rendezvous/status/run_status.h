@@ -57,6 +57,16 @@ struct NodeExitsRecord {
   std::vector<WorkerExitRecord> exits;
 };
 
+// A fault-tolerant replica group's lag at the step quorum
+// (rendezvous/core/straggler_tracker.h).
+struct ReplicaLagRecord {
+  uint32_t replica = 0;
+  double mean_lag_ms = 0;  // behind the first group, over its last 100 quorums
+  double last_lag_ms = 0;
+  uint64_t quorums = 0;
+  uint64_t slowest = 0;  // quorums it was the last to reach
+};
+
 struct RunStatusRecord {
   std::string run_id;
   std::string state;    // gathering, active, abandoned (no live node), closed
@@ -72,6 +82,8 @@ struct RunStatusRecord {
   std::vector<NodeStatusRecord> nodes;
   std::optional<FailureStatusRecord> last_failure;
   std::vector<NodeExitsRecord> worker_exits;
+  // --restart-scope=replica: the slowest replica groups, slowest first.
+  std::vector<ReplicaLagRecord> stragglers;
 };
 
 struct StatusSnapshot {

@@ -183,6 +183,15 @@ function renderRun(run) {
     }
     card.append(sec);
   }
+  if (run.stragglers && run.stragglers.length) {
+    const sec = el("div", "section stragglers");
+    sec.dataset.field = "stragglers";
+    sec.append(el("h3", null, "slowest replica groups (at the step quorum)"));
+    for (const g of run.stragglers)
+      sec.append(el("div", null, "replica group " + g.replica + ": " + g.mean_lag_ms +
+                    " ms behind the first (mean), last at " + g.slowest + " of " + g.quorums));
+    card.append(sec);
+  }
   return card;
 }
 async function refresh() {

@@ -79,6 +79,14 @@ v1::StatusReply ToProto(const StatusSnapshot& snapshot) {
       e->set_round(node.round);
       for (const WorkerExitRecord& exit : node.exits) *e->add_exits() = ToProto(exit);
     }
+    for (const ReplicaLagRecord& lag : run.stragglers) {
+      v1::ReplicaLag* l = r->add_stragglers();
+      l->set_replica(lag.replica);
+      l->set_mean_lag_ms(lag.mean_lag_ms);
+      l->set_last_lag_ms(lag.last_lag_ms);
+      l->set_quorums(lag.quorums);
+      l->set_slowest(lag.slowest);
+    }
   }
   return reply;
 }
@@ -124,6 +132,10 @@ StatusSnapshot FromProto(const v1::StatusReply& reply) {
       node.host = e.host();
       node.round = e.round();
       for (const v1::WorkerExit& exit : e.exits()) node.exits.push_back(FromProto(exit));
+    }
+    for (const v1::ReplicaLag& l : r.stragglers()) {
+      run.stragglers.push_back(
+          {l.replica(), l.mean_lag_ms(), l.last_lag_ms(), l.quorums(), l.slowest()});
     }
   }
   return snapshot;

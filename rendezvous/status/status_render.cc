@@ -4,12 +4,14 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <sstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
 namespace meshrun::rdzv {
@@ -236,6 +238,18 @@ void WriteRun(const RunStatusRecord& run, Json* json) {
     json->EndObject();
   }
   json->EndArray();
+  json->Key("stragglers");
+  json->BeginArray();
+  for (const ReplicaLagRecord& lag : run.stragglers) {
+    json->BeginObject();
+    json->Field("replica", lag.replica);
+    json->Field("mean_lag_ms", std::round(lag.mean_lag_ms * 10) / 10);
+    json->Field("last_lag_ms", std::round(lag.last_lag_ms * 10) / 10);
+    json->Field("quorums", lag.quorums);
+    json->Field("slowest", lag.slowest);
+    json->EndObject();
+  }
+  json->EndArray();
   json->EndObject();
 }
 
@@ -387,6 +401,12 @@ std::string RenderStatusTable(const StatusSnapshot& snapshot, int max_traceback_
       for (size_t i = 0; i < parts.size(); ++i)
         absl::StrAppend(&out, i ? ", " : "", parts[i]);
       out += "\n";
+    }
+    for (const ReplicaLagRecord& lag : run.stragglers) {
+      absl::StrAppend(&out, "  replica group ", lag.replica, ": ",
+                      absl::StrFormat("%.1f", lag.mean_lag_ms),
+                      " ms behind the first at the step quorum (mean), last at ",
+                      lag.slowest, " of ", lag.quorums, "\n");
     }
   }
   return out;

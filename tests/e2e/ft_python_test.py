@@ -53,12 +53,14 @@ import argparse
 import difflib
 import io
 import itertools
+import json
 import os
 import re
 import signal
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -444,6 +446,65 @@ def case_callback(args: argparse.Namespace) -> None:
     print("ok:", raised[0], "|", lost[0])
 
 
+def case_straggler(args: argparse.Namespace) -> None:
+    """Replica group 2 of 3 reaches every step's quorum about 30 ms after the
+    others: the daemon's status page lists it as the slowest, /metrics has
+    every group's lag, and the daemon logs it as a straggler once it was the
+    last at most of a window of 100 quorums."""
+    steps, slow = 130, 2
+    deadline = time.monotonic() + DEADLINE_S
+    daemon = Daemon(args.meshrun, deadline)
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ft_straggler_worker.py")
+    env = dict(os.environ, PYTHON_EXEC=args.python, PYTHONPATH=args.pythonpath)
+    run = Run(
+        [
+            args.meshrun,
+            "--nnodes=1",
+            "--nproc-per-node=3",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={daemon.endpoint}",
+            "--rdzv-id=straggler",
+            "--restart-scope=replica",
+            "--replica-size=1",
+            "--max-restarts=0",
+            worker,
+            str(steps),
+            str(slow),
+        ],
+        env,
+    )
+    try:
+        rc = run.finish(deadline)
+        with urllib.request.urlopen(f"http://{daemon.metrics}/api/status", timeout=10) as reply:
+            status = json.load(reply)
+        with urllib.request.urlopen(f"http://{daemon.metrics}/metrics", timeout=10) as reply:
+            metrics = reply.read().decode()
+    finally:
+        run.stop()
+        daemon.stop()
+    text = "\n".join(run.output())
+    assert rc == 0, text
+    (record,) = [r for r in status["runs"] if r["run_id"] == "straggler"]
+    stragglers = record["stragglers"]
+    assert stragglers and stragglers[0]["replica"] == slow, json.dumps(stragglers)
+    first = stragglers[0]
+    assert first["quorums"] >= steps and first["slowest"] >= 0.8 * first["quorums"], first
+    assert first["mean_lag_ms"] >= 10, first
+    lags = re.findall(
+        r'^meshrun_replica_quorum_lag_seconds\{run="straggler",replica="(\d)"\} (\S+)$',
+        metrics,
+        re.M,
+    )
+    assert sorted(r for r, _ in lags) == ["0", "1", "2"], metrics
+    logged = [line for line in daemon.output() if "a straggler" in line]
+    assert logged and f"replica group {slow} was the last" in logged[0], daemon.output()
+    said = logged[0].split("] ")[-1]
+    print(
+        f"ok: replica group {slow} {first['mean_lag_ms']} ms behind at the quorum, last at "
+        f"{first['slowest']} of {first['quorums']}; logged: {said}"
+    )
+
+
 def case_torchft(args: argparse.Namespace) -> None:
     bench = os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "recovery"
@@ -507,7 +568,8 @@ def main() -> None:
     parser.add_argument("--python", required=True)
     parser.add_argument("--pythonpath", required=True)
     parser.add_argument(
-        "case", choices=[*PROGRAMS, "elastic", "scope", "callback", "torchft", "changes"]
+        "case",
+        choices=[*PROGRAMS, "elastic", "scope", "callback", "torchft", "changes", "straggler"],
     )
     args = parser.parse_args()
     sys.path[:0] = args.pythonpath.split(":")
@@ -521,6 +583,8 @@ def main() -> None:
         case_callback(args)
     elif args.case == "torchft":
         case_torchft(args)
+    elif args.case == "straggler":
+        case_straggler(args)
     else:
         case_changes()
 

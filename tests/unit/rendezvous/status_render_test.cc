@@ -38,6 +38,7 @@ StatusSnapshot Example() {
   exits.round = 1;
   exits.exits.push_back({0, 2, -1, 15, 1700000000200});
   exits.exits.push_back({1, 3, 7, 0, 1700000000123});
+  run.stragglers.push_back({1, 31.25, 29.0, 120, 117});
   return snapshot;
 }
 
@@ -60,7 +61,8 @@ TEST(StatusRenderTest, Json) {
       R"("host":"10.0.0.2","round":1,"exits":[{"local_rank":0,"global_rank":2,)"
       R"("exit_code":-1,"signal":15,"description":"SIGTERM","time_unix_ms":1700000000200},)"
       R"({"local_rank":1,"global_rank":3,"exit_code":7,"signal":0,"description":"exit 7",)"
-      R"("time_unix_ms":1700000000123}]}]}]})");
+      R"("time_unix_ms":1700000000123}]}],"stragglers":[{"replica":1,"mean_lag_ms":31.3,)"
+      R"("last_lag_ms":29,"quorums":120,"slowest":117}]}]})");
 }
 
 // The daemon's build, when it names one, beside the time.
@@ -102,7 +104,9 @@ TEST(StatusRenderTest, Table) {
       "    traceback (last 2 lines):\n"
       "        File \"train.py\", line 3\n"
       "      ValueError\n"
-      "  worker exits, round 1, node-b: rank 2 SIGTERM, rank 3 exit 7\n");
+      "  worker exits, round 1, node-b: rank 2 SIGTERM, rank 3 exit 7\n"
+      "  replica group 1: 31.2 ms behind the first at the step quorum (mean), last at 117 "
+      "of 120\n");
   EXPECT_EQ(RenderStatusTable(StatusSnapshot{}), "no runs\n");
 }
 
