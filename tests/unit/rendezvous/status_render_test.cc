@@ -105,7 +105,8 @@ TEST(StatusRenderTest, Table) {
       "        File \"train.py\", line 3\n"
       "      ValueError\n"
       "  worker exits, round 1, node-b: rank 2 SIGTERM, rank 3 exit 7\n"
-      "  replica group 1: 31.2 ms behind the first at the step quorum (mean), last at 117 "
+      "  replica group 1: 31.2 ms behind the first at the step quorum (mean), last at "
+      "117 "
       "of 120\n");
   EXPECT_EQ(RenderStatusTable(StatusSnapshot{}), "no runs\n");
 }
