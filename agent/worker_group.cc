@@ -417,11 +417,11 @@ std::optional<std::chrono::microseconds> CgroupCpuTime(const std::string& dir) {
   return std::nullopt;
 }
 
-// User and system time of every process in the process group `pgid`, and of
-// the children they reaped, from /proc/<pid>/stat.
-std::chrono::microseconds ProcessGroupCpuTime(pid_t pgid) {
+// User and system time of every process in each process group, and of the
+// children they reaped, from /proc/<pid>/stat: one pass over /proc for all.
+std::map<pid_t, std::chrono::microseconds> ProcessGroupCpuTimes() {
   static const long ticks_per_second = sysconf(_SC_CLK_TCK);
-  int64_t ticks = 0;
+  std::map<pid_t, int64_t> ticks;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
     const std::string name = entry.path().filename().string();
@@ -438,13 +438,16 @@ std::chrono::microseconds ProcessGroupCpuTime(pid_t pgid) {
     std::string state;
     int64_t ppid = 0, pgrp = 0, skip = 0, utime = 0, stime = 0, cutime = 0, cstime = 0;
     fields >> state >> ppid >> pgrp;
-    if (!fields || pgrp != pgid) continue;
+    if (!fields) continue;
     for (int field = 6; field <= 13; ++field) fields >> skip;
     fields >> utime >> stime >> cutime >> cstime;
-    if (fields) ticks += utime + stime + cutime + cstime;
+    if (fields) ticks[static_cast<pid_t>(pgrp)] += utime + stime + cutime + cstime;
   }
-  return std::chrono::microseconds(ticks * 1000000 /
-                                   (ticks_per_second > 0 ? ticks_per_second : 100));
+  std::map<pid_t, std::chrono::microseconds> times;
+  for (const auto& [pgid, count] : ticks)
+    times[pgid] = std::chrono::microseconds(
+        count * 1000000 / (ticks_per_second > 0 ? ticks_per_second : 100));
+  return times;
 }
 
 }  // namespace
@@ -802,13 +805,20 @@ std::vector<pid_t> WorkerGroup::pids() const {
 
 std::vector<WorkerProgress> WorkerGroup::Progress() const {
   std::vector<WorkerProgress> result;
+  // Without cgroups: one pass over /proc, when the first worker needs it.
+  std::optional<std::map<pid_t, std::chrono::microseconds>> by_group;
   for (const auto& worker : workers_) {
     if (worker->reaped) continue;
     WorkerProgress progress;
     progress.pid = worker->pid;
     std::optional<std::chrono::microseconds> cpu;
     if (!worker->cgroup.empty()) cpu = CgroupCpuTime(worker->cgroup);
-    progress.cpu = cpu ? *cpu : ProcessGroupCpuTime(worker->pid);
+    if (!cpu) {
+      if (!by_group) by_group = ProcessGroupCpuTimes();
+      auto it = by_group->find(worker->pid);  // a worker leads its process group
+      cpu = it != by_group->end() ? it->second : std::chrono::microseconds(0);
+    }
+    progress.cpu = *cpu;
     for (const Pipe* pipe : {worker->out.get(), worker->err.get()})
       if (pipe != nullptr) progress.output_bytes += pipe->bytes_read;
     result.push_back(progress);
