@@ -870,10 +870,14 @@ class Agent {
       }
     }
     if (hung.empty()) return;
-    spdlog::error(
-        "hang: local ranks {}..{} made {}; taking their stacks, then stopping them",
-        hung.front().second, hung.back().second, why);
-    if (dumping_stacks_) {  // a dump of an earlier hang is still running
+    // One dump at a time: a group that hangs while another's stacks are being
+    // taken is stopped without (rare: both wait for the same peer, whose
+    // stacks are the ones that tell).
+    spdlog::error("hang: local ranks {}..{} made {}; {}", hung.front().second,
+                  hung.back().second, why,
+                  dumping_stacks_ ? "stopping them (no stacks: another dump is under way)"
+                                  : "taking their stacks, then stopping them");
+    if (dumping_stacks_) {
       KillHung(hung);
       return;
     }
