@@ -44,7 +44,7 @@ Cases:
              restarts it, torchft heals it, both finish; replica 0 keeps its
              pid.
   changes    each copy differs from its seed in exactly its marked lines (the
-             numbers the README gives).
+             numbers docs/fault-tolerance.md gives).
 
 Usage: ft_python_test.py --meshrun BIN --python PY --pythonpath P CASE
 """
@@ -78,7 +78,7 @@ DEADLINE_S = 240
 class Program:
     seed: str  # the seed's program, under examples/seeds
     ft: str  # its copy with meshrun.ft
-    meshrun_ft_lines: int  # lines ending in "# meshrun.ft" (README)
+    meshrun_ft_lines: int  # lines ending in "# meshrun.ft" (docs/fault-tolerance.md)
     added_lines: int  # lines marked "# added:" beyond the seed's (a loop it lacks)
     nproc: int
     replica_size: int
