@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds meshrun into build/ (or $BUILD_DIR). Extra arguments go
-# to CMake, e.g. -DMESHRUN_SANITIZE=ON.
+# to CMake, e.g. -DMESHRUN_SANITIZE=ON. BUILD_TARGETS (space-separated) builds
+# only those targets and what they need, e.g. the main job's binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
@@ -12,4 +13,5 @@ if ! cmake -S . -B "$build_dir" -G Ninja "$@" > "$build_dir.configure.log" 2>&1;
   if [ -n "$ours" ]; then echo "${ours% }" >&2; else cat "$build_dir.configure.log"; fi
   exit 1
 fi
-ninja -C "$build_dir" -j "${JOBS:-$(nproc)}"
+# shellcheck disable=SC2086
+ninja -C "$build_dir" -j "${JOBS:-$(nproc)}" ${BUILD_TARGETS:-}

@@ -8,7 +8,8 @@
 # resumes from the last sharded checkpoint. Then an uninterrupted run of the
 # same training checks that the healed run ended with the same final loss
 # and parameters, and gnuplot draws the losses with the failure marked.
-# Installs and builds first.
+# Installs and builds first: the launcher and train_text only (every test and
+# benchmark is built by scripts/test.sh).
 #
 # --fault-tolerant shows restart-free recovery instead: the two dp replicas
 # (of 2 tp workers each) are fault-tolerant replica groups under
@@ -55,7 +56,8 @@ fi
 
 if [ "${SKIP_SETUP:-0}" != 1 ]; then
   bash scripts/install-deps.sh
-  bash scripts/build.sh
+  # Only what the job runs; the test command builds the rest.
+  BUILD_TARGETS="meshrun train_text" bash scripts/build.sh
 fi
 bin=${BUILD_DIR:-build}/bin
 run_dir=${RUN_DIR:-runs/main-job-$(date +%Y%m%d-%H%M%S)}
