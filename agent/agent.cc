@@ -39,6 +39,7 @@
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
 #include "rendezvous/client/rendezvous_client.h"
+#include "rendezvous/core/step_times.h"
 #include "rendezvous/relay/store_relay.h"
 
 namespace meshrun::agent {
@@ -507,8 +508,10 @@ class Agent {
       if (stop_cv_.wait_for(lock, heartbeat_interval_,
                             [this] { return stop_threads_ || leaving_; }))
         break;
+      std::vector<v1::RankStepTime> steps;
+      for (const auto& [rank, step] : step_times_) steps.push_back(step);
       lock.unlock();
-      auto reply = heartbeat_client_->Heartbeat(options_.run_id, options_.node_id);
+      auto reply = heartbeat_client_->Heartbeat(options_.run_id, options_.node_id, steps);
       lock.lock();
       if (reply.ok()) {
         boost::asio::post(io_, [this] { OnContact(); });
@@ -808,15 +811,17 @@ class Agent {
     if (options_.hang_timeout.count() <= 0) return true;
     for (size_t group = 0; group < groups_.size(); ++group)
       hang_detectors_.emplace_back(options_.hang_timeout);
-    auto started = HeartbeatServer::Start(io_, [this](pid_t pid) {
-      for (size_t group = 0; group < groups_.size(); ++group) {
-        if (groups_[group]->LocalRankOf(pid)) {
-          hang_detectors_[group].Heartbeat(pid, std::chrono::steady_clock::now());
-          return true;
-        }
-      }
-      return false;
-    });
+    auto started =
+        HeartbeatServer::Start(io_, [this](pid_t pid, std::optional<double> step) {
+          for (size_t group = 0; group < groups_.size(); ++group) {
+            if (std::optional<int> rank = groups_[group]->GlobalRankOf(pid)) {
+              hang_detectors_[group].Heartbeat(pid, std::chrono::steady_clock::now());
+              if (step) NoteStepTime(*rank, *step);
+              return true;
+            }
+          }
+          return false;
+        });
     if (!started.ok()) {
       spdlog::error("{}", std::string(started.status().message()));
       return false;
@@ -829,6 +834,19 @@ class Agent {
                   stack_tools_.gdb.empty() ? "none" : stack_tools_.gdb);
     ArmHangTimer();
     return true;
+  }
+
+  // A worker's step time (meshrun.heartbeat(step_seconds=...)): kept by rank
+  // and sent with the next keep-alive, for the daemon's stragglers.
+  void NoteStepTime(int rank, double seconds) {
+    rdzv::StepWindow& window = step_windows_[rank];
+    window.Add(seconds);
+    v1::RankStepTime step;
+    step.set_rank(static_cast<uint32_t>(rank));
+    step.set_mean_seconds(window.mean());
+    step.set_steps(window.steps());
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    step_times_[rank] = step;
   }
 
   void ArmHangTimer() {
@@ -1259,6 +1277,12 @@ class Agent {
     round_exits_.Clear();
     round_exits_.set_round(round.round);
     unreported_replica_failures_.clear();
+    // A new round's ranks measure their steps afresh.
+    step_windows_.clear();
+    {
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      step_times_.clear();
+    }
     const auto copies = MakeLineCopies(round);
     for (size_t group = 0; group < groups_.size(); ++group) {
       if (!StartGroup(round, static_cast<int>(group), 0, copies)) return;
@@ -1462,6 +1486,10 @@ class Agent {
   boost::asio::steady_timer hang_timer_;
   StackTools stack_tools_;
   std::map<pid_t, std::string> hung_workers_;
+  // Step times the workers report, by global rank (io_), and what the
+  // keep-alive sends of them (guarded by stop_mu_).
+  std::map<int, rdzv::StepWindow> step_windows_;
+  std::map<int, v1::RankStepTime> step_times_;
   // Takes the stacks of a hang off io_; joined before the next and at exit.
   std::thread stack_dumper_;
   bool dumping_stacks_ = false;

@@ -5,13 +5,16 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace meshrun::agent {
@@ -66,6 +69,17 @@ HeartbeatServer::~HeartbeatServer() {
   if (refused_ > kRefusalsLogged) spdlog::warn("heartbeats: refused {} in all", refused_);
 }
 
+std::optional<double> HeartbeatServer::StepSeconds(std::string_view payload) {
+  constexpr std::string_view kPrefix = "step=";
+  if (payload.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  double seconds = 0;
+  const std::string_view number = payload.substr(kPrefix.size());
+  if (!absl::SimpleAtod(absl::string_view(number.data(), number.size()), &seconds) ||
+      !std::isfinite(seconds) || seconds < 0)
+    return std::nullopt;
+  return seconds;
+}
+
 void HeartbeatServer::Wait() {
   std::weak_ptr<HeartbeatServer*> weak = self_;
   socket_.async_wait(boost::asio::posix::stream_descriptor::wait_read,
@@ -103,7 +117,9 @@ void HeartbeatServer::Receive() {
         sender = credentials.pid;
       }
     }
-    if (sender > 0 && on_heartbeat_(sender)) continue;
+    const size_t size = std::min(static_cast<size_t>(got), sizeof data);
+    if (sender > 0 && on_heartbeat_(sender, StepSeconds(std::string_view(data, size))))
+      continue;
     ++refused_;
     if (refused_ <= kRefusalsLogged)
       spdlog::warn(

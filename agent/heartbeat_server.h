@@ -6,10 +6,11 @@
 // stands for the leading NUL), read on the agent's io_context.
 //
 // The kernel says who sent each datagram (SCM_CREDENTIALS), so a heartbeat
-// counts for the process that sent it, whatever the datagram holds; its bytes
-// are not read. One from a process that is not one of the agent's running
-// workers is refused and logged (the first few; then counted): nothing else
-// changes.
+// counts for the process that sent it, whatever the datagram holds. Its bytes
+// may carry the step's time the worker measured, "step=<seconds>" (for
+// stragglers); anything else is a plain heartbeat. One from a process that is
+// not one of the agent's running workers is refused and logged (the first
+// few; then counted): nothing else changes.
 
 #include <sys/types.h>
 
@@ -18,7 +19,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 
@@ -26,9 +29,10 @@ namespace meshrun::agent {
 
 class HeartbeatServer {
  public:
-  // Called on `io`'s thread for each heartbeat with the sender's pid; false:
-  // the pid is not one of the agent's running workers.
-  using OnHeartbeat = std::function<bool(pid_t)>;
+  // Called on `io`'s thread for each heartbeat with the sender's pid and the
+  // step time it carries, if any; false: the pid is not one of the agent's
+  // running workers.
+  using OnHeartbeat = std::function<bool(pid_t, std::optional<double>)>;
 
   // Binds a fresh abstract socket and serves it on `io` until destroyed.
   // `io` must outlive it.
@@ -41,6 +45,9 @@ class HeartbeatServer {
   // The workers' MESHRUN_HEARTBEAT_SOCKET.
   const std::string& name() const { return name_; }
   uint64_t refused() const { return refused_; }
+
+  // A datagram's step time: "step=<seconds>", finite and not negative.
+  static std::optional<double> StepSeconds(std::string_view payload);
 
  private:
   HeartbeatServer(boost::asio::io_context& io, int fd, std::string name,

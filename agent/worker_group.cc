@@ -826,6 +826,12 @@ std::vector<WorkerProgress> WorkerGroup::Progress() const {
   return result;
 }
 
+std::optional<int> WorkerGroup::GlobalRankOf(pid_t pid) const {
+  for (const auto& worker : workers_)
+    if (worker->pid == pid && !worker->reaped) return worker->global_rank;
+  return std::nullopt;
+}
+
 std::optional<int> WorkerGroup::LocalRankOf(pid_t pid) const {
   for (const auto& worker : workers_)
     if (worker->pid == pid && !worker->reaped) return worker->local_rank;

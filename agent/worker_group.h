@@ -170,6 +170,8 @@ class WorkerGroup {
   std::vector<WorkerProgress> Progress() const;
   // The local rank of the running worker `pid`, else nullopt.
   std::optional<int> LocalRankOf(pid_t pid) const;
+  // Its global rank, else nullopt.
+  std::optional<int> GlobalRankOf(pid_t pid) const;
 
  private:
   struct Worker;

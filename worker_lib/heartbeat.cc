@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -12,7 +13,7 @@
 
 namespace meshrun::worker {
 
-bool Heartbeat() {
+bool Heartbeat(std::optional<double> step_seconds) {
   const char* name = std::getenv("MESHRUN_HEARTBEAT_SOCKET");
   // "@name": an abstract socket, the '@' standing for the leading NUL.
   if (name == nullptr || name[0] != '@' ||
@@ -34,8 +35,12 @@ bool Heartbeat() {
   const size_t length = std::strlen(name + 1);
   std::memcpy(address.sun_path + 1, name + 1, length);
   const auto size = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + length);
-  return sendto(fd, "1", 1, MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&address),
-                size) == 1;
+  char payload[64] = "1";
+  if (step_seconds) std::snprintf(payload, sizeof payload, "step=%.6f", *step_seconds);
+  const size_t bytes = std::strlen(payload);
+  return sendto(fd, payload, bytes, MSG_NOSIGNAL,
+                reinterpret_cast<const sockaddr*>(&address),
+                size) == static_cast<ssize_t>(bytes);
 }
 
 }  // namespace meshrun::worker

@@ -5,6 +5,11 @@ its CPU time and output; once the worker has sent a heartbeat, by its
 heartbeats alone, so a rank that spins in a collective that never completes
 is caught too. Call it once a training step, or more often than the timeout.
 
+``step_seconds``, when given, is the time this rank's step took by its own
+measure, before the collective that makes every rank wait for the slowest
+(e.g. its forward and backward): the daemon compares the ranks' means and
+shows the slow ones on its status page (stragglers).
+
 A heartbeat is a datagram to the agent's abstract Unix socket named in
 ``MESHRUN_HEARTBEAT_SOCKET``; the kernel tells the agent which process sent
 it, so only the worker process itself counts (not its data loader
@@ -24,7 +29,7 @@ _address: str | None = None
 _pid = 0
 
 
-def heartbeat() -> bool:
+def heartbeat(step_seconds: float | None = None) -> bool:
     """Send one heartbeat; False where there is no agent to send it to.
 
     Never raises and never blocks: a heartbeat the agent's queue has no room
@@ -43,7 +48,8 @@ def heartbeat() -> bool:
             _address = name
             _pid = os.getpid()
         try:
-            _socket.sendto(b"1", "\0" + name[1:])
+            payload = b"1" if step_seconds is None else b"step=%.6f" % step_seconds
+            _socket.sendto(payload, "\0" + name[1:])
         except OSError:
             return False
     return True

@@ -122,10 +122,12 @@ std::unique_ptr<RendezvousClient::JoinSession> RendezvousClient::Join(
 }
 
 absl::StatusOr<v1::HeartbeatReply> RendezvousClient::Heartbeat(
-    const std::string& run_id, const std::string& node_id) {
+    const std::string& run_id, const std::string& node_id,
+    const std::vector<v1::RankStepTime>& step_times) {
   v1::HeartbeatRequest request;
   request.set_run_id(run_id);
   request.set_node_id(node_id);
+  for (const v1::RankStepTime& step : step_times) *request.add_step_times() = step;
   v1::HeartbeatReply reply;
   auto context = MakeContext();
   grpc::Status status = stub_->Heartbeat(context.get(), request, &reply);

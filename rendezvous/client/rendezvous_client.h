@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,8 +45,10 @@ class RendezvousClient {
   };
 
   std::unique_ptr<JoinSession> Join(const meshrun::v1::JoinRequest& request);
-  absl::StatusOr<meshrun::v1::HeartbeatReply> Heartbeat(const std::string& run_id,
-                                                        const std::string& node_id);
+  // `step_times`: this node's ranks' reported step times, if any.
+  absl::StatusOr<meshrun::v1::HeartbeatReply> Heartbeat(
+      const std::string& run_id, const std::string& node_id,
+      const std::vector<meshrun::v1::RankStepTime>& step_times = {});
   absl::StatusOr<meshrun::v1::FailureReply> ReportFailure(const std::string& run_id,
                                                           const std::string& node_id,
                                                           uint64_t round,

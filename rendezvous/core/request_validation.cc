@@ -1,5 +1,7 @@
 #include "rendezvous/core/request_validation.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -177,7 +179,20 @@ absl::Status ValidateJoin(const v1::JoinRequest& request, const RequestLimits& l
 
 absl::Status ValidateHeartbeat(const v1::HeartbeatRequest& request,
                                const RequestLimits& limits) {
-  return RunAndNode("heartbeat", request.run_id(), request.node_id(), limits);
+  if (auto s = RunAndNode("heartbeat", request.run_id(), request.node_id(), limits);
+      !s.ok())
+    return s;
+  // A node reports its own ranks' step times.
+  if (auto s = AtMost("heartbeat.step_times",
+                      static_cast<uint32_t>(request.step_times_size()), limits.max_nproc);
+      !s.ok())
+    return s;
+  for (const v1::RankStepTime& step : request.step_times()) {
+    if (!std::isfinite(step.mean_seconds()) || step.mean_seconds() < 0)
+      return Invalid("heartbeat.step_times.mean_seconds",
+                     "must be a finite number of seconds");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateFailureReport(const v1::FailureReport& request,

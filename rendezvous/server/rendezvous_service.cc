@@ -1,5 +1,7 @@
 #include "rendezvous/server/rendezvous_service.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <deque>
 #include <limits>
@@ -405,10 +407,34 @@ grpc::ServerUnaryReactor* RendezvousService::Heartbeat(
     reply->set_round(status->round);
     reply->set_restart_count(status->restart_count);
     reply->set_run_closed(status->closed);
+    if (request->step_times_size() > 0) NoteStepTimesLocked(*request);
   }
   // Only the timer: a lease is not persisted, so the log has nothing to do.
   if (auto next = state_.NextDeadline()) timer_->Poke(*next);
   return Done(context, status.status());
+}
+
+void RendezvousService::NoteStepTimesLocked(const v1::HeartbeatRequest& request) {
+  Observed& run = observed_[request.run_id()];
+  std::vector<RankStepTime>& node = run.step_times[request.node_id()];
+  node.clear();
+  for (const v1::RankStepTime& step : request.step_times())
+    node.push_back(
+        {step.rank(), step.mean_seconds(), step.steps(), request.node_id(), ""});
+  std::vector<RankStepTime> all;
+  for (const auto& [node_id, ranks] : run.step_times)
+    all.insert(all.end(), ranks.begin(), ranks.end());
+  std::set<uint32_t> slow_now;
+  for (const SlowRank& slow : SlowRanks(all)) {
+    slow_now.insert(slow.rank.rank);
+    if (run.slow_logged.count(slow.rank.rank) > 0) continue;
+    spdlog::warn(
+        "run {}: rank {} on node {} takes {:.1f} ms a step, {:.2f}x the median of the "
+        "run's ranks: a straggler",
+        request.run_id(), slow.rank.rank, slow.rank.node_id,
+        slow.rank.mean_seconds * 1000, slow.times_median);
+  }
+  run.slow_logged = std::move(slow_now);
 }
 
 grpc::ServerUnaryReactor* RendezvousService::ReportFailure(
@@ -655,6 +681,16 @@ StatusSnapshot RendezvousService::Snapshot(const std::string& run_id) {
     }
     auto it = observed_.find(run.run_id);
     if (it == observed_.end()) continue;
+    std::vector<RankStepTime> steps;
+    for (const auto& [node_id, ranks] : it->second.step_times)
+      steps.insert(steps.end(), ranks.begin(), ranks.end());
+    for (const SlowRank& slow : SlowRanks(steps)) {
+      SlowRankRecord record{slow.rank.rank,         slow.rank.node_id, "",
+                            slow.rank.mean_seconds, slow.times_median, slow.rank.steps};
+      for (const NodeStatusRecord& node : run.nodes)
+        if (node.node_id == record.node_id) record.host = node.host;
+      run.slow_ranks.push_back(std::move(record));
+    }
     run.last_failure = it->second.last_failure;
     for (const auto& [node_id, exits] : it->second.exits)
       run.worker_exits.push_back(exits);
@@ -794,6 +830,22 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
   }
   out->push_back(std::move(lag));
   out->push_back(std::move(last));
+  MetricFamily step{
+      "meshrun_rank_step_seconds",
+      "Each rank's step time as its worker reports it "
+      "(meshrun.heartbeat(step_seconds=...)), mean over its last 100 steps.",
+      "gauge"};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [run_id, run] : observed_) {
+      for (const auto& [node_id, ranks] : run.step_times) {
+        for (const RankStepTime& rank : ranks)
+          step.Add({{"run", run_id}, {"rank", std::to_string(rank.rank)}},
+                   rank.mean_seconds);
+      }
+    }
+  }
+  out->push_back(std::move(step));
   MetricFamily open{"meshrun_join_streams_open",
                     "Agents' Join streams open now (nodes connected).", "gauge"};
   open.Add({}, static_cast<double>(streams));

@@ -14,12 +14,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "meshrun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/core/rendezvous_state.h"
+#include "rendezvous/core/step_times.h"
 #include "rendezvous/core/tcpstore_owner.h"
 #include "rendezvous/persist/state_log.h"
 #include "rendezvous/server/deadline_timer.h"
@@ -124,6 +126,8 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   using NodeKey = std::pair<std::string, std::string>;  // run id, node id
 
   // REQUIRES: mu_ held.
+  // A keep-alive carried step times: kept, and a newly slow rank logged.
+  void NoteStepTimesLocked(const meshrun::v1::HeartbeatRequest& request);
   void DispatchLocked(std::vector<NodeEvent>& events);
   // The stream of `node` broke; REQUIRES: mu_ not held.
   void StreamBroken(const NodeKey& node, JoinStream* stream);
@@ -153,6 +157,11 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
     // Nodes kept out by a failed health check, by node id, until they join;
     // when each reported.
     std::map<std::string, std::pair<NodeStatusRecord, RdzvTime>> unhealthy;
+    // The step times each node's ranks report, by node id (its latest
+    // keep-alive), and the ranks logged as slow (logged again once they
+    // were not for a while).
+    std::map<std::string, std::vector<RankStepTime>> step_times;
+    std::set<uint32_t> slow_logged;
   };
   std::map<std::string, Observed> observed_;  // guarded by mu_
   // Worker exits reported, by result: 0 success, 1 exit code, 2 signal.

@@ -67,6 +67,17 @@ struct ReplicaLagRecord {
   uint64_t slowest = 0;  // quorums it was the last to reach
 };
 
+// A rank whose reported step time is well above its run's median
+// (rendezvous/core/step_times.h).
+struct SlowRankRecord {
+  uint32_t rank = 0;
+  std::string node_id;
+  std::string host;
+  double mean_seconds = 0;
+  double times_median = 0;
+  uint64_t steps = 0;
+};
+
 struct RunStatusRecord {
   std::string run_id;
   std::string state;    // gathering, active, abandoned (no live node), closed
@@ -84,6 +95,8 @@ struct RunStatusRecord {
   std::vector<NodeExitsRecord> worker_exits;
   // --restart-scope=replica: the slowest replica groups, slowest first.
   std::vector<ReplicaLagRecord> stragglers;
+  // Jobs whose workers report step times: the slow ranks, slowest first.
+  std::vector<SlowRankRecord> slow_ranks;
 };
 
 struct StatusSnapshot {

@@ -183,6 +183,15 @@ function renderRun(run) {
     }
     card.append(sec);
   }
+  if (run.slow_ranks && run.slow_ranks.length) {
+    const sec = el("div", "section stragglers");
+    sec.dataset.field = "slow-ranks";
+    sec.append(el("h3", null, "slow ranks (their reported step times)"));
+    for (const r of run.slow_ranks)
+      sec.append(el("div", null, "rank " + r.rank + " on " + r.node_id + " @ " + r.host + ": " +
+                    r.mean_step_ms + " ms a step, " + r.times_median + "x the median"));
+    card.append(sec);
+  }
   if (run.stragglers && run.stragglers.length) {
     const sec = el("div", "section stragglers");
     sec.dataset.field = "stragglers";

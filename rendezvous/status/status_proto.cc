@@ -79,6 +79,15 @@ v1::StatusReply ToProto(const StatusSnapshot& snapshot) {
       e->set_round(node.round);
       for (const WorkerExitRecord& exit : node.exits) *e->add_exits() = ToProto(exit);
     }
+    for (const SlowRankRecord& slow : run.slow_ranks) {
+      v1::SlowRankStatus* s = r->add_slow_ranks();
+      s->set_rank(slow.rank);
+      s->set_node_id(slow.node_id);
+      s->set_host(slow.host);
+      s->set_mean_seconds(slow.mean_seconds);
+      s->set_times_median(slow.times_median);
+      s->set_steps(slow.steps);
+    }
     for (const ReplicaLagRecord& lag : run.stragglers) {
       v1::ReplicaLag* l = r->add_stragglers();
       l->set_replica(lag.replica);
@@ -132,6 +141,10 @@ StatusSnapshot FromProto(const v1::StatusReply& reply) {
       node.host = e.host();
       node.round = e.round();
       for (const v1::WorkerExit& exit : e.exits()) node.exits.push_back(FromProto(exit));
+    }
+    for (const v1::SlowRankStatus& s : r.slow_ranks()) {
+      run.slow_ranks.push_back({s.rank(), s.node_id(), s.host(), s.mean_seconds(),
+                                s.times_median(), s.steps()});
     }
     for (const v1::ReplicaLag& l : r.stragglers()) {
       run.stragglers.push_back(

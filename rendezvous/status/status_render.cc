@@ -250,6 +250,19 @@ void WriteRun(const RunStatusRecord& run, Json* json) {
     json->EndObject();
   }
   json->EndArray();
+  json->Key("slow_ranks");
+  json->BeginArray();
+  for (const SlowRankRecord& slow : run.slow_ranks) {
+    json->BeginObject();
+    json->Field("rank", slow.rank);
+    json->Field("node_id", slow.node_id);
+    json->Field("host", slow.host);
+    json->Field("mean_step_ms", std::round(slow.mean_seconds * 10000) / 10);
+    json->Field("times_median", std::round(slow.times_median * 100) / 100);
+    json->Field("steps", slow.steps);
+    json->EndObject();
+  }
+  json->EndArray();
   json->EndObject();
 }
 
@@ -407,6 +420,12 @@ std::string RenderStatusTable(const StatusSnapshot& snapshot, int max_traceback_
                       absl::StrFormat("%.1f", lag.mean_lag_ms),
                       " ms behind the first at the step quorum (mean), last at ",
                       lag.slowest, " of ", lag.quorums, "\n");
+    }
+    for (const SlowRankRecord& slow : run.slow_ranks) {
+      absl::StrAppend(&out, "  slow rank ", slow.rank, " on ", slow.node_id, ": ",
+                      absl::StrFormat("%.1f ms a step, %.2fx the median",
+                                      slow.mean_seconds * 1000, slow.times_median),
+                      "\n");
     }
   }
   return out;

@@ -13,6 +13,10 @@ heartbeat: one worker sends heartbeats, then spins at a full core without
 them: CPU time alone would call it busy; its missing heartbeats catch it. A
 heartbeat from its forked child (not a worker) is refused and logged.
 
+stragglers: a 2-node job whose workers heartbeat with their step times, rank
+3's three times the others': the daemon's status page lists rank 3 as slow,
+/metrics has every rank's step time, and the daemon logs it.
+
 Run under `unshare --net --pid --fork --mount-proc`: torchrun's workers are
 ended with the namespace, and its store's fixed port is free.
 
@@ -20,12 +24,14 @@ Usage: hang_test.py --meshrun BIN --python PY --torchrun T --pythonpath P CASE
 """
 
 import argparse
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 from launched import Daemon, Run
 
@@ -57,15 +63,22 @@ def wait_for_stop(nodes: list[Run], deadline: float) -> Run:
     raise AssertionError("\n".join(nodes[0].output()[-30:] + nodes[1].output()[-30:]))
 
 
-def case_ddp(args: argparse.Namespace) -> None:
-    deadline = time.monotonic() + BOUND_S
-    daemon = Daemon(args.meshrun, deadline)
-    flags = [
+def two_nodes(daemon: Daemon, run_id: str) -> list[str]:
+    """meshrun's flags for one of two nodes of 2 workers on `daemon`."""
+    return [
         "--nnodes=2",
         "--nproc-per-node=2",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={daemon.endpoint}",
-        "--rdzv-id=hang",
+        f"--rdzv-id={run_id}",
+    ]
+
+
+def case_ddp(args: argparse.Namespace) -> None:
+    deadline = time.monotonic() + BOUND_S
+    daemon = Daemon(args.meshrun, deadline)
+    flags = [
+        *two_nodes(daemon, "hang"),
         "--max-restarts=1",
         f"--hang-timeout={DDP_TIMEOUT_S}",
     ]
@@ -166,20 +179,51 @@ def case_heartbeat(args: argparse.Namespace) -> None:
     print("ok: the spinning worker was caught by its missing heartbeats; its child's refused")
 
 
+def case_stragglers(args: argparse.Namespace) -> None:
+    deadline = time.monotonic() + BOUND_S
+    daemon = Daemon(args.meshrun, deadline)
+    flags = [*two_nodes(daemon, "steps"), "--rdzv-conf=keep_alive_interval=1"]
+    nodes = [Run([args.meshrun, *flags, WORKER, "steps"], environment(args)) for _ in range(2)]
+    try:
+        codes = [node.finish(deadline) for node in nodes]
+        with urllib.request.urlopen(f"http://{daemon.metrics}/api/status", timeout=10) as reply:
+            status = json.load(reply)
+        with urllib.request.urlopen(f"http://{daemon.metrics}/metrics", timeout=10) as reply:
+            metrics = reply.read().decode()
+    finally:
+        for node in nodes:
+            node.stop()
+        daemon.stop()
+    everything = "\n".join(nodes[0].output() + nodes[1].output())
+    assert codes == [0, 0], f"exit codes {codes}:\n{everything}"
+    (run,) = [r for r in status["runs"] if r["run_id"] == "steps"]
+    slow = run["slow_ranks"]
+    assert [s["rank"] for s in slow] == [3], json.dumps(run, indent=1)
+    assert slow[0]["mean_step_ms"] == 30 and slow[0]["times_median"] == 3, slow
+    ranks = re.findall(
+        r'^meshrun_rank_step_seconds\{run="steps",rank="(\d)"\} (\S+)$', metrics, re.M
+    )
+    seconds = {rank: round(float(value), 6) for rank, value in ranks}
+    assert seconds == {"0": 0.01, "1": 0.01, "2": 0.01, "3": 0.03}, ranks
+    logged = [line for line in daemon.output() if "a straggler" in line]
+    assert len(logged) == 1 and "rank 3 on node" in logged[0], daemon.output()
+    print("ok: rank 3 shown slow at 3x the median; logged:", logged[0].split("] ")[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--python", required=True)
     parser.add_argument("--torchrun", required=True)
     parser.add_argument("--pythonpath", required=True)
-    parser.add_argument("case", choices=["ddp", "heartbeat"])
+    parser.add_argument("case", choices=["ddp", "heartbeat", "stragglers"])
     args = parser.parse_args()
     if os.getpid() != 1:
         sys.exit("hang_test.py: run it under unshare --net --pid --fork --mount-proc")
     # A new network namespace starts with loopback down.
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    {"ddp": case_ddp, "heartbeat": case_heartbeat}[args.case](args)
+    {"ddp": case_ddp, "heartbeat": case_heartbeat, "stragglers": case_stragglers}[args.case](args)
     sys.stdout.flush()
 
 

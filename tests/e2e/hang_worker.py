@@ -8,6 +8,9 @@ trains to the end.
 spin: one rank that calls meshrun.heartbeat() every step and, on the first
 attempt, then spins at a full core without it; a child it forks sends a
 heartbeat the agent must refuse (not a worker).
+
+steps: every rank heartbeats STEPS steps with its step time; the last rank
+says its steps take three times as long as the others'.
 """
 
 import os
@@ -67,5 +70,15 @@ def spin() -> None:
     print(f"rank {RANK}: done (restart {RESTART})", flush=True)
 
 
+def steps() -> None:
+    import meshrun
+
+    seconds = 0.03 if RANK == WORLD_SIZE - 1 else 0.01
+    for _ in range(STEPS * 3):
+        time.sleep(0.05)
+        assert meshrun.heartbeat(step_seconds=seconds), "no MESHRUN_HEARTBEAT_SOCKET"
+    print(f"rank {RANK}: done", flush=True)
+
+
 if __name__ == "__main__":
-    {"ddp": ddp, "spin": spin}[sys.argv[1] if len(sys.argv) > 1 else "ddp"]()
+    {"ddp": ddp, "spin": spin, "steps": steps}[sys.argv[1] if len(sys.argv) > 1 else "ddp"]()

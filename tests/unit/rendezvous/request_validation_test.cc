@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
+
+#include "absl/strings/match.h"
 
 namespace meshrun::rdzv {
 namespace {
@@ -107,6 +110,25 @@ TEST(ValidateJoinTest, NamesEachBadField) {
     c.change(join);
     EXPECT_EQ(Message(ValidateJoin(join, kLimits)), c.message);
   }
+}
+
+TEST(ValidateRendezvousTest, AKeepAlivesStepTimesAreFiniteAndAtMostANodesWorth) {
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_run_id("r");
+  heartbeat.set_node_id("n");
+  v1::RankStepTime* step = heartbeat.add_step_times();
+  step->set_rank(3);
+  step->set_mean_seconds(0.25);
+  EXPECT_TRUE(ValidateHeartbeat(heartbeat, kLimits).ok());
+  step->set_mean_seconds(std::nan(""));
+  EXPECT_EQ(Message(ValidateHeartbeat(heartbeat, kLimits)),
+            "heartbeat.step_times.mean_seconds: must be a finite number of seconds");
+  step->set_mean_seconds(-1);
+  EXPECT_FALSE(ValidateHeartbeat(heartbeat, kLimits).ok());
+  step->set_mean_seconds(1);
+  for (uint32_t i = 0; i < kLimits.max_nproc; ++i) *heartbeat.add_step_times() = *step;
+  EXPECT_TRUE(absl::StartsWith(Message(ValidateHeartbeat(heartbeat, kLimits)),
+                               "heartbeat.step_times: "));
 }
 
 TEST(ValidateRendezvousTest, AHealthReportIsBoundedAndNamesItsCheck) {

@@ -39,6 +39,7 @@ StatusSnapshot Example() {
   exits.exits.push_back({0, 2, -1, 15, 1700000000200});
   exits.exits.push_back({1, 3, 7, 0, 1700000000123});
   run.stragglers.push_back({1, 31.25, 29.0, 120, 117});
+  run.slow_ranks.push_back({3, "node-b", "10.0.0.2", 0.0314, 2.5, 40});
   return snapshot;
 }
 
@@ -62,7 +63,9 @@ TEST(StatusRenderTest, Json) {
       R"("exit_code":-1,"signal":15,"description":"SIGTERM","time_unix_ms":1700000000200},)"
       R"({"local_rank":1,"global_rank":3,"exit_code":7,"signal":0,"description":"exit 7",)"
       R"("time_unix_ms":1700000000123}]}],"stragglers":[{"replica":1,"mean_lag_ms":31.3,)"
-      R"("last_lag_ms":29,"quorums":120,"slowest":117}]}]})");
+      R"("last_lag_ms":29,"quorums":120,"slowest":117}],)"
+      R"("slow_ranks":[{"rank":3,"node_id":"node-b","host":"10.0.0.2","mean_step_ms":31.4,)"
+      R"("times_median":2.5,"steps":40}]}]})");
 }
 
 // The daemon's build, when it names one, beside the time.
@@ -107,7 +110,8 @@ TEST(StatusRenderTest, Table) {
       "  worker exits, round 1, node-b: rank 2 SIGTERM, rank 3 exit 7\n"
       "  replica group 1: 31.2 ms behind the first at the step quorum (mean), last at "
       "117 "
-      "of 120\n");
+      "of 120\n"
+      "  slow rank 3 on node-b: 31.4 ms a step, 2.50x the median\n");
   EXPECT_EQ(RenderStatusTable(StatusSnapshot{}), "no runs\n");
 }
 

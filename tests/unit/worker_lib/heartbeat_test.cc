@@ -35,9 +35,9 @@ class AgentSocket {
   bool bound() const { return bound_; }
   std::string env_value() const { return "@" + name_; }
 
-  // The sender's pid of the next datagram, or -1.
-  pid_t Receive() {
-    char data[16];
+  // The sender's pid of the next datagram, or -1; its bytes in `payload`.
+  pid_t Receive(std::string* payload = nullptr) {
+    char data[64];
     iovec part{data, sizeof data};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred))];
     msghdr message{};
@@ -45,7 +45,9 @@ class AgentSocket {
     message.msg_iovlen = 1;
     message.msg_control = control;
     message.msg_controllen = sizeof control;
-    if (recvmsg(fd_, &message, 0) < 0) return -1;
+    const ssize_t got = recvmsg(fd_, &message, 0);
+    if (got < 0) return -1;
+    if (payload != nullptr) payload->assign(data, static_cast<size_t>(got));
     for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
          header = CMSG_NXTHDR(&message, header)) {
       if (header->cmsg_type == SCM_CREDENTIALS) {
@@ -71,6 +73,20 @@ TEST(HeartbeatTest, ReachesTheAgentAsThisProcess) {
   EXPECT_TRUE(Heartbeat());
   EXPECT_EQ(agent.Receive(), getpid());
   EXPECT_EQ(agent.Receive(), getpid());
+  unsetenv("MESHRUN_HEARTBEAT_SOCKET");
+}
+
+TEST(HeartbeatTest, CarriesTheStepTimeWhenGiven) {
+  AgentSocket agent;
+  ASSERT_TRUE(agent.bound());
+  setenv("MESHRUN_HEARTBEAT_SOCKET", agent.env_value().c_str(), 1);
+  std::string payload;
+  EXPECT_TRUE(Heartbeat(0.25));
+  EXPECT_EQ(agent.Receive(&payload), getpid());
+  EXPECT_EQ(payload, "step=0.250000");
+  EXPECT_TRUE(Heartbeat());
+  EXPECT_EQ(agent.Receive(&payload), getpid());
+  EXPECT_EQ(payload, "1");
   unsetenv("MESHRUN_HEARTBEAT_SOCKET");
 }
 
