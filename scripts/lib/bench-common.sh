@@ -108,6 +108,8 @@ run_driver() {
   { "$@" 2>&1 1>&3 3>&- | tee "$tmp/stderr" >&2; } 3> "$tmp/stdout"
   status=${PIPESTATUS[0]}
   set -e
+  # Recorded results name paths from the checkout, never this machine's.
+  sed -i "s#$PWD/##g" "$tmp/stdout"
   elapsed=$(( $(date +%s) - t0 ))
   load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 }

@@ -5,6 +5,8 @@ links:  every relative link in README.md and docs/*.md names a file of the
 readme: the README stays short (at most 250 lines), and its layout table
         matches the folders: every folder it names exists, and every
         top-level folder of the repository is in it.
+paths:  recorded results (bench/) and docs name paths from the checkout,
+        never a machine's (/work/..., /home/..., /root/...).
 flags:  docs/launcher.md's and docs/daemon.md's flag references are what
         `meshrun --help` and `meshrun-rdzvd --help` say
         (scripts/flag-reference.py --check).
@@ -103,6 +105,20 @@ def case_readme() -> None:
     print(f"ok: README.md has {count} lines; its layout table names {len(listed)} folders")
 
 
+def case_paths() -> None:
+    machine = re.compile(r"(?<![\w.])/(work|home|root)/[\w.-]+")
+    found = []
+    records = glob.glob(os.path.join(ROOT, "bench", "**", "*.md"), recursive=True)
+    records += glob.glob(os.path.join(ROOT, "bench", "**", "*.json"), recursive=True)
+    for path in [*docs(), *sorted(records)]:
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if machine.search(line):
+                    found.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()[:120]}")
+    assert not found, "absolute paths of a machine:\n" + "\n".join(found)
+    print(f"ok: {len(records)} recorded results and {len(docs())} docs name no machine's paths")
+
+
 def case_flags(args: argparse.Namespace) -> None:
     script = os.path.join(ROOT, "scripts", "flag-reference.py")
     subprocess.run(
@@ -116,12 +132,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--meshrun")
     parser.add_argument("--rdzvd")
-    parser.add_argument("case", choices=["links", "readme", "flags"])
+    parser.add_argument("case", choices=["links", "readme", "paths", "flags"])
     args = parser.parse_args()
     if args.case == "links":
         case_links()
     elif args.case == "readme":
         case_readme()
+    elif args.case == "paths":
+        case_paths()
     else:
         case_flags(args)
 
