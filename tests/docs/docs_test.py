@@ -7,6 +7,9 @@ readme: the README stays short (at most 250 lines), and its layout table
         top-level folder of the repository is in it.
 paths:  recorded results (bench/) and docs name paths from the checkout,
         never a machine's (/work/..., /home/..., /root/...).
+commands: each README command block marked "<!-- runnable" runs from the
+        checkout and exits 0 (meshrun from the build, workers under the
+        venv's python).
 flags:  docs/launcher.md's and docs/daemon.md's flag references are what
         `meshrun --help` and `meshrun-rdzvd --help` say
         (scripts/flag-reference.py --check).
@@ -119,6 +122,46 @@ def case_paths() -> None:
     print(f"ok: {len(records)} recorded results and {len(docs())} docs name no machine's paths")
 
 
+def runnable_blocks(path: str) -> list[str]:
+    """The code blocks right after a "<!-- runnable" comment."""
+    blocks, block, state = [], [], "prose"
+    with open(path) as f:
+        for line in f:
+            stripped = line.strip()
+            if state == "prose" and stripped.startswith("<!-- runnable"):
+                state = "marked"
+            elif state == "marked" and FENCE.match(stripped):
+                state, block = "code", []
+            elif state == "code" and FENCE.match(stripped):
+                blocks.append("".join(block))
+                state = "prose"
+            elif state == "code":
+                block.append(line)
+    return blocks
+
+
+def case_commands(args: argparse.Namespace) -> None:
+    blocks = runnable_blocks(os.path.join(ROOT, "README.md"))
+    assert blocks, "no runnable block in README.md"
+    bindir = os.path.dirname(os.path.abspath(args.meshrun))
+    env = dict(
+        os.environ,
+        PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
+        PYTHON_EXEC=sys.executable,
+    )
+    for block in blocks:
+        run = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert run.returncode == 0, f"{block}exit {run.returncode}:\n{run.stdout}{run.stderr}"
+    print(f"ok: {len(blocks)} runnable README blocks ran")
+
+
 def case_flags(args: argparse.Namespace) -> None:
     script = os.path.join(ROOT, "scripts", "flag-reference.py")
     subprocess.run(
@@ -132,7 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--meshrun")
     parser.add_argument("--rdzvd")
-    parser.add_argument("case", choices=["links", "readme", "paths", "flags"])
+    parser.add_argument("case", choices=["links", "readme", "paths", "flags", "commands"])
     args = parser.parse_args()
     if args.case == "links":
         case_links()
@@ -140,6 +183,8 @@ def main() -> None:
         case_readme()
     elif args.case == "paths":
         case_paths()
+    elif args.case == "commands":
+        case_commands(args)
     else:
         case_flags(args)
 
