@@ -34,11 +34,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   auto& limits = options.store.limits;
-  app.add_option("--max-key-bytes", limits.max_key_bytes)->capture_default_str();
-  app.add_option("--max-value-bytes", limits.max_value_bytes)->capture_default_str();
-  app.add_option("--max-keys-per-run", limits.max_keys_per_namespace)
+  app.add_option("--max-key-bytes", limits.max_key_bytes,
+                 "Bytes a store key may have; a longer one is refused")
       ->capture_default_str();
-  app.add_option("--max-bytes-per-run", limits.max_bytes_per_namespace)
+  app.add_option("--max-value-bytes", limits.max_value_bytes,
+                 "Bytes a store value may have; a larger one is refused")
+      ->capture_default_str();
+  app.add_option("--max-keys-per-run", limits.max_keys_per_namespace,
+                 "Keys one run's store may hold (a queue item counts as one)")
+      ->capture_default_str();
+  app.add_option("--max-bytes-per-run", limits.max_bytes_per_namespace,
+                 "Bytes of keys and values one run's store may hold")
       ->capture_default_str();
   app.add_option("--max-reply-bytes", limits.max_reply_bytes,
                  "Bytes of values (multi_get) or keys (list_keys) one reply may carry; "
@@ -83,7 +89,11 @@ int main(int argc, char** argv) {
                  "HTTP port for /metrics, /api/status and the status page at / "
                  "(0: kernel-assigned; default: none)")
       ->check(CLI::Range(0, 65535));
-  app.add_option("--shutdown-grace-ms", grace_ms)->check(CLI::NonNegativeNumber);
+  app.add_option(
+         "--shutdown-grace-ms", grace_ms,
+         "On SIGTERM, how long calls in flight may finish before the daemon stops")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option(
       "--token-file", security_files.token_file,
       "File holding the shared token every call must carry (mode 600); "
@@ -129,7 +139,7 @@ int main(int argc, char** argv) {
                  "Connections the port holds open from one address")
       ->check(CLI::Range(1, 1 << 30))
       ->capture_default_str();
-  app.add_option("--log-level", log_level)
+  app.add_option("--log-level", log_level, "Least severity logged (stderr)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   try {
     app.parse(argc, argv);
