@@ -145,6 +145,10 @@ TEST(TorchrunEnv, WorkerEnvironmentMatchesTorchrun2) {
     // round's store prefix, for meshrun_worker); torchrun has no such thing.
     EXPECT_EQ(m.erase("MESHRUN_STORE_ENDPOINT"), 1u);
     EXPECT_EQ(m.erase("MESHRUN_STORE_PREFIX"), 1u);
+    // meshrun.heartbeat()'s socket (--hang-timeout, on by default).
+    EXPECT_EQ(m["MESHRUN_HEARTBEAT_SOCKET"].rfind("@meshrun-heartbeat-", 0), 0u)
+        << m["MESHRUN_HEARTBEAT_SOCKET"];
+    m.erase("MESHRUN_HEARTBEAT_SOCKET");
     // torchrun names rank 0's host by socket.getfqdn() (its c10d rendezvous
     // node address); meshrun --standalone its daemon by 127.0.0.1, which
     // needs no name service.
