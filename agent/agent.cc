@@ -827,7 +827,7 @@ class Agent {
       return false;
     }
     heartbeats_ = std::move(*started);
-    stack_tools_ = FindStackTools(options_.worker_argv, {});
+    stack_tools_ = FindStackTools(options_.worker_argv);
     spdlog::debug("hang watch: {} s; py-spy: {}; gdb: {}",
                   options_.hang_timeout.count() / 1000.0,
                   stack_tools_.py_spy.empty() ? "none" : stack_tools_.py_spy,

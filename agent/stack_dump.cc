@@ -55,14 +55,9 @@ std::string KernelView(pid_t pid) {
 
 }  // namespace
 
-StackTools FindStackTools(const std::vector<std::string>& worker_argv,
-                          const std::map<std::string, std::string>& env) {
-  std::string path;
-  if (auto it = env.find("PATH"); it != env.end()) {
-    path = it->second;
-  } else if (const char* own = getenv("PATH")) {
-    path = own;
-  }
+StackTools FindStackTools(const std::vector<std::string>& worker_argv) {
+  const char* own = getenv("PATH");
+  const std::string path = own != nullptr ? own : "";
   StackTools tools;
   tools.py_spy = FindOnPath("py-spy", path);
   if (tools.py_spy.empty() && !worker_argv.empty()) {

@@ -10,7 +10,6 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -21,11 +20,10 @@ struct StackTools {
   std::string gdb;
 };
 
-// py-spy and gdb as the workers would find them: on the PATH of their
-// environment (`env`'s PATH, else the agent's), and py-spy also beside the
-// worker's program (a virtualenv's bin/, where pip puts it).
-StackTools FindStackTools(const std::vector<std::string>& worker_argv,
-                          const std::map<std::string, std::string>& env);
+// py-spy and gdb as the workers would find them: on the PATH they inherit
+// from the agent, and py-spy also beside the worker's program (a
+// virtualenv's bin/, where pip puts it).
+StackTools FindStackTools(const std::vector<std::string>& worker_argv);
 
 // The stacks of process `pid`, with a first line saying how they were taken.
 // Blocks: each tool gets at most `timeout` (then it is killed and the next
