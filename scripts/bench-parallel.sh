@@ -108,7 +108,7 @@ if [ "$layouts" = 1 ]; then
     echo "  fully_shard, parallelize_module + loss_parallel, PipelineStage + ScheduleGPipe /"
     echo "  Schedule1F1B / ScheduleInterleaved1F1B, replicate), same launcher for both sides,"
     echo "  OMP_NUM_THREADS the same for every rank; the two sides alternate who goes first."
-    echo "- Model gpt: \`gpt_worker --time-steps\` (the torch::nn GPT of worker_lib/examples/gpt.h"
+    echo "- Model gpt: \`gpt_worker --time-steps\` (the torch::nn GPT of worker_lib/models/gpt.h"
     echo "  under FullyShard, DistributedDataParallel, ParallelizeModule + LossParallel, MakeStage;"
     echo "  its initial weights) against \`PYTHON tests/parity/torch_gpt.py --time-steps\` (its"
     echo "  Python twin under the same PyTorch APIs), both with AdamW."

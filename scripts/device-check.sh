@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The worker library on CUDA (issue 29): builds meshrun_worker on a GPU machine
-# and trains the plain-libtorch GPT (worker_lib/examples/gpt.h) there under
+# and trains the plain-libtorch GPT (worker_lib/models/gpt.h) there under
 # every layout over NCCL, then compares its step time with PyTorch's on the
 # Python twin (gpt.py).
 #

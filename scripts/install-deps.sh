@@ -4,10 +4,12 @@
 # pinned torch of scripts/python-requirements.txt, the project's one torch
 # (its libtorch builds the worker library; its torchrun is the peer).
 # Idempotent and quick when everything is present; needs root (or sudo).
-# Used by the README and by .ci/run.
+# Used by the README and by .ci/run; `--main-job` installs only what the
+# build and the main job need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# What the build configures with, and the main job's own needs.
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -17,18 +19,27 @@ packages=(
   # gloo/*.h it includes (it holds Gloo's objects only through pointers).
   libgloo-dev
   python3 python3-venv
+  # The main job's text (fortune cookies) and its loss plot.
+  fortunes gnuplot-nox
+)
+# What only the tests need. `--main-job` (scripts/main-job.sh) leaves these
+# out: SLURM, Chromium and clang are most of a fresh machine's download.
+test_packages=(
   clang-format iproute2 procps
   # The tests' watchdog prints a hung test's stacks with it.
   gdb
   openssl clang libclang-rt-14-dev
   slurmctld slurmd slurm-client munge
   chromium chromium-driver
-  # The main job's text (fortune cookies) and its loss plot.
-  fortunes gnuplot-nox
   # Packaging (Install.* tests): man pages, dpkg-shlibdeps for the package's
   # Depends, systemd-analyze to verify the daemon's unit, curl for /metrics.
   help2man dpkg-dev systemd curl
 )
+case "${1:-}" in
+  --main-job) ;;
+  "") packages+=("${test_packages[@]}") ;;
+  *) echo "install-deps: unknown argument $1 (--main-job, or none)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main job: a character-level GPT (build/bin/train_text: the
-# plain-libtorch GPT of worker_lib/examples/gpt.h with AdamW, through the
+# plain-libtorch GPT of worker_lib/models/gpt.h with AdamW, through the
 # worker library's torch::nn::Module API, gloo on CPU) trained on the fortune
 # cookies of Debian's `fortunes` package by 4 workers on a dp=2 x tp=2 mesh
 # under `meshrun --standalone` (embedded rendezvous daemon, status page).
@@ -20,7 +20,7 @@
 # replicas that took part in it (--replay-history), against both replicas'
 # final parameters.
 #
-#   bash scripts/main-job.sh                 # about 3 minutes once built
+#   bash scripts/main-job.sh                 # about 1 minute once built
 #   bash scripts/main-job.sh --fault-tolerant
 #   bash scripts/main-job.sh --no-failure    # no worker is killed
 #   bash scripts/main-job.sh --no-verify     # no uninterrupted reference run
@@ -55,7 +55,7 @@ if [ "$failure" = 1 ]; then
 fi
 
 if [ "${SKIP_SETUP:-0}" != 1 ]; then
-  bash scripts/install-deps.sh
+  bash scripts/install-deps.sh --main-job
   # Only what the job runs; the test command builds the rest.
   BUILD_TARGETS="meshrun train_text" bash scripts/build.sh
 fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Golden parity of meshrun's C++ worker library with PyTorch 2's own
 # parallelisms (issues 16, 29): for each layout, the same model
-# (train_example's torch::nn MLP of worker_lib/examples/mlp.h, and
-# gpt_worker's torch::nn GPT of worker_lib/examples/gpt.h against its Python
+# (train_example's torch::nn MLP of worker_lib/models/mlp.h, and
+# gpt_worker's torch::nn GPT of worker_lib/models/gpt.h against its Python
 # twin) trained from the same
 # initial weights on the same batches by meshrun (under `meshrun --standalone
 # --no-python`) and by PyTorch (DDP, FSDP2, DTensor TP, pipelining under

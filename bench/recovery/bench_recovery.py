@@ -418,7 +418,7 @@ def model_flags():
 
 
 def parameter_bytes():
-    """fp32 bytes of the GPT's parameters (worker_lib/examples/gpt.h)."""
+    """fp32 bytes of the GPT's parameters (worker_lib/models/gpt.h)."""
     c = layouts.GPT
     d, v = c["dim"], c["vocab"]
     # Two layer norms, q k v o without biases, fc1 (d -> 4d) and fc2 with.
@@ -907,7 +907,7 @@ def main():
         if group[0] in PYTHON_SETUPS:
             print(
                 "## Python programs: meshrun.ft against torchft 0.2.0 (the same GPT in "
-                "Python, worker_lib/examples/gpt.py; bench/recovery/ft_python_recovery.py)"
+                "Python, worker_lib/models/gpt.py; bench/recovery/ft_python_recovery.py)"
             )
             print()
         if "one" in experiments:

@@ -39,7 +39,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "worker_lib", "examples")]
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "..", "worker_lib", "models")]
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from gpt import Gpt, GptConfig  # noqa: E402

@@ -8,14 +8,14 @@ restarts every worker.
         bench/recovery/torch_ddp_recovery.py --sizes bench --steps 40 \
         --checkpoint-dir /tmp/ckpt --checkpoint-every 10 --kill-at-step 25
 
-The model is worker_lib/examples/gpt.py (the Python twin of train_example's
+The model is worker_lib/models/gpt.py (the Python twin of train_example's
 torch::nn GPT, gpt.h) at tests/parity/layouts.py's sizes and global batch,
 trained with DistributedDataParallel (gloo) and SGD without momentum, as
 train_example trains it; each rank takes its contiguous quarter of the
 global batch. Initial weights and data are this script's own (seeded), not
 train_example's: the benchmark compares the cost of recovering, not losses.
 
-Flags and output lines are train_example's (worker_lib/examples/train_example.cc),
+Flags and output lines are train_example's (examples/cpp/train_example.cc),
 so that one parser reads both:
 
 - `--checkpoint-dir D --checkpoint-every C`: after every C steps (not after
@@ -51,7 +51,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "parity"))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "worker_lib", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "worker_lib", "models"))
 
 import layouts  # noqa: E402
 import torch  # noqa: E402

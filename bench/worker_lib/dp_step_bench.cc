@@ -38,13 +38,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "worker_lib/device_mesh.h"
-#include "worker_lib/examples/memory_usage.h"
-#include "worker_lib/parallel/data.h"
+#include "examples/cpp/memory_usage.h"
+#include "worker_lib/data/data.h"
+#include "worker_lib/mesh/device_mesh.h"
+#include "worker_lib/mesh/process_group.h"
 #include "worker_lib/parallel/ddp.h"
 #include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/parallelize.h"
-#include "worker_lib/process_group.h"
 
 namespace meshrun::worker::parallel {
 namespace {

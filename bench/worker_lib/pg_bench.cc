@@ -41,8 +41,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
-#include "worker_lib/device_mesh.h"
-#include "worker_lib/process_group.h"
+#include "worker_lib/mesh/device_mesh.h"
+#include "worker_lib/mesh/process_group.h"
 
 namespace meshrun::worker {
 namespace {

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "worker_lib/device_mesh.h"
+#include "worker_lib/mesh/device_mesh.h"
+#include "worker_lib/mesh/process_group.h"
 #include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/module_params.h"
 #include "worker_lib/parallel/parallelize.h"
-#include "worker_lib/process_group.h"
 
 namespace {
 

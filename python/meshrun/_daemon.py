@@ -1,7 +1,7 @@
 """The daemon's step quorum and commit vote over gRPC (proto/meshrun/v1).
 
 The same calls and retry rules as the worker library's FaultTolerantReplicas
-(worker_lib/parallel/fault_tolerant.cc): a daemon restarting, or a quorum no
+(worker_lib/training/fault_tolerant.cc): a daemon restarting, or a quorum no
 group completed in time, is retried for three timeouts; a lost commit answer
 is asked again (the daemon answers a decided step with its decision).
 """

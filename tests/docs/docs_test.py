@@ -9,7 +9,11 @@ paths:  recorded results (bench/) and docs name paths from the checkout,
         never a machine's (/work/..., /home/..., /root/...).
 commands: each README command block marked "<!-- runnable" runs from the
         checkout and exits 0 (meshrun from the build, workers under the
-        venv's python).
+        venv's python), in a network namespace of its own (the ctest command
+        runs this under unshare --net --mount). The marker's settings say how:
+        nodes=N runs the block N times at once, as N nodes; hosts=A,B names
+        hosts that resolve to this machine; X=Y runs the user's file Y where
+        the block names X (train.py); expect=TEXT must be in the output.
 flags:  docs/launcher.md's and docs/daemon.md's flag references are what
         `meshrun --help` and `meshrun-rdzvd --help` say
         (scripts/flag-reference.py --check).
@@ -20,11 +24,15 @@ Usage: docs_test.py [--meshrun BIN --rdzvd BIN] CASE
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MAX_README_LINES = 250
@@ -122,43 +130,162 @@ def case_paths() -> None:
     print(f"ok: {len(records)} recorded results and {len(docs())} docs name no machine's paths")
 
 
-def runnable_blocks(path: str) -> list[str]:
-    """The code blocks right after a "<!-- runnable" comment."""
-    blocks, block, state = [], [], "prose"
+@dataclasses.dataclass
+class Runnable:
+    """A README command block and how its marker says to run it."""
+
+    command: str
+    nodes: int = 1
+    hosts: list[str] = dataclasses.field(default_factory=list)
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
+    expect: str = ""
+
+
+def parse_marker(marker: str) -> Runnable:
+    """`<!-- runnable nodes=2 hosts=node0 train.py=examples/ddp_train.py: why -->`"""
+    settings = marker.removeprefix("<!-- runnable").split(":", 1)[0].split()
+    runnable = Runnable(command="")
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        assert value, f"marker setting {setting!r} is not KEY=VALUE: {marker}"
+        if key == "nodes":
+            runnable.nodes = int(value)
+        elif key == "hosts":
+            runnable.hosts = value.split(",")
+        elif key == "expect":
+            runnable.expect = value
+        else:
+            assert os.path.exists(os.path.join(ROOT, value)), f"{marker}: no file {value}"
+            runnable.files[key] = value
+    return runnable
+
+
+def runnable_blocks(path: str, runners: set[str]) -> list[Runnable]:
+    """The command blocks right after a "<!-- runnable" comment. A command
+    block with no marker fails, as does "<!-- runnable by NAME,..." naming
+    neither a test of `runners` nor a file of the checkout (.ci/run)."""
+    blocks: list[Runnable] = []
+    block: list[str] = []
+    unmarked: list[str] = []
+    state, marked = "prose", Runnable(command="")
     with open(path) as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             stripped = line.strip()
-            if state == "prose" and stripped.startswith("<!-- runnable"):
-                state = "marked"
+            by = re.match(r"<!-- runnable by (\S+?):", stripped)
+            if state == "prose" and by:
+                for name in by.group(1).split(","):
+                    assert known_runner(name, runners), (
+                        f"README.md:{number}: no test or file {name}"
+                    )
+                state = "elsewhere"
+            elif state == "prose" and stripped.startswith("<!-- not runnable:"):
+                state = "elsewhere"
+            elif state == "prose" and stripped.startswith("<!-- runnable"):
+                state, marked = "marked", parse_marker(stripped)
+            elif state == "prose" and stripped == "```sh":
+                unmarked.append(f"README.md:{number}")
+                state = "code"
+            elif state == "elsewhere" and FENCE.match(stripped):
+                state = "code"
             elif state == "marked" and FENCE.match(stripped):
-                state, block = "code", []
-            elif state == "code" and FENCE.match(stripped):
-                blocks.append("".join(block))
+                state, block = "marked code", []
+            elif state == "marked code" and FENCE.match(stripped):
+                command = "".join(block)
+                for name, path_in_checkout in marked.files.items():
+                    command = re.sub(
+                        rf"(?<![\w/.]){re.escape(name)}(?![\w.])", path_in_checkout, command
+                    )
+                blocks.append(dataclasses.replace(marked, command=command))
                 state = "prose"
-            elif state == "code":
+            elif state == "marked code":
                 block.append(line)
+            elif state == "code" and FENCE.match(stripped):
+                state = "prose"
+    assert not unmarked, "command blocks without a runnable marker: " + ", ".join(unmarked)
     return blocks
 
 
+def known_runner(name: str, runners: set[str]) -> bool:
+    """A test of this build, a test group that a build with more parts
+    registers (the sanitizer build has no worker library), or a file."""
+    if name in runners or os.path.isfile(os.path.join(ROOT, name)):
+        return True
+    with open(os.path.join(ROOT, "tests", "CMakeLists.txt")) as f:
+        return f"NAME {name.partition('.')[0]}." in f.read()
+
+
+def ctest_names(build_dir: str) -> set[str]:
+    """The names of the build's tests (ctest -N)."""
+    listed = subprocess.run(
+        ["ctest", "--test-dir", build_dir, "-N"], capture_output=True, text=True, check=True
+    ).stdout
+    return set(re.findall(r"^\s*Test\s+#\d+: (\S+)", listed, re.M))
+
+
+def resolve_hosts(hosts: list[str]) -> None:
+    """Make each of `hosts` this machine's loopback, inside this process's own
+    mount namespace (unshare --mount): /etc/hosts is bind-mounted over."""
+    if not hosts:
+        return
+    with open("/etc/hosts") as f:
+        current = f.read()
+    fd, path = tempfile.mkstemp(prefix="docs_test_hosts.")
+    with os.fdopen(fd, "w") as f:
+        f.write(current + "".join(f"127.0.0.1 {host}\n" for host in hosts))
+    subprocess.run(["mount", "--bind", path, "/etc/hosts"], check=True)
+
+
+def run_block(runnable: Runnable, env: dict[str, str]) -> None:
+    """Runs the block as its nodes, all at once, each bounded; all must exit 0."""
+    resolve_hosts(runnable.hosts)
+    # Each node's output goes to a file: a pipe left unread while another
+    # node is waited for could fill and stall the job.
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(runnable.nodes)]
+    nodes = [
+        subprocess.Popen(
+            ["bash", "-euo", "pipefail", "-c", runnable.command],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for log in logs
+    ]
+    failures: list[str] = []
+    outputs: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        for number, (node, log) in enumerate(zip(nodes, logs, strict=True)):
+            node.wait(timeout=max(0.0, deadline - time.monotonic()))
+            log.seek(0)
+            output = log.read()
+            outputs.append(output)
+            if node.returncode != 0:
+                failures.append(f"node {number}: exit {node.returncode}:\n{output}")
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait()
+    assert not failures, runnable.command + "\n".join(failures)
+    expected = runnable.expect in "".join(outputs)
+    assert expected, f"{runnable.command}no {runnable.expect!r} in:\n" + "".join(outputs)
+
+
 def case_commands(args: argparse.Namespace) -> None:
-    blocks = runnable_blocks(os.path.join(ROOT, "README.md"))
-    assert blocks, "no runnable block in README.md"
     bindir = os.path.dirname(os.path.abspath(args.meshrun))
+    blocks = runnable_blocks(os.path.join(ROOT, "README.md"), ctest_names(os.path.dirname(bindir)))
+    assert blocks, "no runnable block in README.md"
+    # The network namespace of the ctest command starts with loopback down.
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     env = dict(
         os.environ,
         PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
         PYTHON_EXEC=sys.executable,
     )
     for block in blocks:
-        run = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert run.returncode == 0, f"{block}exit {run.returncode}:\n{run.stdout}{run.stderr}"
+        run_block(block, env)
     print(f"ok: {len(blocks)} runnable README blocks ran")
 
 

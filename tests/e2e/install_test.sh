@@ -21,7 +21,8 @@ start=$(date +%s)
 cmake --install "$build_dir" --prefix "$prefix" > "$work/install.log" ||
   fail "cmake --install failed: $(cat "$work/install.log")"
 for f in bin/meshrun bin/meshrun-rdzvd bin/meshrun-slurm lib/libmeshrun_worker.a \
-         include/meshrun/worker_lib/device_mesh.h include/meshrun/worker_lib/parallel/dp.h \
+         include/meshrun/worker_lib/mesh/device_mesh.h include/meshrun/worker_lib/parallel/dp.h \
+         include/meshrun/worker_lib/training/module_trainer.h include/meshrun/worker_lib/models/gpt.h \
          lib/cmake/meshrun/meshrunConfig.cmake lib/cmake/meshrun/meshrunConfigVersion.cmake \
          lib/systemd/system/meshrun-rdzvd.service etc/default/meshrun-rdzvd \
          share/meshrun/health-checks/10-gpu share/meshrun/health-checks/20-disk \
@@ -30,7 +31,7 @@ for f in bin/meshrun bin/meshrun-rdzvd bin/meshrun-slurm lib/libmeshrun_worker.a
 done
 # Internal headers stay internal, and every header installed includes only
 # installed ones (or absl's, libtorch's and the standard library's).
-[ ! -e "$prefix/include/meshrun/worker_lib/grpc_store.h" ] || fail "grpc_store.h installed"
+[ ! -e "$prefix/include/meshrun/worker_lib/mesh/grpc_store.h" ] || fail "grpc_store.h installed"
 [ "$(cd "$prefix/include/meshrun" && echo *)" = worker_lib ] ||
   fail "include/meshrun holds more than worker_lib: $(ls "$prefix/include/meshrun")"
 while read -r header included; do

@@ -43,6 +43,7 @@ Usage: ray_test.py --meshrun BIN --torchrun T --python PY --pythonpath P CASE
 import argparse
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -53,6 +54,7 @@ import urllib.request
 from ray_cluster import Cluster, free_port, runs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
 SEED = os.path.join(HERE, "..", "..", "examples", "seeds", "003_tp_pp", "2d_parallelism_cpu.py")
 WORKER_NODES = 3
 
@@ -127,10 +129,22 @@ def torchrun_lines(args: argparse.Namespace) -> list[str]:
     return rank_lines(re.sub(r"^\[default\d+\]:", "", out, flags=re.M), prefixed=False)
 
 
+def readme_command(test: str) -> list[str]:
+    """The README's command block marked "<!-- runnable by TEST", split."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    m = re.search(rf"<!-- runnable by {re.escape(test)}\b.*?-->\n```sh\n(.*?)```", text, re.S)
+    assert m, f"README.md has no command block marked runnable by {test}"
+    return shlex.split(m.group(1))
+
+
 def case_seed003(args: argparse.Namespace, cluster: Cluster) -> None:
-    # No address: Ray's "auto" finds the cluster this machine runs (the one
-    # in this PID namespace), as on a node of seed 003's cluster.
-    run = launch(args, ["--ray", "--nnodes=2", "--nproc-per-node=2"], [SEED])
+    # The README's Ray example, as written: no address, so Ray's "auto" finds
+    # the cluster this machine runs (the one in this PID namespace), as on a
+    # node of seed 003's cluster.
+    command = readme_command("RayTest.seed003")
+    assert command[0] == "meshrun" and command[-1] == os.path.relpath(SEED, ROOT), command
+    run = launch(args, command[1:-1], [command[-1]], cwd=ROOT)
     out, err = run.communicate(timeout=240)
     assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{err}"
     nodes = set(re.findall(r"^\[(node\d+)\]", out, re.M))

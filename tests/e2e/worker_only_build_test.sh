@@ -2,7 +2,7 @@
 # The build scripts/device-check.sh makes on the GPU machine, checked here so
 # that it cannot rot between GPU sessions: -DMESHRUN_WORKER_ONLY=ON configures
 # without gRPC, protobuf, spdlog or Boost, offers the device check's targets,
-# and compiles process_group.cc on its no-gRPC path (the only source that
+# and compiles mesh/process_group.cc on its no-gRPC path (the only source that
 # differs there). The whole library is built and run only on the GPU machine.
 #
 #   worker_only_build_test.sh BUILD_DIR PYTHON
@@ -30,6 +30,6 @@ for target in meshrun meshrun-rdzvd meshrun_rdzv_client module_ft_worker; do
 done
 grep -q 'grpc_store.cc.o\|fault_tolerant.cc.o' <<< "$targets" &&
   fail "grpc_store.cc or fault_tolerant.cc in a worker-only build"
-ninja -C "$work" worker_lib/CMakeFiles/meshrun_worker.dir/process_group.cc.o > "$work.build.log" 2>&1 ||
+ninja -C "$work" worker_lib/CMakeFiles/meshrun_worker.dir/mesh/process_group.cc.o > "$work.build.log" 2>&1 ||
   fail "process_group.cc without gRPC: $(grep -m5 -A3 error "$work.build.log")"
 echo "worker_only_build_test: ok"

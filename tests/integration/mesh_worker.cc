@@ -21,9 +21,9 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "worker_lib/collectives.h"
-#include "worker_lib/device_mesh.h"
-#include "worker_lib/process_group.h"
+#include "worker_lib/mesh/collectives.h"
+#include "worker_lib/mesh/device_mesh.h"
+#include "worker_lib/mesh/process_group.h"
 
 namespace {
 

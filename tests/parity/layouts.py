@@ -5,9 +5,9 @@ torch_parallel.py (PyTorch's side).
 A layout names the parallel sizes (multiplying to the world), which PyTorch
 API plays the control, and the pipeline schedule. The C++ side is
 build/bin/train_example with the flags from cpp_flags() (model mlp: the
-torch::nn MLP of worker_lib/examples/mlp.h, whose PyTorch side is
+torch::nn MLP of worker_lib/models/mlp.h, whose PyTorch side is
 tests/parity/torch_parallel.py), or build/bin/gpt_worker with gpt_flags()
-(model gpt: the torch::nn GPT of worker_lib/examples/gpt.h, whose PyTorch
+(model gpt: the torch::nn GPT of worker_lib/models/gpt.h, whose PyTorch
 side is tests/parity/torch_gpt.py on its Python twin).
 """
 

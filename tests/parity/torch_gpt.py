@@ -1,6 +1,6 @@
 """PyTorch's side of the GPT parity check (scripts/parity-torch.sh, model
-gpt): trains the Python twin of worker_lib/examples/gpt.h
-(worker_lib/examples/gpt.py) with PyTorch 2's own parallelisms, from the same
+gpt): trains the Python twin of worker_lib/models/gpt.h
+(worker_lib/models/gpt.py) with PyTorch 2's own parallelisms, from the same
 initial weights on the same batches as gpt_worker, and writes each step's
 loss and the final parameters.
 
@@ -36,7 +36,7 @@ from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "..", "worker_lib", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "worker_lib", "models"))
 import layouts  # noqa: E402
 from gpt import Gpt, GptConfig, gpt_tp_plan  # noqa: E402
 from torch_parallel import (  # noqa: E402

@@ -1,5 +1,5 @@
 """PyTorch's side of the parity check (scripts/parity-torch.sh): trains the
-MLP of meshrun's train_example (worker_lib/examples/mlp.h) with PyTorch 2's
+MLP of meshrun's train_example (worker_lib/models/mlp.h) with PyTorch 2's
 own parallelisms, from the same initial weights on the same batches, and
 writes each step's loss and the final parameters.
 
@@ -45,7 +45,7 @@ sys.path.insert(
 )
 from ddp_step_bench import peak_rss_mb, rss_mb  # noqa: E402
 
-# --- The model, as worker_lib/examples/mlp.h builds it. ----------------------
+# --- The model, as worker_lib/models/mlp.h builds it. ----------------------
 
 
 class Layers(nn.Module):

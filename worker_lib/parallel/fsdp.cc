@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker_lib/collectives.h"
+#include "worker_lib/mesh/collectives.h"
 
 namespace meshrun::worker::parallel {
 

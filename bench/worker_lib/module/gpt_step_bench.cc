@@ -1,7 +1,7 @@
 // gpt_step_bench: the training step time of the plain-libtorch GPT
-// (worker_lib/examples/gpt.h) under meshrun's torch::nn::Module API, the C++
+// (worker_lib/models/gpt.h) under meshrun's torch::nn::Module API, the C++
 // side of a comparison whose peer, gpt_step_bench.py, trains the Python twin
-// (worker_lib/examples/gpt.py) under PyTorch's own API with the same
+// (worker_lib/models/gpt.py) under PyTorch's own API with the same
 // configuration, batch and launcher. scripts/device-check.sh runs both on
 // one GPU.
 //
@@ -33,11 +33,11 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
-#include "worker_lib/examples/gpt.h"
-#include "worker_lib/parallel/data.h"
+#include "worker_lib/data/data.h"
+#include "worker_lib/mesh/process_group.h"
+#include "worker_lib/models/gpt.h"
 #include "worker_lib/parallel/ddp.h"
 #include "worker_lib/parallel/fully_shard.h"
-#include "worker_lib/process_group.h"
 
 namespace meshrun::worker::parallel {
 namespace {
@@ -71,7 +71,7 @@ double PeakMegabytes(const at::Device& device) {
 struct Flags {
   std::string layout = "fsdp";
   std::string device = "cpu";
-  examples::GptConfig config;
+  models::GptConfig config;
   int64_t batch = 16;
   int steps = 20;
   int warmup = 3;
@@ -90,7 +90,7 @@ int Run(const Flags& flags) {
   ProcessGroupPtr group = (*world)->group();
 
   torch::manual_seed(1);
-  examples::Gpt gpt(flags.config);
+  models::Gpt gpt(flags.config);
   gpt->to(device);
   std::unique_ptr<DistributedDataParallel> ddp;
   if (flags.layout == "ddp") {

@@ -1,5 +1,5 @@
 """The peer of gpt_step_bench.cc: the Python twin of the GPT
-(worker_lib/examples/gpt.py) under PyTorch's own API, same flags, same
+(worker_lib/models/gpt.py) under PyTorch's own API, same flags, same
 step, same RESULT line (impl=torch).
 
     torchrun --nproc-per-node=1 gpt_step_bench.py --device cuda --layout fsdp
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "worker_lib" / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "worker_lib" / "models"))
 from gpt import Gpt, GptConfig  # noqa: E402
 
 

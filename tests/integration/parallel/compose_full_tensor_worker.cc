@@ -11,11 +11,11 @@
 #include <sstream>
 
 #include "tests/integration/parallel/parity_harness.h"
-#include "worker_lib/device_mesh.h"
+#include "worker_lib/mesh/device_mesh.h"
+#include "worker_lib/mesh/process_group.h"
 #include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/module_params.h"
 #include "worker_lib/parallel/parallelize.h"
-#include "worker_lib/process_group.h"
 
 using namespace meshrun::worker;
 using namespace meshrun::worker::parallel;

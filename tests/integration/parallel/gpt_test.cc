@@ -1,4 +1,4 @@
-// The plain-libtorch GPT (worker_lib/examples/gpt.h) trains under every
+// The plain-libtorch GPT (worker_lib/models/gpt.h) trains under every
 // layout of meshrun's parallelisms on torch::nn modules as in one process:
 // gpt_worker checks every step's loss and the final parameters (rtol 1e-5,
 // AdamW); here the exit codes and steps. EveryLayoutOnOneRank runs, on CPU,

@@ -1,4 +1,4 @@
-// The plain-libtorch GPT of worker_lib/examples/gpt.h trained under every
+// The plain-libtorch GPT of worker_lib/models/gpt.h trained under every
 // layout of meshrun's parallelisms on torch::nn modules, against the same GPT
 // trained in one process on the same device (AdamW, cross-entropy on
 // SyntheticTokens): every step's loss and the final parameters within rtol
@@ -44,22 +44,22 @@
 #include <fstream>
 #include <map>
 
+#include "examples/cpp/memory_usage.h"
 #include "tests/integration/parallel/module_checks.h"
 #include "tests/integration/parallel/parity_harness.h"
-#include "worker_lib/examples/gpt.h"
-#include "worker_lib/examples/memory_usage.h"
-#include "worker_lib/parallel/batch_file.h"
-#include "worker_lib/parallel/data.h"
-#include "worker_lib/parallel/module_checkpoint.h"
-#include "worker_lib/parallel/module_trainer.h"
-#include "worker_lib/process_group.h"
+#include "worker_lib/data/batch_file.h"
+#include "worker_lib/data/data.h"
+#include "worker_lib/mesh/process_group.h"
+#include "worker_lib/models/gpt.h"
+#include "worker_lib/training/module_checkpoint.h"
+#include "worker_lib/training/module_trainer.h"
 
 namespace meshrun::worker::parallel::testing {
 namespace {
 
-using examples::Gpt;
-using examples::GptBlockImpl;
-using examples::GptConfig;
+using models::Gpt;
+using models::GptBlockImpl;
+using models::GptConfig;
 
 constexpr int64_t kBatch = 8;
 constexpr uint64_t kSeed = 5;
@@ -97,7 +97,7 @@ void PrintRefusals(const std::shared_ptr<World>& world, const Flags& flags, int 
     torch::manual_seed(kSeed);
     Gpt gpt(flags.config);
     auto trainer =
-        ModuleTrainer::Create(world, layout, examples::GptModel(gpt, false), MakeAdamW);
+        ModuleTrainer::Create(world, layout, models::GptModel(gpt, false), MakeAdamW);
     if (trainer.ok()) Fail("ModuleTrainer took " + layout.ToString());
     if (rank == 0) std::printf("REFUSED %s\n", trainer.status().ToString().c_str());
   }
@@ -187,7 +187,7 @@ Reference TrainReference(const Setup& setup, int steps) {
   for (int step = 0; step < steps; ++step) {
     TokenBatch data = BatchOf(setup, step);
     optimizer->zero_grad();
-    at::Tensor loss = examples::GptLoss(gpt->forward(data.tokens), data.targets);
+    at::Tensor loss = models::GptLoss(gpt->forward(data.tokens), data.targets);
     loss.backward();
     optimizer->step();
     reference.losses.push_back(loss.item<double>());
@@ -239,7 +239,7 @@ int Train(const Flags& flags, const WorkerDevice& on) {
   auto trainer =
       ValueOrFail(ModuleTrainer::Create(
                       world, trainer_layout,
-                      examples::GptModel(gpt, /*vocab_parallel_head=*/true), MakeAdamW),
+                      models::GptModel(gpt, /*vocab_parallel_head=*/true), MakeAdamW),
                   "ModuleTrainer");
   if (rank == 0) {
     std::printf("LAYOUT %s\n", trainer_layout.ToString().c_str());

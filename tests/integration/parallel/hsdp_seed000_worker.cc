@@ -17,11 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tests/integration/parallel/parity_harness.h"
-#include "worker_lib/device_mesh.h"
+#include "worker_lib/mesh/device_mesh.h"
+#include "worker_lib/mesh/process_group.h"
 #include "worker_lib/parallel/ddp.h"
 #include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/module_params.h"
-#include "worker_lib/process_group.h"
 
 namespace meshrun::worker::parallel::testing {
 namespace {

@@ -18,10 +18,10 @@
 #include <cstdio>
 
 #include "tests/integration/parallel/module_net.h"
-#include "worker_lib/parallel/fault_tolerant.h"
-#include "worker_lib/parallel/module_fault_tolerance.h"
-#include "worker_lib/process_group.h"
-#include "worker_lib/worker_env.h"
+#include "worker_lib/env/worker_env.h"
+#include "worker_lib/mesh/process_group.h"
+#include "worker_lib/training/fault_tolerant.h"
+#include "worker_lib/training/module_fault_tolerance.h"
 
 namespace meshrun::worker::parallel::testing {
 namespace {

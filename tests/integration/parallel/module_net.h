@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tests/integration/parallel/parity_harness.h"
-#include "worker_lib/parallel/data.h"
+#include "worker_lib/data/data.h"
 
 namespace meshrun::worker::parallel::testing {
 

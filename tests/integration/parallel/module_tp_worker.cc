@@ -18,10 +18,10 @@
 
 #include "tests/integration/parallel/module_checks.h"
 #include "tests/integration/parallel/module_net.h"
-#include "worker_lib/device_mesh.h"
+#include "worker_lib/mesh/device_mesh.h"
+#include "worker_lib/mesh/process_group.h"
 #include "worker_lib/parallel/fully_shard.h"
 #include "worker_lib/parallel/parallelize.h"
-#include "worker_lib/process_group.h"
 
 namespace meshrun::worker::parallel::testing {
 namespace {

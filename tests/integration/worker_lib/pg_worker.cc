@@ -33,8 +33,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "worker_lib/collectives.h"
-#include "worker_lib/process_group.h"
+#include "worker_lib/mesh/collectives.h"
+#include "worker_lib/mesh/process_group.h"
 
 namespace meshrun::worker {
 namespace {

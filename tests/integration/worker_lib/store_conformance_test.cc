@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "tests/support/child_process.h"
-#include "worker_lib/grpc_store.h"
+#include "worker_lib/mesh/grpc_store.h"
 
 namespace meshrun::worker {
 namespace {

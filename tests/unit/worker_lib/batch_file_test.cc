@@ -2,7 +2,7 @@
 // and the errors a wrong file gives. That Python's torch.save output reads
 // the same is checked end to end by ParityTorch.short (tests/parity/).
 
-#include "worker_lib/parallel/batch_file.h"
+#include "worker_lib/data/batch_file.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

@@ -2,7 +2,7 @@
 // by hand (Param::AddStep, no process group needed), written to real files
 // and loaded into a different layout.
 
-#include "worker_lib/parallel/checkpoint.h"
+#include "worker_lib/training/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

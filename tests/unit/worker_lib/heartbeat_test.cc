@@ -1,4 +1,4 @@
-#include "worker_lib/heartbeat.h"
+#include "worker_lib/env/heartbeat.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

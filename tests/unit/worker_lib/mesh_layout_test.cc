@@ -3,7 +3,7 @@
 // gives them (checked with torch on this machine), and every error message is
 // PyTorch's.
 
-#include "worker_lib/mesh_layout.h"
+#include "worker_lib/mesh/mesh_layout.h"
 
 #include <map>
 #include <string>

@@ -1,4 +1,4 @@
-#include "worker_lib/parallel/sampler.h"
+#include "worker_lib/data/sampler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "worker_lib/parallel/text_corpus.h"
+#include "worker_lib/data/text_corpus.h"
 
 #include <fstream>
 #include <string>

@@ -1,7 +1,7 @@
 // WorkerEnv: torchrun's and meshrun's worker variables, parsed and validated
 // (pure: an environment map in, a value or one clear error out).
 
-#include "worker_lib/worker_env.h"
+#include "worker_lib/env/worker_env.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
