@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -280,7 +281,13 @@ class Agent {
       CleanUpLogRoot();
       return exit_code_;
     }
-    if (std::optional<HealthFailure> failure = RunHealthChecksNow()) {
+    std::optional<HealthFailure> failure;
+    if (!RunHealthChecksBeforeJoining(&failure)) {
+      calls_->Drain(std::chrono::steady_clock::now(), [this] { client_->CancelCalls(); });
+      CleanUpLogRoot();
+      return exit_code_;
+    }
+    if (failure) {
       SayUnhealthy(*failure, "before joining");
       (void)report_client_->ReportHealth(HealthReportOf(*failure));
       calls_->Drain(std::chrono::steady_clock::now(), [this] { client_->CancelCalls(); });
@@ -290,6 +297,7 @@ class Agent {
     Join();
     io_.run();
     if (stack_dumper_.joinable()) stack_dumper_.join();
+    cancel_health_checks_ = true;  // a re-form's checks need not finish now
     if (health_checker_.joinable()) health_checker_.join();
     StopBackgroundThreads();
     CleanUpLogRoot();
@@ -478,6 +486,8 @@ class Agent {
           if (!closed_ && !left_) {
             spdlog::warn("{}; stopping the workers and joining afresh", reason);
             Dispatch(event::RoundLost{reason});
+            // A fresh join is a new round for this node: checked as at a re-form.
+            StartHealthChecks();
           }
           {
             std::lock_guard<std::mutex> taken(stop_mu_);
@@ -564,10 +574,14 @@ class Agent {
                   : "the rendezvous daemon no longer knows this run (it restarted "
                     "without its state)",
         reason);
-    std::lock_guard<std::mutex> lock(stop_mu_);
-    if (rejoin_requested_) return;  // one re-join per stream
-    rejoin_requested_ = true;
-    if (session_) session_->Cancel();
+    {
+      std::lock_guard<std::mutex> lock(stop_mu_);
+      if (rejoin_requested_) return;  // one re-join per stream
+      rejoin_requested_ = true;
+      if (session_) session_->Cancel();
+    }
+    // The round it joins is a new one for this node: checked as at a re-form.
+    StartHealthChecks();
   }
 
   void OnDisconnected(const std::string& reason) {
@@ -849,10 +863,13 @@ class Agent {
     step_times_[rank] = step;
   }
 
+  // A tenth of the timeout between samples (a hang is seen within 1.1x the
+  // timeout), but at most 10 s: under the 30-minute default a node of many
+  // workers reads their CPU time every 10 s, not every second.
   void ArmHangTimer() {
     const auto interval = std::clamp<std::chrono::milliseconds>(
         options_.hang_timeout / 10, std::chrono::milliseconds(100),
-        std::chrono::seconds(1));
+        std::chrono::seconds(10));
     hang_timer_.expires_after(interval);
     hang_timer_.async_wait([this](const boost::system::error_code& error) {
       if (error) return;
@@ -936,12 +953,29 @@ class Agent {
     }
   }
 
-  // --health-check: the checks, before the first join (on the calling
-  // thread: nothing runs yet), and at each re-form (on a thread of their own,
-  // while the workers stop; the next round's assignment waits for them).
+  // --health-check: the checks, before the first join, and at each re-form
+  // or fresh join (on a thread of their own, while the workers stop; the next
+  // round's assignment waits for them). An agent that exits cancels them.
   std::optional<HealthFailure> RunHealthChecksNow() {
     if (options_.health_checks.empty()) return std::nullopt;
-    return RunHealthChecks(options_.health_checks, options_.health_check_timeout);
+    return RunHealthChecks(options_.health_checks, options_.health_check_timeout,
+                           &cancel_health_checks_);
+  }
+
+  // Before the first join: on a thread, while this one serves signals (as
+  // WaitForDaemon does), so SIGTERM need not wait out a hanging check. False:
+  // the agent exits meanwhile, with exit_code_.
+  bool RunHealthChecksBeforeJoining(std::optional<HealthFailure>* failure) {
+    if (options_.health_checks.empty()) return true;
+    std::future<std::optional<HealthFailure>> checked =
+        std::async(std::launch::async, [this] { return RunHealthChecksNow(); });
+    while (checked.wait_for(std::chrono::milliseconds(100)) !=
+           std::future_status::ready) {
+      io_.poll();
+      if (state_.phase() == AgentState::Phase::kExited) cancel_health_checks_ = true;
+    }
+    *failure = checked.get();
+    return state_.phase() != AgentState::Phase::kExited;
   }
 
   void StartHealthChecks() {
@@ -1497,6 +1531,7 @@ class Agent {
   // assignment while they run.
   std::thread health_checker_;
   bool checking_health_ = false;
+  std::atomic<bool> cancel_health_checks_{false};
   std::optional<v1::RendezvousEvent> held_assignment_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rdzv::RendezvousClient> client_;

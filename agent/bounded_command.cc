@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -19,6 +20,7 @@ namespace meshrun::agent {
 std::string CommandResult::Outcome(std::chrono::seconds timeout) const {
   if (!started) return error;
   if (timed_out) return absl::StrCat("took over ", timeout.count(), " s");
+  if (cancelled) return "cancelled";
   if (signal != 0) {
     const char* name = sigabbrev_np(signal);
     return absl::StrCat("killed by ",
@@ -29,7 +31,7 @@ std::string CommandResult::Outcome(std::chrono::seconds timeout) const {
 
 CommandResult RunBounded(const std::vector<std::string>& argv,
                          std::chrono::seconds timeout, bool merge_stderr,
-                         size_t max_output) {
+                         size_t max_output, const std::atomic<bool>* cancel) {
   CommandResult result;
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
@@ -75,9 +77,15 @@ CommandResult RunBounded(const std::vector<std::string>& argv,
       result.timed_out = true;
       break;
     }
+    if (cancel != nullptr && cancel->load()) {
+      result.cancelled = true;
+      break;
+    }
+    const auto slice =
+        cancel != nullptr ? std::min(left, std::chrono::milliseconds(100)) : left;
     pollfd readable{pipe_fds[0], POLLIN, 0};
-    const int ready = poll(&readable, 1, static_cast<int>(left.count()));
-    if (ready <= 0) continue;  // EINTR, or the deadline (checked above)
+    const int ready = poll(&readable, 1, static_cast<int>(slice.count()));
+    if (ready <= 0) continue;  // EINTR, a slice, or the deadline (checked above)
     const ssize_t got = read(pipe_fds[0], buffer, sizeof buffer);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) break;  // EOF: it (and whatever shares its stdout) is done
@@ -86,7 +94,7 @@ CommandResult RunBounded(const std::vector<std::string>& argv,
       result.output.erase(0, result.output.size() - max_output);
   }
   close(pipe_fds[0]);
-  if (result.timed_out) kill(-pid, SIGKILL);
+  if (result.timed_out || result.cancelled) kill(-pid, SIGKILL);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

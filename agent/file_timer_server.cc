@@ -21,8 +21,6 @@ namespace {
 // torch's client refuses requests over PIPE_BUF (4096) bytes; more than this
 // without a newline is not a client of torch's.
 constexpr size_t kMaxLineBytes = 64 * 1024;
-// Refusals logged one by one; later ones are counted.
-constexpr uint64_t kRefusalsLogged = 10;
 // Expirations are looked for at least this often (the wall clock may jump).
 constexpr std::chrono::milliseconds kMaxCheckInterval{1000};
 
@@ -77,8 +75,6 @@ FileTimerServer::~FileTimerServer() {
   timer_.cancel();
   close(keep_fd_);
   unlink(path_.c_str());
-  if (refused_ > kRefusalsLogged)
-    spdlog::warn("worker watchdog: refused {} requests in all", refused_);
 }
 
 void FileTimerServer::Read() {
@@ -127,14 +123,7 @@ void FileTimerServer::OnLine(std::string_view line) {
   table_.Apply(*request);
 }
 
-void FileTimerServer::Refuse(const std::string& why) {
-  ++refused_;
-  if (refused_ <= kRefusalsLogged) {
-    spdlog::warn(
-        "worker watchdog: refused {}{}", why,
-        refused_ == kRefusalsLogged ? " (further refusals are counted, not logged)" : "");
-  }
-}
+void FileTimerServer::Refuse(const std::string& why) { refusals_.Refuse(why); }
 
 void FileTimerServer::CheckTimers() {
   const double now = UnixNow();

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/file_timer.h"
+#include "agent/refusal_log.h"
 
 namespace meshrun::agent {
 
@@ -45,7 +46,7 @@ class FileTimerServer {
   const std::string& path() const { return path_; }
   // A worker ended: its timers go.
   void Forget(pid_t pid) { table_.Forget(pid); }
-  uint64_t refused() const { return refused_; }
+  uint64_t refused() const { return refusals_.count(); }
 
  private:
   FileTimerServer(boost::asio::io_context& io, std::string path, int read_fd, int keep_fd,
@@ -64,7 +65,7 @@ class FileTimerServer {
   TimerTable table_;
   std::string pending_;  // bytes after the last newline
   char buffer_[4096];
-  uint64_t refused_ = 0;
+  RefusalLog refusals_{"worker watchdog"};
   std::shared_ptr<FileTimerServer*> self_;  // handlers check it is still there
 };
 

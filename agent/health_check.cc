@@ -7,8 +7,8 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "agent/bounded_command.h"
+#include "rendezvous/core/health_summary.h"
 
 namespace meshrun::agent {
 
@@ -22,11 +22,7 @@ constexpr size_t kMaxCheckOutput = 4096;
 }  // namespace
 
 std::string HealthFailure::Summary() const {
-  std::string last(absl::StripTrailingAsciiWhitespace(output));
-  if (size_t newline = last.rfind('\n'); newline != std::string::npos)
-    last = last.substr(newline + 1);
-  return absl::StrCat("health check '", check, "' failed (", outcome, ")",
-                      last.empty() ? "" : ": ", last);
+  return rdzv::HealthSummary(check, outcome, output);
 }
 
 absl::StatusOr<std::vector<std::string>> HealthChecksIn(const std::string& dir) {
@@ -48,10 +44,13 @@ absl::StatusOr<std::vector<std::string>> HealthChecksIn(const std::string& dir) 
 }
 
 std::optional<HealthFailure> RunHealthChecks(const std::vector<std::string>& checks,
-                                             std::chrono::seconds timeout) {
+                                             std::chrono::seconds timeout,
+                                             const std::atomic<bool>* cancel) {
   for (const std::string& check : checks) {
+    if (cancel != nullptr && cancel->load()) return std::nullopt;
     CommandResult result = RunBounded({"/bin/sh", "-c", check}, timeout,
-                                      /*merge_stderr=*/true, kMaxCheckOutput);
+                                      /*merge_stderr=*/true, kMaxCheckOutput, cancel);
+    if (result.cancelled) return std::nullopt;
     if (result.ok()) continue;
     return HealthFailure{check, result.Outcome(timeout), result.output};
   }

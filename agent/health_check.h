@@ -7,6 +7,7 @@
 // kUnhealthyExitCode (agent/agent_state.h), so that an elastic run re-forms without it
 // instead of failing on it again. A check that hangs fails at its timeout.
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -30,8 +31,10 @@ struct HealthFailure {
 absl::StatusOr<std::vector<std::string>> HealthChecksIn(const std::string& dir);
 
 // Runs each check through /bin/sh -c, in order, each for at most `timeout`;
-// the first that fails, or nullopt when all pass. Blocking.
+// the first that fails, or nullopt when all pass or `cancel` (when given)
+// became true, which kills the check running then. Blocking.
 std::optional<HealthFailure> RunHealthChecks(const std::vector<std::string>& checks,
-                                             std::chrono::seconds timeout);
+                                             std::chrono::seconds timeout,
+                                             const std::atomic<bool>* cancel = nullptr);
 
 }  // namespace meshrun::agent

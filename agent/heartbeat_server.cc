@@ -19,12 +19,7 @@
 
 namespace meshrun::agent {
 
-namespace {
-
-// Refusals logged one by one; later ones are counted.
-constexpr uint64_t kRefusalsLogged = 10;
-
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<std::unique_ptr<HeartbeatServer>> HeartbeatServer::Start(
     boost::asio::io_context& io, OnHeartbeat on_heartbeat) {
@@ -66,7 +61,6 @@ HeartbeatServer::~HeartbeatServer() {
   *self_ = nullptr;
   boost::system::error_code ignored;
   socket_.close(ignored);
-  if (refused_ > kRefusalsLogged) spdlog::warn("heartbeats: refused {} in all", refused_);
 }
 
 std::optional<double> HeartbeatServer::StepSeconds(std::string_view payload) {
@@ -120,14 +114,8 @@ void HeartbeatServer::Receive() {
     const size_t size = std::min(static_cast<size_t>(got), sizeof data);
     if (sender > 0 && on_heartbeat_(sender, StepSeconds(std::string_view(data, size))))
       continue;
-    ++refused_;
-    if (refused_ <= kRefusalsLogged)
-      spdlog::warn(
-          "heartbeats: refused one from pid {}, not one of this agent's running "
-          "workers{}",
-          sender,
-          refused_ == kRefusalsLogged ? " (further refusals are counted, not logged)"
-                                      : "");
+    refusals_.Refuse(absl::StrCat("one from pid ", sender,
+                                  ", not one of this agent's running workers"));
   }
 }
 

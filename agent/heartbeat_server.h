@@ -24,6 +24,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "agent/refusal_log.h"
 
 namespace meshrun::agent {
 
@@ -44,7 +45,7 @@ class HeartbeatServer {
 
   // The workers' MESHRUN_HEARTBEAT_SOCKET.
   const std::string& name() const { return name_; }
-  uint64_t refused() const { return refused_; }
+  uint64_t refused() const { return refusals_.count(); }
 
   // A datagram's step time: "step=<seconds>", finite and not negative.
   static std::optional<double> StepSeconds(std::string_view payload);
@@ -58,7 +59,7 @@ class HeartbeatServer {
   const std::string name_;
   const OnHeartbeat on_heartbeat_;
   boost::asio::posix::stream_descriptor socket_;
-  uint64_t refused_ = 0;
+  RefusalLog refusals_{"heartbeats"};
   std::shared_ptr<HeartbeatServer*> self_;  // handlers check it is still there
 };
 

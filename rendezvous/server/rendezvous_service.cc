@@ -8,7 +8,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
+#include "rendezvous/core/health_summary.h"
 #include "rendezvous/core/request_validation.h"
 #include "rendezvous/core/state_codec.h"
 #include "rendezvous/server/grpc_status.h"
@@ -20,14 +20,13 @@ namespace v1 = meshrun::v1;
 
 namespace {
 
-// What the status page says of an unhealthy node: the check, how it failed
-// and the last line of its output.
-std::string HealthSummary(const v1::HealthReport& report) {
-  std::string last(absl::StripTrailingAsciiWhitespace(report.output()));
-  if (size_t newline = last.rfind('\n'); newline != std::string::npos)
-    last = last.substr(newline + 1);
-  return absl::StrCat("health check '", report.check(), "' failed (", report.outcome(),
-                      ")", last.empty() ? "" : ": ", last);
+// The step times the run's nodes sent last, of every rank, in one list.
+std::vector<RankStepTime> EveryRank(
+    const std::map<std::string, std::vector<RankStepTime>>& by_node) {
+  std::vector<RankStepTime> every;
+  for (const auto& [node_id, ranks] : by_node)
+    every.insert(every.end(), ranks.begin(), ranks.end());
+  return every;
 }
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
@@ -421,11 +420,8 @@ void RendezvousService::NoteStepTimesLocked(const v1::HeartbeatRequest& request)
   for (const v1::RankStepTime& step : request.step_times())
     node.push_back(
         {step.rank(), step.mean_seconds(), step.steps(), request.node_id(), ""});
-  std::vector<RankStepTime> all;
-  for (const auto& [node_id, ranks] : run.step_times)
-    all.insert(all.end(), ranks.begin(), ranks.end());
   std::set<uint32_t> slow_now;
-  for (const SlowRank& slow : SlowRanks(all)) {
+  for (const SlowRank& slow : SlowRanks(EveryRank(run.step_times))) {
     slow_now.insert(slow.rank.rank);
     if (run.slow_logged.count(slow.rank.rank) > 0) continue;
     spdlog::warn(
@@ -633,7 +629,7 @@ grpc::ServerUnaryReactor* RendezvousService::ReportHealth(
   record.node_id = request->node_id();
   record.host = request->host();
   record.state = "unhealthy";
-  record.health = HealthSummary(*request);
+  record.health = HealthSummary(request->check(), request->outcome(), request->output());
   unhealthy[request->node_id()] = {record, RdzvClock::now()};
   while (unhealthy.size() > kMaxUnhealthyPerRun) {
     auto oldest = std::min_element(
@@ -660,12 +656,17 @@ grpc::ServerUnaryReactor* RendezvousService::Status(grpc::CallbackServerContext*
 }
 
 StatusSnapshot RendezvousService::Snapshot(const std::string& run_id) {
+  // The quorum's lock before mu_ is taken (mu_ -> quorum_ is the order).
+  return SnapshotWithLags(run_id, quorum_.LagsByRun());
+}
+
+StatusSnapshot RendezvousService::SnapshotWithLags(
+    const std::string& run_id,
+    const std::map<std::string, std::vector<ReplicaLag>>& lags) {
   StatusSnapshot snapshot;
   snapshot.now_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
-  // The quorum's lock before mu_ is taken (mu_ -> quorum_ is the order).
-  std::map<std::string, std::vector<ReplicaLag>> lags = quorum_.LagsByRun();
   std::lock_guard<std::mutex> lock(mu_);
   const RdzvTime now = RdzvClock::now();
   snapshot.runs = state_.Status(now, run_id);
@@ -681,10 +682,7 @@ StatusSnapshot RendezvousService::Snapshot(const std::string& run_id) {
     }
     auto it = observed_.find(run.run_id);
     if (it == observed_.end()) continue;
-    std::vector<RankStepTime> steps;
-    for (const auto& [node_id, ranks] : it->second.step_times)
-      steps.insert(steps.end(), ranks.begin(), ranks.end());
-    for (const SlowRank& slow : SlowRanks(steps)) {
+    for (const SlowRank& slow : SlowRanks(EveryRank(it->second.step_times))) {
       SlowRankRecord record{slow.rank.rank,         slow.rank.node_id, "",
                             slow.rank.mean_seconds, slow.times_median, slow.rank.steps};
       for (const NodeStatusRecord& node : run.nodes)
@@ -706,7 +704,9 @@ StatusSnapshot RendezvousService::Snapshot(const std::string& run_id) {
 }
 
 void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
-  StatusSnapshot snapshot = Snapshot();
+  // One read of the lags serves the status's stragglers and the gauges below.
+  const std::map<std::string, std::vector<ReplicaLag>> lags = quorum_.LagsByRun();
+  StatusSnapshot snapshot = SnapshotWithLags("", lags);
   RendezvousStats stats;
   size_t streams;
   {
@@ -821,7 +821,7 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
                    "gauge"};
   MetricFamily last{"meshrun_replica_quorum_last_total",
                     "Step quorums each replica group was the last to reach.", "counter"};
-  for (const auto& [run_id, groups] : quorum_.LagsByRun()) {
+  for (const auto& [run_id, groups] : lags) {
     for (const ReplicaLag& group : groups) {
       const Labels labels{{"run", run_id}, {"replica", std::to_string(group.replica)}};
       lag.Add(labels, group.mean_lag_ms / 1000.0);
@@ -838,11 +838,9 @@ void RendezvousService::CollectMetrics(std::vector<MetricFamily>* out) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [run_id, run] : observed_) {
-      for (const auto& [node_id, ranks] : run.step_times) {
-        for (const RankStepTime& rank : ranks)
-          step.Add({{"run", run_id}, {"rank", std::to_string(rank.rank)}},
-                   rank.mean_seconds);
-      }
+      for (const RankStepTime& rank : EveryRank(run.step_times))
+        step.Add({{"run", run_id}, {"rank", std::to_string(rank.rank)}},
+                 rank.mean_seconds);
     }
   }
   out->push_back(std::move(step));

@@ -128,6 +128,11 @@ class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService 
   // REQUIRES: mu_ held.
   // A keep-alive carried step times: kept, and a newly slow rank logged.
   void NoteStepTimesLocked(const meshrun::v1::HeartbeatRequest& request);
+  // Snapshot() with the replica groups' lags read already (/metrics shows
+  // them all). REQUIRES: mu_ not held.
+  StatusSnapshot SnapshotWithLags(
+      const std::string& run_id,
+      const std::map<std::string, std::vector<ReplicaLag>>& lags);
   void DispatchLocked(std::vector<NodeEvent>& events);
   // The stream of `node` broke; REQUIRES: mu_ not held.
   void StreamBroken(const NodeKey& node, JoinStream* stream);

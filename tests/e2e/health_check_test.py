@@ -1,22 +1,30 @@
 """--health-check (issue 32): a node whose check fails stays out of the run.
 
-On one meshrun-rdzvd, an elastic run (--nnodes=1:2, one worker a node):
-- nodes A and B form the first round; B's check (`test ! -e FLAG`) passes;
-- B's worker creates FLAG and fails: the run re-forms, B's check now fails,
-  and B says which check and its output, leaves, and exits 69;
-- A trains on alone (world size 1) and the run succeeds;
-- node C joins with a check that hangs (`sleep 60`, --health-check-timeout
-  1): it fails at its timeout and C exits 69 without joining;
-- meanwhile the daemon's status page (/api/status) shows B and C unhealthy,
-  with their checks, and /metrics counts them.
+keep_out: on one meshrun-rdzvd, an elastic run (--nnodes=1:2, one worker a
+  node):
+  - nodes A and B form the first round; B's check (`test ! -e FLAG`) passes;
+  - B's worker creates FLAG and fails: the run re-forms, B's check now fails,
+    and B says which check and its output, leaves, and exits 69;
+  - A trains on alone (world size 1) and the run succeeds;
+  - node C joins with a check that hangs (`sleep 60`, --health-check-timeout
+    1): it fails at its timeout and C exits 69 without joining;
+  - meanwhile the daemon's status page (/api/status) shows B and C unhealthy,
+    with their checks, and /metrics counts them.
+sigterm: SIGTERM while a node's check hangs before it joins (a 60 s timeout):
+  the agent exits 143 at once, and the check's process is gone.
+rejoin: A and B in a run; B's agent is stopped (SIGSTOP) past its lease, so
+  the daemon expels it and A re-forms; FLAG now exists. Continued, B re-joins
+  as a new node, runs its checks again as at a re-form, fails
+  `test ! -e FLAG` and exits 69.
 
-Usage: health_check_test.py --meshrun BIN --python PY
+Usage: health_check_test.py --meshrun BIN --python PY CASE
 """
 
 import argparse
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -28,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "health_check_worker.py")
 BOUND_S = 120
 UNHEALTHY_EXIT = 69
+LEASE_S = 3  # rejoin: keep_alive_interval 1 s x keep_alive_max_attempt
 
 
 def status(daemon: Daemon) -> dict:
@@ -40,26 +49,26 @@ def metrics(daemon: Daemon) -> str:
         return reply.read().decode()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--meshrun", required=True)
-    parser.add_argument("--python", required=True)
-    args = parser.parse_args()
+def elastic_run(daemon: Daemon, rdzv_conf: str) -> list[str]:
+    """The flags of run "health" on `daemon`: 1 to 2 nodes of one worker."""
+    return [
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={daemon.endpoint}",
+        "--rdzv-id=health",
+        f"--rdzv-conf={rdzv_conf}",
+    ]
+
+
+def case_keep_out(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + BOUND_S
     daemon = Daemon(args.meshrun, deadline)
     env = dict(os.environ, PYTHON_EXEC=args.python)
     nodes: dict[str, Run] = {}
     with tempfile.TemporaryDirectory(prefix="health-check-") as work:
         flag = os.path.join(work, "sick")
-        flags = [
-            "--nnodes=1:2",
-            "--nproc-per-node=1",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={daemon.endpoint}",
-            "--rdzv-id=health",
-            "--rdzv-conf=last_call_timeout=1",
-            "--max-restarts=2",
-        ]
+        flags = [*elastic_run(daemon, "last_call_timeout=1"), "--max-restarts=2"]
 
         def launch(name: str, *checks: str) -> Run:
             nodes[name] = Run([args.meshrun, *flags, *checks, WORKER, flag], env)
@@ -112,6 +121,110 @@ def main() -> None:
         "ok: B left at the restart on its failing check, C's hanging check failed at 1 s; "
         "A trained alone; the status page shows both unhealthy"
     )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def case_sigterm(args: argparse.Namespace) -> None:
+    deadline = time.monotonic() + BOUND_S
+    daemon = Daemon(args.meshrun, deadline)
+    with tempfile.TemporaryDirectory(prefix="health-check-") as work:
+        pid_file = os.path.join(work, "check.pid")
+        check = f"echo $$ > {pid_file}.new && mv {pid_file}.new {pid_file} && exec sleep 60"
+        node = Run(
+            [
+                args.meshrun,
+                "--nnodes=1",
+                f"--rdzv-endpoint={daemon.endpoint}",
+                "--rdzv-id=health",
+                f"--health-check={check}",
+                "--health-check-timeout=60",
+                "--no-python",
+                "true",
+            ],
+            dict(os.environ),
+        )
+        try:
+            while not os.path.exists(pid_file):
+                assert time.monotonic() < deadline and node.proc.poll() is None, node.output()
+                time.sleep(0.05)
+            with open(pid_file) as f:
+                check_pid = int(f.read())
+            asked = time.monotonic()
+            node.proc.send_signal(signal.SIGTERM)
+            code = node.proc.wait(timeout=max(1, deadline - time.monotonic()))
+            took = time.monotonic() - asked
+        finally:
+            node.stop()
+            daemon.stop()
+    assert code == 143, f"exit {code}:\n" + "\n".join(node.output())
+    assert took < 10, f"exited {took:.1f} s after SIGTERM"
+    # The check was in the agent's process group's child group: killed, and
+    # reaped by the agent before it exited.
+    assert not alive(check_pid), f"the check (pid {check_pid}) outlived the agent"
+    print(f"ok: SIGTERM during a hanging check: exit 143 in {took:.1f} s, the check ended")
+
+
+def case_rejoin(args: argparse.Namespace) -> None:
+    deadline = time.monotonic() + BOUND_S
+    daemon = Daemon(args.meshrun, deadline)
+    nodes: dict[str, Run] = {}
+    with tempfile.TemporaryDirectory(prefix="health-check-") as work:
+        flag = os.path.join(work, "sick")
+        # A LEASE_S lease: a stopped agent is expelled soon.
+        lease = f"keep_alive_interval=1,keep_alive_max_attempt={LEASE_S}"
+        flags = [
+            *elastic_run(daemon, f"last_call_timeout=1,{lease}"),
+            "--max-restarts=3",
+            "--no-python",
+        ]
+        try:
+            a = Run([args.meshrun, *flags, "--health-check=true", "sleep", "60"], dict(os.environ))
+            nodes["A"] = a
+            b = Run(
+                [args.meshrun, *flags, f"--health-check=test ! -e {flag}", "sleep", "60"],
+                dict(os.environ),
+            )
+            nodes["B"] = b
+            for run in (a, b):
+                if not run.wait_for(r"round 1: group rank \d/2", deadline):
+                    raise AssertionError("\n".join(run.output()[-30:]))
+            open(flag, "w").close()
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            # A re-forms without B once the daemon has expelled it.
+            if not a.wait_for(r"round 2: group rank 0/1", deadline):
+                raise AssertionError("\n".join(a.output()[-30:]))
+            # The stall itself (the fault simulated): B, woken well past its
+            # own lease, knows it was stopped and asks the daemon, rather than
+            # judging the daemon lost (exit 75).
+            time.sleep(max(0.0, stopped + 2 * LEASE_S + 1 - time.monotonic()))
+            os.kill(b.proc.pid, signal.SIGCONT)
+            b_code = b.finish(deadline)
+        finally:
+            for run in nodes.values():
+                run.stop()
+            daemon.stop()
+    out = "\n".join(b.output())
+    assert b_code == UNHEALTHY_EXIT, f"B exited {b_code}:\n{out}"
+    assert "expelled this node" in out, out
+    assert re.search(rf"health check 'test ! -e {re.escape(flag)}' failed \(exit 1\)", out), out
+    print("ok: B, expelled and re-joining, ran its checks again, failed one and exited 69")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--meshrun", required=True)
+    parser.add_argument("--python", required=True)
+    parser.add_argument("case", choices=["keep_out", "sigterm", "rejoin"])
+    args = parser.parse_args()
+    {"keep_out": case_keep_out, "sigterm": case_sigterm, "rejoin": case_rejoin}[args.case](args)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 namespace meshrun::agent {
 namespace {
@@ -37,6 +39,22 @@ TEST(HealthCheckTest, AHangingCheckFailsAtItsTimeoutWithWhatItStarted) {
   ASSERT_TRUE(failure);
   EXPECT_EQ(failure->outcome, "took over 1 s");
   EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
+}
+
+TEST(HealthCheckTest, CancellingEndsTheRunningCheckAndTheRest) {
+  std::atomic<bool> cancel{false};
+  const auto start = std::chrono::steady_clock::now();
+  std::thread canceller([&cancel] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cancel = true;
+  });
+  // The second check would fail, but is never run.
+  auto failure = RunHealthChecks({"sleep 30 & sleep 30", "false"}, seconds(60), &cancel);
+  canceller.join();
+  EXPECT_FALSE(failure);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
+  // Already cancelled: nothing runs.
+  EXPECT_FALSE(RunHealthChecks({"false"}, seconds(10), &cancel));
 }
 
 TEST(HealthCheckTest, ACrashingCheckSaysBySignal) {
