@@ -28,7 +28,7 @@ args=("$@")
 mkdir -p "$results_dir"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+mark_start  # tree (the commit) and started, before the run rewrites the results
 status=0
 "$build_dir/bin/meshrun_soak" "${args[@]}" | tee "$out" || status=$?
 {
@@ -38,7 +38,8 @@ status=0
   echo
   echo "- Command: \`meshrun_soak ${args[*]}\`"
   echo "- Date: $started"
-  echo "- Machine: nproc=$ncores, $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)"
+  machine_line
+  echo "- meshrun: $tree, built in $build_dir"
   echo "- Load average (1/5/15 min) before: $load_before; after: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "- Exit status: $status (0 = every criterion met)"
   echo

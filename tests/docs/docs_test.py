@@ -6,7 +6,8 @@ readme: the README stays short (at most 250 lines), and its layout table
         matches the folders: every folder it names exists, and every
         top-level folder of the repository is in it.
 paths:  recorded results (bench/) and docs name paths from the checkout,
-        never a machine's (/work/..., /home/..., /root/...).
+        never a machine's (/work/..., /home/..., /root/...); every recorded
+        result names the commit it ran at and the machine.
 commands: each README command block marked "<!-- runnable" runs from the
         checkout and exits 0 (meshrun from the build, workers under the
         venv's python), in a network namespace of its own (the ctest command
@@ -127,7 +128,21 @@ def case_paths() -> None:
                 if machine.search(line):
                     found.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()[:120]}")
     assert not found, "absolute paths of a machine:\n" + "\n".join(found)
-    print(f"ok: {len(records)} recorded results and {len(docs())} docs name no machine's paths")
+    # A recorded result says where and on what it ran (notes need not).
+    commit = re.compile(r"(meshrun:|commit|\bat)\s+`?[0-9a-f]{7,40}\b")
+    unnamed = []
+    for path in records:
+        if not path.endswith(".md") or "notes" in os.path.basename(path).lower():
+            continue
+        with open(path) as f:
+            text = f.read()
+        if not commit.search(text) or "achine" not in text:
+            unnamed.append(os.path.relpath(path, ROOT))
+    assert not unnamed, "recorded results that name no commit or machine: " + ", ".join(unnamed)
+    print(
+        f"ok: {len(records)} recorded results name their commit and machine; they and "
+        f"{len(docs())} docs name no machine's paths"
+    )
 
 
 @dataclasses.dataclass
