@@ -63,22 +63,11 @@ def wait_for_stop(nodes: list[Run], deadline: float) -> Run:
     raise AssertionError("\n".join(nodes[0].output()[-30:] + nodes[1].output()[-30:]))
 
 
-def two_nodes(daemon: Daemon, run_id: str) -> list[str]:
-    """meshrun's flags for one of two nodes of 2 workers on `daemon`."""
-    return [
-        "--nnodes=2",
-        "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={daemon.endpoint}",
-        f"--rdzv-id={run_id}",
-    ]
-
-
 def case_ddp(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + BOUND_S
     daemon = Daemon(args.meshrun, deadline)
     flags = [
-        *two_nodes(daemon, "hang"),
+        *daemon.run_flags("hang", "2", 2),
         "--max-restarts=1",
         f"--hang-timeout={DDP_TIMEOUT_S}",
     ]
@@ -182,7 +171,7 @@ def case_heartbeat(args: argparse.Namespace) -> None:
 def case_stragglers(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + BOUND_S
     daemon = Daemon(args.meshrun, deadline)
-    flags = [*two_nodes(daemon, "steps"), "--rdzv-conf=keep_alive_interval=1"]
+    flags = [*daemon.run_flags("steps", "2", 2), "--rdzv-conf=keep_alive_interval=1"]
     nodes = [Run([args.meshrun, *flags, WORKER, "steps"], environment(args)) for _ in range(2)]
     try:
         codes = [node.finish(deadline) for node in nodes]

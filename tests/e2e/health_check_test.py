@@ -49,18 +49,6 @@ def metrics(daemon: Daemon) -> str:
         return reply.read().decode()
 
 
-def elastic_run(daemon: Daemon, rdzv_conf: str) -> list[str]:
-    """The flags of run "health" on `daemon`: 1 to 2 nodes of one worker."""
-    return [
-        "--nnodes=1:2",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={daemon.endpoint}",
-        "--rdzv-id=health",
-        f"--rdzv-conf={rdzv_conf}",
-    ]
-
-
 def case_keep_out(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + BOUND_S
     daemon = Daemon(args.meshrun, deadline)
@@ -68,7 +56,11 @@ def case_keep_out(args: argparse.Namespace) -> None:
     nodes: dict[str, Run] = {}
     with tempfile.TemporaryDirectory(prefix="health-check-") as work:
         flag = os.path.join(work, "sick")
-        flags = [*elastic_run(daemon, "last_call_timeout=1"), "--max-restarts=2"]
+        flags = [
+            *daemon.run_flags("health", "1:2", 1),
+            "--rdzv-conf=last_call_timeout=1",
+            "--max-restarts=2",
+        ]
 
         def launch(name: str, *checks: str) -> Run:
             nodes[name] = Run([args.meshrun, *flags, *checks, WORKER, flag], env)
@@ -180,7 +172,8 @@ def case_rejoin(args: argparse.Namespace) -> None:
         # A LEASE_S lease: a stopped agent is expelled soon.
         lease = f"keep_alive_interval=1,keep_alive_max_attempt={LEASE_S}"
         flags = [
-            *elastic_run(daemon, f"last_call_timeout=1,{lease}"),
+            *daemon.run_flags("health", "1:2", 1),
+            f"--rdzv-conf=last_call_timeout=1,{lease}",
             "--max-restarts=3",
             "--no-python",
         ]

@@ -79,6 +79,16 @@ class Daemon(Run):
         self.endpoint = values["MESHRUN_RDZVD_ENDPOINT"]
         self.metrics = values["MESHRUN_RDZVD_METRICS"]
 
+    def run_flags(self, run_id: str, nnodes: str, nproc: int) -> list[str]:
+        """meshrun's flags for a node of run `run_id` on this daemon."""
+        return [
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.endpoint}",
+            f"--rdzv-id={run_id}",
+        ]
+
     def waiting_at_quorum(self, run_id: str) -> int:
         with urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10) as reply:
             text = reply.read().decode()
