@@ -248,6 +248,7 @@ def resolve_hosts(hosts: list[str]) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(current + "".join(f"127.0.0.1 {host}\n" for host in hosts))
     subprocess.run(["mount", "--bind", path, "/etc/hosts"], check=True)
+    os.unlink(path)  # the mount holds the file; nothing is left in /tmp
 
 
 def run_block(runnable: Runnable, env: dict[str, str]) -> None:
