@@ -144,8 +144,8 @@ for node in 0 1; do
   wait "${agents[$node]}" || code=$?
   [ "$code" -eq 0 ] || fail "agent $node exited $code"
 done
-cat "$work"/agent*.log | grep -q "^worker: rank 0 of 2" || fail "no rank 0 worker ran"
-cat "$work"/agent*.log | grep -q "^worker: rank 1 of 2" || fail "no rank 1 worker ran"
+grep -q "^worker: rank 0 of 2" "$work"/agent*.log || fail "no rank 0 worker ran"
+grep -q "^worker: rank 1 of 2" "$work"/agent*.log || fail "no rank 1 worker ran"
 
 # The daemon's build on /metrics and the status API.
 commit=${version##*(commit }
