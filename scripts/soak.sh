@@ -50,8 +50,10 @@ status=0
   echo "place), a worker SIGKILLed (the job restarts), and every 20 s a whole store process"
   echo "SIGKILLed. Then no more faults, and every job must finish. Pass criteria: the daemon"
   echo "is alive, every agent not killed on purpose exits 0, every job finishes, store"
-  echo "clients see no unexpected error, and the daemon's RSS over the last fifth of the"
-  echo "fault phase is within the allowed growth of the second fifth's."
+  echo "clients see no unexpected error, and the daemon's heap in use (from its /metrics)"
+  echo "over the last fifth of the fault phase is within the allowed growth of the second"
+  echo "fifth's. The RSS is shown, not judged: glibc keeps each arena's high-water mark, so"
+  echo "it ratchets up with bursts of reconnecting clients while the heap in use falls back."
   echo
   echo '```'
   cat "$out"

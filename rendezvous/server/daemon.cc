@@ -8,6 +8,7 @@
 #include "rendezvous/core/state_codec.h"
 #include "rendezvous/server/fd_limit.h"
 #include "rendezvous/status/build_info.h"
+#include "rendezvous/status/process_memory.h"
 #include "rendezvous/status/status_http.h"
 #include "rendezvous/status/status_render.h"
 
@@ -225,6 +226,7 @@ std::string Daemon::MetricsText() {
   if (tcpstore_) tcpstore_->CollectMetrics(&families);
   if (link_) link_->CollectMetrics(&families);
   if (http_) http_->CollectMetrics(&families);
+  AddProcessMemoryMetrics(ReadProcessMemory(), &families);
   // Prometheus' convention for what a process runs: a constant 1 with labels.
   const BuildInfo build = GetBuildInfo();
   families.emplace_back("meshrun_build_info",

@@ -99,6 +99,9 @@ TEST(ObservabilityTest, MetricsAndStatusFollowARealRunThroughARestart) {
                                                build.commit + "\"}"),
             1)
       << metrics;
+  EXPECT_GT(testing::MetricSample(metrics, "process_resident_memory_bytes").value_or(0),
+            1 << 20)
+      << metrics;
 
   auto a = Agent(daemon.endpoint(), dir);
   auto b = Agent(daemon.endpoint(), dir);
@@ -132,11 +135,16 @@ TEST(ObservabilityTest, MetricsAndStatusFollowARealRunThroughARestart) {
   EXPECT_NE(table.find("participant  0           0-1    2"), std::string::npos) << table;
   EXPECT_NE(table.find("participant  1           2-3    2"), std::string::npos) << table;
 
-  // Rank 3 fails (a Python traceback through @record): one restart.
+  // Rank 3 fails (a Python traceback through @record): one restart. With
+  // its `import torch` it took over a minute on 2 cores beside the soak test
+  // and three busy loops.
   Touch(dir + "/fail");
-  metrics = ScrapeUntil(port, [](const std::string& m) {
-    return testing::MetricSample(m, "meshrun_store_ops_total{op=\"wait\"}") >= 8;
-  });
+  metrics = ScrapeUntil(
+      port,
+      [](const std::string& m) {
+        return testing::MetricSample(m, "meshrun_store_ops_total{op=\"wait\"}") >= 8;
+      },
+      seconds(180));
   EXPECT_EQ(
       testing::MetricSample(metrics, "meshrun_restarts_total{cause=\"worker failure\"}"),
       1);
