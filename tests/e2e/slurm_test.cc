@@ -396,5 +396,30 @@ TEST_F(SlurmTest, PytorchDdpScriptTrainsAsUnderStandalone) {
       << "the loss goes down";
 }
 
+// The README's SLURM example, as written, inside a 2-node allocation (salloc,
+// as a user would run it), with its `train.py` a real PyTorch DDP script.
+TEST_F(SlurmTest, ReadmeExample) {
+  std::ifstream in(kSource + "/README.md");
+  const std::string readme((std::istreambuf_iterator<char>(in)), {});
+  const size_t marker = readme.find("<!-- runnable by SlurmTest.ReadmeExample");
+  ASSERT_NE(marker, std::string::npos) << "README.md: no block marked for this test";
+  const size_t begin = readme.find("```sh\n", marker);
+  ASSERT_NE(begin, std::string::npos);
+  const size_t end = readme.find("```", begin + 6);
+  ASSERT_NE(end, std::string::npos);
+  std::string command = readme.substr(begin + 6, end - begin - 6);
+  const size_t train = command.find(" train.py");
+  ASSERT_NE(train, std::string::npos) << command;
+  command.replace(train, 9, " examples/ddp_train.py --epochs 2 --batch-size 16");
+
+  std::string output;
+  const int code = ExitCode(RunCommand(
+      {"/usr/bin/salloc", "-N2", "/bin/sh", "-c", "cd " + kSource + " && " + command},
+      seconds(240), &output));
+  ASSERT_EQ(code, 0) << command << "\n" << output << cluster_->Logs();
+  // One task a node, one worker a task: a world of two.
+  EXPECT_NE(output.find("world_size=2"), std::string::npos) << output;
+}
+
 }  // namespace
 }  // namespace meshrun
