@@ -1482,7 +1482,7 @@ class Agent {
     if (exit.code != 0 && exit.code < 128) {
       std::fprintf(stderr, "meshrun: %s\n", exit.summary.c_str());
       // This node's own first failure, when it was not the run's root cause.
-      if (auto failure = state_.first_failure()) {
+      if (auto failure = state_.failure()) {
         const std::string& local = last_failure_detail_[failure->local_rank];
         if (exit.summary.find(local) == std::string::npos)
           std::fprintf(stderr, "First failure on this node:\n[%d]:\n%s",

@@ -60,7 +60,7 @@ std::vector<Action> AgentState::Step(const Event& event) {
                     e.reason.empty() ? "run succeeded" : "run succeeded: " + e.reason;
                 break;
               case RunEnd::kFailed:
-                code = first_failure_ ? first_failure_->status_code() : 1;
+                code = failure_ ? failure_->status_code() : 1;
                 if (code == 0) code = 1;
                 // The daemon's reason is the run's first failure, wherever it was.
                 summary = "run failed\n" + std::string(60, '=') +
@@ -140,6 +140,7 @@ std::vector<Action> AgentState::OnAssigned(const RoundInfo& round) {
       live_workers_ = nproc_;
       succeeded_workers_ = 0;
       failure_reported_this_round_ = false;
+      failure_.reset();  // an earlier round's, restarted: not what ends the run
       if (replica_size_ > 0) {
         replicas_.assign(static_cast<size_t>(nproc_ / replica_size_), Replica{});
         rank_succeeded_.assign(static_cast<size_t>(nproc_), false);
@@ -164,7 +165,7 @@ std::vector<Action> AgentState::OnWorkerExited(const ExitInfo& exit) {
   if (phase_ != Phase::kRunning) return {};  // expected during a stop
   if (replica_size_ > 0) return OnReplicaWorkerExited(exit);
   if (exit.failed()) {
-    if (!first_failure_) first_failure_ = exit;
+    if (!failure_) failure_ = exit;
     std::vector<Action> actions = BeginStop(SIGTERM);
     if (!failure_reported_this_round_) {
       failure_reported_this_round_ = true;
@@ -192,7 +193,7 @@ std::vector<Action> AgentState::OnReplicaWorkerExited(const ExitInfo& exit) {
     phase_ = Phase::kSucceeded;
     return {action::ReportSuccess{current_->round}};
   }
-  if (!first_failure_) first_failure_ = exit;
+  failure_ = exit;
   replica.state = Replica::State::kStopping;
   replica.awaiting_verdict = true;
   replica.restart_count.reset();

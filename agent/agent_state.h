@@ -189,9 +189,11 @@ class AgentState {
     kExited,
   };
   Phase phase() const { return phase_; }
-  // The first local failure of the run, if any (the summary's root cause
-  // when the daemon has none).
-  const std::optional<ExitInfo>& first_failure() const { return first_failure_; }
+  // This node's failure that a failed run's end is about: the first of the
+  // current round; with restart scope replica, the latest (each group's
+  // failure spends the budget on its own, and the last one spent it). Its
+  // code is the exit code when the run fails.
+  const std::optional<ExitInfo>& failure() const { return failure_; }
   // The round whose workers run or finished on this node: the round a
   // reconnecting agent resumes. nullopt while joining or stopping.
   std::optional<uint64_t> resumable_round() const;
@@ -223,7 +225,7 @@ class AgentState {
   int live_workers_ = 0;
   int succeeded_workers_ = 0;
   bool failure_reported_this_round_ = false;
-  std::optional<ExitInfo> first_failure_;
+  std::optional<ExitInfo> failure_;
 
   // Restart scope "replica" only.
   const int replica_size_;

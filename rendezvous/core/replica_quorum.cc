@@ -132,11 +132,22 @@ void ReplicaQuorum::TryForm(bool overdue, std::vector<QuorumAnswer>* out) {
   if (max_committed < finished_steps_) {
     // Whoever finished training has left: nobody can hand these groups the
     // final state, and training on from where they are would make another.
+    // If every holder failed on the way out, the state is lost with them.
     for (auto it = arrived_.begin(); it != arrived_.end();) {
       if (std::binary_search(complete.begin(), complete.end(), it->first.first)) {
+        // Told so, the group leaves (exit 0, or 1 for a lost state, which
+        // its agent reports): no quorum is to wait for it again.
+        replicas_[it->first.first].done = true;
         out->push_back(
-            {it->second.waiter, absl::OutOfRangeError(absl::StrCat(
-                                    "quorum: training finished (", finished_steps_,
+            {it->second.waiter,
+             final_state_lost_
+                 ? absl::DataLossError(absl::StrCat(
+                       "quorum: the training state after ", finished_steps_,
+                       " committed steps is lost: every replica group that finished "
+                       "with it failed before leaving; restart the job, from a "
+                       "checkpoint if it has one"))
+                 : absl::OutOfRangeError(
+                       absl::StrCat("quorum: training finished (", finished_steps_,
                                     " steps) and its replicas left before replica ",
                                     it->first.first, " could join them"))});
         it = arrived_.erase(it);
@@ -171,7 +182,10 @@ void ReplicaQuorum::TryForm(bool overdue, std::vector<QuorumAnswer>* out) {
     for (const auto& [key, arrived] : arrived_)
       if (arrived.finished)
         finished_steps_ = std::max(finished_steps_, arrived.committed_steps);
-    for (uint32_t r : complete) replicas_[r].done = true;
+    for (uint32_t r : complete) {
+      replicas_[r].done = true;
+      replicas_[r].holds_final = steps_of[r] == max_committed;
+    }
   }
 
   QuorumFormed formed;
@@ -273,6 +287,13 @@ void ReplicaQuorum::ReplicaFailed(uint32_t replica_id, Loss loss,
   Replica& replica = replicas_[replica_id];
   replica.failed = true;
   group_healthy_ = false;
+  // A node lost is not counted: its group may have left with the state
+  // before the node went (the daemon sees no group's own exit).
+  if (replica.holds_final && loss == Loss::kRestarting) {
+    replica.holds_final = false;
+    final_state_lost_ = std::none_of(replicas_.begin(), replicas_.end(),
+                                     [](const auto& r) { return r.second.holds_final; });
+  }
   for (auto it = arrived_.begin(); it != arrived_.end();) {
     if (it->first.first == replica_id) {
       out->push_back(

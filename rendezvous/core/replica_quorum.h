@@ -21,7 +21,11 @@
 // participant with the most committed steps is the source of a heal when
 // any participant has fewer. Groups that arrive after the ones that finished
 // training have left (a restart or a joining node, too late) are told
-// OUT_OF_RANGE: nobody is left to give them the final state. A quorum whose
+// OUT_OF_RANGE: nobody is left to give them the final state. Unless every
+// group that held the final state at the finishing quorum was reported
+// failed (kRestarting) after it, as a source whose state_dict raised during
+// the last heal: then nobody left with it, and they are told DATA_LOSS. A
+// quorum whose
 // groups all have fewer steps than a step that committed (every group that
 // held the state died, or could not hand it over: a program's state_dict
 // that raises) is refused with DATA_LOSS instead of training on from an
@@ -150,7 +154,10 @@ class ReplicaQuorum {
     uint32_t incarnation = 0;
     bool failed = false;
     bool straggling = false;  // missed an overdue quorum, not complete since
-    bool done = false;        // left with the final state (trained every step)
+    bool done = false;        // took part in the finishing quorum
+    // Held the final state at the finishing quorum (a heal's receiver does
+    // not count: its heal may fail), and was not reported failed since.
+    bool holds_final = false;
   };
   struct Arrived {
     QuorumWaiter waiter;
@@ -189,6 +196,9 @@ class ReplicaQuorum {
   // training: a quorum whose groups have fewer is refused (OUT_OF_RANGE),
   // since the finished ones, the only holders of the final state, have left.
   uint64_t finished_steps_ = 0;
+  // Every group that held the final state failed after the finishing
+  // quorum: the late ones are refused with DATA_LOSS instead.
+  bool final_state_lost_ = false;
   // The most steps a decision has committed: a quorum whose groups all hold
   // fewer is refused (DATA_LOSS), since no group that has the state is left.
   uint64_t committed_high_ = 0;

@@ -445,28 +445,61 @@ def case_scope(args: argparse.Namespace) -> None:
     print("ok:", errors[0])
 
 
-def case_callback(args: argparse.Namespace) -> None:
+def run_callback_worker(args: argparse.Namespace, mode: str) -> tuple[int, list[str]]:
+    """ft_callback_worker.py MODE under meshrun (two replica groups of one
+    worker): its exit code and output lines."""
     env = dict(os.environ, PYTHON_EXEC=args.python, PYTHONPATH=args.pythonpath)
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ft_callback_worker.py")
     run = Run(
         [args.meshrun, "--standalone", "--nproc-per-node=2", "--restart-scope=replica",
-         "--max-restarts=3", worker],
+         "--max-restarts=3", worker, mode],
         env,
     )  # fmt: skip
-    rc = run.finish(time.monotonic() + DEADLINE_S)
-    out = run.output()
+    return run.finish(time.monotonic() + DEADLINE_S), run.output()
+
+
+CALLBACK_RAISED = (
+    "meshrun.ft: the state_dict callback raised ValueError: the program cannot give its state"
+)
+
+
+def case_callback(args: argparse.Namespace) -> None:
+    rc, out = run_callback_worker(args, "heal")
     text = "\n".join(out)
     assert rc != 0, text
     raised = [line for line in out if line.startswith("meshrun.ft: the state_dict callback")]
     assert raised, text
-    assert raised[0] == (
-        "meshrun.ft: the state_dict callback raised ValueError: the program cannot give its state"
-    ), raised[0]
+    assert raised[0] == CALLBACK_RAISED, raised[0]
     lost = [line for line in out if line.startswith("meshrun.ft: step quorum: ")]
     assert lost and "committed steps is lost" in lost[0], text
     # Replica 0 trained from step 0 once, in its first life, never again.
     assert sum(1 for line in out if line == "replica 0 trained step 0") == 1, text
     print("ok:", raised[0], "|", lost[0])
+
+
+def case_finish_callback(args: argparse.Namespace) -> None:
+    """The heal at the finishing quorum fails (the only group with the final
+    state has a state_dict that raises): nobody left with the final state,
+    so the run fails saying so, instead of every group ending with "nothing
+    to do" and the run succeeding without its result."""
+    rc, out = run_callback_worker(args, "finish")
+    text = "\n".join(out)
+    # The code of the failure that spent the budget (replica 0's refusal, exit
+    # 1), not replica 1's SIGKILL of its first life.
+    assert rc == 1, f"exit {rc}\n{text}"
+    assert "replica 0 life 0 leaves at step 60" in out, text
+    assert CALLBACK_RAISED in out, text
+    lost = [line for line in out if line.startswith("meshrun.ft: step quorum: ")]
+    assert (
+        lost
+        and (
+            "the training state after 60 committed steps is lost: every replica group that "
+            "finished with it failed before leaving"
+        )
+        in lost[0]
+    ), text
+    assert not any("run succeeded" in line for line in out), text
+    print(f"ok: exit {rc} |", lost[0])
 
 
 def case_straggler(args: argparse.Namespace) -> None:
@@ -592,7 +625,10 @@ def main() -> None:
     parser.add_argument("--pythonpath", required=True)
     parser.add_argument(
         "case",
-        choices=[*PROGRAMS, "elastic", "scope", "callback", "torchft", "changes", "straggler"],
+        choices=[
+            *PROGRAMS,
+            *("elastic", "scope", "callback", "finish_callback", "torchft", "changes", "straggler"),
+        ],
     )
     args = parser.parse_args()
     sys.path[:0] = args.pythonpath.split(":")
@@ -604,6 +640,8 @@ def main() -> None:
         case_scope(args)
     elif args.case == "callback":
         case_callback(args)
+    elif args.case == "finish_callback":
+        case_finish_callback(args)
     elif args.case == "torchft":
         case_torchft(args)
     elif args.case == "straggler":

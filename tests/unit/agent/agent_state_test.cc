@@ -96,8 +96,24 @@ TEST(AgentStateTest, SignaledWorkerCountsAsFailureWithShellCode) {
   AgentState state(1);
   state.Step(event::Assigned{Round(1)});
   state.Step(event::WorkerExited{Exit(0, 0, SIGSEGV)});
-  ASSERT_TRUE(state.first_failure().has_value());
-  EXPECT_EQ(state.first_failure()->status_code(), 128 + SIGSEGV);
+  ASSERT_TRUE(state.failure().has_value());
+  EXPECT_EQ(state.failure()->status_code(), 128 + SIGSEGV);
+}
+
+// The run fails in round 2 on this node's exit 3; round 1's SIGKILL was
+// restarted and is not what the exit code reports.
+TEST(AgentStateTest, TheExitCodeIsTheFailureOfTheRoundThatFailedTheRun) {
+  AgentState state(1);
+  state.Step(event::Assigned{Round(1)});
+  state.Step(event::WorkerExited{Exit(0, 0, SIGKILL)});
+  state.Step(event::Reform{2, "worker failure"});
+  state.Step(event::WorkersStopped{});
+  state.Step(event::Assigned{Round(2, 1)});
+  state.Step(event::WorkerExited{Exit(0, 3)});
+  state.Step(event::Closed{RunEnd::kFailed, "rank 0 exited 3"});
+  auto actions = state.Step(event::WorkersStopped{});
+  ASSERT_NE(Find<action::Exit>(actions), nullptr);
+  EXPECT_EQ(Find<action::Exit>(actions)->code, 3);
 }
 
 TEST(AgentStateTest, TerminationSignalStopsWorkersWithItLeavesAndExits128PlusSignal) {
@@ -365,6 +381,24 @@ TEST(AgentStateReplicaTest, SpentBudgetStopsEveryWorkerAndExitsWithTheRootCause)
   ASSERT_NE(exit, nullptr);
   EXPECT_EQ(exit->code, 9);
   EXPECT_NE(exit->summary.find("Root Cause"), std::string::npos);
+}
+
+// Group 0 was SIGKILLed and restarted; its second life exits 1 and spends
+// the budget: the exit code is that failure's, the one the close is about.
+TEST(AgentStateReplicaTest, TheExitCodeIsTheFailureThatSpentTheBudget) {
+  AgentState state(2, 1);
+  state.Step(event::Assigned{NodeRound(1, 0)});
+  state.Step(event::WorkerExited{Exit(0, 0, SIGKILL)});
+  state.Step(event::ReplicaStopped{0});
+  ASSERT_NE(Find<action::StartReplica>(state.Step(event::ReplicaVerdict{1, 0, true, 1})),
+            nullptr);
+  state.Step(event::WorkerExited{Exit(0, 1)});
+  state.Step(event::ReplicaStopped{0});
+  state.Step(event::ReplicaVerdict{1, 0, false, 2});
+  state.Step(event::Closed{RunEnd::kFailed, "rank 0 exited 1"});
+  auto actions = state.Step(event::WorkersStopped{});
+  ASSERT_NE(Find<action::Exit>(actions), nullptr);
+  EXPECT_EQ(Find<action::Exit>(actions)->code, 1);
 }
 
 TEST(AgentStateReplicaTest, CloseBeforeTheVerdictStopsEverything) {

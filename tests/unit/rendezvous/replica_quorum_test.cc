@@ -244,15 +244,22 @@ TEST(ReplicaQuorumTest, AGroupOfAJoiningNodeIsWaitedForOnceHereAndHealed) {
   EXPECT_NE(formed.group_id, d.Formed(a).group_id);
 }
 
+// Two groups of a run of two train step 1 together.
+void CommitFirstStepOfTwo(QuorumDriver& d) {
+  const QuorumWaiter a = d.Arrive(0, 0, 0, 0, 1, 2);
+  d.Arrive(1, 0, 0, 0, 1, 2);
+  const uint64_t q = d.Formed(a).quorum_id;
+  const QuorumWaiter vote = d.Vote(q, 0, true);
+  d.Vote(q, 1, true);
+  EXPECT_TRUE(d.Decision(vote).commit);
+}
+
 // A group that arrives after the ones that finished training have left (a
 // restart or a joining node, too late) would train from where it is, alone:
 // it is told OUT_OF_RANGE instead.
 TEST(ReplicaQuorumTest, AGroupArrivingAfterTheFinishedOnesLeftIsRefused) {
   QuorumDriver d;
-  const QuorumWaiter a = d.Arrive(0, 0, 0, 0, 1, 2);
-  d.Arrive(1, 0, 0, 0, 1, 2);
-  const uint64_t q = d.Formed(a).quorum_id;
-  d.Vote(q, 0, true), d.Vote(q, 1, true);
+  CommitFirstStepOfTwo(d);
   const QuorumWaiter finished = d.ArriveFinished(0, 1, 2);
   d.ArriveFinished(1, 1, 2);
   EXPECT_EQ(d.Formed(finished).participants, (std::vector<uint32_t>{0, 1}));
@@ -263,6 +270,53 @@ TEST(ReplicaQuorumTest, AGroupArrivingAfterTheFinishedOnesLeftIsRefused) {
   EXPECT_NE(d.Error(late).message().find("training finished (1 steps)"),
             std::string::npos)
       << d.Error(late);
+}
+
+// The only group with the final state fails during the finishing quorum's
+// heal (its state_dict raised): nobody left with the state, so the groups
+// that come later are told it is lost, not that training finished.
+TEST(ReplicaQuorumTest,
+     WhenEveryGroupThatFinishedWithTheStateFailsTheLateOnesAreRefused) {
+  QuorumDriver d;
+  CommitFirstStepOfTwo(d);
+  d.quorum().ReplicaFailed(1, ReplicaQuorum::Loss::kRestarting, &d.out());
+  d.Collect();
+  // Replica 0 finished with 1 step; replica 1 comes back and is to be healed.
+  const QuorumWaiter finished = d.ArriveFinished(0, 1, 2);
+  const QuorumWaiter receiver = d.Arrive(1, 0, /*incarnation=*/1, 0, 1, 2);
+  EXPECT_TRUE(d.Formed(finished).heal);
+  EXPECT_EQ(d.Formed(receiver).source_replica, 0u);
+  // The source fails during the heal; the receiver, which got nothing, and
+  // then (once the receiver's refused worker has exited) the source's own
+  // restart are refused.
+  d.quorum().ReplicaFailed(0, ReplicaQuorum::Loss::kRestarting, &d.out());
+  d.Collect();
+  for (const auto& [replica, incarnation] : {std::pair{1u, 1u}, std::pair{0u, 1u}}) {
+    const QuorumWaiter late = d.Arrive(replica, 0, incarnation, 0, 1, 2);
+    ASSERT_TRUE(d.Answered(late)) << replica;
+    EXPECT_EQ(d.Error(late).code(), absl::StatusCode::kDataLoss) << d.Error(late);
+    EXPECT_NE(d.Error(late).message().find(
+                  "after 1 committed steps is lost: every replica group that finished "
+                  "with it failed before leaving"),
+              std::string::npos)
+        << d.Error(late);
+    d.quorum().ReplicaFailed(replica, ReplicaQuorum::Loss::kRestarting, &d.out());
+    d.Collect();
+  }
+}
+
+// Two groups finished with the state; one fails on the way out, the other
+// left with it: training finished, as far as a late group is concerned.
+TEST(ReplicaQuorumTest, OneHolderOfTheFinalStateFailingLeavesTheOthersWithIt) {
+  QuorumDriver d;
+  CommitFirstStepOfTwo(d);
+  d.ArriveFinished(0, 1, 2);
+  d.ArriveFinished(1, 1, 2);
+  d.quorum().ReplicaFailed(0, ReplicaQuorum::Loss::kRestarting, &d.out());
+  d.Collect();
+  const QuorumWaiter late = d.Arrive(0, 0, /*incarnation=*/1, 0, 1, 2);
+  ASSERT_TRUE(d.Answered(late));
+  EXPECT_EQ(d.Error(late).code(), absl::StatusCode::kOutOfRange) << d.Error(late);
 }
 
 // Every group that held the state died after step 2 committed (or its
