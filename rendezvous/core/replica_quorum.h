@@ -25,11 +25,10 @@
 // group that held the final state at the finishing quorum was reported
 // failed (kRestarting) after it, as a source whose state_dict raised during
 // the last heal: then nobody left with it, and they are told DATA_LOSS. A
-// quorum whose
-// groups all have fewer steps than a step that committed (every group that
-// held the state died, or could not hand it over: a program's state_dict
-// that raises) is refused with DATA_LOSS instead of training on from an
-// older state: the steps since would be lost silently.
+// quorum whose groups all have fewer steps than a step that committed (every
+// group that held the state died, or could not hand it over: a program's
+// state_dict that raises) is refused with DATA_LOSS instead of training on
+// from an older state: the steps since would be lost silently.
 //
 // After its all-reduce, every member of every participant votes. The step
 // commits when all voted ok; it is discarded at the first failed vote, when

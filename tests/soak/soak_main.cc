@@ -23,8 +23,9 @@
 // second fifth's, or within --memory-slack-mib of it (a burst of reconnecting
 // clients holds a few MiB for a while). The heap in use, not the RSS: glibc
 // keeps each arena's high-water mark, so the RSS ratchets up with every burst
-// (31.6 -> 40.2 MiB in one 60 s CI run whose heap in use was flat). Where the
-// daemon cannot report its heap (a sanitizer's allocator), the RSS is judged.
+// (31.6 -> 40.2 MiB in one 60 s CI run; traced, the heap in use moved within
+// 15-22 MiB while the arenas grew). Where the daemon cannot report its heap
+// (a sanitizer's allocator), the RSS is judged.
 // Prints a summary and one `SOAK_JSON {...}` line.
 
 #include <fcntl.h>
@@ -42,6 +43,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -336,15 +338,23 @@ double Median(std::vector<double> values) {
 }
 
 // The medians of the second and last fifths of the first `n` samples, and
-// the peak of them all.
+// the peak of them all; samples < 0 (not read) left out. nullopt when a
+// fifth has no sample.
 struct MemoryTrend {
   double early = 0, late = 0, peak = 0;
 };
-MemoryTrend Trend(const std::vector<double>& mib, int n) {
-  if (n <= 0) return {};
-  return {.early = Median({mib.begin() + n / 5, mib.begin() + 2 * n / 5}),
-          .late = Median({mib.begin() + 4 * n / 5, mib.begin() + n}),
-          .peak = *std::max_element(mib.begin(), mib.end())};
+std::optional<MemoryTrend> Trend(const std::vector<double>& mib, int n) {
+  auto read = [](auto begin, auto end) {
+    std::vector<double> kept;
+    std::copy_if(begin, end, std::back_inserter(kept), [](double v) { return v >= 0; });
+    return kept;
+  };
+  const std::vector<double> early = read(mib.begin() + n / 5, mib.begin() + 2 * n / 5),
+                            late = read(mib.begin() + 4 * n / 5, mib.begin() + n);
+  if (early.empty() || late.empty()) return std::nullopt;
+  return MemoryTrend{.early = Median(early),
+                     .late = Median(late),
+                     .peak = *std::max_element(mib.begin(), mib.end())};
 }
 
 double Percentile(std::vector<double> values, double p) {
@@ -420,9 +430,11 @@ class Soak {
 
     // Report.
     const int n = fault_phase_samples;
-    const MemoryTrend rss = Trend(rss_mib_, n), heap = Trend(heap_mib_, n);
-    const bool heap_known = std::none_of(heap_mib_.begin(), heap_mib_.end(),
-                                         [](double mib) { return mib < 0; });
+    const MemoryTrend rss = Trend(rss_mib_, n).value_or(MemoryTrend{});
+    // Unknown under a sanitizer's allocator (the daemon does not report it).
+    const std::optional<MemoryTrend> heap_trend = Trend(heap_mib_, n);
+    const bool heap_known = heap_trend.has_value();
+    const MemoryTrend heap = heap_trend.value_or(MemoryTrend{});
     const MemoryTrend& judged = heap_known ? heap : rss;
     const bool memory_flat =
         judged.late <= judged.early * (1 + options_.max_memory_growth) ||
