@@ -384,6 +384,16 @@ class Soak {
 
     for (int i = 0; i < options_.store_procs; ++i) StartStoreProc();
     std::thread probe([this] { Probe(); });
+    // Joined however Run ends: a process that cannot be started throws, and
+    // the processes started so far are then ended by their destructors.
+    struct StopProbe {
+      Soak* soak;
+      std::thread* probe;
+      ~StopProbe() {
+        soak->stop_probe_ = true;
+        if (probe->joinable()) probe->join();
+      }
+    } stop_probe{this, &probe};
     for (int i = 0; i < options_.runs; ++i) StartJob();
 
     const auto start = Clock::now();
@@ -424,7 +434,7 @@ class Soak {
     }
     CollectStoreCounts();
     stop_probe_ = true;
-    probe.join();
+    probe.join();  // before the report reads its samples
     const bool daemon_alive = daemon_->process().Running();
     const double rss_end = RssKiB(daemon_pid_) / 1024.0, heap_end = HeapInUseMiB();
 
@@ -834,7 +844,12 @@ int main(int argc, char** argv) {
     char self[4096];
     const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     soak.self_exe_ = n > 0 ? std::string(self, n) : argv[0];
-    rc = soak.Run();
+    try {
+      rc = soak.Run();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "meshrun_soak: %s\n", e.what());
+      rc = 1;
+    }
   }
   if (!made_dir.empty() && rc == 0) std::filesystem::remove_all(made_dir);
   return rc;
