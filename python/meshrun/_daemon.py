@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from meshrun._identity import ReplicaIdentity, UsageError
+from meshrun._errors import UsageError
+from meshrun._identity import ReplicaIdentity
 from meshrun.v1 import rendezvous_pb2, rendezvous_pb2_grpc
 
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

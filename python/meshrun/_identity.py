@@ -1,29 +1,16 @@
 """Who this worker is among the replica groups, from meshrun's environment.
 
-Pure: reads a mapping, raises UsageError with one line when the environment
-is not meshrun's under ``--restart-scope=replica``.
+Pure: reads a mapping, raises IdentityError with one line when the
+environment is not meshrun's under ``--restart-scope=replica``.
 """
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 
-class UsageError(SystemExit):
-    """A program using meshrun.ft where it cannot work: one line, exit code 2.
-
-    A SystemExit, so that the line is all the worker prints (no traceback
-    around a configuration mistake) and no training starts from zero.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(2)
-        self.message = f"meshrun.ft: {message}"
-        # The interpreter prints nothing for an integer exit code.
-        print(self.message, file=sys.stderr, flush=True)
-
-    def __str__(self) -> str:
-        return self.message
+class IdentityError(ValueError):
+    """One line: why this environment is not meshrun's under
+    ``--restart-scope=replica`` (meshrun.ft turns it into a UsageError)."""
 
 
 @dataclass(frozen=True)
@@ -54,14 +41,14 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     value = env.get(name, "")
     if value == "":
         if default is None:
-            raise UsageError(f"{name} is not set: start this program with meshrun")
+            raise IdentityError(f"{name} is not set: start this program with meshrun")
         return default
     try:
         parsed = int(value)
     except ValueError:
-        raise UsageError(f"{name}={value!r} is not an integer") from None
+        raise IdentityError(f"{name}={value!r} is not an integer") from None
     if parsed < 0:
-        raise UsageError(f"{name}={value!r} is negative")
+        raise IdentityError(f"{name}={value!r} is negative")
     return parsed
 
 
@@ -69,12 +56,12 @@ def identity_from_env(env: Mapping[str, str]) -> ReplicaIdentity:
     """The identity meshrun --restart-scope=replica gives each worker."""
     endpoint = env.get("MESHRUN_STORE_ENDPOINT", "")
     if not endpoint:
-        raise UsageError(
+        raise IdentityError(
             "MESHRUN_STORE_ENDPOINT is not set: restart-free recovery needs meshrun's "
             "daemon; start this program with meshrun --restart-scope=replica --replica-size=N"
         )
     if env.get("MESHRUN_RESTART_SCOPE") != "replica":
-        raise UsageError(
+        raise IdentityError(
             "meshrun runs this job with --restart-scope=job, where a failure restarts every "
             "worker and training would start over from step 0: start it with meshrun "
             "--restart-scope=replica --replica-size=N"
@@ -84,10 +71,10 @@ def identity_from_env(env: Mapping[str, str]) -> ReplicaIdentity:
     world = _int(env, "WORLD_SIZE")
     local_world = _int(env, "LOCAL_WORLD_SIZE")
     if size < 1 or world % size != 0:
-        raise UsageError(f"a world of {world} workers does not split into groups of {size}")
+        raise IdentityError(f"a world of {world} workers does not split into groups of {size}")
     if local_world % size != 0:
         # The launcher refuses this too; a group must die and restart as one.
-        raise UsageError(
+        raise IdentityError(
             f"replica groups of {size} workers would span nodes "
             f"({local_world} workers on this node): --nproc-per-node must be a multiple "
             "of --replica-size"
@@ -95,17 +82,17 @@ def identity_from_env(env: Mapping[str, str]) -> ReplicaIdentity:
     replica = rank // size
     named = _int(env, "MESHRUN_REPLICA_ID", replica)
     if named != replica:
-        raise UsageError(f"MESHRUN_REPLICA_ID={named} but rank {rank} is in group {replica}")
+        raise IdentityError(f"MESHRUN_REPLICA_ID={named} but rank {rank} is in group {replica}")
     in_world = world // size
     full_strength = _int(env, "MESHRUN_NUM_REPLICAS", in_world)
     if full_strength < in_world:
-        raise UsageError(
+        raise IdentityError(
             f"MESHRUN_NUM_REPLICAS={full_strength} is fewer than the {in_world} replica "
             "groups in this world"
         )
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if not run_id:
-        raise UsageError("TORCHELASTIC_RUN_ID is not set: the daemon's quorum is per run")
+        raise IdentityError("TORCHELASTIC_RUN_ID is not set: the daemon's quorum is per run")
     return ReplicaIdentity(
         run_id=run_id,
         replica=replica,

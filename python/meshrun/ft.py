@@ -47,7 +47,8 @@ from torch.utils.data import Dataset, Sampler
 
 from meshrun import _state
 from meshrun._daemon import DaemonClient, DaemonError, Quorum
-from meshrun._identity import ReplicaIdentity, UsageError, identity_from_env
+from meshrun._errors import UsageError
+from meshrun._identity import IdentityError, ReplicaIdentity, identity_from_env
 from meshrun._replica_group import ReplicaDimension
 
 __all__ = [
@@ -62,6 +63,14 @@ __all__ = [
 ]
 
 _manager: "Manager | None" = None
+
+
+def _my_identity() -> ReplicaIdentity:
+    """This worker's identity, or the program's one-line exit (code 2)."""
+    try:
+        return identity_from_env(os.environ)
+    except IdentityError as e:
+        raise UsageError(str(e)) from None
 
 
 def _log(line: str) -> None:
@@ -95,7 +104,7 @@ def init_process_group(
     group's failure never reaches them. Its keys are this incarnation's
     (a restarted group never meets its predecessor's).
     """
-    identity = identity_from_env(os.environ)
+    identity = _my_identity()
     timeout = timeout or datetime.timedelta(minutes=10)
     store = dist.PrefixStore(identity.store_prefix, _tcp_store(identity, timeout))
     dist.init_process_group(
@@ -109,7 +118,7 @@ def init_process_group(
 
 def replica_id() -> int:
     """This worker's replica group (its name in quorums and logs)."""
-    return identity_from_env(os.environ).replica
+    return _my_identity().replica
 
 
 def destroy_process_group() -> None:
@@ -145,7 +154,7 @@ class Manager:
         global _manager
         if _manager is not None:
             raise UsageError("a process has one Manager; this one already made its own")
-        self._id = identity_from_env(os.environ)
+        self._id = _my_identity()
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
         # The daemon's wait for missing groups, at the quorum and at the vote.
@@ -527,7 +536,7 @@ class DistributedSampler(Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
     ) -> None:
-        identity = identity_from_env(os.environ)
+        identity = _my_identity()
         self._replicas = num_replicas or identity.replicas_at_full_strength
         self._shards = self._replicas * identity.replica_size
         self._shard = identity.replica * identity.replica_size + identity.member

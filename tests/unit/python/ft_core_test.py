@@ -3,6 +3,7 @@ the sampler's batches (against torch's DistributedSampler), a heal's payload
 and the gradient buffers."""
 
 import datetime
+import io
 import os
 import unittest
 from unittest import mock
@@ -10,7 +11,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 from meshrun import _state, ft
-from meshrun._identity import UsageError, identity_from_env
+from meshrun._identity import IdentityError, identity_from_env
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.utils.data import TensorDataset
@@ -49,11 +50,23 @@ class IdentityTest(unittest.TestCase):
 
     def refused(self, **changes: str | None) -> str:
         env = {k: v for k, v in {**ENV, **changes}.items() if v is not None}
-        with mock.patch("sys.stderr"), self.assertRaises(UsageError) as caught:
+        with self.assertRaises(IdentityError) as caught:
             identity_from_env(env)
-        self.assertEqual(caught.exception.code, 2)
         self.assertNotIn("\n", str(caught.exception))
         return str(caught.exception)
+
+    def test_a_refusal_ends_the_program_with_its_line_and_code_2(self) -> None:
+        env = {k: v for k, v in ENV.items() if k != "MESHRUN_RESTART_SCOPE"}
+        stderr = io.StringIO()
+        with (
+            mock.patch.dict(os.environ, env, clear=True),
+            mock.patch("sys.stderr", stderr),
+            self.assertRaises(ft.UsageError) as caught,
+        ):
+            ft.replica_id()
+        self.assertEqual(caught.exception.code, 2)
+        self.assertEqual(stderr.getvalue(), str(caught.exception) + "\n")
+        self.assertTrue(str(caught.exception).startswith("meshrun.ft: meshrun runs this job"))
 
     def test_refuses_the_job_scope_naming_the_flag(self) -> None:
         self.assertIn("--restart-scope=replica", self.refused(MESHRUN_RESTART_SCOPE=None))
