@@ -220,13 +220,25 @@ def runnable_blocks(path: str, runners: set[str]) -> list[Runnable]:
     return blocks
 
 
-def known_runner(name: str, runners: set[str]) -> bool:
-    """A test of this build, a test group that a build with more parts
-    registers (the sanitizer build has no worker library), or a file."""
-    if name in runners or os.path.isfile(os.path.join(ROOT, name)):
-        return True
+def registered_tests() -> set[str]:
+    """The names tests/CMakeLists.txt gives add_test, with each
+    `foreach(VAR a b c)` expanded, whether this build registers them or not
+    (the sanitizer build has no worker library)."""
     with open(os.path.join(ROOT, "tests", "CMakeLists.txt")) as f:
-        return f"NAME {name.partition('.')[0]}." in f.read()
+        text = f.read()
+    names = set(re.findall(r"add_test\(NAME ([\w.]+)\s", text))
+    for var, values, body in re.findall(r"foreach\((\w+) ([^)]*)\)(.*?)endforeach\(\)", text, re.S):
+        if values.startswith("IN "):
+            continue  # a list variable: not expanded here
+        for group in re.findall(rf"add_test\(NAME ([\w.]+)\$\{{{var}\}}", body):
+            names.update(group + value for value in values.split())
+    return names
+
+
+def known_runner(name: str, runners: set[str]) -> bool:
+    """A test of this build, a test that tests/CMakeLists.txt registers in a
+    build with more parts, or a file."""
+    return name in runners or name in registered_tests() or os.path.isfile(os.path.join(ROOT, name))
 
 
 def ctest_names(build_dir: str) -> set[str]:
