@@ -100,7 +100,8 @@ void FileTimerServer::Read() {
         }
         server.pending_.erase(0, start);
         if (server.pending_.size() > kMaxLineBytes) {
-          server.Refuse(absl::StrCat("a line of over ", kMaxLineBytes, " bytes"));
+          server.refusals_.Refuse(
+              absl::StrCat("a line of over ", kMaxLineBytes, " bytes"));
           server.pending_.clear();
         }
         server.CheckTimers();
@@ -111,19 +112,17 @@ void FileTimerServer::Read() {
 void FileTimerServer::OnLine(std::string_view line) {
   absl::StatusOr<TimerRequest> request = ParseTimerRequest(line);
   if (!request.ok()) {
-    Refuse(absl::StrCat("a line that is not a timer request (",
-                        request.status().message(), ")"));
+    refusals_.Refuse(absl::StrCat("a line that is not a timer request (",
+                                  request.status().message(), ")"));
     return;
   }
   if (!callbacks_.is_worker(request->pid)) {
-    Refuse(absl::StrCat("a timer request for pid ", request->pid,
-                        ", not one of this agent's running workers"));
+    refusals_.Refuse(absl::StrCat("a timer request for pid ", request->pid,
+                                  ", not one of this agent's running workers"));
     return;
   }
   table_.Apply(*request);
 }
-
-void FileTimerServer::Refuse(const std::string& why) { refusals_.Refuse(why); }
 
 void FileTimerServer::CheckTimers() {
   const double now = UnixNow();

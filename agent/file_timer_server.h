@@ -53,7 +53,6 @@ class FileTimerServer {
                   Callbacks callbacks);
   void Read();
   void OnLine(std::string_view line);
-  void Refuse(const std::string& why);
   void CheckTimers();
 
   const std::string path_;
