@@ -167,6 +167,9 @@ class Manager:
             if backend == "nccl"
             else torch.device("cpu")
         )
+        # A store client of its own, not init_process_group's: a TCPStore's
+        # timeout is per client, and a replica group's rendezvous gives up
+        # after `timeout` while the process group waits its own (10 minutes).
         self._replicas = ReplicaDimension(self._id, _tcp_store(self._id, timeout), backend, timeout)
         self._step = 0  # steps committed
         self._history: list[list[int]] = []  # each committed step's participants
