@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import glob
 import os
 import re
@@ -220,6 +221,7 @@ def runnable_blocks(path: str, runners: set[str]) -> list[Runnable]:
     return blocks
 
 
+@functools.cache
 def registered_tests() -> set[str]:
     """The names tests/CMakeLists.txt gives add_test, with each
     `foreach(VAR a b c)` expanded, whether this build registers them or not

@@ -12,7 +12,7 @@
 // agent joins in its place), a worker SIGKILLed (the job restarts), a whole
 // store process SIGKILLed (a fresh one takes its place). A probe client
 // times a set+get pair every 100 ms. The daemon's memory is sampled every
-// second: its RSS, and its heap in use from /metrics.
+// second from its /metrics: its RSS and its heap in use.
 // Then the faults stop and every job must finish.
 //
 // Passes (exit 0) when: the daemon is alive at the end; every agent that was
@@ -312,15 +312,6 @@ std::string Tail(const std::string& path, size_t bytes) {
   return all.size() > bytes ? all.substr(all.size() - bytes) : all;
 }
 
-long RssKiB(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return -1;
-}
-
 // Direct children of `pid` (the agent's workers).
 std::vector<pid_t> ChildrenOf(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) +
@@ -404,8 +395,9 @@ class Soak {
     while (Clock::now() < fault_end) {
       const auto now = Clock::now();
       if (now >= next_sample) {
-        rss_mib_.push_back(RssKiB(daemon_pid_) / 1024.0);
-        heap_mib_.push_back(HeapInUseMiB());
+        const Memory memory = ReadMemory();
+        rss_mib_.push_back(memory.rss_mib);
+        heap_mib_.push_back(memory.heap_mib);
         next_sample += seconds(1);
         CollectStoreCounts();
       }
@@ -436,7 +428,7 @@ class Soak {
     stop_probe_ = true;
     probe.join();  // before the report reads its samples
     const bool daemon_alive = daemon_->process().Running();
-    const double rss_end = RssKiB(daemon_pid_) / 1024.0, heap_end = HeapInUseMiB();
+    const Memory end = ReadMemory();
 
     // Report.
     const int n = fault_phase_samples;
@@ -494,12 +486,12 @@ class Soak {
     std::printf(
         "  daemon RSS MiB: 2nd fifth median %.1f, last fifth median %.1f, peak %.1f, "
         "after the drain %.1f%s\n",
-        rss.early, rss.late, rss.peak, rss_end, heap_known ? "" : " (judged)");
+        rss.early, rss.late, rss.peak, end.rss_mib, heap_known ? "" : " (judged)");
     if (heap_known) {
       std::printf(
           "  daemon heap in use MiB: 2nd fifth median %.1f, last fifth median %.1f, "
           "peak %.1f, after the drain %.1f (judged)\n",
-          heap.early, heap.late, heap.peak, heap_end);
+          heap.early, heap.late, heap.peak, end.heap_mib);
     }
     std::printf("  memory judged: allowed growth %.0f%% or %.0f MiB\n",
                 options_.max_memory_growth * 100, options_.memory_slack_mib);
@@ -528,12 +520,19 @@ class Soak {
  private:
   void Fail(const std::string& what) { failures_.push_back(what); }
 
-  // The daemon's heap in use from /metrics, or -1 when it does not say.
-  double HeapInUseMiB() {
-    const auto bytes = meshrun::testing::MetricSample(
-        meshrun::testing::HttpGet(metrics_port_, "/metrics").body,
-        "meshrun_process_heap_bytes{state=\"in_use\"}");
-    return bytes ? *bytes / (1024.0 * 1024.0) : -1;
+  // The daemon's RSS and heap in use from one /metrics scrape; -1 for what
+  // it did not say (the heap under a sanitizer's allocator).
+  struct Memory {
+    double rss_mib = -1, heap_mib = -1;
+  };
+  Memory ReadMemory() {
+    const std::string text = meshrun::testing::HttpGet(metrics_port_, "/metrics").body;
+    auto mib = [&](const std::string& sample) {
+      const auto bytes = meshrun::testing::MetricSample(text, sample);
+      return bytes ? *bytes / (1024.0 * 1024.0) : -1;
+    };
+    return {.rss_mib = mib("process_resident_memory_bytes"),
+            .heap_mib = mib("meshrun_process_heap_bytes{state=\"in_use\"}")};
   }
 
   void StartJob() {
