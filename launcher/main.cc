@@ -165,6 +165,14 @@ int ExecRayDriver(const std::vector<std::string>& args, const LaunchConfig& conf
           std::to_string(config.max_nodes),
       "--nproc-per-node=" + std::to_string(config.nproc_per_node)};
   if (!config.ray_rdzv_id_given) driver.push_back("--name-run");
+  // The daemon the driver starts requires the agents' token (else it makes
+  // one of its own, which the agents' --token-file would not match).
+  if (!config.token_file.empty()) {
+    std::error_code ignored;
+    auto absolute = std::filesystem::absolute(config.token_file, ignored);
+    driver.push_back("--token-file=" +
+                     (absolute.empty() ? config.token_file : absolute.string()));
+  }
   // Where the program is among the arguments, so that the driver can ship
   // its folder to a node that lacks it.
   const char* kind = config.module ? "module" : config.no_python ? "binary" : "script";

@@ -29,6 +29,7 @@ runs in that copy. meshrun itself must be installed on every node.
 import argparse
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -49,6 +50,41 @@ EXIT_FAILED = 1
 # resources are taken by other work) is given up, and tried again later.
 NEWCOMER_START_S = 120
 NEWCOMER_RETRY_S = 30
+
+# An agent's actor that does not answer a poll in this long is taken for
+# lost (MESHRUN_RAY_POLL_TIMEOUT_S: tests make it short).
+POLL_TIMEOUT_S = 30.0
+# How long a node's reaper waits for a SIGKILLed agent to be gone before it
+# says it is not (the driver then sends another, the bundle still reserved).
+REAP_WAIT_S = 10.0
+
+# Marks every process of one agent (meshrun, and its workers, which inherit
+# it) so that its node can find them without the actor: a unique id a
+# process cannot be confused by, as a recycled pid could.
+AGENT_ID_ENV = "MESHRUN_RAY_AGENT_ID"
+# The token the driver's daemon requires, for the daemon and every agent
+# (rendezvous/security.h's MESHRUN_RDZV_TOKEN; docs/security.md).
+TOKEN_ENV = "MESHRUN_RDZV_TOKEN"
+TOKEN_FILE_ENV = "MESHRUN_RDZV_TOKEN_FILE"
+
+# Runs between the actor's fork and the node's meshrun, as a process of its
+# own: it asks the kernel for SIGKILL when the actor (its parent) dies, then
+# execs meshrun. Not a preexec_fn: code between fork and exec in the actor,
+# a threaded process, must not take locks another thread may hold (ctypes
+# loading libc takes the dynamic loader's), and this one is single-threaded.
+# argv: the actor's pid, then meshrun's argv.
+PDEATHSIG_EXEC = """\
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+    sys.exit("meshrun: --ray: prctl(PR_SET_PDEATHSIG): " + os.strerror(ctypes.get_errno()))
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)  # the actor died before the kernel was asked: so does its agent
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+    sys.exit(f"meshrun: --ray: cannot run {sys.argv[2]}: {e.strerror}")
+"""
 
 FORWARDED = ("PYTHON_EXEC", "PYTHONPATH", "OMP_NUM_THREADS")
 FORWARDED_PREFIXES = ("MESHRUN_", "PET_", "TORCH", "NCCL_", "GLOO_")
@@ -76,6 +112,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--name-run", action="store_true", help="give the run a fresh id")
     parser.add_argument("--program-kind", choices=["script", "module", "binary"], default="script")
     parser.add_argument("--program-args", type=int, default=0, help="the tokens after the program")
+    parser.add_argument("--token-file", default="", help="the launch's --token-file, absolute")
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
     low, _, high = args.nnodes.partition(":")
@@ -106,6 +143,72 @@ def bundle_for(cluster: dict[str, float], nproc: int) -> dict[str, float]:
 
 def forwarded_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k in FORWARDED or k.startswith(FORWARDED_PREFIXES)}
+
+
+def poll_timeout_s(env: dict[str, str]) -> float:
+    text = env.get("MESHRUN_RAY_POLL_TIMEOUT_S", "")
+    try:
+        value = float(text) if text else POLL_TIMEOUT_S
+    except ValueError:
+        raise LaunchError(
+            f"MESHRUN_RAY_POLL_TIMEOUT_S={text!r} is not a number of seconds"
+        ) from None
+    if not value > 0:
+        raise LaunchError(f"MESHRUN_RAY_POLL_TIMEOUT_S={text!r} must be above 0")
+    return value
+
+
+def spawn_dying_with_parent(argv: list[str], env: dict[str, str], cwd: str) -> subprocess.Popen:
+    """``argv`` in a session of its own, its stdout and stderr one pipe, and
+    SIGKILLed by the kernel when this process dies (PR_SET_PDEATHSIG, through
+    PDEATHSIG_EXEC: nothing runs in the child between fork and exec)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", PDEATHSIG_EXEC, str(os.getpid()), *argv],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def agent_processes(agent_id: str) -> list[int]:
+    """This machine's live processes (not zombies) that carry ``agent_id``."""
+    mark = f"{AGENT_ID_ENV}={agent_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        found.append(int(entry))
+    return found
+
+
+def end_agent(agent_id: str, wait_s: float) -> bool:
+    """On the agent's node: SIGKILLs every process of that agent until none
+    is left; whether none is (False: some outlived ``wait_s``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = agent_processes(agent_id)
+        if not found:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
 
 
 def agent_argv(args: argparse.Namespace, launcher_args: list[str], endpoint: str, run_id: str):
@@ -185,25 +288,12 @@ class NodeAgent:
             "own_cwd": os.getcwd(),
         }
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: str) -> int:
-        def die_with_actor() -> None:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
+    def start(self, argv: list[str], env: dict[str, str], cwd: str, agent_id: str) -> int:
         import ray
 
         label = "ray-" + ray.get_runtime_context().get_node_id()[:8]
-        self._proc = subprocess.Popen(
-            argv,
-            env={**os.environ, **env, "MESHRUN_NODE_LABEL": label},
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_actor,
-        )
+        env = {**os.environ, **env, "MESHRUN_NODE_LABEL": label, AGENT_ID_ENV: agent_id}
+        self._proc = spawn_dying_with_parent(argv, env, cwd)
         threading.Thread(target=self._pump, daemon=True).start()
         threading.Thread(target=self._watch_raylet, daemon=True).start()
         return self._proc.pid
@@ -261,7 +351,14 @@ class Run:
         self.actors: list[Any] = []  # node K's actor at index K
         self.nodes: list[dict[str, Any]] = []  # what each actor said of its node
         self.codes: dict[int, int] = {}  # node K's meshrun exit code
-        self.lost: set[int] = set()  # nodes whose actor died with them
+        self.lost: set[int] = set()  # nodes whose actor died with them, or stopped answering
+        self.agent_ids: list[str] = []  # node K's AGENT_ID_ENV
+        # A lost node's reaper (end_agent on its node) until it has confirmed
+        # that the node's agent is gone: till then its bundle stays reserved.
+        self.reaping: dict[int, Any] = {}
+        self.reaper: Any = None  # end_agent as a Ray task
+        self.poll_timeout_s = poll_timeout_s(dict(os.environ))
+        self.token = ""  # the token the driver made for its daemon, if it made one
         self.bundle: dict[str, float] = {}
         self.cwd = os.getcwd()
         self.program = Program(args.program_kind, launcher_args, args.program_args, self.cwd)
@@ -338,8 +435,19 @@ class Run:
         rdzvd = os.path.join(os.path.dirname(self.args.meshrun), "meshrun-rdzvd")
         with quiet_stderr():  # Ray's core says how it found the address
             host = ray.util.get_node_ip_address()
+        argv = [rdzvd, f"--host={host}", "--port=0", "--metrics-port=0", "--log-level=warn"]
+        env = dict(os.environ)
+        if self.args.token_file:
+            argv.append(f"--token-file={self.args.token_file}")
+        elif not env.get(TOKEN_ENV) and not env.get(TOKEN_FILE_ENV):
+            # The daemon listens where every Ray node reaches it, and its store
+            # is the workers': without a token anyone who reaches it could
+            # write what they load. The agents get it through Ray (start()'s
+            # env), never on a command line.
+            self.token = env[TOKEN_ENV] = secrets.token_hex(32)
         self.daemon = subprocess.Popen(
-            [rdzvd, f"--host={host}", "--port=0", "--metrics-port=0", "--log-level=warn"],
+            argv,
+            env=env,
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
@@ -363,10 +471,69 @@ class Run:
 
     def start(self, actor: Any, node: dict[str, Any]) -> Any:
         """The node's meshrun, where the program is: the driver's directory,
-        else the copy Ray shipped (the actor's own working directory)."""
+        else the copy Ray shipped (the actor's own working directory).
+        Call in node order: node K's agent id is the K-th."""
+        agent_id = uuid.uuid4().hex
+        self.agent_ids.append(agent_id)
         if node["program"]:
-            return actor.start.remote(self.argv, self.env, self.cwd)
-        return actor.start.remote(self.shipped_argv, self.env, node["own_cwd"])
+            return actor.start.remote(self.argv, self.env, self.cwd, agent_id)
+        return actor.start.remote(self.shipped_argv, self.env, node["own_cwd"], agent_id)
+
+    def lose(self, ray, i: int, why: str) -> None:
+        """Node K left the run (its actor died or stopped answering). Its
+        bundle goes to a newcomer only once its agent is known to be gone: an
+        actor that stopped answering may still run an agent on the node's
+        devices. So the actor is killed (its agent dies with it), and a
+        reaper on the node SIGKILLs and waits for whatever of the agent is
+        left; a node Ray counts as dead took its agent down with its raylet
+        (NodeAgent._watch_raylet), and Ray moves its bundle elsewhere."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.lost.add(i)
+        ray_node = self.nodes[i]["node_id"]
+        say(
+            f"node{i} (Ray node {ray_node[:8]}) is lost ({why}): "
+            "the run goes on as meshrun's elastic rules say"
+        )
+        try:
+            ray.kill(self.actors[i])
+        except Exception:
+            pass  # gone with its node
+        if self.reaper is None:
+            self.reaper = ray.remote(num_cpus=0, max_retries=0)(end_agent)
+        self.reaping[i] = self.reaper.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False)
+        ).remote(self.agent_ids[i], REAP_WAIT_S)
+
+    def reap(self, ray) -> None:
+        """Frees the bundles of lost nodes whose agent is confirmed gone."""
+        for i, ref in list(self.reaping.items()):
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                continue  # its node is slow, or unreachable: the bundle stays reserved
+            del self.reaping[i]
+            ray_node = self.nodes[i]["node_id"]
+            try:
+                gone = ray.get(ref)
+            except ray.exceptions.RayError:
+                # The node died before the reaper ran there, or its worker did.
+                alive = any(n["NodeID"] == ray_node and n["Alive"] for n in ray.nodes())
+                gone = not alive
+            if not gone:
+                self.lose_again(ray, i)
+                continue
+            if self.bundle_of[i] is not None:
+                self.free_bundles.append(self.bundle_of[i])
+            say(f"node{i}'s agent has ended: its place is free")
+
+    def lose_again(self, ray, i: int) -> None:
+        """Another reaper for node K, whose agent outlived the last one."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        say(f"node{i}'s agent outlived SIGKILL for {REAP_WAIT_S:g} s: its place stays reserved")
+        self.reaping[i] = self.reaper.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.nodes[i]["node_id"], soft=False)
+        ).remote(self.agent_ids[i], REAP_WAIT_S)
 
     def place_agents(self, ray, count: int) -> list[str]:
         """An actor in each bundle. Refuses nodes without meshrun; returns
@@ -413,6 +580,8 @@ class Run:
         shipped_args = self.program.shipped_args(self.launcher_args)
         self.shipped_argv = agent_argv(self.args, shipped_args, endpoint, run_id)
         self.env = forwarded_env(dict(os.environ))
+        if self.token:
+            self.env[TOKEN_ENV] = self.token
         self.bundle_of = list(range(len(self.actors)))
         for i, n in enumerate(self.nodes):
             say(f"node{i} is Ray node {n['node_id'][:8]} at {n['ip']} ({n['hostname']})")
@@ -549,22 +718,16 @@ class Run:
                 if i in codes or i in lost:
                     continue
                 try:
-                    lines, code = ray.get(actor.poll.remote(), timeout=30)
+                    lines, code = ray.get(actor.poll.remote(), timeout=self.poll_timeout_s)
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-                    lost.add(i)
-                    if self.bundle_of[i] is not None:
-                        self.free_bundles.append(self.bundle_of[i])
-                    ray_node = self.nodes[i]["node_id"][:8]
-                    say(
-                        f"node{i} (Ray node {ray_node}) is lost ({type(e).__name__}): "
-                        "the run goes on as meshrun's elastic rules say"
-                    )
+                    self.lose(ray, i, type(e).__name__)
                     continue
                 for line in lines:
                     self.out.write(f"[node{i}] {line}\n")
                 if code is not None:
                     codes[i] = code
             self.out.flush()
+            self.reap(ray)
             if not self.stopping and not codes and time.monotonic() > next_look:
                 self.place_newcomers(ray)
                 next_look = time.monotonic() + 2
