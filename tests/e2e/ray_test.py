@@ -36,6 +36,14 @@ Cases:
   sigterm   SIGTERM to `meshrun --ray` while its workers run: it exits 143
             within the agents' shutdown timeout and leaves no worker, actor
             or placement group.
+  stalled   a job of --nnodes=1:2 on two nodes, polls timing out after 3 s
+            (MESHRUN_RAY_POLL_TIMEOUT_S): the driver's daemon requires a
+            token no command line shows (`meshrun status` without it is
+            refused, with it answered); node1's actor SIGSTOPped while its
+            agent runs: the driver says the node is lost, ends its agent,
+            and only then places a new agent in its bundle (on the same Ray
+            node); two agents never run on that node at once; the run
+            re-forms with the new one (world 4) and succeeds.
 
 Usage: ray_test.py --meshrun BIN --torchrun T --python PY --pythonpath P CASE
 """
@@ -314,6 +322,142 @@ def case_elastic(args: argparse.Namespace, cluster: Cluster) -> None:
     )
 
 
+def environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = [p.decode(errors="replace").partition("=") for p in f.read().split(b"\0") if p]
+    except OSError:
+        return {}
+    return {name: value for name, _, value in pairs}
+
+
+def parent_and_state(pid: int) -> tuple[int, str]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0, ""
+    return int(fields[1]), fields[0]
+
+
+def node_agents(meshrun: str, label: str) -> list[int]:
+    """The live meshrun agents whose node label is ``label`` (not what they
+    fork, nor zombies)."""
+    agents = []
+    for pid in map(int, meshrun_processes(meshrun)):
+        parent, state = parent_and_state(pid)
+        if state in ("", "Z") or str(parent) in meshrun_processes(meshrun):
+            continue
+        if environ(pid).get("MESHRUN_NODE_LABEL") == label:
+            agents.append(pid)
+    return agents
+
+
+def command_lines() -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                pass
+    return found
+
+
+def check_token(args: argparse.Namespace, endpoint: str) -> None:
+    """The run's daemon wants a token: `meshrun status` without it is
+    refused, with it answered; no command line holds it."""
+    (daemon,) = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and runs(p, "meshrun-rdzvd") and runs(p, "--port=0")
+    ]
+    token = environ(daemon).get("MESHRUN_RDZV_TOKEN", "")
+    assert len(token) >= 32, f"the daemon has no token: {token!r}"
+    assert not [c for c in command_lines() if token in c], "the token is on a command line"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHRUN_RDZV_TOKEN")}
+    status = [args.meshrun, "status", f"--rdzv-endpoint={endpoint}", "--json"]
+    refused = subprocess.run(status, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "token" in refused.stderr, refused
+    answered = subprocess.run(
+        status, env={**env, "MESHRUN_RDZV_TOKEN": token}, capture_output=True, text=True, timeout=60
+    )
+    assert answered.returncode == 0 and '"runs"' in answered.stdout, answered
+
+
+def case_stalled(args: argparse.Namespace, cluster: Cluster) -> None:
+    import threading
+
+    with tempfile.TemporaryDirectory() as work:
+        script = os.path.join(work, "waiter.py")
+        with open(script, "w") as f:
+            f.write(WAITER)
+        flags = [
+            f"--ray={cluster.address}",
+            "--nnodes=1:2",
+            "--nproc-per-node=2",
+            "--max-restarts=3",
+            "--rdzv-conf=last_call_timeout=1",
+        ]
+        os.environ["MESHRUN_RAY_POLL_TIMEOUT_S"] = "3"
+        try:
+            run = launch(args, flags, [script, work])
+        finally:
+            del os.environ["MESHRUN_RAY_POLL_TIMEOUT_S"]
+        out = Lines(run)
+        deadline = time.monotonic() + 240
+        actor = 0
+        watching = threading.Event()
+        most: list[list[int]] = [[]]  # the most agents seen at once on node1
+        try:
+            out.wait_count(r"^\[node\d\] rank \d of 4 ready", 4, deadline)
+            (endpoint,) = re.findall(r"rendezvous daemon on (\S+),", out.text())
+            check_token(args, endpoint)
+            (victim,) = re.findall(r"node1 is Ray node (\w+)", out.text())
+            (agent,) = node_agents(args.meshrun, f"ray-{victim}")
+            actor, _ = parent_and_state(agent)
+            assert runs(str(actor), "ray::NodeAgent"), f"{agent}'s parent {actor} is no actor"
+
+            def watch() -> None:
+                while not watching.is_set():
+                    now = node_agents(args.meshrun, f"ray-{victim}")
+                    if len(now) > len(most[0]):
+                        most[0] = now
+                    time.sleep(0.02)
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            os.kill(actor, signal.SIGSTOP)  # its agent and workers run on
+            out.wait_count(r"node1 \(Ray node \w+\) is lost \(GetTimeoutError\)", 1, deadline)
+            out.wait_count(r"node1's agent has ended", 1, deadline)
+            (newcomer,) = out.wait_count(r"node2 is Ray node (\w+) .*new in the run", 1, deadline)
+            assert newcomer == victim, (newcomer, victim)  # the same node, in node1's bundle
+            out.wait_count(r"^\[node2\] rank \d of 4 ready", 2, deadline)
+            assert parent_and_state(agent)[1] in ("", "Z"), f"node1's agent {agent} runs on"
+            open(os.path.join(work, "done"), "w").close()
+            run.wait(timeout=max(1, deadline - time.monotonic()))
+        finally:
+            watching.set()
+            if actor and parent_and_state(actor)[1] not in ("", "Z"):
+                os.kill(actor, signal.SIGCONT)
+            if run.poll() is None:
+                run.kill()
+    said = [line for line in out.text().splitlines() if line.startswith("meshrun: --ray: node")]
+    lost = [i for i, line in enumerate(said) if "node1 (Ray node" in line and "is lost" in line]
+    ended = [i for i, line in enumerate(said) if "node1's agent has ended" in line]
+    joined = [i for i, line in enumerate(said) if "node2 is Ray node" in line]
+    assert lost and ended and joined and lost[0] < ended[0] < joined[0], said
+    assert len(most[0]) == 1, f"agents on node1's Ray node at once: {most[0]}"
+    assert run.returncode == 0, f"exit {run.returncode}:\n{out.text()[-5000:]}"
+    assert cluster.leftovers() == [], cluster.leftovers()
+    assert meshrun_processes(args.meshrun) == []
+    print(
+        "ok: the daemon wants a token; node1's actor stopped: lost, its agent ended, "
+        "then a new agent in its bundle (never two at once); the run succeeded, nothing left"
+    )
+
+
 GREETER = """\
 import os
 from helper import greeting  # beside the script: its whole folder must be there
@@ -365,7 +509,9 @@ def main() -> None:
     parser.add_argument("--torchrun", required=True)
     parser.add_argument("--python", required=True)
     parser.add_argument("--pythonpath", required=True)
-    parser.add_argument("case", choices=["seed003", "bad", "elastic", "sigterm", "shipped"])
+    parser.add_argument(
+        "case", choices=["seed003", "bad", "elastic", "sigterm", "shipped", "stalled"]
+    )
     args = parser.parse_args()
     if os.getpid() != 1:
         sys.exit("ray_test.py: run it under unshare --net --pid --fork --mount-proc")
@@ -374,7 +520,7 @@ def main() -> None:
     os.environ["PYTHONPATH"] = args.pythonpath  # the leftovers check imports ray only
     ray = os.path.join(os.path.dirname(args.python), "ray")
     with tempfile.TemporaryDirectory(prefix="ray-") as temp:
-        nodes = {"elastic": 2, "shipped": 1}.get(args.case, WORKER_NODES)
+        nodes = {"elastic": 2, "shipped": 1, "stalled": 2}.get(args.case, WORKER_NODES)
         cluster = Cluster(ray, temp, nodes=nodes)
         cases = {
             "seed003": case_seed003,
@@ -382,6 +528,7 @@ def main() -> None:
             "elastic": case_elastic,
             "sigterm": case_sigterm,
             "shipped": case_shipped,
+            "stalled": case_stalled,
         }
         try:
             cases[args.case](args, cluster)
