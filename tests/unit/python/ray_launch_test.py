@@ -1,14 +1,19 @@
-"""Unit tests of meshrun --ray's node side without a Ray cluster: how an
-actor starts its node's meshrun (nothing runs between fork and exec, and the
-child dies with the actor) and how a node's reaper ends a lost agent."""
+"""Tests of meshrun --ray without a Ray cluster: how an actor starts its
+node's meshrun (nothing runs between fork and exec, and the child dies with
+the actor), how a node's reaper ends a lost agent, and the token the driver's
+daemon requires (MESHRUN_BIN: the meshrun binary, meshrun-rdzvd beside it)."""
 
+import io
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
+import unittest.mock
 import uuid
+from types import SimpleNamespace
 
 from meshrun import ray_launch
 
@@ -130,6 +135,79 @@ class ReaperTest(unittest.TestCase):
         finally:
             sleeper.kill()
             sleeper.wait(timeout=10)
+
+
+def meshrun_bin() -> str:
+    path = os.environ.get("MESHRUN_BIN", "")
+    if not os.access(path, os.X_OK):
+        raise AssertionError(f"MESHRUN_BIN={path!r}: set it to the meshrun binary")
+    return os.path.abspath(path)
+
+
+class DaemonTokenTest(unittest.TestCase):
+    """The daemon a Ray run starts (Run.start_daemon, Ray's address for this
+    machine faked as 127.0.0.1) requires a token."""
+
+    def start(self, token_file: str = "") -> ray_launch.Run:
+        driver = ["--address=auto", f"--meshrun={meshrun_bin()}", "--nnodes=1"]
+        driver += ["--nproc-per-node=1", f"--token-file={token_file}", "--", "job.py"]
+        args, launcher_args = ray_launch.parse_args(driver)
+        run = ray_launch.Run(args, launcher_args, io.StringIO())
+        fake_ray = SimpleNamespace(util=SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"))
+        endpoint = run.start_daemon(fake_ray)
+        self.addCleanup(run.daemon.wait, 30)
+        self.addCleanup(run.daemon.terminate)
+        self.endpoint = endpoint
+        return run
+
+    def status(self, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
+        argv = [meshrun_bin(), "status", f"--rdzv-endpoint={self.endpoint}", *flags]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+    def test_a_fresh_token_by_default_for_the_daemon_and_the_agents(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MESHRUN_RDZV_TOKEN")}
+        with unittest.mock.patch.dict(os.environ, env, clear=True):
+            run = self.start()
+            run.start_agents(SimpleNamespace(get=lambda refs: []), self.endpoint)  # no nodes
+            endpoint = self.endpoint
+            another = self.start()  # its own daemon
+            self.endpoint = endpoint
+        self.assertGreaterEqual(len(run.token), 32)
+        self.assertEqual(run.env[ray_launch.TOKEN_ENV], run.token)  # what each actor is given
+        self.assertNotEqual(another.token, run.token)  # one per run
+        with open(f"/proc/{run.daemon.pid}/cmdline", "rb") as f:
+            self.assertNotIn(run.token.encode(), f.read())
+        refused = self.status(env)
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertIn("token", refused.stderr)
+        answered = self.status({**env, ray_launch.TOKEN_ENV: run.token})
+        self.assertEqual(answered.returncode, 0, answered.stderr)
+
+    def test_the_launchs_token_file_is_the_daemons(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MESHRUN_RDZV_TOKEN")}
+        with tempfile.TemporaryDirectory() as work:
+            token_file = os.path.join(work, "token")
+            with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write("a-token-of-this-launch-0123456789\n")
+            with unittest.mock.patch.dict(os.environ, env, clear=True):
+                run = self.start(token_file)
+            self.assertEqual(run.token, "")  # the agents have the file
+            self.assertNotEqual(self.status(env).returncode, 0)
+            answered = self.status(env, f"--token-file={token_file}")
+            self.assertEqual(answered.returncode, 0, answered.stderr)
+
+    def test_the_launcher_hands_its_token_file_to_the_driver(self) -> None:
+        # PYTHON_EXEC=echo: the driver's command line instead of the driver.
+        done = subprocess.run(
+            [meshrun_bin(), "--ray=127.0.0.1:1", "--token-file=tok", "--nnodes=2", "job.py"],
+            env={**os.environ, "PYTHON_EXEC": "echo"},
+            cwd="/tmp",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("--token-file=/tmp/tok ", done.stdout)
 
 
 class PollTimeoutTest(unittest.TestCase):
