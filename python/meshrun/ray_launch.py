@@ -357,6 +357,7 @@ class Run:
         # that the node's agent is gone: till then its bundle stays reserved.
         self.reaping: dict[int, Any] = {}
         self.reaper: Any = None  # end_agent as a Ray task
+        self.reap_again: dict[int, float] = {}  # node K -> when to send another reaper
         self.poll_timeout_s = poll_timeout_s(dict(os.environ))
         self.token = ""  # the token the driver made for its daemon, if it made one
         self.bundle: dict[str, float] = {}
@@ -487,8 +488,6 @@ class Run:
         reaper on the node SIGKILLs and waits for whatever of the agent is
         left; a node Ray counts as dead took its agent down with its raylet
         (NodeAgent._watch_raylet), and Ray moves its bundle elsewhere."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         self.lost.add(i)
         ray_node = self.nodes[i]["node_id"]
         say(
@@ -499,14 +498,24 @@ class Run:
             ray.kill(self.actors[i])
         except Exception:
             pass  # gone with its node
+        self.send_reaper(ray, i)
+
+    def send_reaper(self, ray, i: int) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         if self.reaper is None:
             self.reaper = ray.remote(num_cpus=0, max_retries=0)(end_agent)
         self.reaping[i] = self.reaper.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.nodes[i]["node_id"], soft=False)
         ).remote(self.agent_ids[i], REAP_WAIT_S)
 
     def reap(self, ray) -> None:
-        """Frees the bundles of lost nodes whose agent is confirmed gone."""
+        """Frees the bundles of lost nodes whose agent is confirmed gone; sends
+        another reaper where one could not confirm it (after a pause)."""
+        for i, when in list(self.reap_again.items()):
+            if time.monotonic() >= when:
+                del self.reap_again[i]
+                self.send_reaper(ray, i)
         for i, ref in list(self.reaping.items()):
             ready, _ = ray.wait([ref], timeout=0)
             if not ready:
@@ -515,25 +524,18 @@ class Run:
             ray_node = self.nodes[i]["node_id"]
             try:
                 gone = ray.get(ref)
-            except ray.exceptions.RayError:
+                why = f"its agent outlived SIGKILL for {REAP_WAIT_S:g} s"
+            except ray.exceptions.RayError as e:
                 # The node died before the reaper ran there, or its worker did.
-                alive = any(n["NodeID"] == ray_node and n["Alive"] for n in ray.nodes())
-                gone = not alive
+                gone = not any(n["NodeID"] == ray_node and n["Alive"] for n in ray.nodes())
+                why = f"its reaper failed ({type(e).__name__})"
             if not gone:
-                self.lose_again(ray, i)
+                say(f"node{i}: {why}: its place stays reserved, trying again")
+                self.reap_again[i] = time.monotonic() + 2
                 continue
             if self.bundle_of[i] is not None:
                 self.free_bundles.append(self.bundle_of[i])
             say(f"node{i}'s agent has ended: its place is free")
-
-    def lose_again(self, ray, i: int) -> None:
-        """Another reaper for node K, whose agent outlived the last one."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        say(f"node{i}'s agent outlived SIGKILL for {REAP_WAIT_S:g} s: its place stays reserved")
-        self.reaping[i] = self.reaper.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self.nodes[i]["node_id"], soft=False)
-        ).remote(self.agent_ids[i], REAP_WAIT_S)
 
     def place_agents(self, ray, count: int) -> list[str]:
         """An actor in each bundle. Refuses nodes without meshrun; returns
