@@ -25,7 +25,7 @@ import contextlib
 import datetime
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -63,10 +63,10 @@ def nccl_group(
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = timeout
     options.config.blocking = False  # init and abort that a timeout can cut
-    env = {NCCL_ERROR_HANDLING: NCCL_CLEAN_UP_ONLY}
-    if NCCL_NONBLOCKING_TIMEOUT not in os.environ:
-        env[NCCL_NONBLOCKING_TIMEOUT] = str(int(timeout.total_seconds()))
-    with _env(env):
+    # The non-blocking communicator's own wait (its init, its abort): the
+    # timeout, unless the program set one (torchft does the same).
+    os.environ.setdefault(NCCL_NONBLOCKING_TIMEOUT, str(max(1, int(timeout.total_seconds()))))
+    with _env({NCCL_ERROR_HANDLING: NCCL_CLEAN_UP_ONLY}):
         group = dist.ProcessGroupNCCL(store, rank, size, options)
     with _abort_after(group, timeout):
         group.eager_connect_single_device(device)
@@ -185,16 +185,19 @@ class ReplicaDimension:
         if group is not None:
             _abort(group)
 
-    def _wait(self, works: list) -> None:
-        """Each work done, or raises: bounded by the timeout on every backend
-        (NCCL's wait with a timeout blocks the CPU and raises)."""
-        if self._backend == "gloo":
-            for work in works:
-                work.wait()  # Gloo's ops raise at the group's timeout
-            return
+    def _run(self, issue: Callable[[dist.ProcessGroup], list]) -> None:
+        """Issues works on the group and waits for each, or raises: bounded
+        by the timeout on every backend. Gloo's ops raise at the group's
+        timeout; NCCL's wait with a timeout blocks the CPU and raises, and
+        the timer also cuts an issue that hangs (a p2p communicator's
+        init with a peer gone)."""
         group = self.group
+        if self._backend == "gloo":
+            for work in issue(group):
+                work.wait()
+            return
         with _abort_after(group, self._timeout):
-            for work in works:
+            for work in issue(group):
                 work.wait(self._timeout)
         error = group.get_error()
         if error != type(error).SUCCESS:
@@ -203,27 +206,27 @@ class ReplicaDimension:
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         options = dist.BroadcastOptions()
         options.rootRank = root
-        self._wait([self.group.broadcast([tensor], options)])
+        self._run(lambda g: [g.broadcast([tensor], options)])
 
     def allreduce(self, tensor: torch.Tensor) -> None:
         if tensor.device == self.device or self._backend == "gloo":
-            self._wait([self.group.allreduce([tensor])])
+            self._run(lambda g: [g.allreduce([tensor])])
             return
         # A CPU tensor over NCCL (a model on CPU on a CUDA machine): by the device.
         moved = tensor.to(self.device)
-        self._wait([self.group.allreduce([moved])])
+        self._run(lambda g: [g.allreduce([moved])])
         tensor.copy_(moved)
 
     def allgather(self, value: int, size: int) -> list[int]:
         """Every participant's `value`, by index."""
         mine = torch.tensor([value], dtype=torch.int64, device=self.device)
         out = [torch.empty_like(mine) for _ in range(size)]
-        self._wait([self.group.allgather([out], [mine])])
+        self._run(lambda g: [g.allgather([out], [mine])])
         return [int(t.item()) for t in out]
 
     def send(self, tensor: torch.Tensor, peers: list[int], tag: int) -> None:
         """`tensor` (contiguous, on self.device) to each of `peers`."""
-        self._wait([self.group.send([tensor], peer, tag) for peer in peers])
+        self._run(lambda g: [g.send([tensor], peer, tag) for peer in peers])
 
     def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
-        self._wait([self.group.recv([tensor], peer, tag)])
+        self._run(lambda g: [g.recv([tensor], peer, tag)])
