@@ -8,7 +8,7 @@ it with a handful of changed lines::
 
     from meshrun import ft
 
-    ft.init_process_group("gloo")   # the default group: this replica group
+    ft.init_process_group()         # the default group: this replica group
     model = DDP(MyModel())          # DDP (or FSDP2) inside the replica group
     optimizer = optim.SGD(model.parameters(), lr=1e-3)
     manager = ft.Manager.from_module(model, optimizer)
@@ -377,6 +377,8 @@ class Manager:
             self._heal_failed(e, self._step < behind)
             return
         receivers = [i for i, steps_done in enumerate(steps) if steps_done < behind]
+        if not receivers:
+            return  # nobody is behind after all
         if self._id.replica == quorum.source_replica:
             self._send_state(receivers)
         elif self._step < behind:
