@@ -8,6 +8,7 @@ import io
 import os
 import tempfile
 import threading
+import time
 import unittest
 import uuid
 from unittest import mock
@@ -17,7 +18,8 @@ import torch.distributed as dist
 from meshrun import _state, ft
 from meshrun._daemon import Quorum
 from meshrun._identity import IdentityError, identity_from_env
-from meshrun._replica_group import ReplicaDimension
+from meshrun._replica_group import ReplicaDimension, nccl_group
+from torch._C._distributed_c10d import ErrorType
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.utils.data import TensorDataset
@@ -328,6 +330,71 @@ class HealTest(unittest.TestCase):
         self.assertEqual(len(lines), 1, lines)
         self.assertTrue(lines[0].startswith("meshrun.ft: the heal from replica 0 is refused: "))
         receiver._load_state_dict.assert_not_called()
+
+
+class NcclPathTest(unittest.TestCase):
+    """Issue 44 item 2, the parts a CPU can check (the rest is
+    tests/device/ft_nccl_check.py under scripts/device-check.sh): the
+    replica dimension's NCCL groups fail their works, never the process."""
+
+    def dimension(self, group) -> ReplicaDimension:
+        dim = ReplicaDimension(mock.Mock(member=0), dist.HashStore(), "gloo",
+                               datetime.timedelta(seconds=0.3))  # fmt: skip
+        dim._backend, dim.group, dim.group_id = "nccl", group, 1
+        return dim
+
+    def test_the_group_is_built_to_clean_up_not_tear_down(self) -> None:
+        seen = {}
+
+        def construct(store, rank, size, options):
+            seen["handling"] = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+            seen["blocking"] = options.config.blocking
+            return mock.Mock()
+
+        env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}  # the agent's, torchrun's
+        with (
+            mock.patch.dict(os.environ, env),
+            mock.patch.object(dist, "ProcessGroupNCCL", mock.Mock(side_effect=construct,
+                                                                  Options=dist.ProcessGroupNCCL.Options)),
+        ):  # fmt: skip
+            group = nccl_group(dist.HashStore(), 0, 2, datetime.timedelta(seconds=5), "cuda:0")
+            self.assertEqual(os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1")
+        self.assertEqual(seen, {"handling": "2", "blocking": 0})
+        group.eager_connect_single_device.assert_called_once_with("cuda:0")
+
+    def test_a_wait_past_the_timeout_aborts_the_group_and_raises(self) -> None:
+        aborted = threading.Event()
+
+        def wait(timeout=None):
+            if not aborted.wait(10):  # NCCL's kernel, its peer gone: until aborted
+                raise AssertionError("never aborted")
+            raise RuntimeError("NCCL communicator was aborted")
+
+        group = mock.Mock(abort=mock.Mock(side_effect=aborted.set))
+        group.allreduce.return_value = mock.Mock(wait=wait)
+        dim = self.dimension(group)
+        start = time.monotonic()
+        with self.assertRaises(TimeoutError):
+            dim.allreduce(torch.ones(2))
+        self.assertLess(time.monotonic() - start, 5)
+        group.abort.assert_called_once()
+
+    def test_an_error_the_watchdog_recorded_fails_the_work(self) -> None:
+        group = mock.Mock()
+        group.allreduce.return_value = mock.Mock(wait=mock.Mock(return_value=True))
+        group.get_error.return_value = ErrorType.REMOTE_ERROR
+        with self.assertRaises(RuntimeError) as caught:
+            self.dimension(group).allreduce(torch.ones(2))
+        self.assertIn("REMOTE_ERROR", str(caught.exception))
+        group.allreduce.return_value.wait.assert_called_once_with(datetime.timedelta(seconds=0.3))
+
+    def test_a_replaced_or_failed_group_is_aborted(self) -> None:
+        for leave in ("drop", "fail"):
+            group = mock.Mock()
+            dim = self.dimension(group)
+            getattr(dim, leave)()
+            group.abort.assert_called_once()
+            self.assertIsNone(dim.group)
 
 
 STORE = dist.HashStore()
