@@ -122,6 +122,7 @@ def split(state: Any) -> tuple[bytes, list[torch.Tensor]]:
     dtensor = _dtensor_class()
     tensors: list[torch.Tensor] = []
     dtensors: dict[int, tuple] = {}
+    on_cpu: list[int] = []  # where the receiver keeps them too (Adam's step)
 
     def to_meta(v: Any) -> Any:
         if dtensor is not None and isinstance(v, dtensor):
@@ -138,11 +139,13 @@ def split(state: Any) -> tuple[bytes, list[torch.Tensor]]:
             t = t.as_subclass(torch.Tensor)
         if t.layout != torch.strided:
             raise TypeError(f"a {t.layout} tensor in the state: a heal carries dense tensors")
+        if t.device.type == "cpu":
+            on_cpu.append(len(tensors))
         tensors.append(t.resolve_conj().resolve_neg().contiguous())
         return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
     buffer = io.BytesIO()
-    torch.save({"tree": _map(state, to_meta), "dtensors": dtensors}, buffer)
+    torch.save({"tree": _map(state, to_meta), "dtensors": dtensors, "cpu": on_cpu}, buffer)
     return buffer.getvalue(), tensors
 
 
@@ -157,7 +160,7 @@ def load_skeleton(data: bytes) -> tuple[Any, list[torch.Tensor]]:
         raise RefusedState(f"weights_only load: {why}") from None
     except Exception as e:
         raise RefusedState(f"unreadable: {type(e).__name__}: {e}") from None
-    if not isinstance(skeleton, dict) or set(skeleton) != {"tree", "dtensors"}:
+    if not isinstance(skeleton, dict) or set(skeleton) != {"tree", "dtensors", "cpu"}:
         raise RefusedState("not a heal's skeleton")
     metas: list[torch.Tensor] = []
 

@@ -429,13 +429,14 @@ class Manager:
             self._replicas.recv(data, source, 1)
             skeleton, metas = _state.load_skeleton(data.cpu().numpy().tobytes())
             del data
-            tensors, tag = [], 2
-            for meta in metas:
+            tensors, tag, on_cpu = [], 2, set(skeleton["cpu"])
+            for i, meta in enumerate(metas):
                 tensor = torch.empty(meta.shape, dtype=meta.dtype, device=device)
                 for chunk in _chunks(tensor):
                     self._replicas.recv(chunk, source, tag)
                     tag += 1
-                tensors.append(tensor)
+                # Over NCCL: a tensor the source kept on the CPU stays there.
+                tensors.append(tensor.cpu() if i in on_cpu else tensor)
         except _state.RefusedState as e:
             self._replicas.fail()
             raise HealRefused(quorum.source_replica, str(e)) from None

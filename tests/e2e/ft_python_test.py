@@ -506,7 +506,8 @@ def case_backend(args: argparse.Namespace) -> None:
     text = "\n".join(out)
     refused = [line for line in out if line.startswith("meshrun.ft: ")]
     assert rc == 2, f"exit {rc}\n{text}"
-    assert len(refused) == 2 and refused[0] == refused[1], text  # one line a worker
+    # One line a worker (the second may be stopped before it gets there).
+    assert 1 <= len(refused) <= 2 and len(set(refused)) == 1, text
     assert "backend 'nccl' needs CUDA" in refused[0], text
     assert not any(" committed " in line for line in out), text
     print(f"ok: no backend: {steps} of {steps} steps committed | nccl: {refused[0]}")

@@ -213,7 +213,7 @@ class _RunsCode:
 
 def evil_skeleton(marker: str) -> bytes:
     buffer = io.BytesIO()
-    torch.save({"tree": {"step": 1, "x": _RunsCode(marker)}, "dtensors": {}}, buffer)
+    torch.save({"tree": {"step": 1, "x": _RunsCode(marker)}, "dtensors": {}, "cpu": []}, buffer)
     return buffer.getvalue()
 
 
