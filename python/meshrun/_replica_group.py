@@ -68,8 +68,12 @@ def nccl_group(
     os.environ.setdefault(NCCL_NONBLOCKING_TIMEOUT, str(max(1, int(timeout.total_seconds()))))
     with _env({NCCL_ERROR_HANDLING: NCCL_CLEAN_UP_ONLY}):
         group = dist.ProcessGroupNCCL(store, rank, size, options)
-    with _abort_after(group, timeout):
-        group.eager_connect_single_device(device)
+    try:
+        with _abort_after(group, timeout):
+            group.eager_connect_single_device(device)
+    except BaseException:
+        _abort(group)  # half made: its communicator must not leak either
+        raise
     return group
 
 

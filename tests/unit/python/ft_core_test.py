@@ -361,6 +361,19 @@ class NcclPathTest(unittest.TestCase):
             self.assertEqual(os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1")
         self.assertEqual(seen, {"handling": "2", "blocking": 0})
         group.eager_connect_single_device.assert_called_once_with("cuda:0")
+        group.abort.assert_not_called()
+
+    def test_a_group_whose_peer_never_comes_is_aborted_within_the_timeout(self) -> None:
+        aborted = threading.Event()
+        group = mock.Mock(abort=mock.Mock(side_effect=aborted.set))
+        # The communicator's init waits for the missing peer until aborted.
+        group.eager_connect_single_device.side_effect = lambda device: aborted.wait(10)
+        nccl = mock.Mock(return_value=group, Options=dist.ProcessGroupNCCL.Options)
+        start = time.monotonic()
+        with mock.patch.object(dist, "ProcessGroupNCCL", nccl), self.assertRaises(TimeoutError):
+            nccl_group(dist.HashStore(), 0, 2, datetime.timedelta(seconds=0.3), "cuda:0")
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertGreaterEqual(group.abort.call_count, 1)
 
     def test_a_wait_past_the_timeout_aborts_the_group_and_raises(self) -> None:
         aborted = threading.Event()
