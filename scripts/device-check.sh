@@ -19,13 +19,19 @@
 #   bash scripts/device-check.sh bundle   # here (Debian 12, apt): .device/bundle
 #   bash scripts/device-check.sh run      # there, from the repository root,
 #                                         # with .device carried
+#   bash scripts/device-check.sh ft       # meshrun.ft's part alone (anywhere:
+#                                         # without CUDA it runs its CPU part)
 #
 # run: world-1 NCCL, every layout of gpt_worker at size 1 on cuda:0 (each
 # against one process on the same GPU: every step's loss and the final
 # parameters within rtol 1e-5), every layout again on all GPUs where there
-# are several (else a SKIP line saying why), then gpt_step_bench against
+# are several (else a SKIP line saying why), meshrun.ft's replica dimension
+# on CUDA (issue 44: tests/device/ft_nccl_check.py: a replica group on cuda:0
+# healed over Gloo from a CPU peer, an NCCL group whose peer never comes
+# failing within its timeout without taking the process down, and with two
+# GPUs a peer dying between all-reduces), then gpt_step_bench against
 # gpt_step_bench.py (layouts none, ddp, fsdp). Logs and summary.txt land in
-# $OUT (or .device/out). Exit 0 when every layout passed.
+# $OUT (or .device/out). Exit 0 when every layout and ft check passed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=$root/.device/bundle
@@ -39,6 +45,22 @@ make_bundle() {
   for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$bundle"; done
   rm -rf "$debs" "$bundle/usr/share/doc"
   du -sh "$bundle"
+}
+
+# meshrun.ft on CUDA; appends its PASS/FAIL/SKIP lines to $1 (a summary),
+# its log beside it. Returns 1 when a check failed.
+ft_check() {
+  local summary=$1 python=${PYTHON:-python3} dry=()
+  local log=${summary%/*}/ft.log
+  "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || dry=(--dry)
+  if PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH} timeout 400 \
+       "$python" "$root/tests/device/ft_nccl_check.py" "${dry[@]}" > "$log" 2>&1; then
+    grep -E '^(PASS|FAIL|SKIP) ft' "$log" | tee -a "$summary"
+  else
+    grep -E '^(PASS|FAIL|SKIP) ft' "$log" | tee -a "$summary"
+    echo "FAIL ft check (exit or timeout): $(tail -3 "$log" | tr '\n' ' ')" | tee -a "$summary"
+    return 1
+  fi
 }
 
 run_check() {
@@ -103,6 +125,8 @@ run_check() {
     say "SKIP multi-GPU layouts: $gpus GPU (NCCL puts one rank on a GPU)"
   fi
 
+  ft_check "$summary" || failed=1
+
   # Step time on one GPU: meshrun's module API against PyTorch's, alternating,
   # BENCH_ROUNDS times (2; 0 skips it, when device time is short).
   local rounds=${BENCH_ROUNDS:-2}
@@ -142,5 +166,11 @@ PY
 case "${1:-}" in
   bundle) make_bundle ;;
   run) run_check ;;
-  *) echo "usage: $0 bundle|run" >&2; exit 2 ;;
+  ft)
+    out=${OUT:-$root/.device/out}
+    mkdir -p "$out"
+    : > "$out/summary.txt"
+    ft_check "$out/summary.txt"
+    ;;
+  *) echo "usage: $0 bundle|run|ft" >&2; exit 2 ;;
 esac

@@ -8,7 +8,7 @@ it with a handful of changed lines::
 
     from meshrun import ft
 
-    ft.init_process_group("gloo")   # the default group: this replica group
+    ft.init_process_group()         # the default group: this replica group
     model = DDP(MyModel())          # DDP (or FSDP2) inside the replica group
     optimizer = optim.SGD(model.parameters(), lr=1e-3)
     manager = ft.Manager.from_module(model, optimizer)
@@ -94,6 +94,44 @@ def _tcp_store(identity: ReplicaIdentity, timeout: datetime.timedelta) -> dist.T
     )
 
 
+def _default_group_backend(backend: str | None, cuda: bool) -> str:
+    """The backend init_process_group passes torch: no backend picks by the
+    device as torch does (Gloo for CPU tensors, and NCCL for CUDA ones where
+    there is CUDA); NCCL without CUDA is refused."""
+    if backend is None:
+        return "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    if "nccl" in backend and not cuda:
+        raise UsageError(
+            f"backend {backend!r} needs CUDA, and this process has none "
+            "(torch.cuda.is_available() is False): pass 'gloo', or no backend to pick by device"
+        )
+    return backend
+
+
+def _replica_backend(requested: str | None, default_group: str | None, cuda: bool) -> str:
+    """The replica dimension's backend: the one asked for, else NCCL where
+    the default group (`default_group`: its backend config, e.g.
+    'cpu:gloo,cuda:nccl'; None: not made) reaches CUDA tensors over it, else
+    Gloo. A request the process or the default group contradicts is refused."""
+    if requested is None:
+        if default_group is None:
+            return "nccl" if cuda else "gloo"
+        return "nccl" if cuda and "nccl" in default_group else "gloo"
+    if requested not in ("gloo", "nccl"):
+        raise UsageError(f"Manager(backend={requested!r}): the replica dimension is gloo or nccl")
+    if requested == "nccl" and not cuda:
+        raise UsageError(
+            "Manager(backend='nccl') needs CUDA, and this process has none "
+            "(torch.cuda.is_available() is False): pass 'gloo', or no backend"
+        )
+    if requested == "nccl" and default_group is not None and "nccl" not in default_group:
+        raise UsageError(
+            f"Manager(backend='nccl') disagrees with the default group's {default_group!r}: "
+            "the model's tensors are not on CUDA there; pass 'gloo', or no backend"
+        )
+    return requested
+
+
 def init_process_group(
     backend: str | None = None, timeout: datetime.timedelta | None = None
 ) -> None:
@@ -102,9 +140,12 @@ def init_process_group(
     The default group's ranks are the group's members (0..replica_size-1):
     DDP, FSDP2 and barriers inside a group go over it, so that another
     group's failure never reaches them. Its keys are this incarnation's
-    (a restarted group never meets its predecessor's).
+    (a restarted group never meets its predecessor's). No `backend` picks
+    by device, as torch does: Gloo, and NCCL for CUDA tensors where there is
+    CUDA.
     """
     identity = _my_identity()
+    backend = _default_group_backend(backend, torch.cuda.is_available())
     timeout = timeout or datetime.timedelta(minutes=10)
     store = dist.PrefixStore(identity.store_prefix, _tcp_store(identity, timeout))
     dist.init_process_group(
@@ -160,11 +201,13 @@ class Manager:
         # The daemon's wait for missing groups, at the quorum and at the vote.
         self._quorum_timeout = quorum_timeout.total_seconds()
         self._daemon = DaemonClient(self._id)
-        if backend is None:
-            backend = dist.get_backend() if dist.is_initialized() else "gloo"
-        self._device = (
+        default_group = dist.get_backend_config() if dist.is_initialized() else None
+        backend = _replica_backend(backend, default_group, torch.cuda.is_available())
+        # The replica group's own agreement goes over the default group: a
+        # CPU flag unless it has no CPU backend.
+        self._group_device = (
             torch.device("cuda", torch.cuda.current_device())
-            if backend == "nccl"
+            if default_group is not None and "cpu:" not in default_group
             else torch.device("cpu")
         )
         # A store client of its own, not init_process_group's: a TCPStore's
@@ -324,38 +367,85 @@ class Manager:
             self._heal(quorum, quorum.participants.index(quorum.source_replica))
 
     def _heal(self, quorum: Quorum, source: int) -> None:
-        receiving = self._step < quorum.max_committed_steps
-        payload = None
-        if quorum.source_replica == self._id.replica:
-            try:
-                state = self._state_dict()
-            except Exception as e:
-                try:
-                    self._send_heal_header(-1, source)  # the receivers must not wait
-                except Exception:
-                    pass  # they are gone too: this line is still the one to print
-                raise CallbackError("state_dict", e) from None
-            payload = _state.pack({"step": self._step, "history": self._history, "state": state})
+        """The state goes from the source to the participants behind it
+        only, point to point, a tensor (or CHUNK_BYTES of one) at a time;
+        those in step with it take no part past learning who is behind."""
+        behind = quorum.max_committed_steps
         try:
-            length = self._send_heal_header(len(payload) if payload else 0, source)
+            steps = self._replicas.allgather(self._step, len(quorum.participants))
+        except Exception as e:
+            self._heal_failed(e, self._step < behind)
+            return
+        receivers = [i for i, steps_done in enumerate(steps) if steps_done < behind]
+        if not receivers:
+            return  # nobody is behind after all
+        if self._id.replica == quorum.source_replica:
+            self._send_state(receivers)
+        elif self._step < behind:
+            self._receive_state(quorum, source)
+
+    def _heal_failed(self, e: BaseException, receiving: bool) -> None:
+        self._discard_reason = f"heal: {_first_line(e)}"
+        self._replicas.fail()
+        if receiving:
+            # Half received: arrive as the least advanced, so that the
+            # next quorum heals this group again.
+            self._step, self._history = 0, []
+
+    def _send_state(self, receivers: list[int]) -> None:
+        device = self._replicas.device
+        try:
+            state = self._state_dict()
+            skeleton, tensors = _state.split(
+                {"step": self._step, "history": self._history, "state": state}
+            )
+        except Exception as e:
+            try:  # the receivers must not wait
+                self._replicas.send(_header(-1, device), receivers, 0)
+            except Exception:
+                pass  # they are gone too: this line is still the one to print
+            raise CallbackError("state_dict", e) from None
+        try:
+            self._replicas.send(_header(len(skeleton), device), receivers, 0)
+            data = torch.frombuffer(bytearray(skeleton), dtype=torch.uint8).to(device)
+            self._replicas.send(data, receivers, 1)
+            tag = 2
+            for tensor in tensors:
+                for chunk in _chunks(tensor):
+                    self._replicas.send(chunk.to(device), receivers, tag)
+                    tag += 1
+        except Exception as e:
+            self._heal_failed(e, False)
+
+    def _receive_state(self, quorum: Quorum, source: int) -> None:
+        device = self._replicas.device
+        try:
+            header = _header(0, device)
+            self._replicas.recv(header, source, 0)
+            length = int(header.item())
             if length < 0:
                 raise RuntimeError(f"replica {quorum.source_replica}'s state_dict callback failed")
-            data = torch.empty(length, dtype=torch.uint8, device=self._device)
-            if payload is not None:
-                data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
-            self._replicas.broadcast(data, source)
-        except Exception as e:
-            self._discard_reason = f"heal: {_first_line(e)}"
+            data = torch.empty(length, dtype=torch.uint8, device=device)
+            self._replicas.recv(data, source, 1)
+            skeleton, metas = _state.load_skeleton(data.cpu().numpy().tobytes())
+            del data
+            tensors, tag, on_cpu = [], 2, set(skeleton["cpu"])
+            for i, meta in enumerate(metas):
+                tensor = torch.empty(meta.shape, dtype=meta.dtype, device=device)
+                for chunk in _chunks(tensor):
+                    self._replicas.recv(chunk, source, tag)
+                    tag += 1
+                # Over NCCL: a tensor the source kept on the CPU stays there.
+                tensors.append(tensor.cpu() if i in on_cpu else tensor)
+        except _state.RefusedState as e:
             self._replicas.fail()
-            if receiving:
-                # Half received: arrive as the least advanced, so that the
-                # next quorum heals this group again.
-                self._step, self._history = 0, []
-            return
-        if not receiving:
+            raise HealRefused(quorum.source_replica, str(e)) from None
+        except Exception as e:
+            self._heal_failed(e, True)
             return
         try:
-            received = _state.unpack(data.cpu().numpy().tobytes(), self._state_dict())
+            received = _state.join(skeleton, tensors, self._state_dict())
+            del tensors
             self._load_state_dict(received["state"])
         except Exception as e:
             raise CallbackError("load_state_dict", e) from None
@@ -366,18 +456,13 @@ class Manager:
         )
         self._step, self._history = received["step"], received["history"]
 
-    def _send_heal_header(self, length: int, source: int) -> int:
-        header = torch.tensor([length], dtype=torch.int64, device=self._device)
-        self._replicas.broadcast(header, source)
-        return int(header.item())
-
     def _group_agrees(self, commit: bool) -> bool:
         """The members of a replica group apply a step together or not at
         all (one whose answer was lost and then told "discard" by a restarted
         daemon makes all discard): a minimum over the group."""
         if self._id.replica_size == 1:
             return commit
-        flag = torch.tensor([1 if commit else 0], dtype=torch.int32, device=self._device)
+        flag = torch.tensor([1 if commit else 0], dtype=torch.int32, device=self._group_device)
         try:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         except Exception:
@@ -398,7 +483,7 @@ class Manager:
             "pid": os.getpid(),
             "steps": self._step,
             "history": self._history,
-            "state": _state.pack(self._state_dict()),
+            "state": _state.record_bytes(self._state_dict()),
         }
         torch.save(record, path + ".tmp")
         os.replace(path + ".tmp", path)
@@ -421,6 +506,19 @@ class QuorumError(SystemExit):
         return self.message
 
 
+class HealRefused(SystemExit):
+    """A heal's state that would run code to load (anything but tensors and
+    plain values): refused with one line, exit 1, never loaded."""
+
+    def __init__(self, source: int, why: str) -> None:
+        super().__init__(1)
+        self.message = f"meshrun.ft: the heal from replica {source} is refused: {why}"
+        _log(self.message.removeprefix("meshrun.ft: "))
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class CallbackError(SystemExit):
     """The program's state_dict or load_state_dict raised: one line, exit 1
     (this group restarts; it never trains on from a state it did not get)."""
@@ -432,6 +530,23 @@ class CallbackError(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+CHUNK_BYTES = 64 << 20  # a heal's unit of transfer (and of host copies)
+
+
+def _header(value: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor([value], dtype=torch.int64, device=device)
+
+
+def _chunks(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """A contiguous tensor's bytes as views of at most CHUNK_BYTES (none
+    when it is empty): sent and received in place."""
+    if tensor.numel() == 0:
+        return
+    flat = tensor.reshape(-1).view(torch.uint8)
+    for start in range(0, flat.numel(), CHUNK_BYTES):
+        yield flat[start : start + CHUNK_BYTES]
 
 
 def _current() -> Manager:

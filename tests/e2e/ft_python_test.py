@@ -43,6 +43,9 @@ Cases:
              --meshrun); replica 1 SIGKILLs itself at step 15: its meshrun
              restarts it, torchft heals it, both finish; replica 0 keeps its
              pid.
+  backend    ft.init_process_group() with no backend on CPU (two replica
+             groups of one worker): all 5 steps commit; with backend="nccl"
+             and no CUDA: one line a worker, exit code 2, no step.
   changes    each copy differs from its seed in exactly its marked lines (the
              numbers docs/fault-tolerance.md gives).
 
@@ -477,6 +480,39 @@ def case_callback(args: argparse.Namespace) -> None:
     print("ok:", raised[0], "|", lost[0])
 
 
+def case_backend(args: argparse.Namespace) -> None:
+    """ft.init_process_group() with no backend, on CPU: every step commits
+    (it was torch's 'undefined', which made the replica dimension NCCL over
+    CPU tensors: every step discarded). backend='nccl' without CUDA: one
+    line, exit 2, no step."""
+    steps = 5
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ft_backend_worker.py")
+    env = dict(os.environ, PYTHON_EXEC=args.python, PYTHONPATH=args.pythonpath)
+    results = {}
+    for backend in ("default", "nccl"):
+        run = Run(
+            [args.meshrun, "--standalone", "--nproc-per-node=2", "--restart-scope=replica",
+             "--max-restarts=0", worker, backend, str(steps)],
+            env,
+        )  # fmt: skip
+        results[backend] = (run.finish(time.monotonic() + DEADLINE_S), run.output())
+    rc, out = results["default"]
+    text = "\n".join(out)
+    assert rc == 0, text
+    for replica in (0, 1):
+        assert f"replica {replica} committed {steps} of {steps}" in out, text
+    assert not any("discarded" in line for line in out), text
+    rc, out = results["nccl"]
+    text = "\n".join(out)
+    refused = [line for line in out if line.startswith("meshrun.ft: ")]
+    assert rc == 2, f"exit {rc}\n{text}"
+    # One line a worker (the second may be stopped before it gets there).
+    assert 1 <= len(refused) <= 2 and len(set(refused)) == 1, text
+    assert "backend 'nccl' needs CUDA" in refused[0], text
+    assert not any(" committed " in line for line in out), text
+    print(f"ok: no backend: {steps} of {steps} steps committed | nccl: {refused[0]}")
+
+
 def case_finish_callback(args: argparse.Namespace) -> None:
     """The heal at the finishing quorum fails (the only group with the final
     state has a state_dict that raises): nobody left with the final state,
@@ -627,7 +663,8 @@ def main() -> None:
         "case",
         choices=[
             *PROGRAMS,
-            *("elastic", "scope", "callback", "finish_callback", "torchft", "changes", "straggler"),
+            *("elastic", "scope", "callback", "finish_callback", "torchft", "changes"),
+            *("straggler", "backend"),
         ],
     )
     args = parser.parse_args()
@@ -642,6 +679,8 @@ def main() -> None:
         case_callback(args)
     elif args.case == "finish_callback":
         case_finish_callback(args)
+    elif args.case == "backend":
+        case_backend(args)
     elif args.case == "torchft":
         case_torchft(args)
     elif args.case == "straggler":
