@@ -30,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "agent/agent_state.h"
 #include "agent/backoff.h"
+#include "agent/dump_helper.h"
 #include "agent/endpoint_probe.h"
 #include "agent/file_timer_server.h"
 #include "agent/hang_detector.h"
@@ -296,6 +297,7 @@ class Agent {
     }
     Join();
     io_.run();
+    cancel_stack_dumps_ = true;  // the workers are gone: their stacks are moot
     if (stack_dumper_.joinable()) stack_dumper_.join();
     cancel_health_checks_ = true;  // a re-form's checks need not finish now
     if (health_checker_.joinable()) health_checker_.join();
@@ -825,6 +827,16 @@ class Agent {
     if (options_.hang_timeout.count() <= 0) return true;
     for (size_t group = 0; group < groups_.size(); ++group)
       hang_detectors_.emplace_back(options_.hang_timeout);
+    // Before any worker: the workers name it as the one that may trace them
+    // (agent/dump_helper.h). Without it the stacks are taken from the agent,
+    // which Yama's ptrace_scope 1 refuses (then the kernel's view is shown).
+    if (auto helper = DumpHelper::Start(); helper.ok()) {
+      dump_helper_ = std::move(*helper);
+    } else {
+      spdlog::warn(
+          "hang watch: no stack dump helper ({}); stacks are taken from the agent",
+          std::string(helper.status().message()));
+    }
     auto started =
         HeartbeatServer::Start(io_, [this](pid_t pid, std::optional<double> step) {
           for (size_t group = 0; group < groups_.size(); ++group) {
@@ -928,7 +940,8 @@ class Agent {
     stack_dumper_ = std::thread([this, hung, files, tools = stack_tools_] {
       std::vector<std::string> dumps;
       for (const auto& [pid, local_rank] : hung)
-        dumps.push_back(DumpStacks(pid, tools, kStackDumpTimeout));
+        dumps.push_back(DumpStacks(pid, tools, kStackDumpTimeout, &cancel_stack_dumps_,
+                                   dump_helper_.get()));
       boost::asio::post(io_, [this, hung, files, dumps] {
         dumping_stacks_ = false;
         for (size_t i = 0; i < hung.size(); ++i) {
@@ -1405,6 +1418,7 @@ class Agent {
       if (worker_watchdog_)
         spec.env["TORCHELASTIC_TIMER_FILE"] = worker_watchdog_->path();
       if (heartbeats_) spec.env["MESHRUN_HEARTBEAT_SOCKET"] = heartbeats_->name();
+      if (dump_helper_) spec.ptracer = dump_helper_->pid();
       spec.env.insert(options_.worker_security_env.begin(),
                       options_.worker_security_env.end());
       std::string prefix =
@@ -1517,6 +1531,8 @@ class Agent {
   // failure's description).
   std::vector<HangDetector> hang_detectors_;
   std::unique_ptr<HeartbeatServer> heartbeats_;
+  // Runs the stack dumpers (on stack_dumper_, one dump at a time).
+  std::unique_ptr<DumpHelper> dump_helper_;
   boost::asio::steady_timer hang_timer_;
   StackTools stack_tools_;
   std::map<pid_t, std::string> hung_workers_;
@@ -1532,6 +1548,7 @@ class Agent {
   std::thread health_checker_;
   bool checking_health_ = false;
   std::atomic<bool> cancel_health_checks_{false};
+  std::atomic<bool> cancel_stack_dumps_{false};
   std::optional<v1::RendezvousEvent> held_assignment_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rdzv::RendezvousClient> client_;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "agent/bounded_command.h"
+#include "agent/dump_helper.h"
 
 namespace meshrun::agent {
 
@@ -22,16 +23,6 @@ constexpr size_t kMaxDumpBytes = 256 * 1024;
 
 bool IsExecutable(const std::string& path) {
   return !path.empty() && access(path.c_str(), X_OK) == 0 && !fs::is_directory(path);
-}
-
-std::string FindOnPath(const std::string& name, const std::string& path) {
-  if (name.find('/') != std::string::npos) return IsExecutable(name) ? name : "";
-  for (absl::string_view dir : absl::StrSplit(path, ':')) {
-    std::string candidate =
-        absl::StrCat(dir.empty() ? absl::string_view(".") : dir, "/", name);
-    if (IsExecutable(candidate)) return candidate;
-  }
-  return "";
 }
 
 // Each thread's name and what the kernel says it waits in.
@@ -55,6 +46,19 @@ std::string KernelView(pid_t pid) {
 
 }  // namespace
 
+std::string FindOnPath(const std::string& name, const std::string& path) {
+  if (name.find('/') != std::string::npos) return IsExecutable(name) ? name : "";
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
+    // An empty entry means the working directory to execvp, and a relative
+    // one is under it: whoever can write there would choose what the agent
+    // runs against its workers (as root, often). Only absolute entries.
+    if (dir.empty() || dir.front() != '/') continue;
+    std::string candidate = absl::StrCat(dir, "/", name);
+    if (IsExecutable(candidate)) return candidate;
+  }
+  return "";
+}
+
 StackTools FindStackTools(const std::vector<std::string>& worker_argv) {
   const char* own = getenv("PATH");
   const std::string path = own != nullptr ? own : "";
@@ -71,12 +75,18 @@ StackTools FindStackTools(const std::vector<std::string>& worker_argv) {
   return tools;
 }
 
-std::string DumpStacks(pid_t pid, const StackTools& tools, std::chrono::seconds timeout) {
+std::string DumpStacks(pid_t pid, const StackTools& tools, std::chrono::seconds timeout,
+                       const std::atomic<bool>* cancel, DumpHelper* helper) {
+  auto run_bounded = [&](const std::vector<std::string>& argv) {
+    return helper != nullptr
+               ? helper->Run(argv, timeout, /*merge_stderr=*/false, kMaxDumpBytes, cancel)
+               : RunBounded(argv, timeout, /*merge_stderr=*/false, kMaxDumpBytes, cancel);
+  };
   std::vector<std::string> tried;
   if (!tools.py_spy.empty()) {
-    CommandResult run =
-        RunBounded({tools.py_spy, "dump", "--pid", std::to_string(pid), "--nonblocking"},
-                   timeout, /*merge_stderr=*/false, kMaxDumpBytes);
+    CommandResult run = run_bounded(
+        {tools.py_spy, "dump", "--pid", std::to_string(pid), "--nonblocking"});
+    if (run.cancelled) return "no stacks (the agent is exiting)";
     if (run.ok()) return absl::StrCat("Python stacks (py-spy dump):\n", run.output);
     tried.push_back(
         absl::StrCat("py-spy: ", run.Outcome(timeout), " (not a Python process?)"));
@@ -84,9 +94,9 @@ std::string DumpStacks(pid_t pid, const StackTools& tools, std::chrono::seconds 
     tried.push_back("no py-spy");
   }
   if (!tools.gdb.empty()) {
-    CommandResult run = RunBounded({tools.gdb, "-p", std::to_string(pid), "-batch", "-nx",
-                                    "-q", "-ex", "thread apply all bt"},
-                                   timeout, /*merge_stderr=*/false, kMaxDumpBytes);
+    CommandResult run = run_bounded({tools.gdb, "-p", std::to_string(pid), "-batch",
+                                     "-nx", "-q", "-ex", "thread apply all bt"});
+    if (run.cancelled) return "no stacks (the agent is exiting)";
     // From the first thread on: gdb's notes on symbols and auto-loading before
     // it say nothing of the worker.
     if (size_t first = run.output.find("\nThread ");

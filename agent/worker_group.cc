@@ -77,6 +77,7 @@ const char* StageName(ChildStage stage) {
 // thread of the agent may have held the malloc lock at fork time).
 struct ChildArgs {
   pid_t parent = 0;
+  pid_t ptracer = 0;  // 0: none
   int stdout_fd = -1;
   int stderr_fd = -1;
   int status_fd = -1;
@@ -170,10 +171,11 @@ void MarkFdsCloexec() {
   // Into its own cgroup before it can start anything. Best effort: a worker
   // outside it only loses the cleanup of what escapes its process group.
   if (args.cgroup_procs_fd >= 0) (void)::write(args.cgroup_procs_fd, "0", 1);
-  // Where Yama restricts ptrace to ancestors (ptrace_scope 1), the agent and
-  // what it starts may still read the worker: the stack dumps of
-  // --hang-timeout (agent/stack_dump.h). EINVAL without Yama.
-  (void)::prctl(PR_SET_PTRACER, args.parent, 0, 0, 0);
+  // Where Yama restricts ptrace to ancestors (ptrace_scope 1), the stack
+  // dump helper and its dumpers may still read the worker (--hang-timeout,
+  // agent/dump_helper.h). Not the agent: every worker descends from it, so
+  // naming it would let a worker trace its siblings. EINVAL without Yama.
+  if (args.ptracer > 0) (void)::prctl(PR_SET_PTRACER, args.ptracer, 0, 0, 0);
   // Nothing of the agent's but stdin/out/err reaches the worker, even fds
   // opened without O_CLOEXEC by a library (Popen's close_fds in torchrun).
   if (args.simulate_no_close_range_cloexec ||
@@ -669,6 +671,7 @@ absl::Status WorkerGroup::Start(std::vector<WorkerSpec> specs) {
 
     ChildArgs args;
     args.parent = ::getpid();
+    args.ptracer = p.spec.ptracer;
     args.stdout_fd = p.out ? out_write.get() : devnull.get();
     args.stderr_fd = p.err ? err_write.get() : devnull.get();
     args.status_fd = status_write.get();

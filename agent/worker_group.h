@@ -63,6 +63,11 @@ struct WorkerSpec {
   // LineCopy. Shared by the workers of an attempt.
   std::shared_ptr<LineCopy> stdout_copy;
   std::shared_ptr<LineCopy> stderr_copy;
+  // Where Yama restricts ptrace to ancestors (ptrace_scope 1), the process
+  // the worker lets trace it and its descendants (PR_SET_PTRACER): the
+  // agent's stack dump helper (agent/dump_helper.h), never the agent itself,
+  // whose descendants include the other workers. 0: none.
+  pid_t ptracer = 0;
 };
 
 struct WorkerExit {

@@ -22,9 +22,11 @@
 #include <map>
 #include <random>
 #include <string>
+#include <string_view>
 
 #include "absl/synchronization/mutex.h"
 #include "agent/agent.h"
+#include "agent/dump_helper.h"
 #include "agent/resources.h"
 #include "launcher/launch_config.h"
 #include "launcher/local_address.h"
@@ -197,6 +199,10 @@ int ExecRayDriver(const std::vector<std::string>& args, const LaunchConfig& conf
 }
 
 int Main(int argc, char** argv) {
+  // The agent's stack dump helper (agent/dump_helper.h): the agent's binary
+  // run again, before anything else is set up.
+  if (argc >= 2 && std::string_view(argv[1]) == agent::kDumpHelperFlag)
+    return agent::RunDumpHelper(argc, argv);
   // Debian builds absl with debug deadlock detection on; its bookkeeping was
   // ~11% of the daemon's CPU in a 5,000-client barrier (bench/results).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

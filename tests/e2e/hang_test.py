@@ -13,6 +13,12 @@ heartbeat: one worker sends heartbeats, then spins at a full core without
 them: CPU time alone would call it busy; its missing heartbeats catch it. A
 heartbeat from its forked child (not a worker) is refused and logged.
 
+flood (issue 44 item 9): while a process floods the agent's heartbeat
+socket as fast as it can, a worker heartbeats for 4 s under --hang-timeout=2
+and exits: it is never judged hung (its heartbeats still arrive), the flood
+is refused, and the agent notices the exit and ends the run (and the
+flooder, in the worker's process group) within the bound.
+
 stragglers: a 2-node job whose workers heartbeat with their step times, rank
 3's three times the others': the daemon's status page lists rank 3 as slow,
 /metrics has every rank's step time, and the daemon logs it.
@@ -168,6 +174,31 @@ def case_heartbeat(args: argparse.Namespace) -> None:
     print("ok: the spinning worker was caught by its missing heartbeats; its child's refused")
 
 
+def case_flood(args: argparse.Namespace) -> None:
+    bound_s = 40  # the run takes about 5 s
+    deadline = time.monotonic() + bound_s
+    command = [
+        args.meshrun,
+        "--standalone",
+        "--nproc-per-node=1",
+        "--max-restarts=0",
+        "--hang-timeout=2",
+        WORKER,
+        "flood",
+    ]
+    run = Run(command, environment(args))
+    try:
+        code = run.finish(deadline)
+    finally:
+        run.stop()
+    text = "\n".join(run.output())
+    assert code == 0, f"exit {code} (-1: still running after {bound_s} s):\n{text}"
+    assert "rank 0: done (restart 0)" in text, text
+    assert "made no progress" not in text, text
+    assert re.search(r"heartbeats: refused one from pid \d+, not one of this agent's", text), text
+    print("ok: through a flood of heartbeats the worker was not judged hung; the run ended")
+
+
 def case_stragglers(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + BOUND_S
     daemon = Daemon(args.meshrun, deadline)
@@ -205,14 +236,19 @@ def main() -> None:
     parser.add_argument("--python", required=True)
     parser.add_argument("--torchrun", required=True)
     parser.add_argument("--pythonpath", required=True)
-    parser.add_argument("case", choices=["ddp", "heartbeat", "stragglers"])
+    parser.add_argument("case", choices=["ddp", "heartbeat", "flood", "stragglers"])
     args = parser.parse_args()
     if os.getpid() != 1:
         sys.exit("hang_test.py: run it under unshare --net --pid --fork --mount-proc")
     # A new network namespace starts with loopback down.
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    {"ddp": case_ddp, "heartbeat": case_heartbeat, "stragglers": case_stragglers}[args.case](args)
+    {
+        "ddp": case_ddp,
+        "heartbeat": case_heartbeat,
+        "flood": case_flood,
+        "stragglers": case_stragglers,
+    }[args.case](args)
     sys.stdout.flush()
 
 

@@ -9,6 +9,11 @@ spin: one rank that calls meshrun.heartbeat() every step and, on the first
 attempt, then spins at a full core without it; a child it forks sends a
 heartbeat the agent must refuse (not a worker).
 
+flood: a child it forks floods the agent's heartbeat socket as fast as it
+can (refused: not a worker) while the worker heartbeats every 50 ms for
+FLOOD_S seconds and exits; the child floods on until the agent, noticing the
+exit, ends the worker's process group.
+
 steps: every rank heartbeats STEPS steps with its step time; the last rank
 says its steps take three times as long as the others'.
 """
@@ -23,6 +28,7 @@ WORLD_SIZE = int(os.environ["WORLD_SIZE"])
 RESTART = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 HANG_AT = 20
 STEPS = 40
+FLOOD_S = 4
 
 
 def hold() -> None:
@@ -70,6 +76,30 @@ def spin() -> None:
     print(f"rank {RANK}: done (restart {RESTART})", flush=True)
 
 
+def flood() -> None:
+    import socket
+
+    import meshrun
+
+    name = os.environ["MESHRUN_HEARTBEAT_SOCKET"]
+    if os.fork() == 0:
+        sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+        address = "\0" + name[1:]
+        while True:  # until the agent ends the worker's process group
+            try:
+                sender.sendto(b"1", address)
+            except OSError:
+                pass
+    arrived = 0
+    end = time.monotonic() + FLOOD_S
+    while time.monotonic() < end:
+        # False where the socket's queue was full: the next one may pass.
+        arrived += meshrun.heartbeat()
+        time.sleep(0.05)
+    print(f"rank {RANK}: {arrived} heartbeats queued through a flood", flush=True)
+    print(f"rank {RANK}: done (restart {RESTART})", flush=True)
+
+
 def steps() -> None:
     import meshrun
 
@@ -81,4 +111,6 @@ def steps() -> None:
 
 
 if __name__ == "__main__":
-    {"ddp": ddp, "spin": spin, "steps": steps}[sys.argv[1] if len(sys.argv) > 1 else "ddp"]()
+    {"ddp": ddp, "spin": spin, "flood": flood, "steps": steps}[
+        sys.argv[1] if len(sys.argv) > 1 else "ddp"
+    ]()

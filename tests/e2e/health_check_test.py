@@ -12,6 +12,11 @@ keep_out: on one meshrun-rdzvd, an elastic run (--nnodes=1:2, one worker a
     with their checks, and /metrics counts them.
 sigterm: SIGTERM while a node's check hangs before it joins (a 60 s timeout):
   the agent exits 143 at once, and the check's process is gone.
+closed_output (issue 44 item 4): a check that closes its output and then
+  hangs is as bounded as one that keeps it open: with
+  --health-check-timeout=2 it fails "took over 2 s" and the node exits 69
+  within a few seconds, not when the check ends (30 s); with a 60 s timeout,
+  SIGTERM ends the agent at once (143) and the check with it.
 rejoin: A and B in a run; B's agent is stopped (SIGSTOP) past its lease, so
   the daemon expels it and A re-forms; FLAG now exists. Continued, B re-joins
   as a new node, runs its checks again as at a re-form, fails
@@ -163,6 +168,77 @@ def case_sigterm(args: argparse.Namespace) -> None:
     print(f"ok: SIGTERM during a hanging check: exit 143 in {took:.1f} s, the check ended")
 
 
+def wait_for_pid(path: str, node: Run, deadline: float) -> int:
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline and node.proc.poll() is None, node.output()
+        time.sleep(0.05)
+    with open(path) as f:
+        return int(f.read())
+
+
+def case_closed_output(args: argparse.Namespace) -> None:
+    deadline = time.monotonic() + BOUND_S
+    daemon = Daemon(args.meshrun, deadline)
+    with tempfile.TemporaryDirectory(prefix="health-check-") as work:
+        pid_file = os.path.join(work, "check.pid")
+
+        def launch(timeout_s: int) -> Run:
+            # Says something, closes stdout and stderr (the agent's pipe sees
+            # EOF), then hangs.
+            check = (
+                f"echo checking; echo $$ > {pid_file}.new && mv {pid_file}.new {pid_file}"
+                " && exec >&- 2>&- && exec sleep 30"
+            )
+            return Run(
+                [
+                    args.meshrun,
+                    "--nnodes=1",
+                    f"--rdzv-endpoint={daemon.endpoint}",
+                    "--rdzv-id=health",
+                    f"--health-check={check}",
+                    f"--health-check-timeout={timeout_s}",
+                    "--no-python",
+                    "true",
+                ],
+                dict(os.environ),
+            )
+
+        nodes = []
+        try:
+            timed = launch(2)
+            nodes.append(timed)
+            started = time.monotonic()
+            timed_code = timed.finish(deadline)
+            timed_took = time.monotonic() - started
+            timed_pid = wait_for_pid(pid_file, timed, deadline)
+            os.unlink(pid_file)
+
+            stopped = launch(60)
+            nodes.append(stopped)
+            check_pid = wait_for_pid(pid_file, stopped, deadline)
+            asked = time.monotonic()
+            stopped.proc.send_signal(signal.SIGTERM)
+            stopped_code = stopped.proc.wait(timeout=max(1, deadline - time.monotonic()))
+            stopped_took = time.monotonic() - asked
+        finally:
+            for node in nodes:
+                node.stop()
+            daemon.stop()
+    out = "\n".join(timed.output())
+    assert timed_code == UNHEALTHY_EXIT, f"exit {timed_code}:\n{out}"
+    assert re.search(r"health check '.*' failed \(took over 2 s\): checking", out), out
+    # The bug: the agent waited for the check's exit unbounded (30 s).
+    assert timed_took < 15, f"a 2 s check timeout took {timed_took:.1f} s"
+    assert not alive(timed_pid), f"the timed-out check (pid {timed_pid}) lives on"
+    assert stopped_code == 143, f"exit {stopped_code}:\n" + "\n".join(stopped.output())
+    assert stopped_took < 10, f"exited {stopped_took:.1f} s after SIGTERM"
+    assert not alive(check_pid), f"the check (pid {check_pid}) outlived the agent"
+    print(
+        f"ok: a check that closed its output timed out in {timed_took:.1f} s (exit 69); "
+        f"SIGTERM during one: exit 143 in {stopped_took:.1f} s, the check ended"
+    )
+
+
 def case_rejoin(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + BOUND_S
     daemon = Daemon(args.meshrun, deadline)
@@ -215,9 +291,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--meshrun", required=True)
     parser.add_argument("--python", required=True)
-    parser.add_argument("case", choices=["keep_out", "sigterm", "rejoin"])
+    parser.add_argument("case", choices=["keep_out", "sigterm", "closed_output", "rejoin"])
     args = parser.parse_args()
-    {"keep_out": case_keep_out, "sigterm": case_sigterm, "rejoin": case_rejoin}[args.case](args)
+    {
+        "keep_out": case_keep_out,
+        "sigterm": case_sigterm,
+        "closed_output": case_closed_output,
+        "rejoin": case_rejoin,
+    }[args.case](args)
 
 
 if __name__ == "__main__":
