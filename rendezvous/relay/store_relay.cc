@@ -207,6 +207,8 @@ class StoreRelay::Backend final : public StoreBackend {
       const std::string why =
           absl::StrCat("gRPC status ", status.error_code(), ": ", status.error_message());
       delete this;
+      if (backend->options_.grpc_stream_freed_for_test)
+        backend->options_.grpc_stream_freed_for_test();
       backend->OnStreamDone(self, why, LinkEnd::kNotALink);
     }
 
