@@ -254,9 +254,9 @@ chmod 600 *.key
                                 /*merge_stderr=*/true);
   ASSERT_EQ(testing::ExitCode(openssl), 0) << openssl.output();
   const std::string port = std::to_string(testing::FreePort());
-  const std::vector<std::string> args{"--port", port, "--tls-cert",
-                                      certs / "server.pem", "--tls-key",
-                                      certs / "server.key"};
+  const std::vector<std::string> args{"--port",     port,
+                                      "--tls-cert", certs / "server.pem",
+                                      "--tls-key",  certs / "server.key"};
   auto daemon = std::make_unique<DaemonProcess>(args);
 
   rdzv::StoreRelayOptions options;
