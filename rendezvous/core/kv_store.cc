@@ -714,21 +714,33 @@ bool KvStore::Remember(const std::string& ns, const std::string& id,
   const size_t bytes = BytesOf(id, answer);
   auto [it, inserted] = memory.answers.try_emplace(id);
   if (!inserted) {
-    memory.bytes -= BytesOf(id, it->second);
+    memory.bytes -= BytesOf(id, it->second.answer);
   } else {
-    memory.order.push_back(id);
+    it->second.seq = memory.next_seq++;
+    memory.order.emplace(it->second.seq, id);
   }
-  it->second = std::move(answer);
+  it->second.answer = std::move(answer);
   memory.bytes += bytes;
-  while (memory.order.size() > 1 &&
-         (memory.order.size() > limits_.max_remembered_per_namespace ||
-          memory.bytes > limits_.max_remembered_bytes_per_namespace)) {
-    auto oldest = memory.answers.find(memory.order.front());
-    memory.bytes -= BytesOf(oldest->first, oldest->second);
-    memory.answers.erase(oldest);
-    memory.order.pop_front();
-  }
   return true;
+}
+
+bool KvStore::CanRemember(const std::string& ns) const {
+  auto found = remembered_.find(ns);
+  if (found == remembered_.end()) return remembered_.size() < limits_.max_namespaces;
+  return found->second.answers.size() < limits_.max_remembered_per_namespace &&
+         found->second.bytes < limits_.max_remembered_bytes_per_namespace;
+}
+
+void KvStore::Forget(const std::string& ns, const std::string& id) {
+  auto found = remembered_.find(ns);
+  if (found == remembered_.end()) return;
+  Memory& memory = found->second;
+  auto it = memory.answers.find(id);
+  if (it == memory.answers.end()) return;
+  memory.bytes -= BytesOf(id, it->second.answer);
+  memory.order.erase(it->second.seq);
+  memory.answers.erase(it);
+  if (memory.answers.empty()) remembered_.erase(found);
 }
 
 std::optional<StoredAnswer> KvStore::Recall(const std::string& ns,
@@ -737,7 +749,7 @@ std::optional<StoredAnswer> KvStore::Recall(const std::string& ns,
   if (found == remembered_.end()) return std::nullopt;
   auto it = found->second.answers.find(id);
   if (it == found->second.answers.end()) return std::nullopt;
-  return it->second;
+  return it->second.answer;
 }
 
 size_t KvStore::num_remembered(const std::string& ns) const {
@@ -745,11 +757,17 @@ size_t KvStore::num_remembered(const std::string& ns) const {
   return found == remembered_.end() ? 0 : found->second.answers.size();
 }
 
+size_t KvStore::remembered_bytes(const std::string& ns) const {
+  auto found = remembered_.find(ns);
+  return found == remembered_.end() ? 0 : found->second.bytes;
+}
+
 void KvStore::ForEachRemembered(
     const std::function<void(const std::string&, const std::string&,
                              const StoredAnswer&)>& visit) const {
   for (const auto& [ns, memory] : remembered_)
-    for (const std::string& id : memory.order) visit(ns, id, memory.answers.at(id));
+    for (const auto& [seq, id] : memory.order)
+      visit(ns, id, memory.answers.at(id).answer);
 }
 
 void KvStore::DropNamespace(const std::string& ns, std::vector<Wakeup>* woken) {

@@ -50,11 +50,14 @@ struct StoreLimits {
   // other run's waits.
   size_t max_waiters_per_namespace = 1 << 18;
   size_t max_waiters = 1 << 20;
-  // Answers remembered for repeats (KvStore::Remember), per namespace: the
-  // oldest are forgotten past either bound. A relay repeats a request only
-  // after its connection broke, so far fewer are ever needed.
-  size_t max_remembered_per_namespace = 16384;
-  size_t max_remembered_bytes_per_namespace = 16 << 20;
+  // Answers remembered for repeats (KvStore::Remember), per namespace, kept
+  // until their sender says it has them (Forget): none is ever forgotten
+  // otherwise, since a repeat after that would be applied again. Past either
+  // bound a request with a new dedup id is refused instead (CanRemember).
+  // A relay forgets each answer with its next request, so a namespace holds
+  // about its relays' requests in flight.
+  size_t max_remembered_per_namespace = 65536;
+  size_t max_remembered_bytes_per_namespace = 256 << 20;
 };
 
 // The answer to a request that carried a dedup id (StoreRequest.dedup_id),
@@ -187,17 +190,26 @@ class KvStore {
   size_t num_waiters() const { return waiters_.size(); }
   size_t num_waiters(const std::string& ns) const;
   size_t num_namespaces() const { return namespaces_.size(); }
-  // Answers of requests that carried a dedup id, per namespace, oldest
-  // forgotten first past StoreLimits' bounds (one larger than the byte
-  // bound is kept alone). Apart from the keys: not counted in NumKeys,
-  // ListKeys or the per-namespace limits, and kept while the namespace has
-  // no key, until DropNamespace. False when nothing was remembered: the
-  // store already remembers for max_namespaces namespaces. Remembering an
-  // id again replaces its answer.
+  // Answers of requests that carried a dedup id, per namespace, kept until
+  // Forget or DropNamespace, whatever their number and size (see
+  // StoreLimits; CanRemember says whether to take another). Apart from the
+  // keys: not counted in NumKeys, ListKeys or the per-namespace limits, and
+  // kept while the namespace has no key. False when nothing was remembered:
+  // the store already remembers for max_namespaces namespaces. Remembering
+  // an id again replaces its answer.
   bool Remember(const std::string& ns, const std::string& id, StoredAnswer answer);
+  // Whether a request with a new dedup id may be applied: its answer could
+  // be remembered, and `ns` holds fewer answers (and bytes of them) than
+  // StoreLimits' bounds.
+  bool CanRemember(const std::string& ns) const;
+  // The sender has the answer and will never repeat the id. No-op for an id
+  // not remembered.
+  void Forget(const std::string& ns, const std::string& id);
   std::optional<StoredAnswer> Recall(const std::string& ns, const std::string& id) const;
   size_t num_remembered(const std::string& ns) const;
-  // Every remembered answer, each namespace's oldest first (snapshots).
+  size_t remembered_bytes(const std::string& ns) const;
+  // Every remembered answer, each namespace's in the order remembered
+  // (snapshots).
   void ForEachRemembered(
       const std::function<void(const std::string& ns, const std::string& id,
                                const StoredAnswer& answer)>& visit) const;
@@ -247,10 +259,15 @@ class KvStore {
     // key -> barrier waiters, woken when the key's integer reaches their size.
     std::unordered_map<std::string, std::set<WaiterId>> barriers;
   };
-  // Remembered answers of one namespace, in the order they came.
+  // Remembered answers of one namespace, and the order they came in.
   struct Memory {
-    std::unordered_map<std::string, StoredAnswer> answers;  // by dedup id
-    std::deque<std::string> order;                          // oldest first
+    struct Entry {
+      StoredAnswer answer;
+      uint64_t seq = 0;  // its key in `order`
+    };
+    std::unordered_map<std::string, Entry> answers;  // by dedup id
+    std::map<uint64_t, std::string> order;           // seq -> dedup id
+    uint64_t next_seq = 0;
     size_t bytes = 0;
   };
   static size_t BytesOf(const std::string& id, const StoredAnswer& answer);

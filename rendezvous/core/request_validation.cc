@@ -135,6 +135,15 @@ absl::Status ValidateStoreRequest(const v1::StoreRequest& request,
                         limits.max_dedup_id_bytes);
       !s.ok())
     return s;
+  if (static_cast<size_t>(request.forget_dedup_ids_size()) > limits.max_forget_dedup_ids)
+    return Invalid("store.forget_dedup_ids",
+                   absl::StrCat("names ", request.forget_dedup_ids_size(),
+                                " ids; at most ", limits.max_forget_dedup_ids));
+  for (const std::string& id : request.forget_dedup_ids()) {
+    if (auto s = MaxBytes("store.forget_dedup_ids", id.size(), limits.max_dedup_id_bytes);
+        !s.ok())
+      return s;
+  }
   switch (request.op_case()) {
     case v1::StoreRequest::kWait:
       return Keys("store.wait.keys", request.wait().keys(), limits);

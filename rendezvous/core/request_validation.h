@@ -29,8 +29,10 @@ struct RequestLimits {
   size_t max_host_bytes = 253;
   // A store namespace: a run id plus a round prefix and a user prefix.
   size_t max_namespace_bytes = 1024;
-  // A store request's dedup_id (a relay sends 16 bytes).
+  // A store request's dedup_id (a relay sends 16 bytes), and so each of its
+  // forget_dedup_ids.
   size_t max_dedup_id_bytes = 64;
+  size_t max_forget_dedup_ids = 4096;
   // Keys per store request (wait, check, multi_get, multi_set).
   size_t max_keys_per_request = 128 << 10;
   // Failure details and close reasons (tracebacks are cut to this).

@@ -272,6 +272,15 @@ absl::Status ApplyRecord(std::string_view payload, KvStore* store,
       store->Remember(ns, id, std::move(answer));
       return absl::OkStatus();
     }
+    case RecordType::kForgotten: {
+      std::string ns = r.Str();
+      std::vector<std::string> ids;
+      // Each id costs at least its 8-byte length (see kRemembered).
+      for (uint64_t n = r.U64(); r.ok() && n > 0; --n) ids.push_back(r.Str());
+      if (!r.ok() || !r.done()) break;
+      for (const std::string& id : ids) store->Forget(ns, id);
+      return absl::OkStatus();
+    }
     case RecordType::kRun: {
       std::string run_id = r.Str();
       std::string state = r.Str();

@@ -15,6 +15,7 @@
 //   kRemembered ns id answer effects  (a request with a dedup id: its answer
 //     (StoredAnswer) and the store records of what it did, applied together,
 //     so a crash can never keep the one without the other)
+//   kForgotten ns ids  (remembered answers their sender said it has)
 //   kRun run_id state         (a whole run of RendezvousState::EncodeRun)
 //   kRunGone run_id           (the run was forgotten)
 // A snapshot file is kSnapshotMagic, then framed records: a header (the log
@@ -51,6 +52,7 @@ enum class RecordType : uint8_t {
   kQueuePush = 9,
   kQueuePop = 10,
   kRemembered = 11,
+  kForgotten = 12,
 };
 
 uint32_t Crc32(std::string_view data);
@@ -113,6 +115,16 @@ std::string QueuePopRecord(std::string_view ns, std::string_view key);
 std::string RememberedRecord(std::string_view ns, std::string_view id,
                              const StoredAnswer& answer,
                              const std::vector<std::string>& effects);
+// Remembered answers forgotten (StoreRequest.forget_dedup_ids).
+template <typename Ids>
+std::string ForgottenRecord(std::string_view ns, const Ids& ids) {
+  ByteWriter w;
+  w.U8(static_cast<uint8_t>(RecordType::kForgotten));
+  w.Str(ns);
+  w.U64(static_cast<uint64_t>(ids.size()));
+  for (const auto& id : ids) w.Str(id);
+  return w.Take();
+}
 // A whole namespace dropped (its run was forgotten).
 std::string DropNamespaceRecord(std::string_view ns);
 // Rendezvous record payloads: the run's current state, or its removal when

@@ -197,6 +197,9 @@ bool RelayCore::TakeBatch(StoreRequestBatch* batch) {
     const uint64_t id = *unsent_.begin();
     Op& op = ops_.at(id);
     if (batch->requests_size() > 0 && bytes + op.bytes > limits_.max_batch_bytes) break;
+    // In order: a session's later requests wait behind this one.
+    const bool dedup = !op.request.dedup_id().empty() || NeedsDedupId(op.request);
+    if (dedup && dedup_in_flight_ >= limits_.max_dedup_in_flight) break;
     // Set once, when the request is final (no add joins it once taken), and
     // kept for its repeats.
     if (op.request.dedup_id().empty() && NeedsDedupId(op.request)) {
@@ -207,6 +210,16 @@ bool RelayCore::TakeBatch(StoreRequestBatch* batch) {
       }
       op.request.set_dedup_id(std::move(dedup_id));
     }
+    if (auto waiting = forget_.find(op.request.ns()); waiting != forget_.end()) {
+      std::vector<std::string>& ids = waiting->second;
+      while (!ids.empty() && static_cast<size_t>(op.request.forget_dedup_ids_size()) <
+                                 limits_.max_forget_per_request) {
+        op.request.add_forget_dedup_ids(std::move(ids.back()));
+        ids.pop_back();
+      }
+      if (ids.empty()) forget_.erase(waiting);
+    }
+    CountInFlight(op, true);
     *batch->add_requests() = op.request;
     bytes += op.bytes;
     unsent_bytes_ -= op.bytes;
@@ -220,6 +233,8 @@ bool RelayCore::TakeBatch(StoreRequestBatch* batch) {
       op.join_key.clear();
     }
   }
+  // Nothing when the first waits for the dedup window.
+  if (batch->requests_size() == 0) return false;
   ++stats_.batches;
   return true;
 }
@@ -234,6 +249,7 @@ void RelayCore::WriteDone(bool written) {
       ++stats_.sent;
     } else {
       op.state = Op::State::kUnsent;
+      CountInFlight(op, false);
       unsent_.insert(id);
       unsent_bytes_ += op.bytes;
     }
@@ -245,6 +261,9 @@ void RelayCore::OnReply(const StoreResponse& reply, std::vector<RelayDelivery>* 
   auto it = ops_.find(reply.id());
   if (it == ops_.end()) return;  // nobody waits for it any more
   Op& op = it->second;
+  // The daemon keeps its answer until told: on the next request there.
+  if (!op.request.dedup_id().empty())
+    forget_[op.request.ns()].push_back(op.request.dedup_id());
   const bool add =
       op.request.op_case() == StoreRequest::kAdd && reply.code() == meshrun::v1::STORE_OK;
   const int64_t total = add ? op.request.add().delta() : 0;
@@ -261,7 +280,7 @@ void RelayCore::OnReply(const StoreResponse& reply, std::vector<RelayDelivery>* 
       if (of->second.empty()) ops_of_.erase(of);
     }
   }
-  Forget(reply.id());
+  Forget(reply.id(), /*answered=*/true);
 }
 
 void RelayCore::OnStreamLost(std::vector<RelayDelivery>* out) {
@@ -273,6 +292,7 @@ void RelayCore::OnStreamLost(std::vector<RelayDelivery>* out) {
       orphans.push_back(id);
     } else if (SafeToRepeat(op.request)) {
       op.state = Op::State::kUnsent;
+      CountInFlight(op, false);
       unsent_.insert(id);
       unsent_bytes_ += op.bytes;
       ++stats_.repeated;
@@ -280,9 +300,14 @@ void RelayCore::OnStreamLost(std::vector<RelayDelivery>* out) {
       unknown.push_back(id);
     }
   }
-  for (uint64_t id : orphans) Forget(id);
+  for (uint64_t id : orphans) Forget(id, /*answered=*/false);
   for (uint64_t id : unknown) {
-    const Op& op = ops_.at(id);
+    Op& op = ops_.at(id);
+    // Never applied twice: it has no dedup id (SafeToRepeat), and what it
+    // named to forget is named again, as the daemon may not have seen it.
+    for (std::string& forget : *op.request.mutable_forget_dedup_ids())
+      forget_[op.request.ns()].push_back(std::move(forget));
+    op.request.clear_forget_dedup_ids();
     stats_.failed_in_flight += op.joiners.size();
     StoreResponse reply;
     reply.set_id(id);
@@ -327,7 +352,7 @@ void RelayCore::RemoveJoiners(StoreReplySink* session, bool waits_only) {
     id_it = of->second.erase(id_it);
   }
   if (of->second.empty()) ops_of_.erase(of);
-  for (uint64_t id : forget) Forget(id);
+  for (uint64_t id : forget) Forget(id, /*answered=*/false);
 }
 
 void RelayCore::CancelWaits(StoreReplySink* session) { RemoveJoiners(session, true); }
@@ -338,10 +363,30 @@ void RelayCore::EndSession(StoreReplySink* session) {
   ops_of_.erase(session);
 }
 
-void RelayCore::Forget(uint64_t upstream_id) {
+size_t RelayCore::to_forget() const {
+  size_t n = 0;
+  for (const auto& [ns, ids] : forget_) n += ids.size();
+  return n;
+}
+
+void RelayCore::CountInFlight(const Op& op, bool out) {
+  if (op.request.dedup_id().empty() && !NeedsDedupId(op.request)) return;
+  if (out) {
+    ++dedup_in_flight_;
+  } else {
+    --dedup_in_flight_;
+  }
+}
+
+void RelayCore::Forget(uint64_t upstream_id, bool answered) {
   auto it = ops_.find(upstream_id);
   if (it == ops_.end()) return;
   Op& op = it->second;
+  if (op.state != Op::State::kUnsent) CountInFlight(op, false);
+  if (!answered) {
+    for (std::string& forget : *op.request.mutable_forget_dedup_ids())
+      forget_[op.request.ns()].push_back(std::move(forget));
+  }
   if (!op.join_key.empty()) {
     auto found = joinable_.find(op.join_key);
     if (found != joinable_.end() && found->second == upstream_id) joinable_.erase(found);

@@ -26,7 +26,13 @@
 // whose repeat would not be (add, compare_set, append, queue push and pop):
 // each of those carries a dedup_id (this relay's identity and its upstream
 // id), so the daemon applies it once and answers a repeat with the first
-// answer (store.proto), across its restarts with --state-dir. Only a barrier
+// answer (store.proto), across its restarts with --state-dir. The daemon
+// keeps that answer until the relay says it has it: each answered dedup id
+// rides, in forget_dedup_ids, on the next request of its namespace (sent
+// again if that request's stream broke), and no more than
+// max_dedup_in_flight such requests are out at once, so what the daemon
+// holds for a relay stays bounded without it ever forgetting an answer a
+// repeat could still ask for. Only a barrier
 // sent and not answered (it parks after its add) may or may not have been
 // applied, and is answered STORE_UNAVAILABLE.
 //
@@ -64,6 +70,12 @@ struct RelayLimits {
   size_t max_pending_per_session = 4096;
   // Bytes of requests not yet sent, from all sessions (the daemon away).
   size_t max_unsent_bytes = 256 << 20;
+  // Requests with a dedup id sent and not answered: the daemon keeps each
+  // one's answer until told (see above), so past this many the next waits.
+  size_t max_dedup_in_flight = 4096;
+  // Dedup ids named for the daemon to forget on one request
+  // (RequestLimits::max_forget_dedup_ids).
+  size_t max_forget_per_request = 4096;
 };
 
 struct RelayStats {
@@ -93,7 +105,8 @@ class RelayCore {
   std::optional<meshrun::v1::StoreResponse> Submit(StoreReplySink* session,
                                                    meshrun::v1::StoreRequest request);
   // Moves the next requests to send into `batch` (upstream ids). False when
-  // there is nothing to send. They stay "being written" until WriteDone().
+  // there is nothing to send (or the next waits for answers: call again
+  // after OnReply). They stay "being written" until WriteDone().
   bool TakeBatch(meshrun::v1::StoreRequestBatch* batch);
   // The batch TakeBatch() gave: written (the daemon may see it), or not
   // written (the stream broke first; it will be sent again).
@@ -116,6 +129,10 @@ class RelayCore {
     return found == pending_.end() ? 0 : found->second;
   }
   size_t pending_upstream() const { return ops_.size(); }
+  // Requests with a dedup id sent (or being written) and not answered.
+  size_t dedup_in_flight() const { return dedup_in_flight_; }
+  // Answered dedup ids not yet named to the daemon on a request.
+  size_t to_forget() const;
   const RelayStats& stats() const { return stats_; }
 
  private:
@@ -137,7 +154,11 @@ class RelayCore {
   static bool NeedsDedupId(const meshrun::v1::StoreRequest& request);
   // Reads: an unsent one nobody waits for need not be sent at all.
   static bool IsRead(const meshrun::v1::StoreRequest& request);
-  void Forget(uint64_t upstream_id);
+  // Drops the op. `answered`: the daemon answered it, so it took the dedup
+  // ids the request named to forget; otherwise they are named again later.
+  void Forget(uint64_t upstream_id, bool answered);
+  // The op left the unsent state (true) or went back to it (false).
+  void CountInFlight(const Op& op, bool out);
   void RemoveJoiners(StoreReplySink* session, bool waits_only);
 
   const RelayLimits limits_;
@@ -150,6 +171,9 @@ class RelayCore {
   std::unordered_map<std::string, uint64_t> joinable_;   // join key -> op
   std::unordered_map<StoreReplySink*, size_t> pending_;  // per session
   std::unordered_map<StoreReplySink*, std::unordered_set<uint64_t>> ops_of_;
+  // By namespace: answered dedup ids to name on the next request there.
+  std::unordered_map<std::string, std::vector<std::string>> forget_;
+  size_t dedup_in_flight_ = 0;
   RelayStats stats_;
 };
 

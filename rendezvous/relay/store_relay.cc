@@ -84,7 +84,7 @@ class StoreRelay::Backend final : public StoreBackend {
     stopping_ = true;
     if (stream_ != nullptr) stream_->Cancel();
     changed_.notify_all();
-    changed_.wait(lock, [this] { return stream_ == nullptr; });
+    changed_.wait(lock, [this] { return stream_ == nullptr && detached_ == 0; });
     lock.unlock();
     if (reconnector_.joinable()) reconnector_.join();
   }
@@ -200,13 +200,18 @@ class StoreRelay::Backend final : public StoreBackend {
       StartRead(&in_);
     }
     void OnDone(const grpc::Status& status) override {
-      // Gone before the backend hears of it: Stop() returns only after
-      // that, and the channel may go with the relay then.
+      // Unreachable before it is freed: a worker's request in between would
+      // write to the freed call. Gone before the backend hears it ended:
+      // Stop() returns only after that, and the channel may go with the
+      // relay then.
       Backend* const backend = backend_;
       const Upstream* const self = this;
       const std::string why =
           absl::StrCat("gRPC status ", status.error_code(), ": ", status.error_message());
+      backend->Detach(self);
       delete this;
+      if (backend->options_.grpc_stream_freed_for_test)
+        backend->options_.grpc_stream_freed_for_test();
       backend->OnStreamDone(self, why, LinkEnd::kNotALink);
     }
 
@@ -428,12 +433,23 @@ class StoreRelay::Backend final : public StoreBackend {
     for (const StoreResponse& reply : batch.responses())
       core_.OnReply(reply, &deliveries_);
     Deliver();
+    // Requests held back by the dedup window (RelayLimits) may go now.
+    WriteLocked();
+  }
+
+  // The stream is ending and about to be freed: nothing may reach it from
+  // now on. OnStreamDone follows; no other stream opens before it.
+  void Detach(const Upstream* stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stream_ == stream) stream_ = nullptr;
+    ++detached_;
   }
 
   void OnStreamDone(const Upstream* stream, const std::string& why, LinkEnd end) {
     std::shared_ptr<LinkStream> finished;
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_ == stream) stream_ = nullptr;
+    if (end == LinkEnd::kNotALink) --detached_;
     if (link_stream_.get() == stream) finished = std::move(link_stream_);
     writing_ = false;
     deliveries_.clear();
@@ -485,7 +501,8 @@ class StoreRelay::Backend final : public StoreBackend {
   void ReconnectLoop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      changed_.wait(lock, [this] { return stopping_ || stream_ == nullptr; });
+      changed_.wait(
+          lock, [this] { return stopping_ || (stream_ == nullptr && detached_ == 0); });
       if (stopping_) return;
       if (delay_next_) {
         const auto delay = reconnect_delay_;
@@ -501,14 +518,16 @@ class StoreRelay::Backend final : public StoreBackend {
   std::mutex ns_mu_;
   std::string ns_;  // guarded by ns_mu_
   std::mutex mu_;
-  std::condition_variable changed_;  // stream_ or stopping_ changed
+  std::condition_variable changed_;  // stream_, detached_ or stopping_ changed
   RelayCore core_;                   // guarded by mu_
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<meshrun::v1::Store::Stub> stub_;
-  asio::io_context* io_ = nullptr;           // the store link's (Start)
-  bool use_link_;                            // guarded by mu_
-  int unanswered_links_ = 0;                 // in a row; guarded by mu_
-  Upstream* stream_ = nullptr;               // guarded by mu_
+  asio::io_context* io_ = nullptr;  // the store link's (Start)
+  bool use_link_;                   // guarded by mu_
+  int unanswered_links_ = 0;        // in a row; guarded by mu_
+  Upstream* stream_ = nullptr;      // guarded by mu_
+  // gRPC streams detached, whose OnStreamDone has not come; guarded by mu_.
+  int detached_ = 0;
   std::shared_ptr<LinkStream> link_stream_;  // guarded by mu_; the link stream_ is
   bool writing_ = false;                     // guarded by mu_
   bool answered_ = false;                    // the stream has had a reply; guarded by mu_

@@ -19,6 +19,7 @@
 // Thread-safe.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -54,6 +55,10 @@ struct StoreRelayOptions {
   // replaced at once. gRPC waits for the channel itself in between.
   std::chrono::milliseconds min_reconnect_delay{50};
   std::chrono::milliseconds max_reconnect_delay{1000};
+  // Tests only: runs on gRPC's thread when a gRPC stream has ended, after
+  // its call object was freed and before the relay carries on without it,
+  // so that a test can hold that moment open while workers write.
+  std::function<void()> grpc_stream_freed_for_test;
 };
 
 class StoreRelay {

@@ -304,7 +304,6 @@ void RendezvousService::DispatchLocked(std::vector<NodeEvent>& events) {
 }
 
 void RendezvousService::StreamBroken(const NodeKey& node, JoinStream* stream) {
-  std::vector<NodeEvent> events;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = streams_.find(node);
   if (it == streams_.end() || it->second != stream) {
@@ -313,13 +312,11 @@ void RendezvousService::StreamBroken(const NodeKey& node, JoinStream* stream) {
   }
   streams_.erase(it);
   stream->End(grpc::Status::CANCELLED);
-  // The server cancels every stream when it shuts down; the agents are
-  // fine and will resume after the restart.
-  if (shutting_down_) return;
-  // Not finding the node is fine: it may have left or expired already.
-  (void)state_.Leave(node.first, node.second, RdzvClock::now(), &events);
-  DispatchLocked(events);
-  PokeTimerLocked();
+  // A stream that broke (a reset, a cancel, the network) is not a node that
+  // left: its agent keeps its workers running and re-opens the stream,
+  // resuming its round, so the node stays until its lease runs out (its
+  // heartbeats stop). Leaving is the Leave call; events meanwhile reach the
+  // node when its stream is back (a resume re-sends its assignment).
 }
 
 std::optional<DeadlineTimer::TimePoint> RendezvousService::Tick(

@@ -551,6 +551,12 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
     return true;
   }
   const std::string& ns = request.ns();
+  // Answers the sender has and will not ask for again: first, so that the
+  // room they held counts for this request.
+  if (request.forget_dedup_ids_size() > 0) {
+    for (const std::string& id : request.forget_dedup_ids()) store_.Forget(ns, id);
+    if (log_) log_->Append(codec::ForgottenRecord(ns, request.forget_dedup_ids()));
+  }
   // A request with a dedup id is answered once: a repeat gets that answer.
   const bool dedup = !request.dedup_id().empty() && TakesDedupId(request);
   if (dedup) {
@@ -560,6 +566,18 @@ bool StoreService::ExecuteLocked(ReplySink* session, const StoreRequest& request
       reply->set_number(answer->number);
       reply->set_flag(answer->flag);
       for (std::string& value : answer->values) reply->add_values(std::move(value));
+      return true;
+    }
+    // Its answer must be kept until its sender forgets it: a request whose
+    // answer could not be is not applied at all, since forgetting another
+    // answer instead would let that one's repeat be applied twice.
+    if (!store_.CanRemember(ns)) {
+      SetStatus(absl::ResourceExhaustedError(absl::StrCat(
+                    "namespace ", ns, " holds ", store_.num_remembered(ns), " answers (",
+                    store_.remembered_bytes(ns),
+                    " bytes) that their senders have not yet confirmed; this request "
+                    "was not applied")),
+                reply);
       return true;
     }
   }

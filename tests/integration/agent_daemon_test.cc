@@ -21,6 +21,7 @@
 
 #include "rendezvous/client/rendezvous_client.h"
 #include "tests/support/child_process.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/text.h"
 
 namespace meshrun {
@@ -182,6 +183,60 @@ TEST_F(AgentDaemonTest, AnAgentExpelledWhileStalledRejoinsAndTheJobGoesOn) {
       << woken;
   EXPECT_EQ(before[1], after[1]) << woken;
   EXPECT_NE(after[1], daemon_port) << woken;
+}
+
+// Issue 44 (5): a TCP reset of the agents' connections to the daemon (their
+// Join streams among them) mid-run is not a node that left: the daemon keeps
+// both nodes for their lease, their agents re-open the streams and resume
+// the round, and no worker restarts.
+TEST_F(AgentDaemonTest, AResetRendezvousStreamRestartsNoWorker) {
+  if (geteuid() != 0) GTEST_SKIP() << "ss -K needs root (CAP_NET_ADMIN)";
+  DaemonProcess daemon;
+  testing::TempDir dir("stream-reset");
+  const std::string go = dir / "go";
+  // Workers run until the test says go (a file), then finish.
+  const std::string worker =
+      "echo pid=$$ restarts=$TORCHELASTIC_RESTART_COUNT; "
+      "while [ ! -e " +
+      go +
+      " ]; do sleep 0.05; done; "
+      "echo finished";
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int node = 0; node < 2; ++node)
+    agents.push_back(Launch({"--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                             "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=reset",
+                             "--node-rank=" + std::to_string(node), "--max-restarts=3",
+                             "--no-python", "/bin/sh", "-c", worker}));
+  for (auto& agent : agents)
+    ASSERT_TRUE(agent->ReadUntil("pid=", seconds(30))) << agent->output();
+  const std::string port = daemon.endpoint().substr(daemon.endpoint().rfind(':') + 1);
+  // Every connection to the daemon's port: each agent's Join stream, its
+  // heartbeats and its store relay's link. The kernel sends the daemon a
+  // reset for each.
+  ChildProcess ss(
+      {"/usr/bin/env", "ss", "-K", "dst", "127.0.0.1", "dport", "=", ":" + port},
+      /*merge_stderr=*/true);
+  ASSERT_EQ(ExitCode(ss), 0) << ss.output();
+  ASSERT_NE(ss.output().find("ESTAB"), std::string::npos) << ss.output();
+  for (auto& agent : agents) {
+    // The Join stream broke, and was re-opened.
+    ASSERT_TRUE(agent->ReadUntil("lost the rendezvous daemon", seconds(30)))
+        << agent->output();
+    ASSERT_TRUE(agent->ReadUntil("reconnected to the rendezvous daemon", seconds(30)))
+        << agent->output();
+  }
+  dir.Write("go", "");
+  for (auto& agent : agents) {
+    EXPECT_EQ(ExitCode(*agent, seconds(60)), 0) << agent->output();
+    const std::string& out = agent->output();
+    EXPECT_EQ(Count(out, "pid="), 1u) << out;
+    EXPECT_NE(out.find("restarts=0"), std::string::npos) << out;
+    EXPECT_EQ(Count(out, "finished"), 1u) << out;
+    EXPECT_EQ(out.find("re-forming"), std::string::npos) << out;
+  }
+  const auto run = RunStatusOf(daemon.endpoint(), "reset");
+  EXPECT_EQ(run.restart_count(), 0u) << run.DebugString();
+  EXPECT_EQ(run.round(), 1u) << run.DebugString();
 }
 
 // Issue 19 (9): a round the daemon refused to resume stays refused only

@@ -280,8 +280,10 @@ TEST_F(LauncherTest, KilledAgentTakesItsWorkersAndTheOthersCarryOn) {
   for (int node = 0; node < 3; ++node)
     agents.push_back(Launch({"--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
                              "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=killed",
-                             "--node-rank=" + std::to_string(node), "--no-python",
-                             kWorker, "until-world-below", "3"}));
+                             "--node-rank=" + std::to_string(node),
+                             // The survivors re-form when its lease (2 s) runs out.
+                             "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=2",
+                             "--no-python", kWorker, "until-world-below", "3"}));
   auto line = agents[2]->ReadUntil("pid=", seconds(30));
   ASSERT_TRUE(line) << agents[2]->output();
   pid_t worker = Pids(*line).at(0);

@@ -79,26 +79,63 @@ TEST_F(RendezvousDaemonTest, ThreeNodesFormOneWorldWithPrefixSumRanks) {
   EXPECT_EQ(ranks.size(), 3u);
 }
 
-TEST_F(RendezvousDaemonTest, BrokenStreamMakesSurvivorsReformAtOnce) {
-  auto a = client_.Join(MakeJoin("a", 2, 3));
-  auto b = client_.Join(MakeJoin("b", 2, 3));
-  auto c = client_.Join(MakeJoin("c", 2, 3));
+// Issue 44 (5): a stream that breaks is not a node that left. The node keeps
+// its place while its lease lasts: re-opened, resuming its round, the
+// stream gets the same assignment back and nobody re-forms. Only a node
+// that stays away (no stream, no heartbeat) is dropped, when its lease runs
+// out; a Leave (below) is at once.
+TEST_F(RendezvousDaemonTest, ABrokenStreamKeepsTheNodeUntilItsLeaseRunsOut) {
+  std::vector<v1::JoinRequest> joins;
+  for (const char* node : {"a", "b", "c"}) {
+    joins.push_back(MakeJoin(node, 2, 3));
+    joins.back().mutable_config()->set_keep_alive_interval_ms(200);
+    joins.back().mutable_config()->set_keep_alive_max_attempt(3);
+  }
+  auto a = client_.Join(joins[0]);
+  auto b = client_.Join(joins[1]);
+  auto c = client_.Join(joins[2]);
   uint64_t round = 0;
+  uint32_t c_rank = 0;
   for (auto* s : {a.get(), b.get(), c.get()}) {
     auto event = NextNonWaiting(*s);
     ASSERT_TRUE(event.has_assigned());
     round = event.assigned().round();
+    if (s == c.get()) c_rank = event.assigned().group_rank();
   }
-  c.reset();  // the agent dies: its stream is cancelled
-  for (auto* s : {a.get(), b.get()}) {
-    auto reform = NextNonWaiting(*s);
-    ASSERT_TRUE(reform.has_reform());
-    EXPECT_EQ(reform.reform().reason(), v1::REFORM_NODE_LEFT);
-    auto assigned = NextNonWaiting(*s);
-    ASSERT_TRUE(assigned.has_assigned());
-    EXPECT_EQ(assigned.assigned().round(), round + 1);
-    EXPECT_EQ(assigned.assigned().group_world_size(), 2u);
+  c.reset();  // the stream breaks (cancelled: as a reset looks to the daemon)
+  joins[2].set_resume_round(round);
+  c = client_.Join(joins[2]);
+  auto back = NextNonWaiting(*c);
+  ASSERT_TRUE(back.has_assigned()) << back.DebugString();
+  EXPECT_EQ(back.assigned().round(), round);
+  EXPECT_EQ(back.assigned().group_rank(), c_rank);
+  EXPECT_EQ(back.assigned().group_world_size(), 3u);
+  // Its stream breaks again and it stays away: a and b keep heartbeating,
+  // and re-form without it once its lease (600 ms) ran out, not before.
+  c.reset();
+  const auto broke = std::chrono::steady_clock::now();
+  const auto deadline = broke + seconds(20);
+  bool reformed = false;
+  while (!reformed && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE(client_.Heartbeat("job", "a").ok());
+    ASSERT_TRUE(client_.Heartbeat("job", "b").ok());
+    auto event = a->Next(milliseconds(50));
+    if (event.ok() && event->has_reform()) {
+      EXPECT_EQ(event->reform().reason(), v1::REFORM_NODE_EXPIRED);
+      EXPECT_GE(std::chrono::steady_clock::now() - broke, milliseconds(500));
+      reformed = true;
+    }
   }
+  ASSERT_TRUE(reformed);
+  auto assigned = NextNonWaiting(*a);
+  ASSERT_TRUE(assigned.has_assigned());
+  EXPECT_EQ(assigned.assigned().round(), round + 1);
+  EXPECT_EQ(assigned.assigned().group_world_size(), 2u);
+  // A node that says it leaves is gone at once.
+  ASSERT_TRUE(client_.Leave("job", "b").ok());
+  auto reform = NextNonWaiting(*a);
+  ASSERT_TRUE(reform.has_reform()) << reform.DebugString();
+  EXPECT_EQ(reform.reform().reason(), v1::REFORM_NODE_LEFT);
 }
 
 TEST_F(RendezvousDaemonTest, WorkerFailureRestartsUntilTheBudgetIsSpent) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "rendezvous/client/store_client.h"
+#include "rendezvous/security/security.h"
 #include "tests/support/child_process.h"
 #include "tests/support/http_client.h"
 #include "tests/support/raw_tcpstore_client.h"
@@ -229,6 +230,98 @@ TEST(StoreRelayDedupTest, AddsInFlightWhenTheDaemonIsKilledAreEachAppliedOnce) {
   EXPECT_EQ(*total, kWorkers * kAdds);
   EXPECT_EQ(relay->Stats().failed_in_flight, 0u);
   EXPECT_TRUE(relay->using_link());
+}
+
+// A TLS daemon (so the relay's stream is gRPC) killed while workers write
+// through the relay: the ended stream's call object is freed while worker
+// requests keep coming, and none of them may reach it (issue 44, item 6:
+// they did, in the moment between the call freeing itself and the relay
+// hearing it ended; the test seam holds that moment open). The relay
+// reconnects to the restarted daemon, and the workers' writes arrive.
+TEST(StoreRelayTest, WorkersWritingWhileATlsStreamEndsTouchNoFreedStream) {
+  TempDir certs("relay-tls");
+  const std::string script = R"(set -e
+cd "$1"
+ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+openssl req -x509 $ec -keyout ca.key -out ca.pem -days 2 -subj /CN=ca 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > san.ext
+openssl req $ec -keyout server.key -out server.csr -subj /CN=server 2>/dev/null
+openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+  -CAserial ca.srl -out server.pem -days 2 -extfile san.ext 2>/dev/null
+chmod 600 *.key
+)";
+  testing::ChildProcess openssl({"/bin/sh", "-c", script, "sh", certs.path()},
+                                /*merge_stderr=*/true);
+  ASSERT_EQ(testing::ExitCode(openssl), 0) << openssl.output();
+  const std::string port = std::to_string(testing::FreePort());
+  const std::vector<std::string> args{"--port",     port,
+                                      "--tls-cert", certs / "server.pem",
+                                      "--tls-key",  certs / "server.key"};
+  auto daemon = std::make_unique<DaemonProcess>(args);
+
+  rdzv::StoreRelayOptions options;
+  options.daemon = daemon->endpoint();
+  rdzv::ClientSecurityFiles files;
+  files.tls_ca = certs / "ca.pem";
+  auto security =
+      rdzv::LoadClientSecurity(files, [](const char*) -> const char* { return nullptr; });
+  ASSERT_TRUE(security.ok()) << security.status();
+  options.security = *security;
+  std::atomic<int> freed{0};
+  options.grpc_stream_freed_for_test = [&freed] {
+    if (freed++ == 0) std::this_thread::sleep_for(300ms);
+  };
+  auto started = rdzv::StoreRelay::Start(std::move(options));
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<rdzv::StoreRelay> relay = std::move(*started);
+  relay->SetNamespace(kNs);
+
+  RawClient probe(relay->port());
+  ASSERT_TRUE(probe.Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 1)));
+  ASSERT_EQ(probe.ReadI64(30s), 1);
+  ASSERT_FALSE(relay->using_link());
+
+  // Sets get no reply on c10d's wire: each worker keeps writing whatever
+  // becomes of the stream.
+  constexpr int kWorkers = 4;
+  std::atomic<bool> stop{false};
+  std::atomic<int> sent{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&, w] {
+      RawClient worker(relay->port());
+      for (int i = 0; !stop; ++i) {
+        if (!worker.Send(MakeQuery(QueryType::kSet, {"w" + std::to_string(w)},
+                                   {std::to_string(i)})))
+          return;
+        ++sent;
+        std::this_thread::sleep_for(1ms);
+      }
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (sent < 50 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  daemon->process().Signal(SIGKILL);
+  ASSERT_TRUE(testing::GoneWithin(daemon->process().pid(), 20s));
+  daemon.reset();
+  // The workers write on through the moment the seam holds open.
+  const auto held = std::chrono::steady_clock::now() + 20s;
+  while (freed == 0 && std::chrono::steady_clock::now() < held)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_GE(freed.load(), 1);
+  const int sent_when_freed = sent;
+  while (sent < sent_when_freed + 20 && std::chrono::steady_clock::now() < held)
+    std::this_thread::sleep_for(1ms);
+  daemon = std::make_unique<DaemonProcess>(args);
+  ASSERT_TRUE(probe.Send(MakeQuery(QueryType::kAdd, {"n"}, {}, 1)));
+  EXPECT_EQ(probe.ReadI64(30s), 1);  // the new daemon has no state
+  stop = true;
+  for (auto& worker : workers) worker.join();
+  ASSERT_TRUE(probe.Send(MakeQuery(QueryType::kGet, {"w0"})));
+  EXPECT_TRUE(probe.ReadValue(30s).has_value());
+  EXPECT_GE(relay->streams_opened(), 2u);
+  relay->Stop();
 }
 
 // What the daemon's own front-end refuses, the relay refuses the same way:

@@ -1252,46 +1252,69 @@ TEST(KvStoreTest, RememberedAnswersOutliveTheirNamespacesKeysUntilItIsDropped) {
   EXPECT_TRUE(store.NamespacesOfRun("run").empty());
 }
 
-TEST(KvStoreTest, TheOldestRememberedAnswersAreForgottenPastTheCount) {
+// Issue 44 (7): an answer is forgotten only when its sender says so, never
+// to make room: past the count the store says it can take no more.
+TEST(KvStoreTest, NoRememberedAnswerIsForgottenPastTheCountOnlyRefused) {
   StoreLimits limits;
   limits.max_remembered_per_namespace = 3;
   KvStore store(limits);
-  for (int i = 0; i < 5; ++i)
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(store.CanRemember(kNs)) << i;
     ASSERT_TRUE(store.Remember(kNs, absl::StrCat("id", i), Answer(i)));
-  EXPECT_EQ(store.num_remembered(kNs), 3u);
-  EXPECT_EQ(store.Recall(kNs, "id0"), std::nullopt);
-  EXPECT_EQ(store.Recall(kNs, "id1"), std::nullopt);
-  EXPECT_EQ(store.Recall(kNs, "id4"), Answer(4));
+  }
+  EXPECT_FALSE(store.CanRemember(kNs));
   // Namespaces are bounded apart.
-  ASSERT_TRUE(store.Remember("other", "id0", Answer(0)));
-  EXPECT_EQ(store.num_remembered(kNs), 3u);
+  EXPECT_TRUE(store.CanRemember("other"));
+  // One remembered anyway (a restore) forgets nothing either.
+  ASSERT_TRUE(store.Remember(kNs, "id3", Answer(3)));
+  EXPECT_EQ(store.num_remembered(kNs), 4u);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(store.Recall(kNs, absl::StrCat("id", i)), Answer(i)) << i;
   // Remembering an id again replaces its answer and keeps its place.
-  ASSERT_TRUE(store.Remember(kNs, "id2", Answer(20)));
-  EXPECT_EQ(store.num_remembered(kNs), 3u);
-  EXPECT_EQ(store.Recall(kNs, "id2"), Answer(20));
+  ASSERT_TRUE(store.Remember(kNs, "id1", Answer(10)));
+  EXPECT_EQ(store.Recall(kNs, "id1"), Answer(10));
   std::vector<std::string> order;
   store.ForEachRemembered(
       [&](const std::string& ns, const std::string& id, const StoredAnswer&) {
         if (ns == kNs) order.push_back(id);
       });
-  EXPECT_EQ(order, (Values{"id2", "id3", "id4"}));
+  EXPECT_EQ(order, (Values{"id0", "id1", "id2", "id3"}));
+  // The sender's word makes room; an id never remembered changes nothing.
+  store.Forget(kNs, "id0");
+  store.Forget(kNs, "unknown");
+  store.Forget("nowhere", "id1");
+  EXPECT_EQ(store.Recall(kNs, "id0"), std::nullopt);
+  EXPECT_FALSE(store.CanRemember(kNs));
+  store.Forget(kNs, "id2");
+  EXPECT_TRUE(store.CanRemember(kNs));
+  EXPECT_EQ(store.num_remembered(kNs), 2u);
+  store.Forget(kNs, "id1");
+  store.Forget(kNs, "id3");
+  EXPECT_EQ(store.num_remembered(kNs), 0u);
+  EXPECT_EQ(store.remembered_bytes(kNs), 0u);
+  // A namespace left with nothing remembered is none of its run's.
+  EXPECT_TRUE(store.NamespacesOfRun("run").empty());
 }
 
-TEST(KvStoreTest, TheOldestRememberedAnswersAreForgottenPastTheBytes) {
+// One answer larger than the byte bound forgets no other; it fills the
+// bound alone until forgotten.
+TEST(KvStoreTest, OneHugeRememberedAnswerForgetsNoOther) {
   StoreLimits limits;
   limits.max_remembered_bytes_per_namespace = 4096;
   KvStore store(limits);
   const std::string kilobyte(1024, 'x');
-  for (int i = 0; i < 10; ++i)
+  for (int i = 0; i < 2; ++i)
     ASSERT_TRUE(store.Remember(kNs, absl::StrCat("id", i), Answer(i, {kilobyte})));
-  EXPECT_LT(store.num_remembered(kNs), 4u);
-  EXPECT_GE(store.num_remembered(kNs), 2u);
-  EXPECT_EQ(store.Recall(kNs, "id9"), Answer(9, {kilobyte}));
-  EXPECT_EQ(store.Recall(kNs, "id0"), std::nullopt);
-  // One answer over the bound is still kept, alone.
+  EXPECT_TRUE(store.CanRemember(kNs));
   ASSERT_TRUE(store.Remember(kNs, "big", Answer(0, {std::string(8192, 'y')})));
-  EXPECT_EQ(store.num_remembered(kNs), 1u);
+  EXPECT_EQ(store.num_remembered(kNs), 3u);
+  EXPECT_EQ(store.Recall(kNs, "id0"), Answer(0, {kilobyte}));
+  EXPECT_EQ(store.Recall(kNs, "id1"), Answer(1, {kilobyte}));
   EXPECT_TRUE(store.Recall(kNs, "big").has_value());
+  EXPECT_FALSE(store.CanRemember(kNs));
+  store.Forget(kNs, "big");
+  EXPECT_TRUE(store.CanRemember(kNs));
+  EXPECT_EQ(store.num_remembered(kNs), 2u);
 }
 
 TEST(KvStoreTest, RememberingIsRefusedPastTheNamespaceCount) {
@@ -1300,7 +1323,9 @@ TEST(KvStoreTest, RememberingIsRefusedPastTheNamespaceCount) {
   KvStore store(limits);
   EXPECT_TRUE(store.Remember("a", "id", Answer(1)));
   EXPECT_TRUE(store.Remember("b", "id", Answer(1)));
+  EXPECT_FALSE(store.CanRemember("c"));
   EXPECT_FALSE(store.Remember("c", "id", Answer(1)));
+  EXPECT_TRUE(store.CanRemember("a"));
   EXPECT_TRUE(store.Remember("a", "id2", Answer(2)));
   EXPECT_EQ(store.Recall("c", "id"), std::nullopt);
 }

@@ -371,5 +371,87 @@ TEST(RelayCoreTest, AnEndedSessionsWritesStillGoUpItsReadsDoNot) {
   EXPECT_TRUE(out.empty());
 }
 
+// Issue 44 (7): the daemon keeps each answer to a request with a dedup id
+// until the relay says it has it. Answered ids ride on the next request of
+// their namespace; a request that carried them and was lost carries them
+// again (or its successor does), so the daemon's memory is emptied without
+// it ever dropping an answer a repeat may ask for.
+TEST(RelayCoreTest, AnsweredDedupIdsAreNamedForTheDaemonToForget) {
+  RelayCore core;
+  Sink adder, other;
+  ASSERT_FALSE(core.Submit(&adder, Add(1, "n", 1)));
+  StoreRequestBatch first = Send(core);
+  const std::string dedup_id = first.requests(0).dedup_id();
+  ASSERT_EQ(dedup_id.size(), 16u);
+  EXPECT_EQ(first.requests(0).forget_dedup_ids_size(), 0);
+  EXPECT_EQ(core.dedup_in_flight(), 1u);
+  std::vector<RelayDelivery> out;
+  StoreResponse answer = Ok(first.requests(0).id());
+  answer.set_number(1);
+  core.OnReply(answer, &out);
+  EXPECT_EQ(core.dedup_in_flight(), 0u);
+  EXPECT_EQ(core.to_forget(), 1u);
+  // Not on a request of another namespace.
+  StoreRequest elsewhere = Wait(2, {"k"}, "run/r2");
+  ASSERT_FALSE(core.Submit(&other, elsewhere));
+  EXPECT_EQ(Send(core).requests(0).forget_dedup_ids_size(), 0);
+  // On the next one of its own: a read, which the stream then loses (an
+  // orphan nobody waits for, dropped): named again on the next.
+  ASSERT_FALSE(core.Submit(&adder, Get(2, "k")));
+  StoreRequestBatch second = Send(core);
+  ASSERT_EQ(second.requests(0).forget_dedup_ids_size(), 1);
+  EXPECT_EQ(second.requests(0).forget_dedup_ids(0), dedup_id);
+  EXPECT_EQ(core.to_forget(), 0u);
+  core.EndSession(&adder);
+  core.OnStreamLost(&out);
+  EXPECT_EQ(core.to_forget(), 1u);
+  ASSERT_FALSE(core.Submit(&other, Set(3, "k", "v")));
+  StoreRequestBatch third = Send(core);
+  ASSERT_EQ(third.requests_size(), 2);  // the wait again, then the set
+  EXPECT_TRUE(third.requests(0).has_wait());
+  ASSERT_EQ(third.requests(1).forget_dedup_ids_size(), 1);
+  EXPECT_EQ(third.requests(1).forget_dedup_ids(0), dedup_id);
+  // A request sent again (a set) after its stream broke keeps them.
+  core.OnStreamLost(&out);
+  StoreRequestBatch fourth = Send(core);
+  ASSERT_EQ(fourth.requests_size(), 2);
+  EXPECT_EQ(fourth.requests(1).forget_dedup_ids_size(), 1);
+  core.OnReply(Ok(fourth.requests(1).id()), &out);
+  EXPECT_EQ(core.to_forget(), 0u);
+}
+
+// No more requests with a dedup id are out than the window: the next one
+// (and what its session sent after it) waits for an answer; others'
+// requests ahead of it go.
+TEST(RelayCoreTest, RequestsWithADedupIdWaitForTheWindow) {
+  RelayLimits limits;
+  limits.max_dedup_in_flight = 2;
+  RelayCore core(limits);
+  Sink a, b, c, d;
+  ASSERT_FALSE(core.Submit(&a, Add(1, "a", 1)));
+  ASSERT_FALSE(core.Submit(&b, Add(1, "b", 1)));
+  ASSERT_FALSE(core.Submit(&c, Add(1, "c", 1)));
+  ASSERT_FALSE(core.Submit(&d, Add(1, "d", 0)));  // a read: no dedup id
+  StoreRequestBatch first = Send(core);
+  ASSERT_EQ(first.requests_size(), 2);
+  EXPECT_EQ(core.dedup_in_flight(), 2u);
+  StoreRequestBatch none;
+  EXPECT_FALSE(core.TakeBatch(&none));
+  EXPECT_EQ(none.requests_size(), 0);
+  std::vector<RelayDelivery> out;
+  core.OnReply(Ok(first.requests(0).id()), &out);
+  StoreRequestBatch second = Send(core);
+  ASSERT_EQ(second.requests_size(), 2);
+  EXPECT_EQ(second.requests(0).add().key(), "c");
+  EXPECT_EQ(second.requests(1).add().key(), "d");
+  ASSERT_EQ(second.requests(0).forget_dedup_ids_size(), 1);
+  EXPECT_EQ(second.requests(0).forget_dedup_ids(0), first.requests(0).dedup_id());
+  // A stream that breaks takes them out of the window until sent again.
+  core.OnStreamLost(&out);
+  EXPECT_EQ(core.dedup_in_flight(), 0u);
+  EXPECT_EQ(Send(core).requests_size(), 3);
+  EXPECT_EQ(core.dedup_in_flight(), 2u);
+}
+
 }  // namespace
 }  // namespace meshrun::rdzv

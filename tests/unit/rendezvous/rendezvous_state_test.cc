@@ -1053,6 +1053,43 @@ TEST_F(RendezvousStateTest, ReplicaScopeAdmissionEpochsNameEachSlotOccupancy) {
   EXPECT_EQ(events[0].assignment.admission_epoch, admission["a"]);
 }
 
+// Issue 44 (5): what the daemon relies on when a node's Join stream breaks
+// (it no longer counts as a leave). The node stays a participant while its
+// lease lasts; re-joining, resuming its round, it gets the same assignment
+// back and nobody re-forms; one that stays away expires with its lease.
+TEST_F(RendezvousStateTest, AParticipantResumingWithinItsLeaseKeepsTheRound) {
+  options_ = Opts(2, 2);
+  JoinAll({Node("a"), Node("b")});
+  auto assigned = Of(Take(), Kind::kAssigned);
+  ASSERT_EQ(assigned.size(), 2u);
+  const auto ranks = Ranks(assigned);
+  // a's stream broke at 500 ms; it is back at 2500 ms, within its lease
+  // (3 s from its join).
+  state_.Tick(At(2500), &events_);
+  EXPECT_TRUE(Take().empty());
+  NodeInfo back = Node("a");
+  back.resume_round = 1;
+  ASSERT_TRUE(Join(back, At(2500)).ok());
+  auto events = Take();
+  ASSERT_EQ(events.size(), 1u) << "nobody else hears of it";
+  EXPECT_EQ(events[0].kind, Kind::kAssigned);
+  EXPECT_EQ(events[0].node_id, "a");
+  EXPECT_EQ(events[0].round, 1u);
+  EXPECT_EQ(events[0].assignment.group_rank, ranks.at("a"));
+  EXPECT_EQ(Summary().restart_count, 0u);
+  EXPECT_EQ(Summary().round, 1u);
+  // The resume renewed a's lease (to 5.5 s). b's stream broke too and b
+  // never came back: its lease (3 s from its join) runs out, and a
+  // re-forms.
+  ASSERT_TRUE(state_.Heartbeat(kRun, "a", At(2900)).ok());
+  state_.Tick(At(2999), &events_);
+  EXPECT_TRUE(Take().empty());
+  state_.Tick(At(3001), &events_);
+  events = Of(Take(), Kind::kReform);
+  ASSERT_EQ(Ids(events), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(events[0].reason, ReformReason::kNodeExpired);
+}
+
 // Restart scope "replica": a newcomer's replica groups join the running
 // ones (which survive each other) without a re-form; the world grows.
 TEST_F(RendezvousStateTest, ReplicaScopeAdmitsANewNodeIntoTheActiveRound) {

@@ -151,10 +151,31 @@ TEST(StateCodec, RememberedAnswersRoundTripThroughASnapshotInOrder) {
     EXPECT_EQ(restored.Recall("r/1", "id" + std::to_string(i)), Answer(0, i, {"x"}));
   }
   EXPECT_EQ(restored.Recall("r/2", "only"), Answer(14, 0, {}, "why", true));
-  // The oldest is still the first forgotten.
-  restored.Remember("r/1", "id3", Answer(0, 3, {}));
-  EXPECT_EQ(restored.Recall("r/1", "id0"), std::nullopt);
-  EXPECT_TRUE(restored.Recall("r/1", "id1").has_value());
+  std::vector<std::string> order;
+  restored.ForEachRemembered(
+      [&](const std::string& ns, const std::string& id, const StoredAnswer&) {
+        if (ns == "r/1") order.push_back(id);
+      });
+  EXPECT_EQ(order, (std::vector<std::string>{"id0", "id1", "id2"}));
+}
+
+// What the senders said they have is forgotten again on replay.
+TEST(StateCodec, ForgottenAnswersStayForgottenOnReplay) {
+  const std::vector<std::string> ids{"id0", "never"};
+  const std::string log = Log({
+      codec::RememberedRecord("r/1", "id0", Answer(0, 1, {}), {}),
+      codec::RememberedRecord("r/1", "id1", Answer(0, 2, {}), {}),
+      codec::ForgottenRecord("r/1", ids),
+  });
+  KvStore store;
+  RendezvousState state;
+  Replay(log, &store, &state, kT0);
+  EXPECT_EQ(store.Recall("r/1", "id0"), std::nullopt);
+  EXPECT_EQ(store.Recall("r/1", "id1"), Answer(0, 2, {}));
+  std::string cut = codec::ForgottenRecord("r/1", ids);
+  cut.pop_back();
+  EXPECT_EQ(codec::ApplyRecord(cut, &store, &state, kT0).code(),
+            absl::StatusCode::kDataLoss);
 }
 
 TEST(StateCodec, TornLastRecordIsDroppedAtEveryCut) {
