@@ -59,13 +59,14 @@ absl::Status SetCudaDeviceFromLocalRank(const WorkerEnv& env) {
   }
   const int index = count == 1 ? 0 : env.local_rank;
   if (index >= count) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "init_process_group(nccl): LOCAL_RANK ", env.local_rank,
-        " has no GPU of its own: this process sees ", count,
-        " CUDA devices; start at most ", count, " processes per node"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("init_process_group(nccl): LOCAL_RANK ", env.local_rank,
+                     " has no GPU of its own: this process sees ", count,
+                     " CUDA devices; start at most ", count, " processes per node"));
   }
   try {
-    cuda->setDevice(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
+    cuda->setDevice(
+        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
   } catch (const std::exception& e) {
     return absl::FailedPreconditionError(
         absl::StrCat("init_process_group(nccl): cannot make cuda:", index,
@@ -73,7 +74,6 @@ absl::Status SetCudaDeviceFromLocalRank(const WorkerEnv& env) {
   }
   return absl::OkStatus();
 }
-
 
 // The local address the kernel would use to reach host:port (no packet is
 // sent: connecting a UDP socket only chooses the route). Empty on failure.

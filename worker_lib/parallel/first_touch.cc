@@ -17,7 +17,8 @@
 // (cmake/MeshrunTorchTarget.cmake). Defining it here instead would give this
 // file another RecordFunction than the rest of the program.
 #ifndef NDEBUG
-#error "libtorch's headers need NDEBUG, as libtorch was built: compile through meshrun_torch"
+#error \
+    "libtorch's headers need NDEBUG, as libtorch was built: compile through meshrun_torch"
 #endif
 
 namespace meshrun::worker::parallel {

@@ -80,8 +80,7 @@ bool IsProduct(std::string_view op) {
 // sum only. So a backward with create_graph (higher-order gradients) through
 // a parallelized Linear is not supported: its operators look like a forward.
 bool InForward() {
-  return torch::autograd::get_current_graph_task_id() == -1 ||
-         at::GradMode::is_enabled();
+  return torch::autograd::get_current_graph_task_id() == -1 || at::GradMode::is_enabled();
 }
 
 // The hooks of one parallelized Linear (see the header), on the operator

@@ -42,8 +42,8 @@ void ExpectPlaced(const std::string& name, const at::Tensor& tensor) {
   if (storage.nbytes() == 0) Fail(name + " is not gathered after forward");
   const c10::Device actual = storage.data_ptr().device();
   if (actual != tensor.device()) {
-    Fail(name + " is a " + tensor.device().str() + " tensor whose gathered storage is on " +
-         actual.str());
+    Fail(name + " is a " + tensor.device().str() +
+         " tensor whose gathered storage is on " + actual.str());
   }
 }
 
@@ -60,8 +60,9 @@ int Run(const WorkerDevice& on, bool other_current_device) {
     if (other_current_device) {
       const int count = Cuda().deviceCount();
       if (count < 2) Fail("--other-current-device needs two GPUs");
-      const c10::Device other(c10::DeviceType::CUDA,
-                              static_cast<c10::DeviceIndex>((on.device.index() + 1) % count));
+      const c10::Device other(
+          c10::DeviceType::CUDA,
+          static_cast<c10::DeviceIndex>((on.device.index() + 1) % count));
       Cuda().setDevice(other);
       std::printf("MOVED rank %d current device to %s\n", rank, other.str().c_str());
     }
@@ -86,7 +87,8 @@ int Run(const WorkerDevice& on, bool other_current_device) {
     const double mean = MeanOver(*world->group(), loss);
     if (rank == 0) std::printf("step %d loss %.6f\n", step, mean);
   }
-  std::printf("PLACED rank %d: gathered parameters on %s\n", rank, on.device.str().c_str());
+  std::printf("PLACED rank %d: gathered parameters on %s\n", rank,
+              on.device.str().c_str());
   std::printf("DONE rank %d\n", rank);
   std::fflush(stdout);
   return 0;

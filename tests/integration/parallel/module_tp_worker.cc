@@ -46,8 +46,8 @@ struct CheckpointBlock : torch::autograd::Function<CheckpointBlock> {
     ctx->save_for_backward({x});
     return block->forward(x);
   }
-  static torch::autograd::variable_list backward(
-      torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
     auto* block = reinterpret_cast<BlockImpl*>(ctx->saved_data["block"].toInt());
     at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     at::Tensor y;
@@ -116,9 +116,9 @@ int Train(bool fsdp, bool checkpoint, int steps) {
     Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
     optimizer.zero_grad();
     const at::Tensor input = DataShard(data.input, dp_size, dp_rank);
-    at::Tensor loss = MseLoss(checkpoint ? CheckpointedForward(*net, input)
-                                         : net->forward(input),
-                              DataShard(data.target, dp_size, dp_rank));
+    at::Tensor loss =
+        MseLoss(checkpoint ? CheckpointedForward(*net, input) : net->forward(input),
+                DataShard(data.target, dp_size, dp_rank));
     loss.backward();
     optimizer.step();
     const double global = MeanOver(*dp, loss);
