@@ -42,6 +42,15 @@ function(meshrun_torch_target name)
     target_link_options(${name} INTERFACE "LINKER:-rpath-link,${_nvidia_path}"
                         "LINKER:-rpath,${_nvidia_path}")
   endif()
+  # libtorch's release build is compiled with NDEBUG, and its headers are
+  # not the same without it: RecordFunction has a debug-only member, and its
+  # inline inputs() then asserts a flag the library never sets. Every
+  # translation unit that includes them must see them as libtorch did, in
+  # every build type, and none may define NDEBUG itself (an ODR violation
+  # against the others). The release types' flags define it already (left
+  # alone: the same command lines); Debug and no type get it here.
+  target_compile_definitions(
+    ${name} INTERFACE $<$<NOT:$<CONFIG:Release,RelWithDebInfo,MinSizeRel>>:NDEBUG>)
   separate_arguments(_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
   target_compile_options(${name} INTERFACE ${_torch_flags})
 endfunction()

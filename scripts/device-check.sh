@@ -22,14 +22,17 @@
 #   bash scripts/device-check.sh ft       # meshrun.ft's part alone (anywhere:
 #                                         # without CUDA it runs its CPU part)
 #
-# run: world-1 NCCL, every layout of gpt_worker at size 1 on cuda:0 (each
-# against one process on the same GPU: every step's loss and the final
-# parameters within rtol 1e-5), every layout again on all GPUs where there
-# are several (else a SKIP line saying why), meshrun.ft's replica dimension
-# on CUDA (issue 44: tests/device/ft_nccl_check.py: a replica group on cuda:0
-# healed over Gloo from a CPU peer, an NCCL group whose peer never comes
-# failing within its timeout without taking the process down, and with two
-# GPUs a peer dying between all-reduces), then gpt_step_bench against
+# run: device placement (device_placement_worker: the current device after
+# InitProcessGroup, FullyShard's gathered parameters on their device, with
+# another GPU made current where there are two), then world-1 NCCL, every
+# layout of gpt_worker at size 1 on cuda:0 (each against one process on the
+# same GPU: every step's loss and the final parameters within rtol 1e-5),
+# every layout again on all GPUs where there are several (else a SKIP line
+# saying why), meshrun.ft's replica dimension on CUDA (issue 44:
+# tests/device/ft_nccl_check.py: a replica group on cuda:0 healed over Gloo
+# from a CPU peer, an NCCL group whose peer never comes failing within its
+# timeout without taking the process down, and with two GPUs a peer dying
+# between all-reduces), then gpt_step_bench against
 # gpt_step_bench.py (layouts none, ddp, fsdp). Logs and summary.txt land in
 # $OUT (or .device/out). Exit 0 when every layout and ft check passed.
 set -euo pipefail
@@ -89,15 +92,38 @@ run_check() {
     -DMESHRUN_WORKER_ONLY=ON -DTorch_DIR="$torch_dir" \
     -DCMAKE_PREFIX_PATH="$bundle/usr" -DMESHRUN_GLOO_INCLUDE_DIR="$bundle/usr/include" \
     > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-  ninja -C "$build" -j "$(nproc)" gpt_worker gpt_step_bench >> "$out/build.log" 2>&1 ||
+  ninja -C "$build" -j "$(nproc)" gpt_worker gpt_step_bench device_placement_worker \
+    >> "$out/build.log" 2>&1 ||
     { grep -m 20 -A 5 'error' "$out/build.log"; exit 1; }
   say "build $((SECONDS - start)) s ($(grep -c 'Building CXX' "$out/build.log") sources, $(nproc) cores)"
   export LD_LIBRARY_PATH=$bundle/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   local torchrun=("$python" -m torch.distributed.run --standalone --no-python)
+  local failed=0
+
+  # Device placement (issue 44): InitProcessGroup("nccl") makes LOCAL_RANK's
+  # GPU current, and FullyShard's gathered parameters (allocated through the
+  # storage's allocator, which CUDA's caching allocator serves on the
+  # *current* device) land on the parameters' device under a DeviceGuard.
+  # On one GPU the current device and the parameters' are the same one, so
+  # this checks the NCCL path, the current device and the placement, not the
+  # guard itself; with two GPUs or more each rank makes another GPU current
+  # after InitProcessGroup (--other-current-device) and the gathered storage
+  # must still be on cuda:LOCAL_RANK, which without the guard it is not.
+  local placement=(--device cuda)
+  local placement_nproc=1
+  if [ "$gpus" -ge 2 ]; then placement=(--device cuda --other-current-device); placement_nproc=2; fi
+  if timeout 120 "${torchrun[@]}" --nproc-per-node="$placement_nproc" \
+       "$build/bin/device_placement_worker" "${placement[@]}" > "$out/placement.log" 2>&1; then
+    say "PASS placement world $placement_nproc ${placement[*]}: $(grep -m1 'PLACED rank 0' "$out/placement.log")"
+  else
+    failed=1
+    say "FAIL placement world $placement_nproc: $(grep -m3 -h 'FAIL\|rror' "$out/placement.log" | tr '\n' ' ')"
+  fi
+  [ "$gpus" -ge 2 ] ||
+    say "SKIP placement with another current device: $gpus GPU (the guard's case needs two)"
 
   # Each layout in its own torchrun, all at once (one GPU holds them all).
   local layouts=(ddp fsdp fsdp_noreshard hsdp tp fsdp_tp pp_gpipe pp_1f1b dp_tp_pp)
-  local failed=0
   run_layouts() {
     local nproc=$1 pids=() layout
     for layout in "${layouts[@]}"; do

@@ -1,6 +1,7 @@
 #include "worker_lib/mesh/process_group.h"
 
 #include <arpa/inet.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -35,6 +36,43 @@ std::string FirstLine(const std::exception& e) {
     return std::string(c10_error->msg().substr(0, c10_error->msg().find('\n')));
   std::string what = e.what();
   return what.substr(0, what.find('\n'));
+}
+
+// torch.cuda.set_device(LOCAL_RANK), which every torchrun NCCL script runs
+// before init_process_group: the current CUDA device is where CUDA work
+// without a device of its own goes (the caching allocator's allocations,
+// the current stream, NCCL's barrier), so without it every rank of a node
+// would share GPU 0 for those. With one visible device (a scheduler gave
+// each process its own through CUDA_VISIBLE_DEVICES) that one. Through
+// c10's device-generic guard interface, so that it builds without CUDA's
+// headers; a libtorch without CUDA has no CUDA guard and is left to
+// MakeGroup's refusal of nccl.
+absl::Status SetCudaDeviceFromLocalRank(const WorkerEnv& env) {
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return absl::OkStatus();
+  const c10::impl::DeviceGuardImplInterface* cuda =
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  const int count = cuda->deviceCount();
+  if (count == 0) {
+    return absl::FailedPreconditionError(
+        "init_process_group(nccl): no GPU is visible to this process (CUDA counts no "
+        "device)");
+  }
+  const int index = count == 1 ? 0 : env.local_rank;
+  if (index >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("init_process_group(nccl): LOCAL_RANK ", env.local_rank,
+                     " has no GPU of its own: this process sees ", count,
+                     " CUDA devices; start at most ", count, " processes per node"));
+  }
+  try {
+    cuda->setDevice(
+        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
+  } catch (const std::exception& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("init_process_group(nccl): cannot make cuda:", index,
+                     " the current device: ", FirstLine(e)));
+  }
+  return absl::OkStatus();
 }
 
 // The local address the kernel would use to reach host:port (no packet is
@@ -415,6 +453,10 @@ absl::StatusOr<std::shared_ptr<World>> WorldInternals::Init(const std::string& b
   }
   world->options_ = std::move(options);
 
+  if (backend == "nccl") {
+    absl::Status device = SetCudaDeviceFromLocalRank(env);
+    if (!device.ok()) return device;
+  }
   auto group = MakeGroup(*world, world->store_, backend, GroupPrefix(0), env.rank,
                          env.world_size, world->timeout_);
   if (!group.ok()) return group.status();

@@ -132,6 +132,10 @@ class World {
 // NCCL: "meshrun_worker was built without NCCL" otherwise) over all ranks of
 // the environment. Collective: every rank calls it. Errors (environment,
 // store, rendezvous, unknown backend) are returned, never thrown.
+// With "nccl" it first makes the GPU of LOCAL_RANK the current CUDA device
+// (the only one when the process sees one), as torch.cuda.set_device(
+// LOCAL_RANK) in a torchrun script does; FAILED_PRECONDITION when no GPU is
+// visible or LOCAL_RANK has none of its own.
 // REQUIRES: one successful call per process and round: the default group
 // rendezvouses under "pg/0/" of the round's namespace (meshrun gives every
 // restart a fresh namespace).

@@ -1,11 +1,3 @@
-// RecordFunction::inputs() asserts, in builds without NDEBUG, a flag that
-// libtorch's release build never sets; libtorch itself is built with NDEBUG.
-// This file is compiled without the precompiled headers
-// (worker_lib/CMakeLists.txt) so that the definition below comes first.
-#ifndef NDEBUG
-#define NDEBUG
-#endif
-
 #include "worker_lib/parallel/first_touch.h"
 
 #include <ATen/SequenceNumber.h>
@@ -18,6 +10,16 @@
 #include <shared_mutex>
 #include <unordered_map>
 #include <vector>
+
+// RecordFunction's layout and its inline inputs() (which, without NDEBUG,
+// asserts a flag that libtorch's release build never sets) are libtorch's
+// only with NDEBUG, which meshrun_torch defines in every build type
+// (cmake/MeshrunTorchTarget.cmake). Defining it here instead would give this
+// file another RecordFunction than the rest of the program.
+#ifndef NDEBUG
+#error \
+    "libtorch's headers need NDEBUG, as libtorch was built: compile through meshrun_torch"
+#endif
 
 namespace meshrun::worker::parallel {
 namespace {

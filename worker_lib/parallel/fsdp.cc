@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/engine.h>
 
@@ -116,6 +117,12 @@ void FsdpParam::FreeUnsharded() { FreeStorage(buffer_); }
 
 void FsdpParam::AllocateUnsharded() {
   if (unsharded()) return;
+  // The storage's allocator (CUDA's caching allocator) allocates on the
+  // current device, not the tensor's: a rank on Device(kCUDA, LOCAL_RANK)
+  // that never made it current would get its gathered parameters on GPU 0,
+  // behind a tensor that says cuda:LOCAL_RANK. (at::empty and the other
+  // factories guard their device themselves.)
+  const c10::DeviceGuard device(buffer_.device());
   c10::StorageImpl* storage = buffer_.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(storage->allocator()->allocate(buffer_nbytes_));
   storage->set_nbytes(buffer_nbytes_);

@@ -69,6 +69,20 @@ bool IsProduct(std::string_view op) {
          op == "aten::baddbmm";
 }
 
+// Whether an operator on this thread belongs to a forward: outside a
+// backward pass, or inside one with grad mode on. Backward's own operators on
+// the weight (the input's gradient, grad_output @ weight) need no hook, and
+// the engine runs them with grad mode off (it sets grad mode to create_graph).
+// A forward run again inside backward, activation checkpointing's
+// recomputation (PyTorch's reentrant and non-reentrant checkpoint alike run
+// it under enable_grad, since it records a graph), needs both f and g as the
+// first forward did: without them its input gradient is this rank's partial
+// sum only. So a backward with create_graph (higher-order gradients) through
+// a parallelized Linear is not supported: its operators look like a forward.
+bool InForward() {
+  return torch::autograd::get_current_graph_task_id() == -1 || at::GradMode::is_enabled();
+}
+
 // The hooks of one parallelized Linear (see the header), on the operator
 // that multiplies by its weight in forward.
 class TpLinear : public TouchTarget {
@@ -81,8 +95,7 @@ class TpLinear : public TouchTarget {
         bias_(std::move(bias)) {}
 
   bool OnTouch(std::string_view op_name) override {
-    // Forward only: backward's operators on the weight need no hook.
-    return IsProduct(op_name) && torch::autograd::get_current_graph_task_id() == -1;
+    return IsProduct(op_name) && InForward();
   }
 
   void OnOperatorEnd(const OperatorCall& call) override {

@@ -25,7 +25,12 @@
 // Hooks without forward hooks (libtorch modules have none): the forward of
 // a parallelized Linear is the first operator that touches its weight
 // (first_touch.h), at::linear; g runs when it returns, f is a post hook on
-// the autograd node that consumes the input inside it.
+// the autograd node that consumes the input inside it. A forward run again
+// inside backward with grad mode on (activation checkpointing's
+// recomputation) gets both again; backward's own operators, which the
+// engine runs with grad mode off, get neither. So higher-order gradients
+// (backward with create_graph) through a parallelized Linear are not
+// supported.
 //
 // loss_parallel: a ColwiseParallel LM head's output is this rank's slice of
 // the vocabulary; LossParallel takes the cross-entropy of those slices

@@ -53,6 +53,15 @@ TEST(ModuleTpTest, World4MatchesSingleProcess) {
       << run.output;
 }
 
+// Activation checkpointing (issue 44): each block's forward runs again
+// inside backward; the recomputed Linears need their f and g as in forward,
+// or the blocks' input gradients are each rank's partial sums and training
+// leaves the single-process run at step 1.
+TEST(ModuleTpTest, World2WithActivationCheckpointingMatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(2, "module_tp_worker", {"--checkpoint"});
+  ExpectTrained(run, 2, kSteps);
+}
+
 // FSDP over dp on top of TP over tp, on a (2, 2) mesh: every parameter is
 // sharded (the TP shards again, by rows).
 TEST(ModuleTpTest, FsdpWithTpOnA2x2MeshMatchesSingleProcess) {

@@ -8,12 +8,19 @@
 //   --fsdp      FSDP + TP on a (dp, tp) = (world / 2, 2) mesh: TP inside
 //               each dp group, then FullyShard of the blocks and the root
 //               over dp, each dp rank on its rows of the batch
+//   --checkpoint  activation checkpointing of every block (CheckpointBlock:
+//               PyTorch's reentrant torch.utils.checkpoint): the blocks'
+//               forwards run again inside backward, and must get the same
+//               TP hooks as the first time
 //
 // Rank 0 first checks that bad plans are refused, each with one line.
 //
 //   meshrun --standalone --nproc-per-node=4 module_tp_worker --fsdp
 
+#include <torch/autograd.h>
+
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <cstdio>
 
 #include "tests/integration/parallel/module_checks.h"
@@ -25,6 +32,42 @@
 
 namespace meshrun::worker::parallel::testing {
 namespace {
+
+// PyTorch's reentrant torch.utils.checkpoint(block, x), which libtorch
+// lacks: forward runs the block without grad and keeps only its input;
+// backward runs the block's forward again with grad on (inside the backward
+// pass: a graph task is running) and backpropagates through it, which
+// accumulates the block's parameters' gradients and gives the input's.
+struct CheckpointBlock : torch::autograd::Function<CheckpointBlock> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            BlockImpl* block) {
+    // A plain pointer as an IValue: the block outlives the step.
+    ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
+    ctx->save_for_backward({x});
+    return block->forward(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* block = reinterpret_cast<BlockImpl*>(ctx->saved_data["block"].toInt());
+    at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::Tensor y;
+    {
+      at::AutoGradMode grad(true);
+      y = block->forward(x);
+    }
+    torch::autograd::backward({y}, {grads[0]});
+    return {x.grad(), at::Tensor()};
+  }
+};
+
+// NetImpl::forward with every block checkpointed.
+at::Tensor CheckpointedForward(NetImpl& net, const at::Tensor& x) {
+  at::Tensor h = net.in->forward(x);
+  for (const auto& block : *net.blocks) {
+    h = CheckpointBlock::apply(h, block->as<BlockImpl>());
+  }
+  return net.head->forward(net.norm->forward(h));
+}
 
 ParallelizePlan BlockPlan() {
   return {{"blocks.*.fc1", ColwiseParallel()}, {"blocks.*.fc2", RowwiseParallel()}};
@@ -44,7 +87,7 @@ void CheckBadPlans(const ProcessGroupPtr& tp) {
   }
 }
 
-int Train(bool fsdp, int steps) {
+int Train(bool fsdp, bool checkpoint, int steps) {
   auto world = ValueOrFail(InitProcessGroup("gloo"), "init");
   const int rank = world->rank();
   const int tp_size = fsdp ? 2 : world->size();
@@ -72,8 +115,10 @@ int Train(bool fsdp, int steps) {
   for (int step = 0; step < steps; ++step) {
     Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
     optimizer.zero_grad();
-    at::Tensor loss = MseLoss(net->forward(DataShard(data.input, dp_size, dp_rank)),
-                              DataShard(data.target, dp_size, dp_rank));
+    const at::Tensor input = DataShard(data.input, dp_size, dp_rank);
+    at::Tensor loss =
+        MseLoss(checkpoint ? CheckpointedForward(*net, input) : net->forward(input),
+                DataShard(data.target, dp_size, dp_rank));
     loss.backward();
     optimizer.step();
     const double global = MeanOver(*dp, loss);
@@ -96,8 +141,10 @@ int main(int argc, char** argv) {
   CLI::App app{"ParallelizeModule on a torch::nn::Module against one process"};
   bool fsdp = false;
   int steps = 8;
+  bool checkpoint = false;
   app.add_flag("--fsdp", fsdp);
+  app.add_flag("--checkpoint", checkpoint);
   app.add_option("--steps", steps);
   CLI11_PARSE(app, argc, argv);
-  return meshrun::worker::parallel::testing::Train(fsdp, steps);
+  return meshrun::worker::parallel::testing::Train(fsdp, checkpoint, steps);
 }
