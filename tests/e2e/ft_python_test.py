@@ -173,7 +173,8 @@ def replay_difference(
 PROGRAMS = {
     # 512 samples / 4 shards = 128 steps an epoch, 24 epochs: 3072 steps
     # (about 5 ms each here); the group killed after epoch 1 is back in
-    # about 4 s, long before the survivors finish, also on a loaded machine.
+    # about 4 s (replica 0 is held for it where it takes longer: see
+    # hold_survivors_until_back).
     "ddp": Program(
         seed="002_ddp_elastic/train_script.py",
         ft="002_ddp_elastic/train_script_ft.py",
@@ -218,6 +219,46 @@ def worker_pids(token: str) -> dict[int, int]:
         if env.get(b"FT_TEST_TOKEN") == token.encode() and b"RANK" in env:
             pids[int(env[b"RANK"])] = int(entry)
     return pids
+
+
+def daemon_connected(pid: int) -> bool:
+    """Whether process `pid` has a TCP connection ESTABLISHED to the daemon's
+    gRPC endpoint (its MESHRUN_STORE_ENDPOINT). meshrun.ft's DaemonClient
+    connects lazily, on its first call: the Manager's first step quorum."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        port = int(env[b"MESHRUN_STORE_ENDPOINT"].rsplit(b":", 1)[1])
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except (OSError, KeyError, ValueError):
+        return False  # gone, or not there yet
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        for row in rows:
+            # sl local_address rem_address st ... uid timeout inode
+            if row[3] == "01" and int(row[2].rsplit(":", 1)[1], 16) == port and row[9] in inodes:
+                return True
+    return False
+
+
+def metric_sum(endpoint: str, name: str, label: str = "") -> int:
+    """The sum of metric `name`'s samples (those whose labels contain
+    `label`) on the daemon's /metrics."""
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(
+        int(float(line.split()[-1]))
+        for line in text.splitlines()
+        if line.startswith(name + "{") and label in line
+    )
 
 
 def launch(
@@ -267,6 +308,63 @@ def load_records(workdir: str, program: Program) -> list[dict]:
     return records
 
 
+def hold_survivors_until_back(
+    run: Run, program: Program, token: str, before: dict[int, int], metrics: str, deadline: float
+) -> float:
+    """Keeps replica 0 from finishing before the restarted replica 1 is back
+    at the step quorum, however slow its restart (a loaded machine takes
+    longer than the survivors' remaining steps): once replica 1's new
+    workers have connected to the daemon (their first quorum; replica 0 has
+    trained alone since the failure), replica 0's workers are SIGSTOPped
+    until the daemon has replica 1 waiting at the quorum (or a quorum of
+    both groups formed), then go on. The quorum waits for every live group
+    until the earliest arrival's deadline (the Manager's quorum_timeout,
+    30 s), so replica 0, resumed at once, forms the next quorum with
+    replica 1: it is healed mid-training and trains jointly. Returns how
+    long replica 0 was held."""
+    size = program.replica_size
+    survivors = [before[m] for m in range(size)]
+    old = set(before.values())
+
+    def check(what: str) -> None:
+        if time.monotonic() > deadline or run.proc.poll() is not None:
+            raise AssertionError(f"{what}:\n" + "\n".join(run.output()[-30:]))
+        time.sleep(0.05)
+
+    restarted: list[int | None] = [None]
+    while not all(pid is not None and pid not in old for pid in restarted):
+        pids = worker_pids(token)
+        restarted = [pids.get(r) for r in range(size, 2 * size)]
+        check("replica 1 never restarted")
+    # Quorums with two or more groups so far (each counts one group as the last).
+    joint = "meshrun_replica_quorum_last_total"
+    joint_before = metric_sum(metrics, joint)
+    while not all(daemon_connected(pid) for pid in restarted):
+        check("the restarted replica 1 never reached the step quorum")
+    for pid in survivors:
+        os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        # Replica 0's stopped members add at most size - 1 waiters (all of
+        # them waiting would have formed a quorum, unless replica 1 is
+        # already there). Well under the quorum timeout.
+        hold_until = min(deadline, time.monotonic() + 20)
+        while (
+            metric_sum(metrics, "meshrun_run_step_quorum_waiting", 'call="quorum"') < size
+            and metric_sum(metrics, joint) == joint_before
+        ):
+            if time.monotonic() > hold_until:
+                raise AssertionError(
+                    "the restarted replica 1 never arrived at the step quorum:\n"
+                    + "\n".join(run.output()[-30:])
+                )
+            time.sleep(0.05)
+    finally:
+        for pid in survivors:
+            os.kill(pid, signal.SIGCONT)
+    return time.monotonic() - stopped
+
+
 def case_kill(args: argparse.Namespace, program: Program) -> None:
     token = uuid.uuid4().hex
     deadline = time.monotonic() + DEADLINE_S
@@ -274,6 +372,7 @@ def case_kill(args: argparse.Namespace, program: Program) -> None:
         "--restart-scope=replica",
         f"--replica-size={program.replica_size}",
         "--max-restarts=3",
+        "--metrics-port=0",  # the embedded daemon's /metrics, for the hold
     ]
     victim = program.replica_size  # replica 1, member 0
     with tempfile.TemporaryDirectory() as workdir:
@@ -283,7 +382,15 @@ def case_kill(args: argparse.Namespace, program: Program) -> None:
                 raise AssertionError("training never got there:\n" + "\n".join(run.output()[-30:]))
             before = worker_pids(token)
             assert sorted(before) == list(range(program.nproc)), before
+            served = [
+                m.group(1)
+                for line in run.output()
+                if (m := re.search(r"status page and metrics on http://([^/ ]+)/", line))
+            ]
+            assert served, "no metrics endpoint:\n" + "\n".join(run.output()[:20])
+            metrics = served[0]
             os.kill(before[victim], signal.SIGKILL)
+            held = hold_survivors_until_back(run, program, token, before, metrics, deadline)
             rc = run.finish(deadline)
         finally:
             run.stop()
@@ -314,8 +421,8 @@ def case_kill(args: argparse.Namespace, program: Program) -> None:
             worst = max(worst, replay_difference(record, expected, program.model_prefix, who))
         print(
             f"ok: {program.steps} steps, {alone} by replica 0 alone, replica 1 back at step "
-            f"{back} (pid {before[victim]} killed); every worker equals the replay "
-            f"(largest difference {worst:.1e})"
+            f"{back} (pid {before[victim]} killed; replica 0 held {held:.2f} s); every worker "
+            f"equals the replay (largest difference {worst:.1e})"
         )
 
 
