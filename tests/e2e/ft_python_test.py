@@ -88,6 +88,10 @@ class Program:
     args: list[str]
     steps: int  # the training's length in steps
     killed_after: str  # a line of output after which a worker is killed
+    # A line the survivors print once they trained alone after that: two
+    # epochs on (one the killed group's other members cannot finish: their
+    # peer is dead; two, so that it was not printed before the kill).
+    trained_alone: str
     replay: Callable[[list[list[int]]], dict[str, torch.Tensor]]
     model_prefix: str  # the model's keys in the records (DDP's "module.")
 
@@ -185,6 +189,7 @@ PROGRAMS = {
         args=["--batch_size", "1", "--max-epochs", "24"],
         steps=3072,
         killed_after=r"rank \d epoch 1 loss",
+        trained_alone=r"rank \d epoch 3 loss",
         replay=replay_ddp,
         model_prefix="module.",
     ),
@@ -199,6 +204,7 @@ PROGRAMS = {
         args=["--epochs", "12"],
         steps=1536,
         killed_after=r"Global rank: \d, epoch 0, loss",
+        trained_alone=r"Global rank: \d, epoch 2, loss",
         replay=replay_hsdp,
         model_prefix="",
     ),
@@ -221,10 +227,9 @@ def worker_pids(token: str) -> dict[int, int]:
     return pids
 
 
-def daemon_connected(pid: int) -> bool:
-    """Whether process `pid` has a TCP connection ESTABLISHED to the daemon's
-    gRPC endpoint (its MESHRUN_STORE_ENDPOINT). meshrun.ft's DaemonClient
-    connects lazily, on its first call: the Manager's first step quorum."""
+def daemon_connections(pid: int) -> int:
+    """Process `pid`'s TCP connections ESTABLISHED to the daemon's port (its
+    MESHRUN_STORE_ENDPOINT, which also serves the workers' TCPStore)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
@@ -235,7 +240,8 @@ def daemon_connected(pid: int) -> bool:
             if link.startswith("socket:["):
                 inodes.add(link[8:-1])
     except (OSError, KeyError, ValueError):
-        return False  # gone, or not there yet
+        return 0  # gone, or not there yet
+    count = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
@@ -245,8 +251,16 @@ def daemon_connected(pid: int) -> bool:
         for row in rows:
             # sl local_address rem_address st ... uid timeout inode
             if row[3] == "01" and int(row[2].rsplit(":", 1)[1], 16) == port and row[9] in inodes:
-                return True
-    return False
+                count += 1
+    return count
+
+
+# A worker of seed 002's or 000's program at its first step quorum has three
+# connections to the daemon's port: init_process_group's TCPStore client
+# (from the start of the program), then ft.Manager's own TCPStore client and
+# its DaemonClient's channel, which connects lazily on its first call: the
+# Manager's first quorum, right after.
+AT_QUORUM_CONNECTIONS = 3
 
 
 def metric_sum(endpoint: str, name: str, label: str = "") -> int:
@@ -309,19 +323,27 @@ def load_records(workdir: str, program: Program) -> list[dict]:
 
 
 def hold_survivors_until_back(
-    run: Run, program: Program, token: str, before: dict[int, int], metrics: str, deadline: float
+    run: Run,
+    program: Program,
+    token: str,
+    before: dict[int, int],
+    killed_at: int,
+    metrics: str,
+    deadline: float,
 ) -> float:
     """Keeps replica 0 from finishing before the restarted replica 1 is back
-    at the step quorum, however slow its restart (a loaded machine takes
-    longer than the survivors' remaining steps): once replica 1's new
-    workers have connected to the daemon (their first quorum; replica 0 has
-    trained alone since the failure), replica 0's workers are SIGSTOPped
-    until the daemon has replica 1 waiting at the quorum (or a quorum of
-    both groups formed), then go on. The quorum waits for every live group
-    until the earliest arrival's deadline (the Manager's quorum_timeout,
-    30 s), so replica 0, resumed at once, forms the next quorum with
-    replica 1: it is healed mid-training and trains jointly. Returns how
-    long replica 0 was held."""
+    at the step quorum, however slow its restart (on a loaded machine it can
+    take longer than the survivors' remaining steps). Once replica 0 has
+    trained alone (program.trained_alone) and replica 1's new workers exist,
+    replica 0's workers are SIGSTOPped until the daemon has all of replica
+    1's waiting at the quorum (or a quorum of both groups formed), then go
+    on: the quorum waits for every live group (replica 0 is one) until the
+    earliest arrival's deadline (the Manager's quorum_timeout, 30 s), so
+    replica 0, resumed at once, forms the next quorum with replica 1, which
+    is healed mid-training and trains jointly. Replica 0 is held only where
+    none of its members waits at the quorum: such a member's deadline would
+    pass while held and could form a quorum of replica 1 alone (refused: it
+    lacks the committed steps). Returns how long replica 0 was held."""
     size = program.replica_size
     survivors = [before[m] for m in range(size)]
     old = set(before.values())
@@ -331,28 +353,55 @@ def hold_survivors_until_back(
             raise AssertionError(f"{what}:\n" + "\n".join(run.output()[-30:]))
         time.sleep(0.05)
 
+    def waiting() -> int:
+        return metric_sum(metrics, "meshrun_run_step_quorum_waiting", 'call="quorum"')
+
+    # Quorums with two or more groups so far (each counts one group as the last).
+    joint = "meshrun_replica_quorum_last_total"
     restarted: list[int | None] = [None]
     while not all(pid is not None and pid not in old for pid in restarted):
         pids = worker_pids(token)
         restarted = [pids.get(r) for r in range(size, 2 * size)]
         check("replica 1 never restarted")
-    # Quorums with two or more groups so far (each counts one group as the last).
-    joint = "meshrun_replica_quorum_last_total"
     joint_before = metric_sum(metrics, joint)
-    while not all(daemon_connected(pid) for pid in restarted):
-        check("the restarted replica 1 never reached the step quorum")
-    for pid in survivors:
-        os.kill(pid, signal.SIGSTOP)
-    stopped = time.monotonic()
+    alone = re.compile(program.trained_alone)
+    while not any(alone.search(line) for line in run.output()[killed_at:]):
+        check("replica 0 never trained alone")
+
+    def at_quorum() -> bool:
+        return all(daemon_connections(pid) >= AT_QUORUM_CONNECTIONS for pid in restarted)
+
+    while True:
+        arrived = at_quorum()
+        for pid in survivors:
+            os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        if arrived:
+            break  # for a moment only: replica 1 is arriving
+        if waiting() == 0 and not at_quorum():
+            # Nobody at the quorum (replica 1 not yet there): hold until it is.
+            hold_until = min(deadline, stopped + 90)  # the Manager retries for 3 quorum timeouts
+            while not at_quorum():
+                if time.monotonic() > hold_until:
+                    for pid in survivors:
+                        os.kill(pid, signal.SIGCONT)
+                    raise AssertionError(
+                        "the restarted replica 1 never reached the step quorum:\n"
+                        + "\n".join(run.output()[-30:])
+                    )
+                time.sleep(0.05)
+            break
+        # A member of replica 0 waits at the quorum (or replica 1 just
+        # arrived): let the quorum form, try again.
+        for pid in survivors:
+            os.kill(pid, signal.SIGCONT)
+        check("replica 0 never stopped between steps")
     try:
-        # Replica 0's stopped members add at most size - 1 waiters (all of
-        # them waiting would have formed a quorum, unless replica 1 is
-        # already there). Well under the quorum timeout.
+        # Replica 1's members all at the quorum; replica 0's that were there
+        # when it stopped add fewer than `size` (all of them there would have
+        # formed a quorum, unless with replica 1). Well under the deadline.
         hold_until = min(deadline, time.monotonic() + 20)
-        while (
-            metric_sum(metrics, "meshrun_run_step_quorum_waiting", 'call="quorum"') < size
-            and metric_sum(metrics, joint) == joint_before
-        ):
+        while waiting() < size and metric_sum(metrics, joint) == joint_before:
             if time.monotonic() > hold_until:
                 raise AssertionError(
                     "the restarted replica 1 never arrived at the step quorum:\n"
@@ -389,8 +438,11 @@ def case_kill(args: argparse.Namespace, program: Program) -> None:
             ]
             assert served, "no metrics endpoint:\n" + "\n".join(run.output()[:20])
             metrics = served[0]
+            killed_at = len(run.output())
             os.kill(before[victim], signal.SIGKILL)
-            held = hold_survivors_until_back(run, program, token, before, metrics, deadline)
+            held = hold_survivors_until_back(
+                run, program, token, before, killed_at, metrics, deadline
+            )
             rc = run.finish(deadline)
         finally:
             run.stop()
