@@ -15,7 +15,10 @@ Cases:
              final parameters equal a replay of the committed steps in one
              process, each step on its participants' data only (the replay
              draws the batches with torch's own DistributedSampler, so the
-             step-to-batch mapping is checked too).
+             step-to-batch mapping is checked too). Replica 0 is SIGSTOPped
+             from replica 1's restart until replica 1 is at the quorum, so
+             that it always finds replica 0 training, however slow the
+             restart (hold_survivors_until_back).
   elastic    seed 002's script as its multinode.sh launches it (--nnodes=1:2,
              two workers a node, here one replica group a node) on a
              meshrun-rdzvd: node A trains alone, node B joins mid-training
