@@ -15,7 +15,10 @@ Cases:
              final parameters equal a replay of the committed steps in one
              process, each step on its participants' data only (the replay
              draws the batches with torch's own DistributedSampler, so the
-             step-to-batch mapping is checked too).
+             step-to-batch mapping is checked too). Replica 0 is SIGSTOPped
+             from replica 1's restart until replica 1 is at the quorum, so
+             that it always finds replica 0 training, however slow the
+             restart (hold_survivors_until_back).
   elastic    seed 002's script as its multinode.sh launches it (--nnodes=1:2,
              two workers a node, here one replica group a node) on a
              meshrun-rdzvd: node A trains alone, node B joins mid-training
@@ -88,6 +91,10 @@ class Program:
     args: list[str]
     steps: int  # the training's length in steps
     killed_after: str  # a line of output after which a worker is killed
+    # A line the survivors print once they trained alone after that: two
+    # epochs on (one the killed group's other members cannot finish: their
+    # peer is dead; two, so that it was not printed before the kill).
+    trained_alone: str
     replay: Callable[[list[list[int]]], dict[str, torch.Tensor]]
     model_prefix: str  # the model's keys in the records (DDP's "module.")
 
@@ -173,7 +180,8 @@ def replay_difference(
 PROGRAMS = {
     # 512 samples / 4 shards = 128 steps an epoch, 24 epochs: 3072 steps
     # (about 5 ms each here); the group killed after epoch 1 is back in
-    # about 4 s, long before the survivors finish, also on a loaded machine.
+    # about 4 s (replica 0 is held for it where it takes longer: see
+    # hold_survivors_until_back).
     "ddp": Program(
         seed="002_ddp_elastic/train_script.py",
         ft="002_ddp_elastic/train_script_ft.py",
@@ -184,6 +192,7 @@ PROGRAMS = {
         args=["--batch_size", "1", "--max-epochs", "24"],
         steps=3072,
         killed_after=r"rank \d epoch 1 loss",
+        trained_alone=r"rank \d epoch 3 loss",
         replay=replay_ddp,
         model_prefix="module.",
     ),
@@ -198,6 +207,7 @@ PROGRAMS = {
         args=["--epochs", "12"],
         steps=1536,
         killed_after=r"Global rank: \d, epoch 0, loss",
+        trained_alone=r"Global rank: \d, epoch 2, loss",
         replay=replay_hsdp,
         model_prefix="",
     ),
@@ -218,6 +228,54 @@ def worker_pids(token: str) -> dict[int, int]:
         if env.get(b"FT_TEST_TOKEN") == token.encode() and b"RANK" in env:
             pids[int(env[b"RANK"])] = int(entry)
     return pids
+
+
+def daemon_connections(pid: int) -> int:
+    """Process `pid`'s TCP connections ESTABLISHED to the daemon's port (its
+    MESHRUN_STORE_ENDPOINT, which also serves the workers' TCPStore)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        port = int(env[b"MESHRUN_STORE_ENDPOINT"].rsplit(b":", 1)[1])
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except (OSError, KeyError, ValueError):
+        return 0  # gone, or not there yet
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        for row in rows:
+            # sl local_address rem_address st ... uid timeout inode
+            if row[3] == "01" and int(row[2].rsplit(":", 1)[1], 16) == port and row[9] in inodes:
+                count += 1
+    return count
+
+
+# A worker of seed 002's or 000's program at its first step quorum has three
+# connections to the daemon's port: init_process_group's TCPStore client
+# (from the start of the program), then ft.Manager's own TCPStore client and
+# its DaemonClient's channel, which connects lazily on its first call: the
+# Manager's first quorum, right after.
+AT_QUORUM_CONNECTIONS = 3
+
+
+def metric_sum(endpoint: str, name: str, label: str = "") -> int:
+    """The sum of metric `name`'s samples (those whose labels contain
+    `label`) on the daemon's /metrics."""
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(
+        int(float(line.split()[-1]))
+        for line in text.splitlines()
+        if line.startswith(name + "{") and label in line
+    )
 
 
 def launch(
@@ -267,6 +325,98 @@ def load_records(workdir: str, program: Program) -> list[dict]:
     return records
 
 
+def hold_survivors_until_back(
+    run: Run,
+    program: Program,
+    token: str,
+    before: dict[int, int],
+    killed_at: int,
+    metrics: str,
+    deadline: float,
+) -> float:
+    """Keeps replica 0 from finishing before the restarted replica 1 is back
+    at the step quorum, however slow its restart (on a loaded machine it can
+    take longer than the survivors' remaining steps). Once replica 0 has
+    trained alone (program.trained_alone) and replica 1's new workers exist,
+    replica 0's workers are SIGSTOPped until the daemon has all of replica
+    1's waiting at the quorum (or a quorum of both groups formed), then go
+    on: the quorum waits for every live group (replica 0 is one) until the
+    earliest arrival's deadline (the Manager's quorum_timeout, 30 s), so
+    replica 0, resumed at once, forms the next quorum with replica 1, which
+    is healed mid-training and trains jointly. Replica 0 is held only where
+    none of its members waits at the quorum: such a member's deadline would
+    pass while held and could form a quorum of replica 1 alone (refused: it
+    lacks the committed steps). Returns how long replica 0 was held."""
+    size = program.replica_size
+    survivors = [before[m] for m in range(size)]
+    old = set(before.values())
+
+    def check(what: str) -> None:
+        if time.monotonic() > deadline or run.proc.poll() is not None:
+            raise AssertionError(f"{what}:\n" + "\n".join(run.output()[-30:]))
+        time.sleep(0.05)
+
+    def waiting() -> int:
+        return metric_sum(metrics, "meshrun_run_step_quorum_waiting", 'call="quorum"')
+
+    # Quorums with two or more groups so far (each counts one group as the last).
+    joint = "meshrun_replica_quorum_last_total"
+    restarted: list[int | None] = [None]
+    while not all(pid is not None and pid not in old for pid in restarted):
+        pids = worker_pids(token)
+        restarted = [pids.get(r) for r in range(size, 2 * size)]
+        check("replica 1 never restarted")
+    joint_before = metric_sum(metrics, joint)
+    alone = re.compile(program.trained_alone)
+    while not any(alone.search(line) for line in run.output()[killed_at:]):
+        check("replica 0 never trained alone")
+
+    def at_quorum() -> bool:
+        return all(daemon_connections(pid) >= AT_QUORUM_CONNECTIONS for pid in restarted)
+
+    while True:
+        arrived = at_quorum()
+        for pid in survivors:
+            os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        if arrived:
+            break  # for a moment only: replica 1 is arriving
+        if waiting() == 0 and not at_quorum():
+            # Nobody at the quorum (replica 1 not yet there): hold until it is.
+            hold_until = min(deadline, stopped + 90)  # the Manager retries for 3 quorum timeouts
+            while not at_quorum():
+                if time.monotonic() > hold_until:
+                    for pid in survivors:
+                        os.kill(pid, signal.SIGCONT)
+                    raise AssertionError(
+                        "the restarted replica 1 never reached the step quorum:\n"
+                        + "\n".join(run.output()[-30:])
+                    )
+                time.sleep(0.05)
+            break
+        # A member of replica 0 waits at the quorum (or replica 1 just
+        # arrived): let the quorum form, try again.
+        for pid in survivors:
+            os.kill(pid, signal.SIGCONT)
+        check("replica 0 never stopped between steps")
+    try:
+        # Replica 1's members all at the quorum; replica 0's that were there
+        # when it stopped add fewer than `size` (all of them there would have
+        # formed a quorum, unless with replica 1). Well under the deadline.
+        hold_until = min(deadline, time.monotonic() + 20)
+        while waiting() < size and metric_sum(metrics, joint) == joint_before:
+            if time.monotonic() > hold_until:
+                raise AssertionError(
+                    "the restarted replica 1 never arrived at the step quorum:\n"
+                    + "\n".join(run.output()[-30:])
+                )
+            time.sleep(0.05)
+    finally:
+        for pid in survivors:
+            os.kill(pid, signal.SIGCONT)
+    return time.monotonic() - stopped
+
+
 def case_kill(args: argparse.Namespace, program: Program) -> None:
     token = uuid.uuid4().hex
     deadline = time.monotonic() + DEADLINE_S
@@ -274,6 +424,7 @@ def case_kill(args: argparse.Namespace, program: Program) -> None:
         "--restart-scope=replica",
         f"--replica-size={program.replica_size}",
         "--max-restarts=3",
+        "--metrics-port=0",  # the embedded daemon's /metrics, for the hold
     ]
     victim = program.replica_size  # replica 1, member 0
     with tempfile.TemporaryDirectory() as workdir:
@@ -283,7 +434,18 @@ def case_kill(args: argparse.Namespace, program: Program) -> None:
                 raise AssertionError("training never got there:\n" + "\n".join(run.output()[-30:]))
             before = worker_pids(token)
             assert sorted(before) == list(range(program.nproc)), before
+            served = [
+                m.group(1)
+                for line in run.output()
+                if (m := re.search(r"status page and metrics on http://([^/ ]+)/", line))
+            ]
+            assert served, "no metrics endpoint:\n" + "\n".join(run.output()[:20])
+            metrics = served[0]
+            killed_at = len(run.output())
             os.kill(before[victim], signal.SIGKILL)
+            held = hold_survivors_until_back(
+                run, program, token, before, killed_at, metrics, deadline
+            )
             rc = run.finish(deadline)
         finally:
             run.stop()
@@ -314,8 +476,8 @@ def case_kill(args: argparse.Namespace, program: Program) -> None:
             worst = max(worst, replay_difference(record, expected, program.model_prefix, who))
         print(
             f"ok: {program.steps} steps, {alone} by replica 0 alone, replica 1 back at step "
-            f"{back} (pid {before[victim]} killed); every worker equals the replay "
-            f"(largest difference {worst:.1e})"
+            f"{back} (pid {before[victim]} killed; replica 0 held {held:.2f} s); every worker "
+            f"equals the replay (largest difference {worst:.1e})"
         )
 
 
