@@ -209,7 +209,7 @@ class StoreRelay::Backend final : public StoreBackend {
       const std::string why =
           absl::StrCat("gRPC status ", status.error_code(), ": ", status.error_message());
       backend->Detach(self);
-      delete this;
+      backend->Retire(this);
       if (backend->options_.grpc_stream_freed_for_test)
         backend->options_.grpc_stream_freed_for_test();
       backend->OnStreamDone(self, why, LinkEnd::kNotALink);
@@ -372,6 +372,9 @@ class StoreRelay::Backend final : public StoreBackend {
 
   // REQUIRES: mu_ held, no stream.
   void OpenStreamLocked() {
+    // The last ended gRPC stream goes now: its OnDone was long enough ago.
+    // (Holding it until the next one ends stalled the reconnect under ASan.)
+    retired_.reset();
     ++streams_opened_;
     answered_ = false;
     writing_ = false;
@@ -443,6 +446,17 @@ class StoreRelay::Backend final : public StoreBackend {
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_ == stream) stream_ = nullptr;
     ++detached_;
+  }
+
+  // Frees an ended gRPC stream later, not in its OnDone: gRPC 1.51 may still
+  // finish a write's batch (its interceptors read the stream's ClientContext)
+  // on another thread after OnDone ran there (heap-use-after-free under ASan
+  // in StoreRelayTest.WorkersWritingWhileATlsStreamEndsTouchNoFreedStream).
+  // It is freed when the next stream opens (after OnStreamDone and the
+  // reconnect's delay), or with the relay.
+  void Retire(GrpcStream* stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    retired_.reset(stream);
   }
 
   void OnStreamDone(const Upstream* stream, const std::string& why, LinkEnd end) {
@@ -528,6 +542,7 @@ class StoreRelay::Backend final : public StoreBackend {
   Upstream* stream_ = nullptr;      // guarded by mu_
   // gRPC streams detached, whose OnStreamDone has not come; guarded by mu_.
   int detached_ = 0;
+  std::unique_ptr<GrpcStream> retired_;      // the last gRPC stream ended; guarded by mu_
   std::shared_ptr<LinkStream> link_stream_;  // guarded by mu_; the link stream_ is
   bool writing_ = false;                     // guarded by mu_
   bool answered_ = false;                    // the stream has had a reply; guarded by mu_
