@@ -147,23 +147,32 @@ def case_ddp(args: argparse.Namespace) -> None:
         print(f"torchrun 2 for comparison: something happened after {took:.1f} s: exit {codes}")
 
 
-def case_heartbeat(args: argparse.Namespace) -> None:
-    deadline = time.monotonic() + BOUND_S
+def run_one_worker(
+    args: argparse.Namespace, mode: str, max_restarts: int, hang_timeout_s: float, bound_s: float
+) -> tuple[int, str]:
+    """hang_worker.py `mode` as one worker under --hang-timeout: its exit
+    code (-1: still running after `bound_s`) and its output."""
     command = [
         args.meshrun,
         "--standalone",
         "--nproc-per-node=1",
-        "--max-restarts=1",
-        f"--hang-timeout={SPIN_TIMEOUT_S}",
+        f"--max-restarts={max_restarts}",
+        f"--hang-timeout={hang_timeout_s:g}",
         WORKER,
-        "spin",
+        mode,
     ]
     run = Run(command, environment(args))
     try:
-        code = run.finish(deadline)
+        code = run.finish(time.monotonic() + bound_s)
     finally:
         run.stop()
-    text = "\n".join(run.output())
+    return code, "\n".join(run.output())
+
+
+def case_heartbeat(args: argparse.Namespace) -> None:
+    code, text = run_one_worker(
+        args, "spin", max_restarts=1, hang_timeout_s=SPIN_TIMEOUT_S, bound_s=BOUND_S
+    )
     assert code == 0, f"exit {code}:\n{text}"
     child = re.search(r"a child \(pid (\d+)\) sent a heartbeat", text)
     assert child, text
@@ -176,22 +185,7 @@ def case_heartbeat(args: argparse.Namespace) -> None:
 
 def case_flood(args: argparse.Namespace) -> None:
     bound_s = 40  # the run takes about 5 s
-    deadline = time.monotonic() + bound_s
-    command = [
-        args.meshrun,
-        "--standalone",
-        "--nproc-per-node=1",
-        "--max-restarts=0",
-        "--hang-timeout=2",
-        WORKER,
-        "flood",
-    ]
-    run = Run(command, environment(args))
-    try:
-        code = run.finish(deadline)
-    finally:
-        run.stop()
-    text = "\n".join(run.output())
+    code, text = run_one_worker(args, "flood", max_restarts=0, hang_timeout_s=2, bound_s=bound_s)
     assert code == 0, f"exit {code} (-1: still running after {bound_s} s):\n{text}"
     assert "rank 0: done (restart 0)" in text, text
     assert "made no progress" not in text, text

@@ -277,19 +277,26 @@ class Lines:
         raise AssertionError(f"{count} of {pattern!r} never came:\n" + "\n".join(ours[-60:]))
 
 
+def launch_waiters(
+    args: argparse.Namespace, cluster: Cluster, work: str, max_nodes: int
+) -> subprocess.Popen:
+    """WAITER (two a node) under meshrun --ray on 1 to `max_nodes` nodes."""
+    script = os.path.join(work, "waiter.py")
+    with open(script, "w") as f:
+        f.write(WAITER)
+    flags = [
+        f"--ray={cluster.address}",
+        f"--nnodes=1:{max_nodes}",
+        "--nproc-per-node=2",
+        "--max-restarts=3",
+        "--rdzv-conf=last_call_timeout=1",
+    ]
+    return launch(args, flags, [script, work])
+
+
 def case_elastic(args: argparse.Namespace, cluster: Cluster) -> None:
     with tempfile.TemporaryDirectory() as work:
-        script = os.path.join(work, "waiter.py")
-        with open(script, "w") as f:
-            f.write(WAITER)
-        flags = [
-            f"--ray={cluster.address}",
-            "--nnodes=1:3",
-            "--nproc-per-node=2",
-            "--max-restarts=3",
-            "--rdzv-conf=last_call_timeout=1",
-        ]
-        run = launch(args, flags, [script, work])
+        run = launch_waiters(args, cluster, work, max_nodes=3)
         out = Lines(run)
         deadline = time.monotonic() + 240
         try:
@@ -390,19 +397,9 @@ def case_stalled(args: argparse.Namespace, cluster: Cluster) -> None:
     import threading
 
     with tempfile.TemporaryDirectory() as work:
-        script = os.path.join(work, "waiter.py")
-        with open(script, "w") as f:
-            f.write(WAITER)
-        flags = [
-            f"--ray={cluster.address}",
-            "--nnodes=1:2",
-            "--nproc-per-node=2",
-            "--max-restarts=3",
-            "--rdzv-conf=last_call_timeout=1",
-        ]
         os.environ["MESHRUN_RAY_POLL_TIMEOUT_S"] = "3"
         try:
-            run = launch(args, flags, [script, work])
+            run = launch_waiters(args, cluster, work, max_nodes=2)
         finally:
             del os.environ["MESHRUN_RAY_POLL_TIMEOUT_S"]
         out = Lines(run)
