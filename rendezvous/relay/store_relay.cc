@@ -187,6 +187,10 @@ class StoreRelay::Backend final : public StoreBackend {
       // Wait for the daemon (a restart, a slow start) instead of failing.
       context_.set_wait_for_ready(true);
       backend_->stub_->async()->BatchSession(&context_, this);
+      // Workers' requests start writes from outside the reactions: without
+      // a hold, gRPC may finish the call (and run OnDone) while the backend
+      // still writes to it. Removed once the backend no longer can.
+      AddHold();
       StartRead(&in_);
       StartCall();
     }
@@ -194,24 +198,27 @@ class StoreRelay::Backend final : public StoreBackend {
     void Cancel() override { context_.TryCancel(); }
     void OnWriteDone(bool ok) override { backend_->AfterWrite(ok); }
     void OnReadDone(bool ok) override {
-      if (!ok) return;  // OnDone follows
+      if (!ok) {
+        // The call is ending (a read is always outstanding until then).
+        backend_->Detach(this);
+        RemoveHold();  // OnDone follows, once a write in flight is done
+        return;
+      }
       backend_->OnReplies(in_);
       in_.Clear();
       StartRead(&in_);
     }
     void OnDone(const grpc::Status& status) override {
-      // Unreachable before it is freed: a worker's request in between would
-      // write to the freed call. Gone before the backend hears it ended:
-      // Stop() returns only after that, and the channel may go with the
-      // relay then.
+      // gRPC is done with the call; no worker's request reaches it (detached
+      // in OnReadDone). Gone before the backend hears it ended: Stop()
+      // returns only after that, and the channel may go with the relay then.
       Backend* const backend = backend_;
+      if (backend->options_.grpc_stream_done_for_test)
+        backend->options_.grpc_stream_done_for_test();
       const Upstream* const self = this;
       const std::string why =
           absl::StrCat("gRPC status ", status.error_code(), ": ", status.error_message());
-      backend->Detach(self);
-      backend->Retire(this);
-      if (backend->options_.grpc_stream_freed_for_test)
-        backend->options_.grpc_stream_freed_for_test();
+      delete this;
       backend->OnStreamDone(self, why, LinkEnd::kNotALink);
     }
 
@@ -372,9 +379,6 @@ class StoreRelay::Backend final : public StoreBackend {
 
   // REQUIRES: mu_ held, no stream.
   void OpenStreamLocked() {
-    // The last ended gRPC stream goes now: its OnDone was long enough ago.
-    // (Holding it until the next one ends stalled the reconnect under ASan.)
-    retired_.reset();
     ++streams_opened_;
     answered_ = false;
     writing_ = false;
@@ -440,23 +444,13 @@ class StoreRelay::Backend final : public StoreBackend {
     WriteLocked();
   }
 
-  // The stream is ending and about to be freed: nothing may reach it from
-  // now on. OnStreamDone follows; no other stream opens before it.
+  // The gRPC stream is ending: nothing may start a write on it from now on
+  // (a write in flight may still complete). OnStreamDone follows; no other
+  // stream opens before it.
   void Detach(const Upstream* stream) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_ == stream) stream_ = nullptr;
     ++detached_;
-  }
-
-  // Frees an ended gRPC stream later, not in its OnDone: gRPC 1.51 may still
-  // finish a write's batch (its interceptors read the stream's ClientContext)
-  // on another thread after OnDone ran there (heap-use-after-free under ASan
-  // in StoreRelayTest.WorkersWritingWhileATlsStreamEndsTouchNoFreedStream).
-  // It is freed when the next stream opens (after OnStreamDone and the
-  // reconnect's delay), or with the relay.
-  void Retire(GrpcStream* stream) {
-    std::lock_guard<std::mutex> lock(mu_);
-    retired_.reset(stream);
   }
 
   void OnStreamDone(const Upstream* stream, const std::string& why, LinkEnd end) {
@@ -542,7 +536,6 @@ class StoreRelay::Backend final : public StoreBackend {
   Upstream* stream_ = nullptr;      // guarded by mu_
   // gRPC streams detached, whose OnStreamDone has not come; guarded by mu_.
   int detached_ = 0;
-  std::unique_ptr<GrpcStream> retired_;      // the last gRPC stream ended; guarded by mu_
   std::shared_ptr<LinkStream> link_stream_;  // guarded by mu_; the link stream_ is
   bool writing_ = false;                     // guarded by mu_
   bool answered_ = false;                    // the stream has had a reply; guarded by mu_

@@ -55,10 +55,11 @@ struct StoreRelayOptions {
   // replaced at once. gRPC waits for the channel itself in between.
   std::chrono::milliseconds min_reconnect_delay{50};
   std::chrono::milliseconds max_reconnect_delay{1000};
-  // Tests only: runs on gRPC's thread when a gRPC stream has ended, after
-  // its call object was freed and before the relay carries on without it,
-  // so that a test can hold that moment open while workers write.
-  std::function<void()> grpc_stream_freed_for_test;
+  // Tests only: runs on gRPC's thread when a gRPC stream has ended, as its
+  // OnDone starts (gRPC has freed its call object; the relay has not yet
+  // freed the stream or carried on without it), so that a test can hold
+  // that moment open while workers write.
+  std::function<void()> grpc_stream_done_for_test;
 };
 
 class StoreRelay {

@@ -235,9 +235,11 @@ TEST(StoreRelayDedupTest, AddsInFlightWhenTheDaemonIsKilledAreEachAppliedOnce) {
 // A TLS daemon (so the relay's stream is gRPC) killed while workers write
 // through the relay: the ended stream's call object is freed while worker
 // requests keep coming, and none of them may reach it (issue 44, item 6:
-// they did, in the moment between the call freeing itself and the relay
-// hearing it ended; the test seam holds that moment open). The relay
-// reconnects to the restarted daemon, and the workers' writes arrive.
+// they did, in the moment between gRPC finishing the call and the relay
+// hearing it ended; the test seam holds that moment open). One that did
+// wrote to the finished call (a use-after-free, or, with the stream kept,
+// a batch never done, so the relay never wrote on the next stream). The
+// relay reconnects to the restarted daemon, and the workers' writes arrive.
 TEST(StoreRelayTest, WorkersWritingWhileATlsStreamEndsTouchNoFreedStream) {
   TempDir certs("relay-tls");
   const std::string script = R"(set -e
@@ -268,7 +270,7 @@ chmod 600 *.key
   ASSERT_TRUE(security.ok()) << security.status();
   options.security = *security;
   std::atomic<int> freed{0};
-  options.grpc_stream_freed_for_test = [&freed] {
+  options.grpc_stream_done_for_test = [&freed] {
     if (freed++ == 0) std::this_thread::sleep_for(300ms);
   };
   auto started = rdzv::StoreRelay::Start(std::move(options));
