@@ -18,6 +18,7 @@
 #include "worker_lib/mesh/device_mesh.h"
 #include "worker_lib/mesh/process_group.h"
 #include "worker_lib/parallel/fully_shard.h"
+#include "worker_lib/parallel/module_hooks.h"
 #include "worker_lib/parallel/module_params.h"
 #include "worker_lib/parallel/parallelize.h"
 
@@ -33,7 +34,7 @@ struct BlockImpl : torch::nn::Module {
         up(register_module("up", torch::nn::Linear(dim, 4 * dim))),
         down(register_module("down", torch::nn::Linear(4 * dim, dim))) {}
   torch::Tensor forward(const torch::Tensor& x) {
-    return x + down(torch::gelu(up(norm(x))));
+    return x + parallel::Forward(down, torch::gelu(parallel::Forward(up, norm(x))));
   }
   torch::nn::LayerNorm norm;
   torch::nn::Linear up, down;
@@ -49,7 +50,7 @@ struct ModelImpl : torch::nn::Module {
   }
   torch::Tensor forward(torch::Tensor x) {
     x = embed(x);
-    for (const auto& block : *blocks) x = block->as<BlockImpl>()->forward(x);
+    for (const auto& block : *blocks) x = parallel::Forward(block->as<BlockImpl>(), x);
     return head(x);
   }
   torch::nn::Linear embed;
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
                           .narrow(0, (*dp)->getRank() * local_batch, local_batch);
     torch::Tensor y = x.sum(1, /*keepdim=*/true);
     optimizer.zero_grad();
-    torch::Tensor loss = torch::mse_loss(model->forward(x), y);
+    torch::Tensor loss = torch::mse_loss(parallel::Forward(model, x), y);
     loss.backward();
     optimizer.step();
     // The global batch's loss: the mean of the dp ranks' (equal-sized) losses.

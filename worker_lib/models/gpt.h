@@ -2,14 +2,15 @@
 
 // A GPT in plain libtorch (torch::nn): token and position embeddings,
 // pre-norm blocks of causal self-attention and a GELU MLP, a final layer norm
-// and a linear head to the vocabulary. Nothing in it knows about meshrun:
-// the parallelisms are applied from outside (FullyShard, ParallelizeModule
-// with GptTpPlan, DistributedDataParallel, pipeline stages of GptStage; or
-// all of them through ModuleTrainer with GptModel), as a user does with
-// their own model.
+// and a linear head to the vocabulary. The parallelisms are applied from
+// outside (FullyShard, ParallelizeModule with GptTpPlan,
+// DistributedDataParallel, pipeline stages of GptStage; or all of them
+// through ModuleTrainer with GptModel), as a user does with their own model;
+// what it knows of meshrun is that it calls the modules they change through
+// parallel::Forward (module_hooks.h), which runs their hooks.
 //
 //   Gpt gpt(GptConfig{.vocab = 96, .context = 64, .dim = 128, .heads = 4, .layers = 4});
-//   at::Tensor logits = gpt->forward(tokens);            // [B, T] -> [B, T, vocab]
+//   at::Tensor logits = parallel::Forward(gpt, tokens);   // [B, T] -> [B, T, vocab]
 //
 // Attention reads its head count from its input (view(B, T, -1, head_dim)),
 // so it runs on the local heads when q, k and v are column-wise parallel.
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <string>
 
+#include "worker_lib/parallel/module_hooks.h"
 #include "worker_lib/parallel/parallelize.h"
 #include "worker_lib/training/module_trainer.h"
 
@@ -58,11 +60,11 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
     auto heads = [&](const at::Tensor& t) {
       return t.view({batch, time, -1, head_dim}).transpose(1, 2);
     };
-    at::Tensor y =
-        at::scaled_dot_product_attention(heads(q->forward(x)), heads(k->forward(x)),
-                                         heads(v->forward(x)), /*attn_mask=*/{},
-                                         /*dropout_p=*/0.0, /*is_causal=*/true);
-    return o->forward(y.transpose(1, 2).reshape({batch, time, -1}));
+    at::Tensor y = at::scaled_dot_product_attention(
+        heads(parallel::Forward(q, x)), heads(parallel::Forward(k, x)),
+        heads(parallel::Forward(v, x)), /*attn_mask=*/{},
+        /*dropout_p=*/0.0, /*is_causal=*/true);
+    return parallel::Forward(o, y.transpose(1, 2).reshape({batch, time, -1}));
   }
 
   int64_t head_dim;
@@ -75,7 +77,7 @@ struct GptMlpImpl : torch::nn::Module {
       : fc1(register_module("fc1", torch::nn::Linear(config.dim, 4 * config.dim))),
         fc2(register_module("fc2", torch::nn::Linear(4 * config.dim, config.dim))) {}
   at::Tensor forward(const at::Tensor& x) {
-    return fc2->forward(at::gelu(fc1->forward(x)));
+    return parallel::Forward(fc2, at::gelu(parallel::Forward(fc1, x)));
   }
   torch::nn::Linear fc1, fc2;
 };
@@ -118,8 +120,8 @@ struct GptImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& tokens) {
     at::Tensor positions = at::arange(tokens.size(1), tokens.options());
     at::Tensor x = tok->forward(tokens) + pos->forward(positions);
-    for (const auto& block : *blocks) x = block->as<GptBlockImpl>()->forward(x);
-    return head->forward(ln_f->forward(x));
+    for (const auto& block : *blocks) x = parallel::Forward(block->as<GptBlockImpl>(), x);
+    return parallel::Forward(head, ln_f->forward(x));
   }
 
   torch::nn::Embedding tok, pos;
@@ -170,9 +172,9 @@ struct GptStageImpl : torch::nn::Module {
         x = whole->tok->forward(x) +
             whole->pos->forward(at::arange(x.size(1), x.options()));
       } else if (part <= layers) {
-        x = (*whole->blocks)[part - 1]->as<GptBlockImpl>()->forward(x);
+        x = parallel::Forward((*whole->blocks)[part - 1]->as<GptBlockImpl>(), x);
       } else {
-        x = whole->head->forward(whole->ln_f->forward(x));
+        x = parallel::Forward(whole->head, whole->ln_f->forward(x));
       }
     }
     return x;
@@ -197,7 +199,7 @@ inline parallel::ModuleModel GptModel(const Gpt& gpt, bool vocab_parallel_head) 
   model.tp_plan = GptTpPlan(vocab_parallel_head);
   model.vocab_parallel_output = vocab_parallel_head;
   model.forward = [impl = gpt.ptr()](const at::Tensor& tokens) {
-    return impl->forward(tokens);
+    return parallel::Forward(impl, tokens);
   };
   model.loss = GptLoss;
   model.num_parts = static_cast<int>(gpt->blocks->size()) + 2;

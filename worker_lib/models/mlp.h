@@ -3,7 +3,8 @@
 // An MLP in plain libtorch (torch::nn): Linear layers fc0, fc1, ... with a
 // ReLU between each two, the model of seed 003 (sizes 50, 50, 50, 50, 4)
 // and of the parity check's MLP (tests/parity/torch_parallel.py, the same
-// parameter names). As with the GPT (gpt.h), nothing in it knows meshrun:
+// parameter names). As with the GPT (gpt.h), it knows only that
+// the modules the parallelisms change are called through parallel::Forward;
 // MlpModel tells ModuleTrainer how to parallelise it.
 //
 //   torch::manual_seed(seed);
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "worker_lib/parallel/module_hooks.h"
 #include "worker_lib/parallel/parallelize.h"
 #include "worker_lib/training/module_trainer.h"
 
@@ -37,7 +39,7 @@ struct MlpImpl : torch::nn::Module {
   // (none after the last).
   at::Tensor ForwardParts(at::Tensor x, int first, int last) {
     for (int k = first; k <= last; ++k) {
-      x = layers[static_cast<size_t>(k)]->forward(x);
+      x = parallel::Forward(layers[static_cast<size_t>(k)], x);
       if (static_cast<size_t>(k) + 1 < layers.size()) x = at::relu(x);
     }
     return x;
@@ -78,7 +80,9 @@ inline parallel::ModuleModel MlpModel(const Mlp& mlp) {
   model.root = mlp.ptr();
   for (const auto& layer : mlp->layers) model.shard_units.push_back(layer.ptr());
   model.tp_plan = MlpTpPlan(mlp);
-  model.forward = [impl = mlp.ptr()](const at::Tensor& x) { return impl->forward(x); };
+  model.forward = [impl = mlp.ptr()](const at::Tensor& x) {
+    return parallel::Forward(impl, x);
+  };
   model.loss = [](const at::Tensor& output, const at::Tensor& target) {
     return (output - target).pow(2).mean();
   };

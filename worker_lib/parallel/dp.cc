@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -130,8 +131,15 @@ void DataParallel::CopyIntoBucket(size_t index) {
 
 void DataParallel::QueueBackwardEnd() {
   const bool sync = sync_at_backward_end_ && sync_during_backward_;
+  const int graph_task = torch::autograd::get_current_graph_task_id();
+  if (end_callback_queued_ && graph_task != queued_for_graph_task_) {
+    // The backward that queued the callback threw, and its callback was
+    // dropped with it: drop what it started (every rank started the same).
+    AbandonBackward();
+  }
   if (end_callback_queued_ || (!sync && !at_backward_end_)) return;
   end_callback_queued_ = true;
+  queued_for_graph_task_ = graph_task;
   torch::autograd::Engine::get_default_engine().queue_callback([this, sync] {
     end_callback_queued_ = false;
     if (sync) SyncGradients();
@@ -220,6 +228,17 @@ void DataParallel::SyncGradients() {
   }
   ResetBackwardState();
   last_started_in_backward_ = started_in_backward;
+}
+
+void DataParallel::AbandonBackward() {
+  at::NoGradGuard no_grad;
+  for (Bucket& bucket : buckets_) {
+    if (bucket.work) bucket.work->wait();
+    bucket.work.reset();
+  }
+  misuse_.clear();
+  end_callback_queued_ = false;
+  ResetBackwardState();
 }
 
 void DataParallel::ResetBackwardState() {

@@ -129,6 +129,9 @@ class DataParallel {
   void QueueBackwardEnd();
   // No param ready, no bucket started: the state between backwards.
   void ResetBackwardState();
+  // A backward threw before its end callback: wait for the all-reduces it
+  // started and forget its state, so the next backward syncs as usual.
+  void AbandonBackward();
 
   std::vector<std::shared_ptr<Param>> params_;
   ProcessGroupPtr group_;
@@ -147,6 +150,7 @@ class DataParallel {
   bool sync_during_backward_ = true;
   bool sync_at_backward_end_ = false;
   bool end_callback_queued_ = false;
+  int queued_for_graph_task_ = -1;  // the backward that queued it
   std::function<void()> at_backward_end_;
   size_t next_bucket_ = 0;  // the first bucket whose all-reduce has not started
   int started_in_backward_ = 0;

@@ -4,7 +4,6 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
-#include <torch/csrc/autograd/engine.h>
 
 #include <cstdint>
 #include <utility>
@@ -23,46 +22,6 @@ at::Tensor AliasOf(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes
   at::Tensor alias = at::empty({0}, base.options());
   alias.set_(base.storage(), base.storage_offset() + offset, sizes);
   return alias;
-}
-
-// The backward pass in progress on this thread, for the groups: which have
-// grads not yet reduce-scattered, and the one reduce-scatter in flight (at
-// most one, as FSDP2 waits for the previous before issuing the next, which
-// bounds the flat grad buffers alive). Settled by an engine callback at the
-// end of the backward pass.
-struct BackwardPass {
-  bool callback_queued = false;
-  std::vector<std::shared_ptr<FsdpParamGroup>> with_grads;
-  std::shared_ptr<FsdpParamGroup> scattering;
-};
-thread_local BackwardPass backward_pass;
-
-void FinishScattering() {
-  if (backward_pass.scattering == nullptr) return;
-  std::shared_ptr<FsdpParamGroup> group = std::move(backward_pass.scattering);
-  backward_pass.scattering = nullptr;
-  group->FinishReduceScatter();
-}
-
-// End of a backward pass: groups whose uses are not all backpropagated yet
-// (another graph pending) reduce-scatter what this pass delivered.
-void EndBackwardPass() {
-  std::vector<std::shared_ptr<FsdpParamGroup>> groups =
-      std::move(backward_pass.with_grads);
-  backward_pass.with_grads.clear();
-  backward_pass.callback_queued = false;
-  for (const auto& group : groups) {
-    if (group->has_grads()) group->StartReduceScatter();
-  }
-  FinishScattering();
-}
-
-void JoinBackwardPass(std::shared_ptr<FsdpParamGroup> group) {
-  if (!backward_pass.callback_queued) {
-    torch::autograd::Engine::get_default_engine().queue_callback(EndBackwardPass);
-    backward_pass.callback_queued = true;
-  }
-  backward_pass.with_grads.push_back(std::move(group));
 }
 
 void FreeStorage(const at::Tensor& tensor) {
@@ -143,8 +102,6 @@ FsdpParamGroup::FsdpParamGroup(std::vector<FsdpParam*> params, ProcessGroupPtr g
         param->rows(), shard.size(0) == 0 ? 0 : shard.numel() / shard.size(0)});
   }
   layout_ = MakeFlatShardLayout(members, group_->getSize());
-  grads_.resize(params_.size());
-  delivered_.assign(params_.size(), false);
 }
 
 size_t FsdpParamGroup::unsharded_bytes() const {
@@ -200,54 +157,46 @@ void FsdpParamGroup::Reshard() {
   unsharded_ = false;
 }
 
-void FsdpParamGroup::AddUse() { ++pending_uses_; }
-
-void FsdpParamGroup::GradReady(size_t index, const at::Tensor& full_grad) {
-  if (pending_uses_ > 0) --pending_uses_;
-  if (full_grad.defined()) {
-    grads_[index] = grads_[index].defined() ? grads_[index] + full_grad : full_grad;
+bool FsdpParamGroup::ReduceScatter(const std::vector<at::Tensor>& full_grads) {
+  FinishReduceScatter();
+  bool any = false;
+  for (const at::Tensor& grad : full_grads) any = any || grad.defined();
+  if (!any) return false;
+  at::NoGradGuard no_grad;
+  bool zeros = false;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    zeros = zeros || !full_grads[i].defined() || layout_.padded(i, params_[i]->rows());
   }
-  delivered_[index] = true;
-  if (!has_grads_) {
-    has_grads_ = true;
-    JoinBackwardPass(shared_from_this());
+  const at::TensorOptions options =
+      params_.front()->param().data().options().requires_grad(false);
+  scatter_input_ = zeros ? at::zeros({layout_.total_numel()}, options)
+                         : at::empty({layout_.total_numel()}, options);
+  at::Tensor flat = scatter_input_.view({layout_.parts, layout_.segment_numel});
+  scatter_members_.assign(params_.size(), false);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!full_grads[i].defined()) continue;
+    CopyChunksIn(flat, layout_.offsets[i], layout_.padded_rows[i], full_grads[i]);
+    scatter_members_[i] = true;
   }
-  if (pending_uses_ == 0) StartReduceScatter();
+  if (layout_.parts == 1) {
+    scatter_output_ = scatter_input_;
+  } else {
+    scatter_output_ = at::empty({layout_.segment_numel}, options);
+    c10d::ReduceScatterOptions sum;
+    sum.reduceOp = c10d::ReduceOp::SUM;
+    scatter_work_ = ReduceScatterSingle(*group_, scatter_output_, scatter_input_, sum);
+  }
+  scatter_pending_ = true;
+  return true;
 }
 
-void FsdpParamGroup::StartReduceScatter() {
-  FinishScattering();
-  at::NoGradGuard no_grad;
-  if (has_grads_) {
-    bool zeros = false;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      zeros = zeros || !grads_[i].defined() || layout_.padded(i, params_[i]->rows());
-    }
-    const at::TensorOptions options =
-        params_.front()->param().data().options().requires_grad(false);
-    scatter_input_ = zeros ? at::zeros({layout_.total_numel()}, options)
-                           : at::empty({layout_.total_numel()}, options);
-    at::Tensor flat = scatter_input_.view({layout_.parts, layout_.segment_numel});
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (grads_[i].defined())
-        CopyChunksIn(flat, layout_.offsets[i], layout_.padded_rows[i], grads_[i]);
-      grads_[i] = at::Tensor();
-    }
-    scatter_members_ = delivered_;
-    delivered_.assign(params_.size(), false);
-    has_grads_ = false;
-    if (layout_.parts == 1) {
-      scatter_output_ = scatter_input_;
-    } else {
-      scatter_output_ = at::empty({layout_.segment_numel}, options);
-      c10d::ReduceScatterOptions sum;
-      sum.reduceOp = c10d::ReduceOp::SUM;
-      scatter_work_ = ReduceScatterSingle(*group_, scatter_output_, scatter_input_, sum);
-    }
-    scatter_pending_ = true;
-    backward_pass.scattering = shared_from_this();
-  }
-  if (pending_uses_ == 0) Reshard();
+void FsdpParamGroup::Abandon() {
+  if (scatter_work_) scatter_work_->wait();
+  scatter_work_.reset();
+  scatter_input_ = at::Tensor();
+  scatter_output_ = at::Tensor();
+  scatter_pending_ = false;
+  Reshard();
 }
 
 void FsdpParamGroup::FinishReduceScatter() {

@@ -24,17 +24,16 @@
 // bytes and back, as PyTorch's FSDP does, so tensors over it (those autograd
 // saved) see the refill and only the shard is resident between uses.
 //
-// Reduce-scatter: once every use of a group's gathered params has delivered
-// its grads (GradReady), the group's reduce-scatter is issued and runs while
-// backward goes on; it is waited for, and the shard grads assigned, when the
-// next group issues its own or at the end of the backward pass (an autograd
-// engine callback), whichever comes first. A group whose grads came only
-// from some of its uses (another microbatch's graph still pending)
-// reduce-scatters what it has at the end of that backward.
+// Reduce-scatter: the unit's post-backward (fully_shard.h) hands the full
+// grads it has to ReduceScatter, which issues one flat reduce-scatter and
+// returns while backward goes on; FinishReduceScatter waits for it and
+// writes the shard grads. The caller keeps at most one in flight, as FSDP2
+// waits for the previous before issuing the next (which bounds the flat grad
+// buffers alive).
 //
 // Gradients: the shard grads are written to data().grad() by the group
 // (assigned, or added in place when one is there), not by autograd's
-// AccumulateGrad; they are there when backward() returns.
+// AccumulateGrad; members that had no grad keep theirs as it was.
 //
 // Collective: gathers and reduce-scatters run over the group, so every
 // member uses the same units in the same order. Setup (ShardIntoGroups) is
@@ -98,6 +97,11 @@ class FsdpParam : public ParamShardState {
     if (shard_grad_hook_) shard_grad_hook_();
   }
 
+  // What owns this param's unit (FullyShard's, fully_shard.cc), for a
+  // module that uses the parameter too (a tied weight).
+  void set_owner(std::weak_ptr<void> owner) { owner_ = std::move(owner); }
+  std::shared_ptr<void> owner() const { return owner_.lock(); }
+
  private:
   Param& param_;
   int64_t rows_;
@@ -106,6 +110,7 @@ class FsdpParam : public ParamShardState {
   at::Tensor buffer_;
   size_t buffer_nbytes_ = 0;
   std::function<void()> shard_grad_hook_;
+  std::weak_ptr<void> owner_;
 };
 
 // The params of one FSDP unit (of one dtype): one flat all-gather, one flat
@@ -129,24 +134,17 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   const ProcessGroupPtr& process_group() const { return group_; }
   const FlatShardLayout& layout() const { return layout_; }
 
-  // For the autograd functions (fsdp.cc). A forward in grad mode used a
-  // member (its backward is pending); one such backward delivered the
-  // gradient of member `index`'s gathered tensor (undefined: zeros).
-  void AddUse();
-  void GradReady(size_t index, const at::Tensor& full_grad);
-  // Issues the reduce-scatter of the grads delivered so far (if any),
-  // after finishing the one in flight, if any; frees the gathered storage
-  // when no backward is pending. Collective.
-  void StartReduceScatter();
-  // Waits for this group's reduce-scatter in flight and assigns the shard
+  // Issues the reduce-scatter of `full_grads` (one per member, undefined:
+  // no grad) unless none is defined; returns whether it did. Collective.
+  bool ReduceScatter(const std::vector<at::Tensor>& full_grads);
+  // Waits for the reduce-scatter in flight, if any, and assigns the shard
   // grads. Local.
   void FinishReduceScatter();
-  bool has_grads() const { return has_grads_; }
-  // Counts every pending use as backpropagated: for FSDP on modules
-  // (fully_shard.h), whose uses are forwards, settled at the end of each
-  // backward (then StartReduceScatter reshards).
-  void ForgetPendingUses() { pending_uses_ = 0; }
+  // Waits for whatever is in flight (a backward that threw left it there:
+  // every rank issued it) and drops its result; frees the gathered storage.
+  void Abandon();
   size_t num_params() const { return params_.size(); }
+  FsdpParam& member(size_t index) const { return *params_[index]; }
 
  private:
   std::vector<FsdpParam*> params_;
@@ -157,13 +155,6 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   // flat input / output.
   c10::intrusive_ptr<c10d::Work> gather_work_;
   at::Tensor gather_input_, gather_output_;
-  // Backward bookkeeping: uses not yet backpropagated, and the grads (of
-  // the gathered tensors, summed over uses) delivered since the last
-  // reduce-scatter; `delivered_[i]`: member i had a backward.
-  int pending_uses_ = 0;
-  bool has_grads_ = false;
-  std::vector<at::Tensor> grads_;
-  std::vector<bool> delivered_;
   // The reduce-scatter in flight and which members' grads it carries.
   c10::intrusive_ptr<c10d::Work> scatter_work_;
   at::Tensor scatter_input_, scatter_output_;

@@ -4,7 +4,8 @@
 // ParallelizeModule (parallelize.h) and FullyShard (fully_shard.h) did to
 // each, so that FullyShard shards a TP shard again (FSDP + TP) and
 // FullTensor reassembles any of them. Keyed by the tensor the module has
-// registered (its TensorImpl). Thread-safe.
+// registered (its TensorImpl). Thread-safe. ForEachSubmodule, ModuleParams
+// and ShardedParams skip the hooks' own child module (module_hooks.h).
 
 #include <torch/nn/module.h>
 
@@ -17,7 +18,8 @@
 
 namespace meshrun::worker::parallel {
 
-// `param` is what `registered` holds.
+// `param` is what `registered` holds. Not an owner: whoever sharded the
+// tensor keeps `param` alive (the module's hooks); ParamOf is null after.
 void RecordParam(const at::Tensor& registered, std::shared_ptr<Param> param);
 // The Param recorded for `registered`, or null.
 std::shared_ptr<Param> ParamOf(const at::Tensor& registered);

@@ -6,6 +6,7 @@
 //   ParallelizePlan plan = {{"blocks.*.fc1", ColwiseParallel()},
 //                           {"blocks.*.fc2", RowwiseParallel()}};
 //   CheckOk(ParallelizeModule(*model, "tp", tp_group, plan));
+//   // and in the model's forward: h = parallel::Forward(fc1, x);
 //   // then, for FSDP + TP: FullyShard(...) over the other mesh dimension
 //
 // As in PyTorch (Megatron-LM's layout):
@@ -22,15 +23,16 @@
 // gives the global values. A module whose code splits attention heads must
 // compute with the local number (view(B, T, -1, head_dim) does).
 //
-// Hooks without forward hooks (libtorch modules have none): the forward of
-// a parallelized Linear is the first operator that touches its weight
-// (first_touch.h), at::linear; g runs when it returns, f is a post hook on
-// the autograd node that consumes the input inside it. A forward run again
-// inside backward with grad mode on (activation checkpointing's
-// recomputation) gets both again; backward's own operators, which the
-// engine runs with grad mode off, get neither. So higher-order gradients
-// (backward with create_graph) through a parallelized Linear are not
-// supported.
+// The model calls a parallelized Linear through Forward (module_hooks.h),
+// which runs its hooks: f on the input of a Colwise layer (its backward
+// all-reduces the input's gradient), g on the output of a Rowwise one.
+//
+//   x = parallel::Forward(fc1, x);   // instead of fc1->forward(x)
+//
+// A forward run again inside backward (activation checkpointing's
+// recomputation) goes through Forward as well and gets both again. A
+// parallelized Linear called without Forward computes with its shards
+// alone: the wrong result.
 //
 // loss_parallel: a ColwiseParallel LM head's output is this rank's slice of
 // the vocabulary; LossParallel takes the cross-entropy of those slices

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "worker_lib/parallel/module_hooks.h"
 #include "worker_lib/parallel/module_params.h"
 
 namespace meshrun::worker::parallel {
@@ -309,7 +310,7 @@ absl::StatusOr<PipelineStage> MakeStage(std::vector<torch::nn::AnyModule> module
     for (const NamedParam& named : ModuleParams(*module))
       chunk.params.push_back(named.param);
     chunk.forward = [any = std::move(modules[c])](const at::Tensor& x) mutable {
-      return any.forward<at::Tensor>(x);
+      return ForwardAny(any, x);
     };
     stage.chunks_.push_back(std::move(chunk));
   }

@@ -118,7 +118,7 @@ int Run(const Flags& flags) {
     group->barrier()->wait();
     const auto start = std::chrono::steady_clock::now();
     optimizer.zero_grad();
-    at::Tensor logits = gpt->forward(tokens);
+    at::Tensor logits = parallel::Forward(gpt, tokens);
     at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, flags.config.vocab}),
                                              targets.reshape({-1}));
     loss.backward();

@@ -78,7 +78,7 @@ int Run(const WorkerDevice& on, bool other_current_device) {
     Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
     optimizer.zero_grad();
     at::Tensor loss =
-        MseLoss(net->forward(data.input.to(on.device)), data.target.to(on.device));
+        MseLoss(Forward(net, data.input.to(on.device)), data.target.to(on.device));
     ExpectPlaced("in.weight", net->in->weight);
     ExpectPlaced("norm.weight", net->norm->weight);
     ExpectPlaced("head.weight", net->head->weight);

@@ -187,7 +187,7 @@ Reference TrainReference(const Setup& setup, int steps) {
   for (int step = 0; step < steps; ++step) {
     TokenBatch data = BatchOf(setup, step);
     optimizer->zero_grad();
-    at::Tensor loss = models::GptLoss(gpt->forward(data.tokens), data.targets);
+    at::Tensor loss = models::GptLoss(Forward(gpt, data.tokens), data.targets);
     loss.backward();
     optimizer->step();
     reference.losses.push_back(loss.item<double>());

@@ -78,7 +78,7 @@ int Train(const Flags& flags) {
   for (int step = flags.from; step < flags.to; ++step) {
     Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
     optimizer.zero_grad();
-    at::Tensor loss = MseLoss(net->forward(DataShard(data.input, dp_size, dp_rank)),
+    at::Tensor loss = MseLoss(Forward(net, DataShard(data.input, dp_size, dp_rank)),
                               DataShard(data.target, dp_size, dp_rank));
     loss.backward();
     optimizer.step();

@@ -56,13 +56,13 @@ struct ConvNetImpl : torch::nn::Module {
   }
 
   at::Tensor forward(at::Tensor x) {
-    x = conv1->forward(x);
-    if (bn1) x = bn1->forward(x);
+    x = Forward(conv1, x);
+    if (bn1) x = Forward(bn1, x);
     x = torch::relu(torch::max_pool2d(x, 2));                  // 12 -> 10 -> 5
-    x = torch::relu(torch::max_pool2d(conv2->forward(x), 2));  // 5 -> 5 -> 2
+    x = torch::relu(torch::max_pool2d(Forward(conv2, x), 2));  // 5 -> 5 -> 2
     x = x.view({-1, 8 * 2 * 2});
-    x = torch::relu(fc1->forward(x));
-    return torch::log_softmax(fc2->forward(x), /*dim=*/1);
+    x = torch::relu(Forward(fc1, x));
+    return torch::log_softmax(Forward(fc2, x), /*dim=*/1);
   }
 
   torch::nn::Conv2d conv1, conv2;
@@ -106,7 +106,7 @@ std::pair<at::Tensor, at::Tensor> Images(int step) {
 }
 
 at::Tensor Loss(ConvNet& net, const at::Tensor& images, const at::Tensor& labels) {
-  return at::nll_loss(net->forward(images), labels);
+  return at::nll_loss(Forward(net, images), labels);
 }
 
 int Train(const std::string& layout, int steps) {

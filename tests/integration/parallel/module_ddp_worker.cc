@@ -64,17 +64,17 @@ int Train(const Flags& flags) {
       {
         auto no_sync = (*ddp)->no_sync();
         loss =
-            MseLoss(net->forward(input.narrow(0, 0, half)), target.narrow(0, 0, half)) /
+            MseLoss(Forward(net, input.narrow(0, 0, half)), target.narrow(0, 0, half)) /
             2;
         loss.backward();
       }
-      at::Tensor second = MseLoss(net->forward(input.narrow(0, half, half)),
+      at::Tensor second = MseLoss(Forward(net, input.narrow(0, half, half)),
                                   target.narrow(0, half, half)) /
                           2;
       second.backward();
       loss = loss.detach() + second.detach();
     } else {
-      loss = MseLoss(net->forward(input), target);
+      loss = MseLoss(Forward(net, input), target);
       loss.backward();
     }
     if ((*ddp)->reducer().buckets_started_in_backward() == 0)

@@ -83,7 +83,7 @@ int Train(bool reshard, bool hsdp, int steps) {
   for (int step = 0; step < steps; ++step) {
     Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
     optimizer.zero_grad();
-    at::Tensor loss = MseLoss(net->forward(DataShard(data.input, world->size(), rank)),
+    at::Tensor loss = MseLoss(Forward(net, DataShard(data.input, world->size(), rank)),
                               DataShard(data.target, world->size(), rank));
     const size_t after_forward = UnshardedBytes(*net);
     loss.backward();

@@ -75,7 +75,7 @@ int Train(const Flags& flags) {
     Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
     optimizer.zero_grad();
     at::Tensor loss =
-        MseLoss(net->forward(DataShard(data.input, flags.replicas, id.replica)),
+        MseLoss(Forward(net, DataShard(data.input, flags.replicas, id.replica)),
                 DataShard(data.target, flags.replicas, id.replica));
     loss.backward();
     double value = loss.item<double>();

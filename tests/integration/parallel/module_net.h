@@ -2,7 +2,8 @@
 
 // The user's model of the torch::nn::Module tests (module_*_worker.cc): a
 // residual MLP in plain libtorch (Linear, LayerNorm, GELU, a ModuleList of
-// blocks called through as<Block>()), written as a user writes one, and its
+// blocks called through as<Block>()), written as a user writes one (its
+// submodules called through Forward, module_hooks.h), and its
 // single-process training with AdamW, the reference each rank checks its
 // parallel run against.
 
@@ -18,6 +19,7 @@
 
 #include "tests/integration/parallel/parity_harness.h"
 #include "worker_lib/data/data.h"
+#include "worker_lib/parallel/module_hooks.h"
 
 namespace meshrun::worker::parallel::testing {
 
@@ -31,7 +33,7 @@ struct BlockImpl : torch::nn::Module {
         fc1(register_module("fc1", torch::nn::Linear(dim, 2 * dim))),
         fc2(register_module("fc2", torch::nn::Linear(2 * dim, dim))) {}
   at::Tensor forward(const at::Tensor& x) {
-    return x + fc2->forward(at::gelu(fc1->forward(norm->forward(x))));
+    return x + Forward(fc2, at::gelu(Forward(fc1, norm->forward(x))));
   }
   torch::nn::LayerNorm norm;
   torch::nn::Linear fc1, fc2;
@@ -48,9 +50,9 @@ struct NetImpl : torch::nn::Module {
     for (int64_t i = 0; i < kBlocks; ++i) blocks->push_back(Block(kDim));
   }
   at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = in->forward(x);
-    for (const auto& block : *blocks) h = block->as<BlockImpl>()->forward(h);
-    return head->forward(norm->forward(h));
+    at::Tensor h = Forward(in, x);
+    for (const auto& block : *blocks) h = Forward(block->as<BlockImpl>(), h);
+    return Forward(head, norm->forward(h));
   }
   torch::nn::Linear in;
   torch::nn::ModuleList blocks;

@@ -57,10 +57,10 @@ struct NetStageImpl : torch::nn::Module {
   }
   at::Tensor forward(at::Tensor x) {
     for (int part = first; part <= last; ++part) {
-      if (part == 0) x = whole->in->forward(x);
+      if (part == 0) x = Forward(whole->in, x);
       if (part >= 1 && part <= kBlocks)
-        x = (*whole->blocks)[part - 1]->as<BlockImpl>()->forward(x);
-      if (part == kBlocks + 1) x = whole->head->forward(whole->norm->forward(x));
+        x = Forward((*whole->blocks)[part - 1]->as<BlockImpl>(), x);
+      if (part == kBlocks + 1) x = Forward(whole->head, whole->norm->forward(x));
     }
     return x;
   }

@@ -44,7 +44,7 @@ struct CheckpointBlock : torch::autograd::Function<CheckpointBlock> {
     // A plain pointer as an IValue: the block outlives the step.
     ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
     ctx->save_for_backward({x});
-    return block->forward(x);
+    return Forward(block, x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -53,7 +53,7 @@ struct CheckpointBlock : torch::autograd::Function<CheckpointBlock> {
     at::Tensor y;
     {
       at::AutoGradMode grad(true);
-      y = block->forward(x);
+      y = Forward(block, x);
     }
     torch::autograd::backward({y}, {grads[0]});
     return {x.grad(), at::Tensor()};
@@ -62,11 +62,11 @@ struct CheckpointBlock : torch::autograd::Function<CheckpointBlock> {
 
 // NetImpl::forward with every block checkpointed.
 at::Tensor CheckpointedForward(NetImpl& net, const at::Tensor& x) {
-  at::Tensor h = net.in->forward(x);
+  at::Tensor h = Forward(net.in, x);
   for (const auto& block : *net.blocks) {
     h = CheckpointBlock::apply(h, block->as<BlockImpl>());
   }
-  return net.head->forward(net.norm->forward(h));
+  return Forward(net.head, net.norm->forward(h));
 }
 
 ParallelizePlan BlockPlan() {
@@ -117,7 +117,7 @@ int Train(bool fsdp, bool checkpoint, int steps) {
     optimizer.zero_grad();
     const at::Tensor input = DataShard(data.input, dp_size, dp_rank);
     at::Tensor loss =
-        MseLoss(checkpoint ? CheckpointedForward(*net, input) : net->forward(input),
+        MseLoss(checkpoint ? CheckpointedForward(*net, input) : Forward(net, input),
                 DataShard(data.target, dp_size, dp_rank));
     loss.backward();
     optimizer.step();
