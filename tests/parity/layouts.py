@@ -90,6 +90,14 @@ SIZES = {
         gpt=dict(vocab=256, context=32, dim=128, heads=4, layers=6),
         batch=32,
     ),
+    # Small kernels, many units (32 Linears of width 64): the step is CPU
+    # time around the operators (hooks, launches), which on a GPU decides the
+    # step time of small-kernel models (issue 45).
+    "narrow": dict(
+        mlp=[64] * 33,
+        gpt=dict(vocab=64, context=16, dim=64, heads=4, layers=16),
+        batch=32,
+    ),
 }
 MLP_SIZES = SIZES["parity"]["mlp"]
 BATCH = SIZES["parity"]["batch"]

@@ -122,6 +122,17 @@ class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
   // ---- Forward (ForwardHook) ----
 
   void PreForward(std::vector<at::Tensor>& inputs) override {
+    try {
+      EnterForward(inputs);
+    } catch (...) {
+      // Forward's scope runs ForwardFailed only for hooks whose PreForward
+      // returned.
+      ForwardFailed();
+      throw;
+    }
+  }
+
+  void EnterForward(std::vector<at::Tensor>& inputs) {
     UnitContext& context = *context_;
     if (InBackward()) {
       // Recomputation inside backward (activation checkpointing): gather
@@ -256,7 +267,10 @@ class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
   // its collectives in flight (every rank issued them), its gradients not
   // yet reduce-scattered, and its holds.
   void Abandon() {
+    WriteBack();
     for (const auto& group : groups_) group->Abandon();
+    full_versions_.clear();
+    PointAtShards();
     for (const at::Tensor& tensor : full_) {
       if (tensor.grad().defined()) tensor.mutable_grad().reset();
     }
@@ -303,6 +317,8 @@ class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
   // shards (FSDP2's module attributes are the sharded DTensors then): a
   // read sees them, a write lands in the shard, a full-shape copy fails.
   void PointAtShards() {
+    if (!points_at_gathered_) return;
+    points_at_gathered_ = false;
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < full_.size(); ++i) {
       const ShardStep& step = params_[i]->steps().back();
@@ -327,6 +343,7 @@ class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
       full_[i].set_data(FsdpStateOf(*params_[i])->UnshardedAlias());
       full_versions_.push_back(full_[i]._version());
     }
+    points_at_gathered_ = true;
   }
 
  private:
@@ -367,7 +384,7 @@ class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
       if (unit != nullptr && unit->holds_ == 0) {
         unit->keep_gathered_ = false;
         unit->post_forward_indices_.clear();
-        if (unit.get() != this) unit->Reshard();
+        if (unit.get() != this && unit->unsharded_bytes() > 0) unit->Reshard();
       }
     }
     if (!context.pre_forward_order.empty()) {
@@ -473,6 +490,9 @@ class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
   std::vector<std::weak_ptr<Unit>> borrowed_;
   UnitState state_ = UnitState::kIdle;
   bool recomputing_ = false;
+  // The module's tensors lie over the gathered storage (else over the
+  // shards' rows); true until the setup points them at the shards.
+  bool points_at_gathered_ = true;
   // After a forward in grad mode that did not reshard (the root, or
   // reshard_after_forward off): kept for the backward.
   bool keep_gathered_ = false;
