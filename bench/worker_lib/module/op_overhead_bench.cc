@@ -53,7 +53,7 @@ struct Loop {
 
 int main(int argc, char** argv) {
   CLI::App app{"operators outside a model, with and without a sharded model alive"};
-  int rounds = 7;
+  int rounds = 8;
   int iterations = 20000;
   app.add_option("--rounds", rounds);
   app.add_option("--iterations", iterations);
@@ -75,9 +75,13 @@ int main(int argc, char** argv) {
   };
 
   std::vector<std::vector<double>> alone(loops.size()), with_model(loops.size());
-  for (int round = 0; round < rounds; ++round) {
+  // Which is measured first alternates, so that warm caches favour neither.
+  auto measure = [&](std::vector<std::vector<double>>& into) {
     for (size_t l = 0; l < loops.size(); ++l)
-      alone[l].push_back(TimeLoop(iterations, loops[l].body));
+      into[l].push_back(TimeLoop(iterations, loops[l].body));
+  };
+  for (int round = 0; round < rounds; ++round) {
+    if (round % 2 == 0) measure(alone);
     {
       torch::manual_seed(0);
       Gpt gpt(GptConfig{.vocab = 64, .context = 16, .dim = 64, .heads = 4, .layers = 4});
@@ -89,9 +93,9 @@ int main(int argc, char** argv) {
       at::cross_entropy_loss(parallel::Forward(gpt, tokens).flatten(0, 1), tokens.flatten())
           .backward();
       optimizer.step();
-      for (size_t l = 0; l < loops.size(); ++l)
-        with_model[l].push_back(TimeLoop(iterations, loops[l].body));
+      measure(with_model);
     }
+    if (round % 2 == 1) measure(alone);
   }
   if (world->rank() == 0) {
     for (size_t l = 0; l < loops.size(); ++l) {
