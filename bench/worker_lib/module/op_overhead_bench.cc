@@ -90,7 +90,8 @@ int main(int argc, char** argv) {
       parallel::FullyShard(*gpt, "fsdp", world->group()).IgnoreError();
       torch::optim::AdamW optimizer(gpt->parameters());
       at::Tensor tokens = at::randint(64, {2, 16});
-      at::cross_entropy_loss(parallel::Forward(gpt, tokens).flatten(0, 1), tokens.flatten())
+      at::cross_entropy_loss(parallel::Forward(gpt, tokens).flatten(0, 1),
+                             tokens.flatten())
           .backward();
       optimizer.step();
       measure(with_model);
@@ -100,8 +101,9 @@ int main(int argc, char** argv) {
   if (world->rank() == 0) {
     for (size_t l = 0; l < loops.size(); ++l) {
       const double base = Median(alone[l]), with = Median(with_model[l]);
-      std::printf("RESULT loop=%s alone_ns=%.1f with_model_ns=%.1f ratio=%.3f rounds=%d\n",
-                  loops[l].name.c_str(), base, with, with / base, rounds);
+      std::printf(
+          "RESULT loop=%s alone_ns=%.1f with_model_ns=%.1f ratio=%.3f rounds=%d\n",
+          loops[l].name.c_str(), base, with, with / base, rounds);
     }
   }
   return 0;
