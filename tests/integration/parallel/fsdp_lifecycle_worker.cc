@@ -213,22 +213,8 @@ TiedNet MakeTiedNet() {
 
 int Tied(World& world, int steps) {
   // The reference: the same model, whole, in this process.
-  std::vector<double> reference_losses;
-  std::map<std::string, at::Tensor> reference_params;
-  {
-    TiedNet net = MakeTiedNet();
-    torch::optim::AdamW optimizer(UniqueParams(*net), Adam());
-    for (int step = 0; step < steps; ++step) {
-      Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
-      optimizer.zero_grad();
-      at::Tensor loss = MseLoss(net->forward(data.input), data.target);
-      loss.backward();
-      optimizer.step();
-      reference_losses.push_back(loss.item<double>());
-    }
-    for (const auto& item : net->named_parameters())
-      reference_params[item.key()] = item.value().detach().clone();
-  }
+  TiedNet whole = MakeTiedNet();
+  const ModuleReference reference = TrainWhole(whole, UniqueParams(*whole), steps);
   TiedNet net = MakeTiedNet();
   CheckOk(FullyShard(*net->block0, "fsdp", world.group()), "block0");
   CheckOk(FullyShard(*net->block1, "fsdp", world.group()), "block1");
@@ -245,12 +231,12 @@ int Tied(World& world, int steps) {
   torch::optim::AdamW optimizer(UniqueParams(*net), Adam());
   for (int step = 0; step < steps; ++step) {
     const double loss = Step(net, optimizer, world, step);
-    ExpectClose("loss at step " + std::to_string(step), loss, reference_losses[step]);
+    ExpectClose("loss at step " + std::to_string(step), loss, reference.losses[step]);
     if (world.rank() == 0) std::printf("step %d loss %.6f\n", step, loss);
   }
   for (const NamedParam& named : sharded) {
     ExpectClose("final " + named.name, FullTensor(*named.param),
-                reference_params.at(named.name));
+                reference.params.at(named.name));
   }
   if (world.rank() == 0) std::printf("TIED one parameter, %zu in all\n", sharded.size());
   if (UnshardedBytes(*net) != 0) Fail("gathered storage alive after the last step");
@@ -502,23 +488,9 @@ int Rebuild(World& world, int models) {
 }
 
 int Accumulate(World& world, int steps) {
-  // The reference: the mean of the two halves' losses, whole, in one process.
-  std::vector<double> reference_losses;
-  std::map<std::string, at::Tensor> reference_params;
-  {
-    Net net = MakeNet();
-    torch::optim::AdamW optimizer(net->parameters(), Adam());
-    for (int step = 0; step < steps; ++step) {
-      Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
-      optimizer.zero_grad();
-      at::Tensor loss = MseLoss(net->forward(data.input), data.target);
-      loss.backward();
-      optimizer.step();
-      reference_losses.push_back(loss.item<double>());
-    }
-    for (const auto& item : net->named_parameters())
-      reference_params[item.key()] = item.value().detach().clone();
-  }
+  // The reference: the whole batch in one process (the mean of the two
+  // halves' losses is the whole batch's).
+  const ModuleReference reference = TrainModuleReference(steps);
   Net net = MakeNet();
   ShardBlocksAndRoot(*net, net->blocks, world.group());
   torch::optim::AdamW optimizer(net->parameters(), Adam());
@@ -537,10 +509,10 @@ int Accumulate(World& world, int steps) {
     loss.backward();
     optimizer.step();
     const double global = MeanOver(*world.group(), loss);
-    ExpectClose("loss at step " + std::to_string(step), global, reference_losses[step]);
+    ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
     if (world.rank() == 0) std::printf("step %d loss %.6f\n", step, global);
   }
-  ExpectModuleParams(*net, reference_params);
+  ExpectModuleParams(*net, reference.params);
   const GatherCounts counts = CountGathers(*net);
   if (world.rank() == 0) {
     std::printf("COUNTS all_gather %d reduce_scatter %d over %d steps\n",

@@ -75,11 +75,11 @@ struct ModuleReference {
   std::map<std::string, at::Tensor> params;
 };
 
-// `steps` steps of AdamW on SyntheticBatch(kDataSeed, step, kBatch, ...),
-// whole, in this process.
-inline ModuleReference TrainModuleReference(int steps) {
-  Net net = MakeNet();
-  torch::optim::AdamW optimizer(net->parameters(), Adam());
+// `steps` steps of AdamW over `params` (the model's, each once) on
+// SyntheticBatch(kDataSeed, step, kBatch, ...), whole, in this process.
+template <typename Model>
+ModuleReference TrainWhole(Model& net, const std::vector<at::Tensor>& params, int steps) {
+  torch::optim::AdamW optimizer(params, Adam());
   ModuleReference reference;
   for (int step = 0; step < steps; ++step) {
     Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
@@ -93,6 +93,12 @@ inline ModuleReference TrainModuleReference(int steps) {
     reference.params[item.key()] = item.value().detach().clone();
   }
   return reference;
+}
+
+// Net's reference run.
+inline ModuleReference TrainModuleReference(int steps) {
+  Net net = MakeNet();
+  return TrainWhole(net, net->parameters(), steps);
 }
 
 }  // namespace meshrun::worker::parallel::testing
