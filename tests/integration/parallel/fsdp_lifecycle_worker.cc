@@ -18,8 +18,9 @@
 //                      ones land in this rank's rows, full-shape ones fail
 //   --case eval        many forwards under no_grad: nothing stays gathered
 //                      (the root included), and memory does not grow
-//   --case rebuild     models destroyed and built again, many times: each
-//                      new one trains as the reference does
+//   --case rebuild     models destroyed and built again at the same address,
+//                      many times: each trains as the reference does and
+//                      counts only its own units' gathers
 //   --case accumulate  two forwards before one backward (gradient
 //                      accumulation): the all-gather and reduce-scatter
 //                      counts, against FSDP2's (fsdp_counts.py)
@@ -29,9 +30,12 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <CLI/CLI.hpp>
+#include <cstddef>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -463,12 +467,40 @@ int Eval(World& world, int forwards) {
   return 0;
 }
 
+// Every model in one block of memory, so that each is built where the last
+// one was (a model still alive when the next is made throws).
+template <typename T>
+struct SameAddress {
+  using value_type = T;
+  static constexpr size_t kBytes = size_t{1} << 16;
+  alignas(std::max_align_t) static inline unsigned char arena[kBytes];
+  static inline bool in_use = false;
+  SameAddress() = default;
+  template <typename U>
+  explicit SameAddress(const SameAddress<U>& /*other*/) {}
+  T* allocate(size_t n) {
+    if (in_use || n * sizeof(T) > kBytes) throw std::bad_alloc();
+    in_use = true;
+    return reinterpret_cast<T*>(arena);
+  }
+  void deallocate(T* /*pointer*/, size_t /*n*/) { in_use = false; }
+  template <typename U>
+  bool operator==(const SameAddress<U>& /*other*/) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const SameAddress<U>& /*other*/) const {
+    return false;
+  }
+};
+
 int Rebuild(World& world, int models) {
   const ModuleReference reference = TrainModuleReference(2);
   std::unordered_set<const void*> addresses;
   int reused = 0;
   for (int i = 0; i < models; ++i) {
-    Net net = MakeNet();
+    torch::manual_seed(kModelSeed);
+    Net net(std::allocate_shared<NetImpl>(SameAddress<NetImpl>()));
     if (!addresses.insert(net.get()).second) ++reused;
     ShardBlocksAndRoot(*net, net->blocks, world.group());
     torch::optim::AdamW optimizer(net->parameters(), Adam());
@@ -477,12 +509,21 @@ int Rebuild(World& world, int models) {
       ExpectClose("model " + std::to_string(i) + " loss at step " + std::to_string(step),
                   loss, reference.losses[step]);
     }
+    // This model's units alone: 7 gathers a step (the root once, each block
+    // in forward and in backward), nothing gathered between steps.
+    const GatherCounts counts = CountGathers(*net);
+    if (counts.gathers != 14 || UnshardedBytes(*net) != 0) {
+      Fail("model " + std::to_string(i) + ": " + std::to_string(counts.gathers) +
+           " gathers (expected 14), " + std::to_string(UnshardedBytes(*net)) +
+           " bytes gathered after its steps");
+    }
   }
   if (world.rank() == 0) {
     std::printf("REBUILT %d models, %d at an address used before\n", models, reused);
     for (int step = 0; step < 2; ++step)
       std::printf("step %d loss %.6f\n", step, reference.losses[step]);
   }
+  if (reused != models - 1) Fail("the models were not all built at one address");
   Done(world);
   return 0;
 }
