@@ -24,7 +24,8 @@
 // exception goes on.
 //
 // Thread-safe to call on different modules from different threads; the
-// hooks themselves say what they allow.
+// hooks themselves say what they allow. A module's hooks are not added or
+// removed during its forward (FullyShard and the others are setup).
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
