@@ -111,17 +111,24 @@ void ShardBlocksAndRoot(torch::nn::Module& net, torch::nn::ModuleList& blocks,
   CheckOk(FullyShard(net, "fsdp", group), "root");
 }
 
-// One training step on batch `step`, this rank's rows; the global loss.
+// One training step on batch `batch`, this rank's rows; this rank's loss.
 template <typename Model>
-double Step(Model& net, torch::optim::Optimizer& optimizer, World& world, int step) {
-  Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
+at::Tensor StepLoss(Model& net, torch::optim::Optimizer& optimizer, const World& world,
+                    int batch) {
+  Batch data = SyntheticBatch(kDataSeed, batch, kBatch, kIn, kOut);
   optimizer.zero_grad();
   at::Tensor loss =
       MseLoss(Forward(net, DataShard(data.input, world.size(), world.rank())),
               DataShard(data.target, world.size(), world.rank()));
   loss.backward();
   optimizer.step();
-  return MeanOver(*world.group(), loss);
+  return loss;
+}
+
+// The same; the global loss.
+template <typename Model>
+double Step(Model& net, torch::optim::Optimizer& optimizer, World& world, int step) {
+  return MeanOver(*world.group(), StepLoss(net, optimizer, world, step));
 }
 
 void Done(const World& world) {
@@ -270,18 +277,9 @@ int Threads(World& world, int steps) {
       torch::optim::AdamW optimizer(net->parameters(), Adam());
       for (int step = 0; step < steps; ++step) {
         // The reference's batches, over and over.
-        const int batch = step % 8;
-        Batch data = SyntheticBatch(kDataSeed, batch, kBatch, kIn, kOut);
-        optimizer.zero_grad();
-        at::Tensor loss =
-            MseLoss(Forward(net, DataShard(data.input, world.size(), world.rank())),
-                    DataShard(data.target, world.size(), world.rank()));
-        loss.backward();
-        optimizer.step();
+        at::Tensor loss = StepLoss(net, optimizer, world, step % 8);
         if (step < 8) {
-          std::vector<at::Tensor> sum{loss.detach().to(at::kDouble).reshape({1}).clone()};
-          groups[which]->allreduce(sum)->wait();
-          const double global = sum[0].item<double>() / world.size();
+          const double global = MeanOver(*groups[which], loss);
           if (std::abs(global - reference.losses[step]) >
               1e-5 * std::abs(reference.losses[step])) {
             failures[which] = "model " + std::to_string(which) + " step " +
