@@ -88,19 +88,25 @@ enum class UnitState { kIdle, kForward, kPreBackward, kPostBackward };
 
 class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
  public:
-  Unit(std::string name, std::vector<std::shared_ptr<Param>> params,
-       std::vector<at::Tensor> full, std::vector<std::shared_ptr<FsdpParamGroup>> groups,
-       FsdpOptions options)
-      : name_(std::move(name)),
-        params_(std::move(params)),
+  Unit(std::vector<std::shared_ptr<Param>> params, std::vector<at::Tensor> full,
+       std::vector<std::shared_ptr<FsdpParamGroup>> groups, FsdpOptions options)
+      : params_(std::move(params)),
         full_(std::move(full)),
         groups_(std::move(groups)),
         options_(options),
-        context_(std::make_shared<UnitContext>()) {}
+        context_(std::make_shared<UnitContext>()) {
+    // Which of full_ each group member is (groups are per dtype, so their
+    // members interleave).
+    for (const auto& group : groups_) {
+      std::vector<size_t>& indices = full_index_.emplace_back();
+      for (size_t m = 0; m < group->num_params(); ++m) {
+        for (size_t i = 0; i < params_.size(); ++i) {
+          if (FsdpStateOf(*params_[i]) == &group->member(m)) indices.push_back(i);
+        }
+      }
+    }
+  }
 
-  const std::string& name() const { return name_; }
-  const std::vector<std::shared_ptr<Param>>& params() const { return params_; }
-  const std::vector<at::Tensor>& full() const { return full_; }
   const GatherCounts& counts() const { return counts_; }
   const std::shared_ptr<UnitContext>& context() const { return context_; }
   void set_context(std::shared_ptr<UnitContext> context) {
@@ -237,10 +243,11 @@ class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
     if (state_ == UnitState::kPreBackward) ReleaseBorrowed();
     state_ = UnitState::kPostBackward;
     keep_gathered_ = false;
-    for (const auto& group : groups_) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const std::shared_ptr<FsdpParamGroup>& group = groups_[g];
       std::vector<at::Tensor> grads(group->num_params());
       for (size_t i = 0; i < group->num_params(); ++i) {
-        const at::Tensor& tensor = full_[IndexOf(group->member(i))];
+        const at::Tensor& tensor = full_[full_index_[g][i]];
         if (!tensor.grad().defined()) continue;
         grads[i] = tensor.grad();
         tensor.mutable_grad().reset();
@@ -321,10 +328,7 @@ class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
     points_at_gathered_ = false;
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < full_.size(); ++i) {
-      const ShardStep& step = params_[i]->steps().back();
-      const ChunkExtent chunk =
-          ChunkOf(FsdpStateOf(*params_[i])->rows(), step.parts, step.index);
-      full_[i].set_data(params_[i]->data().narrow(0, 0, chunk.size));
+      full_[i].set_data(params_[i]->data().narrow(0, 0, RowsOf(i).size));
     }
   }
 
@@ -431,11 +435,10 @@ class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
     }
   }
 
-  size_t IndexOf(const FsdpParam& member) const {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (FsdpStateOf(*params_[i]) == &member) return i;
-    }
-    return 0;
+  // This rank's rows of param `i` (of the unit's local tensor).
+  ChunkExtent RowsOf(size_t i) const {
+    const ShardStep& step = params_[i]->steps().back();
+    return ChunkOf(FsdpStateOf(*params_[i])->rows(), step.parts, step.index);
   }
 
   // Gathered, or its all-gather issued, for every group.
@@ -474,18 +477,19 @@ class Unit : public ForwardHook, public std::enable_shared_from_this<Unit> {
       if (full_[i]._version() == full_versions_[i]) continue;
       FsdpParam* state = FsdpStateOf(*params_[i]);
       if (state == nullptr || !state->unsharded()) continue;
-      const at::Tensor& shard = params_[i]->data();
-      const ShardStep& step = params_[i]->steps().back();
-      const ChunkExtent chunk = ChunkOf(full_[i].size(0), step.parts, step.index);
-      shard.narrow(0, 0, chunk.size).copy_(full_[i].narrow(0, chunk.offset, chunk.size));
+      const ChunkExtent chunk = RowsOf(i);
+      params_[i]
+          ->data()
+          .narrow(0, 0, chunk.size)
+          .copy_(full_[i].narrow(0, chunk.offset, chunk.size));
     }
   }
 
-  std::string name_;
   std::vector<std::shared_ptr<Param>> params_;
   std::vector<at::Tensor> full_;
   std::vector<std::shared_ptr<FsdpParamGroup>> groups_;
   FsdpOptions options_;
+  std::vector<std::vector<size_t>> full_index_;
   std::shared_ptr<UnitContext> context_;
   std::vector<std::weak_ptr<Unit>> borrowed_;
   UnitState state_ = UnitState::kIdle;
@@ -620,7 +624,7 @@ absl::Status FullyShard(torch::nn::Module& module, const std::string& mesh_dim,
     if (!made.ok()) return made.status();
     groups = *std::move(made);
   }
-  auto unit = std::make_shared<Unit>(module.name(), params, full, groups, options);
+  auto unit = std::make_shared<Unit>(params, full, groups, options);
   // The module's own tensors: this rank's rows until the unit's forward
   // gathers them.
   unit->PointAtShards();
