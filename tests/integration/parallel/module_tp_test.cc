@@ -73,5 +73,22 @@ TEST(ModuleTpTest, FsdpWithTpOnA2x2MeshMatchesSingleProcess) {
   EXPECT_TRUE(Contains(run.output, "SHARDED 24 parameters")) << run.output;
 }
 
+// Activation checkpointing with FSDP units (issue 45): a block's forward
+// runs first under no_grad (nothing to reshard for backward), then again
+// inside backward, where its unit gathers for the recomputation and its
+// post-backward reduce-scatters and reshards. Alone (a TP group of one) and
+// under TP on the 2x2 mesh; both against the single-process run.
+TEST(ModuleTpTest, FsdpWithActivationCheckpointingMatchesSingleProcess) {
+  MeshrunRun run =
+      RunUnderMeshrun(2, "module_tp_worker", {"--fsdp", "--tp=1", "--checkpoint"});
+  ExpectTrained(run, 2, kSteps);
+}
+
+TEST(ModuleTpTest, FsdpWithTpAndActivationCheckpointingMatchesSingleProcess) {
+  MeshrunRun run = RunUnderMeshrun(4, "module_tp_worker", {"--fsdp", "--checkpoint"});
+  ExpectTrained(run, 4, kSteps);
+  EXPECT_TRUE(Contains(run.output, "SHARDED 24 parameters")) << run.output;
+}
+
 }  // namespace
 }  // namespace meshrun

@@ -5,13 +5,14 @@
 // against the same model trained in one process (rtol 1e-5).
 //
 //   (default)   tensor parallelism over all ranks, which see the same batch
-//   --fsdp      FSDP + TP on a (dp, tp) = (world / 2, 2) mesh: TP inside
-//               each dp group, then FullyShard of the blocks and the root
-//               over dp, each dp rank on its rows of the batch
+//   --fsdp      FSDP + TP on a (dp, tp) = (world / tp, tp) mesh (--tp,
+//               default 2): TP inside each dp group, then FullyShard of the
+//               blocks and the root over dp, each dp rank on its rows of the
+//               batch; --tp=1 is FullyShard alone (a TP group of one)
 //   --checkpoint  activation checkpointing of every block (CheckpointBlock:
 //               PyTorch's reentrant torch.utils.checkpoint): the blocks'
 //               forwards run again inside backward, and must get the same
-//               TP hooks as the first time
+//               TP hooks and FSDP gathers as the first time
 //
 // Rank 0 first checks that bad plans are refused, each with one line.
 //
@@ -60,13 +61,26 @@ struct CheckpointBlock : torch::autograd::Function<CheckpointBlock> {
   }
 };
 
-// NetImpl::forward with every block checkpointed.
-at::Tensor CheckpointedForward(NetImpl& net, const at::Tensor& x) {
-  at::Tensor h = Forward(net.in, x);
-  for (const auto& block : *net.blocks) {
-    h = CheckpointBlock::apply(h, block->as<BlockImpl>());
+// module_net.h's Net, its blocks checkpointed when `checkpoint` is set.
+// The root's own Forward runs this forward, so the root unit's hooks (FSDP's
+// gather of in, norm and head) come first as in NetImpl's.
+struct CheckpointedNetImpl : NetImpl {
+  at::Tensor forward(const at::Tensor& x) {
+    if (!checkpoint) return NetImpl::forward(x);
+    at::Tensor h = Forward(in, x);
+    for (const auto& block : *blocks) {
+      h = CheckpointBlock::apply(h, block->as<BlockImpl>());
+    }
+    return Forward(head, norm->forward(h));
   }
-  return Forward(net.head, net.norm->forward(h));
+  bool checkpoint = false;
+};
+
+std::shared_ptr<CheckpointedNetImpl> MakeCheckpointedNet(bool checkpoint) {
+  torch::manual_seed(kModelSeed);
+  auto net = std::make_shared<CheckpointedNetImpl>();
+  net->checkpoint = checkpoint;
+  return net;
 }
 
 ParallelizePlan BlockPlan() {
@@ -87,19 +101,19 @@ void CheckBadPlans(const ProcessGroupPtr& tp) {
   }
 }
 
-int Train(bool fsdp, bool checkpoint, int steps) {
+int Train(bool fsdp, int tp_size_under_fsdp, bool checkpoint, int steps) {
   auto world = ValueOrFail(InitProcessGroup("gloo"), "init");
   const int rank = world->rank();
-  const int tp_size = fsdp ? 2 : world->size();
+  const int tp_size = fsdp ? tp_size_under_fsdp : world->size();
   const int dp_size = world->size() / tp_size;
   auto mesh = ValueOrFail(
       InitDeviceMesh(world, "cpu", {dp_size, tp_size}, {{"dp", "tp"}}), "mesh");
   ProcessGroupPtr tp = ValueOrFail(mesh.GetGroup("tp"), "tp group");
   ProcessGroupPtr dp = ValueOrFail(mesh.GetGroup("dp"), "dp group");
-  if (rank == 0) CheckBadPlans(tp);
+  if (rank == 0 && tp->getSize() > 1) CheckBadPlans(tp);  // one rank splits anything
   const ModuleReference reference = TrainModuleReference(steps);
 
-  Net net = MakeNet();
+  auto net = MakeCheckpointedNet(checkpoint);
   CheckOk(ParallelizeModule(*net, "tp", tp, BlockPlan()), "ParallelizeModule");
   if (fsdp) {
     for (const auto& block : *net->blocks) CheckOk(FullyShard(*block, "dp", dp), "block");
@@ -117,8 +131,7 @@ int Train(bool fsdp, bool checkpoint, int steps) {
     optimizer.zero_grad();
     const at::Tensor input = DataShard(data.input, dp_size, dp_rank);
     at::Tensor loss =
-        MseLoss(checkpoint ? CheckpointedForward(*net, input) : Forward(net, input),
-                DataShard(data.target, dp_size, dp_rank));
+        MseLoss(Forward(net, input), DataShard(data.target, dp_size, dp_rank));
     loss.backward();
     optimizer.step();
     const double global = MeanOver(*dp, loss);
@@ -142,9 +155,13 @@ int main(int argc, char** argv) {
   bool fsdp = false;
   int steps = 8;
   bool checkpoint = false;
+  int tp_size_under_fsdp = 2;
   app.add_flag("--fsdp", fsdp);
+  app.add_option("--tp", tp_size_under_fsdp, "the TP group's size under --fsdp")
+      ->check(CLI::Range(1, 64));
   app.add_flag("--checkpoint", checkpoint);
   app.add_option("--steps", steps);
   CLI11_PARSE(app, argc, argv);
-  return meshrun::worker::parallel::testing::Train(fsdp, checkpoint, steps);
+  return meshrun::worker::parallel::testing::Train(fsdp, tp_size_under_fsdp, checkpoint,
+                                                   steps);
 }
