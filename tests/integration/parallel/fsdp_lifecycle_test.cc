@@ -49,6 +49,17 @@ TEST(FsdpLifecycleTest, TwoModelsTrainFromTwoThreads) {
   EXPECT_TRUE(Contains(run.output, "THREADS 2 models, 1000 steps each")) << run.output;
 }
 
+// The same under AddressSanitizer (fsdp_lifecycle_worker_asan: FullyShard's
+// state compiled with it), where a use after free of one thread's model
+// state by the other stops the worker with a report.
+TEST(FsdpLifecycleTest, TwoModelsTrainFromTwoThreadsUnderAsan) {
+  MeshrunRun run = RunUnderMeshrun(2, "fsdp_lifecycle_worker_asan",
+                                   {"--case", "threads", "--steps", "1000"});
+  ExpectTrained(run, 2, 8);
+  EXPECT_TRUE(Contains(run.output, "THREADS 2 models, 1000 steps each")) << run.output;
+  EXPECT_FALSE(Contains(run.output, "AddressSanitizer")) << run.output;
+}
+
 // Frozen Linears in every block: gathered bytes in backward as with them
 // trained (the worker bounds both by the root, a unit and one prefetch).
 TEST(FsdpLifecycleTest, FrozenParametersFreeTheirUnitsInBackward) {
