@@ -32,7 +32,8 @@
 # tests/device/ft_nccl_check.py: a replica group on cuda:0 healed over Gloo
 # from a CPU peer, an NCCL group whose peer never comes failing within its
 # timeout without taking the process down, and with two GPUs a peer dying
-# between all-reduces), then gpt_step_bench against
+# between all-reduces), FullyShard's lifecycle cases (issue 45:
+# fsdp_lifecycle_worker --device cuda), then gpt_step_bench against
 # gpt_step_bench.py (layouts none, ddp, fsdp). Logs and summary.txt land in
 # $OUT (or .device/out). Exit 0 when every layout and ft check passed.
 set -euo pipefail
@@ -93,6 +94,7 @@ run_check() {
     -DCMAKE_PREFIX_PATH="$bundle/usr" -DMESHRUN_GLOO_INCLUDE_DIR="$bundle/usr/include" \
     > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
   ninja -C "$build" -j "$(nproc)" gpt_worker gpt_step_bench device_placement_worker \
+    fsdp_lifecycle_worker \
     >> "$out/build.log" 2>&1 ||
     { grep -m 20 -A 5 'error' "$out/build.log"; exit 1; }
   say "build $((SECONDS - start)) s ($(grep -c 'Building CXX' "$out/build.log") sources, $(nproc) cores)"
@@ -152,6 +154,29 @@ run_check() {
   fi
 
   ft_check "$summary" || failed=1
+
+  # FullyShard's lifecycle (issue 45) over NCCL, each case against a
+  # reference trained on the same GPU: a backward that throws while a
+  # reduce-scatter is in flight on NCCL's stream (FSDP and DDP), a weight
+  # tied across units, two models from two threads (two communicators
+  # launching at once), frozen Linears, gradient accumulation, eval forwards,
+  # writes, models rebuilt at one address. One rank a GPU: all GPUs, at most 2.
+  local lifecycle_nproc=$((gpus >= 2 ? 2 : 1)) case_args
+  local lifecycle_cases=("exception" "exception --ddp" "tied" "threads --steps 200" \
+    "frozen --steps 4" "accumulate --steps 4" "eval --count 2000" "writes" "rebuild --count 5")
+  for case_args in "${lifecycle_cases[@]}"; do
+    # shellcheck disable=SC2086
+    if timeout 300 "${torchrun[@]}" --nproc-per-node="$lifecycle_nproc" \
+         "$build/bin/fsdp_lifecycle_worker" --device cuda --case $case_args \
+         > "$out/lifecycle.log.part" 2>&1; then
+      say "PASS lifecycle world $lifecycle_nproc $case_args"
+    else
+      failed=1
+      say "FAIL lifecycle world $lifecycle_nproc $case_args: $(grep -m3 -h 'FAIL\|rror' "$out/lifecycle.log.part" | tr '\n' ' ')"
+    fi
+    cat "$out/lifecycle.log.part" >> "$out/lifecycle.log"
+  done
+  rm -f "$out/lifecycle.log.part"
 
   # Step time on one GPU: meshrun's module API against PyTorch's, alternating,
   # BENCH_ROUNDS times (2; 0 skips it, when device time is short).

@@ -25,6 +25,9 @@
 //                      accumulation): the all-gather and reduce-scatter
 //                      counts, against FSDP2's (fsdp_counts.py)
 //
+// --device cuda: every case on the GPU of LOCAL_RANK over NCCL, against a
+// reference trained on that GPU (scripts/device-check.sh).
+//
 //   meshrun --standalone --nproc-per-node=2 fsdp_lifecycle_worker --case tied
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -50,6 +53,26 @@
 
 namespace meshrun::worker::parallel::testing {
 namespace {
+
+// Where every case trains (--device), set once by main before any case.
+WorkerDevice& Where() {
+  static WorkerDevice where;
+  return where;
+}
+
+// `model` moved to Where()'s device (before FullyShard, which shards what
+// it finds there).
+template <typename Model>
+Model Placed(Model model) {
+  model->to(Where().device);
+  return model;
+}
+
+// Step `step`'s synthetic batch on Where()'s device.
+Batch BatchOf(int step) {
+  Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
+  return {data.input.to(Where().device), data.target.to(Where().device)};
+}
 
 // Identity in forward; runs `fn` in backward (a probe, or a throw).
 struct Tap : torch::autograd::Function<Tap> {
@@ -115,7 +138,7 @@ void ShardBlocksAndRoot(torch::nn::Module& net, torch::nn::ModuleList& blocks,
 template <typename Model>
 at::Tensor StepLoss(Model& net, torch::optim::Optimizer& optimizer, const World& world,
                     int batch) {
-  Batch data = SyntheticBatch(kDataSeed, batch, kBatch, kIn, kOut);
+  Batch data = BatchOf(batch);
   optimizer.zero_grad();
   at::Tensor loss =
       MseLoss(Forward(net, DataShard(data.input, world.size(), world.rank())),
@@ -137,8 +160,8 @@ void Done(const World& world) {
 }
 
 int Exception(World& world, bool ddp, int steps, int bad_step) {
-  const ModuleReference reference = TrainModuleReference(steps);
-  auto net = MakeTappedNet();
+  const ModuleReference reference = TrainModuleReference(steps, Where().device);
+  auto net = Placed(MakeTappedNet());
   std::unique_ptr<DistributedDataParallel> replicas;
   if (ddp) {
     replicas = ValueOrFail(DistributedDataParallel::Wrap(*net, world.group()), "Wrap");
@@ -154,7 +177,7 @@ int Exception(World& world, bool ddp, int steps, int bad_step) {
   };
   for (int step = 0; step < steps; ++step) {
     if (step == bad_step) {
-      Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
+      Batch data = BatchOf(step);
       optimizer.zero_grad();
       at::Tensor loss =
           MseLoss(Forward(net, DataShard(data.input, world.size(), world.rank())),
@@ -225,8 +248,9 @@ TiedNet MakeTiedNet() {
 int Tied(World& world, int steps) {
   // The reference: the same model, whole, in this process.
   TiedNet whole = MakeTiedNet();
-  const ModuleReference reference = TrainWhole(whole, UniqueParams(*whole), steps);
-  TiedNet net = MakeTiedNet();
+  const ModuleReference reference =
+      TrainWhole(whole, UniqueParams(*whole), steps, Where().device);
+  TiedNet net = Placed(MakeTiedNet());
   CheckOk(FullyShard(*net->block0, "fsdp", world.group()), "block0");
   CheckOk(FullyShard(*net->block1, "fsdp", world.group()), "block1");
   CheckOk(FullyShard(*net, "fsdp", world.group()), "root");
@@ -256,7 +280,7 @@ int Tied(World& world, int steps) {
 }
 
 int Threads(World& world, int steps) {
-  const ModuleReference reference = TrainModuleReference(8);
+  const ModuleReference reference = TrainModuleReference(8, Where().device);
   std::vector<int> everyone;
   for (int rank = 0; rank < world.size(); ++rank) everyone.push_back(rank);
   // Each model over a group of its own: collectives of the two threads
@@ -267,7 +291,7 @@ int Threads(World& world, int steps) {
   // Built here: MakeNet seeds the process's generator.
   std::vector<Net> nets;
   for (int i = 0; i < 2; ++i) {
-    nets.push_back(MakeNet());
+    nets.push_back(Placed(MakeNet()));
     ShardBlocksAndRoot(*nets.back(), nets.back()->blocks, groups[i]);
   }
   std::vector<std::string> failures(2);
@@ -312,7 +336,7 @@ int Threads(World& world, int steps) {
 }
 
 int Frozen(World& world, bool freeze, int steps) {
-  auto net = MakeTappedNet();
+  auto net = Placed(MakeTappedNet());
   const size_t all_bytes = ParamBytes(*net);
   size_t root_bytes = all_bytes;
   size_t block_bytes = 0;
@@ -358,7 +382,7 @@ int Frozen(World& world, bool freeze, int steps) {
 }
 
 int Writes(World& world) {
-  Net net = MakeNet();
+  Net net = Placed(MakeNet());
   ShardBlocksAndRoot(*net, net->blocks, world.group());
   auto full_of = [&](const std::string& name) {
     for (const NamedParam& named : ShardedParams(*net)) {
@@ -401,7 +425,7 @@ int Writes(World& world) {
   ExpectClose("head.weight after the refused write", full_of("head.weight"),
               at::full({kOut, kDim}, 0.5));
   // Training goes on from the written values, as it does in one process.
-  Net reference = MakeNet();
+  Net reference = Placed(MakeNet());
   {
     at::NoGradGuard no_grad;
     reference->head->weight.fill_(0.5);
@@ -411,7 +435,7 @@ int Writes(World& world) {
   torch::optim::AdamW reference_optimizer(reference->parameters(), Adam());
   torch::optim::AdamW optimizer(net->parameters(), Adam());
   for (int step = 0; step < 3; ++step) {
-    Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
+    Batch data = BatchOf(step);
     reference_optimizer.zero_grad();
     at::Tensor want = MseLoss(reference->forward(data.input), data.target);
     want.backward();
@@ -460,10 +484,10 @@ TORCH_MODULE(SlimNet);
 
 int Eval(World& world, int forwards) {
   torch::manual_seed(kModelSeed);
-  SlimNet net;
+  SlimNet net = Placed(SlimNet());
   ShardBlocksAndRoot(*net, net->blocks, world.group());
   at::NoGradGuard no_grad;
-  Batch data = SyntheticBatch(kDataSeed, 0, kBatch, kIn, kOut);
+  Batch data = BatchOf(0);
   const at::Tensor input = DataShard(data.input, world.size(), world.rank());
   const int warmup = std::min(forwards, 1000);
   long after_warmup = 0;
@@ -518,12 +542,12 @@ struct SameAddress {
 };
 
 int Rebuild(World& world, int models) {
-  const ModuleReference reference = TrainModuleReference(2);
+  const ModuleReference reference = TrainModuleReference(2, Where().device);
   std::unordered_set<const void*> addresses;
   int reused = 0;
   for (int i = 0; i < models; ++i) {
     torch::manual_seed(kModelSeed);
-    Net net(std::allocate_shared<NetImpl>(SameAddress<NetImpl>()));
+    Net net = Placed(Net(std::allocate_shared<NetImpl>(SameAddress<NetImpl>())));
     if (!addresses.insert(net.get()).second) ++reused;
     ShardBlocksAndRoot(*net, net->blocks, world.group());
     torch::optim::AdamW optimizer(net->parameters(), Adam());
@@ -554,12 +578,12 @@ int Rebuild(World& world, int models) {
 int Accumulate(World& world, int steps) {
   // The reference: the whole batch in one process (the mean of the two
   // halves' losses is the whole batch's).
-  const ModuleReference reference = TrainModuleReference(steps);
-  Net net = MakeNet();
+  const ModuleReference reference = TrainModuleReference(steps, Where().device);
+  Net net = Placed(MakeNet());
   ShardBlocksAndRoot(*net, net->blocks, world.group());
   torch::optim::AdamW optimizer(net->parameters(), Adam());
   for (int step = 0; step < steps; ++step) {
-    Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
+    Batch data = BatchOf(step);
     const at::Tensor input = DataShard(data.input, world.size(), world.rank());
     const at::Tensor target = DataShard(data.target, world.size(), world.rank());
     const int64_t half = input.size(0) / 2;
@@ -597,13 +621,16 @@ int main(int argc, char** argv) {
   bool trainable = false;
   int steps = 10;
   int count = 100000;
+  std::string device = "cpu";
   app.add_option("--case", which)->required();
+  app.add_option("--device", device, "cpu (Gloo) or cuda (NCCL)");
   app.add_flag("--ddp", ddp);
   app.add_flag("--trainable", trainable, "frozen: the same run with nothing frozen");
   app.add_option("--steps", steps);
   app.add_option("--count", count, "eval: forwards; rebuild: models");
   CLI11_PARSE(app, argc, argv);
-  auto world = ValueOrFail(meshrun::worker::InitProcessGroup("gloo"), "init");
+  Where() = ParseWorkerDevice(device);
+  auto world = ValueOrFail(meshrun::worker::InitProcessGroup(Where().backend), "init");
   if (which == "exception") return Exception(*world, ddp, steps, /*bad_step=*/3);
   if (which == "tied") return Tied(*world, steps);
   if (which == "threads") return Threads(*world, steps);

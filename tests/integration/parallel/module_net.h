@@ -76,29 +76,36 @@ struct ModuleReference {
 };
 
 // `steps` steps of AdamW over `params` (the model's, each once) on
-// SyntheticBatch(kDataSeed, step, kBatch, ...), whole, in this process.
+// SyntheticBatch(kDataSeed, step, kBatch, ...), whole, in this process, on
+// `device` (the model is moved there; the parameters keep their identity).
+// The final parameters are returned on the CPU.
 template <typename Model>
-ModuleReference TrainWhole(Model& net, const std::vector<at::Tensor>& params, int steps) {
+ModuleReference TrainWhole(Model& net, const std::vector<at::Tensor>& params, int steps,
+                           at::Device device = at::kCPU) {
+  net->to(device);
   torch::optim::AdamW optimizer(params, Adam());
   ModuleReference reference;
   for (int step = 0; step < steps; ++step) {
     Batch data = SyntheticBatch(kDataSeed, step, kBatch, kIn, kOut);
     optimizer.zero_grad();
-    at::Tensor loss = MseLoss(net->forward(data.input), data.target);
+    at::Tensor loss =
+        MseLoss(net->forward(data.input.to(device)), data.target.to(device));
     loss.backward();
     optimizer.step();
     reference.losses.push_back(loss.item<double>());
   }
   for (const auto& item : net->named_parameters()) {
-    reference.params[item.key()] = item.value().detach().clone();
+    reference.params[item.key()] =
+        item.value().detach().to(at::kCPU, /*non_blocking=*/false,
+                                 /*copy=*/true);
   }
   return reference;
 }
 
 // Net's reference run.
-inline ModuleReference TrainModuleReference(int steps) {
+inline ModuleReference TrainModuleReference(int steps, at::Device device = at::kCPU) {
   Net net = MakeNet();
-  return TrainWhole(net, net->parameters(), steps);
+  return TrainWhole(net, net->parameters(), steps, device);
 }
 
 }  // namespace meshrun::worker::parallel::testing

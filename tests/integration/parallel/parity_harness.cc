@@ -19,8 +19,10 @@ void CheckOk(const absl::Status& status, const std::string& context) {
 }
 
 double RelativeError(const at::Tensor& got, const at::Tensor& want) {
-  const double scale = want.to(at::kDouble).norm().item<double>();
-  const double diff = (got.to(at::kDouble) - want.to(at::kDouble)).norm().item<double>();
+  // On the CPU: a worker on a GPU compares with references kept there.
+  const at::Tensor a = got.to(at::kCPU, at::kDouble), b = want.to(at::kCPU, at::kDouble);
+  const double scale = b.norm().item<double>();
+  const double diff = (a - b).norm().item<double>();
   return scale == 0 ? diff : diff / scale;
 }
 
