@@ -17,8 +17,11 @@ batches with
 both launched by meshrun with OMP_NUM_THREADS=--threads, the two sides in
 turn (who goes first rotates). Both time a step the same way: a barrier,
 then zero_grad + forward + backward + gradient sync + SGD step + the global
-loss's all-reduce; per step the slowest rank. A launch's number is the
-median of its steps after --warmup; over --rounds the median of those.
+loss's all-reduce; per step the slowest rank's wall time, and the CPU time
+of all ranks together (every thread's: what the step costs the machine, and
+on a GPU the launch time that bounds small-kernel steps). A launch's number
+is the median of its steps after --warmup; over --rounds the median of
+those.
 Each side also reports its largest rank's peak RSS and that rank's growth
 over its RSS before the model was built (Python's includes the interpreter
 and torch's modules: compare growth). The two sides' losses are compared
@@ -48,7 +51,9 @@ sys.path.insert(0, PARITY)
 import layouts  # noqa: E402
 import parity  # noqa: E402
 
-TIMING_RE = re.compile(r"^timing step_ms=(\S+) max_rss_mb=(\S+) rss_growth_mb=(\S+)$", re.M)
+TIMING_RE = re.compile(
+    r"^timing step_ms=(\S+) cpu_ms=(\S+) max_rss_mb=(\S+) rss_growth_mb=(\S+)$", re.M
+)
 LOSS_RE = re.compile(r"^step \d+ loss (\S+)$", re.M)
 # Layouts whose memory goal is FSDP2's peak per rank.
 SHARDED = {"fsdp", "fsdp_noreshard", "hsdp", "fsdp_tp"}
@@ -77,9 +82,10 @@ class Side:
         if not m:
             raise parity.SideFailed(f"no timing line: {parity.first_error(output)}")
         self.steps = [float(v) for v in m.group(1).split(",")]
-        timed = self.steps[warmup:] or self.steps
-        self.median = statistics.median(timed)
-        self.peak, self.growth = float(m.group(2)), float(m.group(3))
+        self.cpu = [float(v) for v in m.group(2).split(",")]
+        self.median = statistics.median(self.steps[warmup:] or self.steps)
+        self.cpu_median = statistics.median(self.cpu[warmup:] or self.cpu)
+        self.peak, self.growth = float(m.group(3)), float(m.group(4))
 
 
 def launch(args, work, layout, model, side, init, data, raw):
@@ -140,7 +146,10 @@ def launch(args, work, layout, model, side, init, data, raw):
     result = Side(output, args.warmup)
     raw.append(
         f"{tag}: median_ms={result.median:.3f} max_rss_mb={result.peak} "
-        f"rss_growth_mb={result.growth} step_ms=" + ",".join(f"{t:.2f}" for t in result.steps)
+        f"rss_growth_mb={result.growth} step_ms="
+        + ",".join(f"{t:.2f}" for t in result.steps)
+        + " cpu_ms="
+        + ",".join(f"{t:.2f}" for t in result.cpu)
     )
     if side != "torch":
         result.losses = [float(v) for v in LOSS_RE.findall(output)]
@@ -219,7 +228,8 @@ def main():
                         results[(layout.name, model)][side].append(result)
                         log(
                             f"round {r + 1}/{args.rounds} {layout.name} {model} {side}: "
-                            f"{result.median:.2f} ms, peak RSS {result.peak:.0f} MiB "
+                            f"{result.median:.2f} ms (CPU {result.cpu_median:.2f} ms), "
+                            f"peak RSS {result.peak:.0f} MiB "
                             f"(+{result.growth:.0f})"
                         )
                 except parity.SideFailed as e:
@@ -242,7 +252,8 @@ def main():
     print()
     print(
         "Ratio = meshrun / PyTorch median step time (at most 1.00: the goal met). "
-        "RSS: the largest rank's peak, and (growth) over its RSS before the model was "
+        "CPU: the median step's CPU time, all ranks' threads together, ms, and its "
+        "ratio. RSS: the largest rank's peak, and (growth) over its RSS before the model was "
         "built, MiB. Loss diff: largest relative difference of the two sides' per-step "
         "losses."
     )
@@ -250,10 +261,11 @@ def main():
     base_head = " baseline ms | baseline ratio | now / baseline |" if args.baseline else ""
     print(
         "| layout | world | model | PyTorch control | meshrun ms | PyTorch ms | ratio "
+        "| meshrun CPU | PyTorch CPU | CPU ratio "
         "| meshrun RSS (growth) | PyTorch RSS (growth) | loss diff |" + base_head
     )
     print(
-        "|---|---:|---|---|---:|---:|---:|---|---|---:|"
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|"
         + ("---:|---:|---:|" if args.baseline else "")
     )
     verdicts = []
@@ -262,13 +274,15 @@ def main():
         if key in failures:
             print(
                 f"| {layout.name} | {layout.world} | {model} | {layout.control} "
-                f"| FAILED: {failures[key]} | | | | | |"
+                f"| FAILED: {failures[key]} | | | | | | | | |"
             )
             verdicts.append(f"- {layout.name} {model}: FAILED ({failures[key]})")
             continue
         mine, theirs = results[key]["meshrun"], results[key]["torch"]
         ms = statistics.median(s.median for s in mine)
         ts = statistics.median(s.median for s in theirs)
+        mc = statistics.median(s.cpu_median for s in mine)
+        tc = statistics.median(s.cpu_median for s in theirs)
         peak = statistics.median(s.peak for s in mine)
         growth = statistics.median(s.growth for s in mine)
         tpeak = statistics.median(s.peak for s in theirs)
@@ -283,12 +297,13 @@ def main():
         )
         print(
             f"| {layout.name} | {layout.world} | {model} | {layout.control} | {ms:.2f} "
-            f"| {ts:.2f} | {ms / ts:.2f} | {peak:.0f} ({growth:.1f}) "
+            f"| {ts:.2f} | {ms / ts:.2f} | {mc:.2f} | {tc:.2f} | {mc / tc:.2f} "
+            f"| {peak:.0f} ({growth:.1f}) "
             f"| {tpeak:.0f} ({tgrowth:.1f}) | {diff:.1g} |" + base_cells
         )
         verdicts.append(
             f"- {layout.name} {model}: meshrun / PyTorch = {ms / ts:.2f} "
-            f"({'MET' if ms <= ts else 'NOT MET'})"
+            f"({'MET' if ms <= ts else 'NOT MET'}), CPU {mc / tc:.2f}"
             + (
                 f"; RSS growth {growth:.1f} vs FSDP2's {tgrowth:.1f} MiB "
                 f"({'MET' if growth <= tgrowth else 'NOT MET'})"

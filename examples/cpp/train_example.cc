@@ -25,8 +25,9 @@
 // torch._C._distributed_c10d._dump_fr_trace_json gives it in Python) before
 // and after the steps to DIR/rank<R>.{before,after}.json, so they can be
 // counted against PyTorch's. --time-steps times each step (after a barrier;
-// the slowest rank's wall time) and rank 0 prints one `timing step_ms=...
-// max_rss_mb=... rss_growth_mb=...` line at the end, measured as
+// the slowest rank's wall time, and the ranks' CPU time summed) and rank 0
+// prints one `timing step_ms=... cpu_ms=... max_rss_mb=... rss_growth_mb=...`
+// line at the end, measured as
 // tests/parity/torch_parallel.py --time-steps measures PyTorch's side
 // (scripts/bench-parallel.sh --layouts).
 //
@@ -662,17 +663,15 @@ int main(int argc, char** argv) {
                                     "gloo");
   };
   dump_collectives("before");
-  std::vector<double> step_ms;
+  examples::StepClock clock;
   for (int i = static_cast<int>(resumed); i < run.steps; ++i) {
     const int64_t step = run.first_step + i;
     if (i == kill_step) KillSelf(rank, i, "start");
     auto [input, target] = run.batch_of(step);
     if (time_steps) (*world)->group()->barrier()->wait();
-    const auto start = std::chrono::steady_clock::now();
+    clock.Start();
     auto loss = (*trainer)->Step(input, target);
-    step_ms.push_back(std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - start)
-                          .count());
+    clock.Stop();
     if (!loss.ok()) return Fail(rank, std::string(loss.status().message()));
     char line[96];
     std::snprintf(line, sizeof line, "step %lld loss %.9g", static_cast<long long>(step),
@@ -699,7 +698,7 @@ int main(int argc, char** argv) {
   dump_collectives("after");
   if (time_steps && run.steps > 0) {
     const std::string line =
-        examples::StepTimingLine(*(*world)->group(), step_ms, rss_before_model);
+        examples::StepTimingLine(*(*world)->group(), clock, rss_before_model);
     if (rank == 0) Say(line);
   }
 

@@ -152,7 +152,7 @@ def main() -> None:
     # The world's sum of what the ranks add is the global batch's mean: the
     # data ranks' mean, counted once per TP group, where the loss is.
     reports = tp_rank == 0 and has_last
-    losses, step_ms = [], []
+    losses, step_ms, cpu_ms = [], [], []
     for step in range(steps):
         x, y = batches[step]
         rows = x.shape[0] // data_parts
@@ -160,7 +160,7 @@ def main() -> None:
         y = y[data_index * rows : (data_index + 1) * rows]
         if args.time_steps:
             dist.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         optimizer.zero_grad()
         with loss_context(layout.tp):
             local = forward_backward(schedule, modules[0], x, y, cross_entropy, has_first, has_last)
@@ -169,8 +169,9 @@ def main() -> None:
         dist.all_reduce(total)
         losses.append(total.item())
         step_ms.append((time.perf_counter() - start) * 1e3)
+        cpu_ms.append((time.process_time() - cpu_start) * 1e3)
     if args.time_steps and steps:
-        print_timing(rank, step_ms, rss_before_model)
+        print_timing(rank, step_ms, cpu_ms, rss_before_model)
 
     # This rank's parameters by the whole GPT's names (collective for DTensors).
     mine = {id(p) for m in modules for p in m.parameters()}

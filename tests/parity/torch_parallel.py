@@ -17,7 +17,7 @@ microbatches are contiguous chunks.
 
 --sizes bench trains layouts.py's larger models; --time-steps times each
 step as train_example --time-steps does (a barrier first; per step the
-slowest rank) and prints `timing step_ms=... max_rss_mb=... rss_growth_mb=...`
+slowest rank) and prints `timing step_ms=... cpu_ms=... max_rss_mb=... rss_growth_mb=...`
 on rank 0 (scripts/bench-parallel.sh --layouts).
 
 Writes OUT_DIR/torch-rank<R>.pt ({"params": {name: full tensor}} from the
@@ -165,16 +165,20 @@ def init_layout(layout, order):
     return mesh, rank, coord
 
 
-def print_timing(rank, step_ms, rss_before_model):
-    """train_example --time-steps' line on rank 0: per step the slowest rank,
-    the largest rank's peak RSS and its growth over `rss_before_model`."""
+def print_timing(rank, step_ms, cpu_ms, rss_before_model):
+    """train_example --time-steps' line on rank 0: per step the slowest rank
+    and the ranks' CPU time summed, the largest rank's peak RSS and its growth
+    over `rss_before_model`."""
     steps = len(step_ms)
     peak = peak_rss_mb()
     timing = torch.tensor(step_ms + [peak, peak - rss_before_model], dtype=torch.float64)
     dist.all_reduce(timing, op=dist.ReduceOp.MAX)
+    cpu = torch.tensor(cpu_ms, dtype=torch.float64)
+    dist.all_reduce(cpu)
     if rank == 0:
         print(
             f"timing step_ms={','.join(f'{t:.6f}' for t in timing[:steps].tolist())} "
+            f"cpu_ms={','.join(f'{t:.6f}' for t in cpu.tolist())} "
             f"max_rss_mb={timing[steps].item():.1f} "
             f"rss_growth_mb={timing[steps + 1].item():.1f}",
             flush=True,
@@ -359,7 +363,7 @@ def main():
             f.write(trace if isinstance(trace, bytes) else trace.encode())
 
     dump_collectives("before")
-    step_ms = []
+    step_ms, cpu_ms = [], []
     for step in range(steps):
         x, y = batches[step]
         rows = x.shape[0] // data_parts
@@ -367,7 +371,7 @@ def main():
         y = y[data_index * rows : (data_index + 1) * rows]
         if args.time_steps:
             dist.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         optimizer.zero_grad()
         local = forward_backward(schedule, modules[0], x, y, loss_of, has_first, has_last)
         optimizer.step()
@@ -375,10 +379,11 @@ def main():
         dist.all_reduce(total)
         losses.append(total.item())
         step_ms.append((time.perf_counter() - start) * 1e3)
+        cpu_ms.append((time.process_time() - cpu_start) * 1e3)
 
     dump_collectives("after")
     if args.time_steps and steps:
-        print_timing(rank, step_ms, rss_before_model)
+        print_timing(rank, step_ms, cpu_ms, rss_before_model)
 
     # Full parameter values (collective), written by each stage's first rank.
     full = {}

@@ -247,16 +247,15 @@ int Train(const Flags& flags, const WorkerDevice& on) {
       std::printf("STAGES %s\n", trainer->stage()->Describe().c_str());
   }
 
-  std::vector<double> losses, step_ms;
+  std::vector<double> losses;
+  examples::StepClock clock;
   for (int step = 0; step < steps; ++step) {
     const TokenBatch data = BatchOf(setup, step);
     // As train_example --time-steps: from a barrier to the step's global loss.
     if (flags.time_steps) world->group()->barrier()->wait();
-    const auto start = std::chrono::steady_clock::now();
+    clock.Start();
     const double global = ValueOrFail(trainer->Step(data.tokens, data.targets), "step");
-    step_ms.push_back(std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - start)
-                          .count());
+    clock.Stop();
     if (!flags.time_steps)
       ExpectClose("loss at step " + std::to_string(step), global, reference.losses[step]);
     losses.push_back(global);
@@ -264,7 +263,7 @@ int Train(const Flags& flags, const WorkerDevice& on) {
   }
   if (flags.time_steps) {
     const std::string line =
-        examples::StepTimingLine(*world->group(), step_ms, rss_before_model);
+        examples::StepTimingLine(*world->group(), clock, rss_before_model);
     if (rank == 0) std::printf("%s\n", line.c_str());
     return 0;
   }
