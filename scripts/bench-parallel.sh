@@ -125,6 +125,7 @@ if [ "$layouts" = 1 ]; then
     cat "$tmp/stdout"
     bench_logs "each launch's command and its per-step times, ms"
   } > "$results_dir/layouts_results.md"
+  strip_checkout_paths "$results_dir/layouts_results.md"
   echo "bench-parallel: wrote $results_dir/layouts_results.md" >&2
   exit "$status"
 fi
@@ -169,5 +170,6 @@ fi
   cat "$tmp/stdout"
   bench_logs "RESULT / STEPS lines of rank 0"
 } > "$results_dir/parallel_results.md"
+strip_checkout_paths "$results_dir/parallel_results.md"
 echo "bench-parallel: wrote $results_dir/parallel_results.md" >&2
 exit "$status"

@@ -114,6 +114,13 @@ run_driver() {
   load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 }
 
+# strip_checkout_paths FILE: a results file names paths from the checkout,
+# never this machine's (the venv's python and the drivers' commands are
+# absolute in the facts and the raw lines; DocsTest.paths checks).
+strip_checkout_paths() {
+  sed -i "s#$PWD/##g" "$1"
+}
+
 # machine_line: the results file's "- Machine: ..." line.
 machine_line() {
   local cpu mem
