@@ -60,6 +60,7 @@ TEST(ModuleTpTest, World4MatchesSingleProcess) {
 TEST(ModuleTpTest, World2WithActivationCheckpointingMatchesSingleProcess) {
   MeshrunRun run = RunUnderMeshrun(2, "module_tp_worker", {"--checkpoint"});
   ExpectTrained(run, 2, kSteps);
+  EXPECT_TRUE(Contains(run.output, "RECOMPUTED 24 block forwards")) << run.output;
 }
 
 // FSDP over dp on top of TP over tp, on a (2, 2) mesh: every parameter is
@@ -82,11 +83,14 @@ TEST(ModuleTpTest, FsdpWithActivationCheckpointingMatchesSingleProcess) {
   MeshrunRun run =
       RunUnderMeshrun(2, "module_tp_worker", {"--fsdp", "--tp=1", "--checkpoint"});
   ExpectTrained(run, 2, kSteps);
+  // Every block of every step ran again inside backward (3 blocks, 8 steps).
+  EXPECT_TRUE(Contains(run.output, "RECOMPUTED 24 block forwards")) << run.output;
 }
 
 TEST(ModuleTpTest, FsdpWithTpAndActivationCheckpointingMatchesSingleProcess) {
   MeshrunRun run = RunUnderMeshrun(4, "module_tp_worker", {"--fsdp", "--checkpoint"});
   ExpectTrained(run, 4, kSteps);
+  EXPECT_TRUE(Contains(run.output, "RECOMPUTED 24 block forwards")) << run.output;
   EXPECT_TRUE(Contains(run.output, "SHARDED 24 parameters")) << run.output;
 }
 

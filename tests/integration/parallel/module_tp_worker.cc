@@ -21,6 +21,7 @@
 #include <torch/autograd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 
@@ -40,6 +41,8 @@ namespace {
 // pass: a graph task is running) and backpropagates through it, which
 // accumulates the block's parameters' gradients and gives the input's.
 struct CheckpointBlock : torch::autograd::Function<CheckpointBlock> {
+  // Recomputations so far: the test checks that backward ran them.
+  static inline std::atomic<int> recomputed{0};
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             BlockImpl* block) {
     // A plain pointer as an IValue: the block outlives the step.
@@ -52,6 +55,7 @@ struct CheckpointBlock : torch::autograd::Function<CheckpointBlock> {
     auto* block = reinterpret_cast<BlockImpl*>(ctx->saved_data["block"].toInt());
     at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     at::Tensor y;
+    ++recomputed;
     {
       at::AutoGradMode grad(true);
       y = Forward(block, x);
@@ -142,6 +146,8 @@ int Train(bool fsdp, int tp_size_under_fsdp, bool checkpoint, int steps) {
   // replicated and must equal the reference as it is.
   ExpectModuleParams(*net, reference.params);
   if (rank == 0) std::printf("SHARDED %zu parameters\n", ShardedParams(*net).size());
+  if (rank == 0 && checkpoint)
+    std::printf("RECOMPUTED %d block forwards\n", CheckpointBlock::recomputed.load());
   std::printf("DONE rank %d\n", rank);
   std::fflush(stdout);
   return 0;
