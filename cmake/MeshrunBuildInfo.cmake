@@ -6,7 +6,8 @@
 # The commit: GIT_COMMIT when given (-DMESHRUN_GIT_COMMIT=..., for a packager
 # building from a tarball), else `git describe` of SOURCE_DIR (12 hex digits,
 # "-dirty" with uncommitted changes to tracked files), else "unknown" (no
-# .git, no git).
+# .git, no git), where an sdist's packaging/sdist-commit names it
+# (cmake/MeshrunSdistCommit.cmake).
 if(GIT_COMMIT)
   set(MESHRUN_GIT_COMMIT "${GIT_COMMIT}")
 else()
@@ -25,6 +26,12 @@ else()
       OUTPUT_STRIP_TRAILING_WHITESPACE)
     if(_rc EQUAL 0 AND NOT _describe STREQUAL "")
       set(MESHRUN_GIT_COMMIT "${_describe}")
+    endif()
+  elseif(EXISTS "${SOURCE_DIR}/packaging/sdist-commit")
+    file(READ "${SOURCE_DIR}/packaging/sdist-commit" _recorded)
+    string(STRIP "${_recorded}" _recorded)
+    if(NOT _recorded STREQUAL "")
+      set(MESHRUN_GIT_COMMIT "${_recorded}")
     endif()
   endif()
 endif()

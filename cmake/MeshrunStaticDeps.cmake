@@ -3,18 +3,34 @@
 # (the pip wheel's binaries): every imported library whose shared file has a
 # static sibling in the same folder (libgrpc++.so.1.51 -> libgrpc++.a: gRPC,
 # protobuf, absl, OpenSSL, c-ares, re2, upb, zlib on Debian) links that
-# instead, spdlog and fmt are compiled in header-only (Debian ships no static
-# spdlog), and libstdc++ and libgcc are linked statically. What is left is
-# glibc. The targets' dependency graph is the packages' own (their CMake
-# configs list every library a static link needs), so only the files change.
+# instead, spdlog and fmt (shared only on Debian) link a static build of
+# their own compiled parts, and libstdc++ and libgcc are linked statically.
+# What is left is glibc. The targets' dependency graph is the packages' own
+# (their CMake configs list every library a static link needs), so only the
+# files change. Nothing is compiled differently from a normal build, so a
+# wheel build reuses a normal build's compiles through ccache.
 
 # spdlog for meshrun's targets (MESHRUN_SPDLOG): the shared library, or
-# header-only.
+# meshrun_static_logging, compiled from Debian's spdlog and fmt headers
+# with the shared libraries' own defines (cmake/static_deps/).
 if(MESHRUN_STATIC_DEPS)
-  set(MESHRUN_SPDLOG spdlog::spdlog_header_only)
-  # Debian's header-only spdlog still links the shared fmt.
-  set_property(TARGET spdlog::spdlog_header_only
-               PROPERTY INTERFACE_LINK_LIBRARIES Threads::Threads fmt::fmt-header-only)
+  add_library(meshrun_static_logging STATIC
+              ${CMAKE_CURRENT_LIST_DIR}/static_deps/fmt_compiled.cc
+              ${CMAKE_CURRENT_LIST_DIR}/static_deps/spdlog_compiled.cc)
+  # The shared libraries' usage requirements, for their users and their own
+  # compiled parts alike (SPDLOG_COMPILED_LIB, FMT_SHARED, ...).
+  foreach(_imported spdlog::spdlog fmt::fmt)
+    foreach(_property COMPILE_DEFINITIONS INCLUDE_DIRECTORIES COMPILE_OPTIONS)
+      get_target_property(_value ${_imported} INTERFACE_${_property})
+      if(_value)
+        set_property(TARGET meshrun_static_logging APPEND PROPERTY ${_property} ${_value})
+        set_property(TARGET meshrun_static_logging APPEND PROPERTY INTERFACE_${_property}
+                                                                   ${_value})
+      endif()
+    endforeach()
+  endforeach()
+  target_link_libraries(meshrun_static_logging PUBLIC Threads::Threads)
+  set(MESHRUN_SPDLOG meshrun_static_logging)
 else()
   set(MESHRUN_SPDLOG spdlog::spdlog)
 endif()

@@ -1,7 +1,7 @@
 """Generates the meshrun package's gRPC stubs (meshrun/v1/*_pb2*.py) from proto/.
 
 The one place the Python stubs come from, so they never drift from the
-daemon's protocol: setup.py runs it when the package is built (pip install),
+daemon's protocol: the pip build runs it (python/CMakeLists.txt, pyproject.toml),
 and CMake runs it into the build tree for the tests. Needs grpcio-tools (pinned
 in scripts/python-requirements.txt).
 

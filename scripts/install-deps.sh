@@ -68,7 +68,9 @@ else
 fi
 
 # The meshrun Python package (python/meshrun, `import meshrun`), built from
-# this checkout with its gRPC stubs generated from proto/ (setup.py): about a
-# second, so always, and the venv holds this checkout's.
-"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps .
+# this checkout with its gRPC stubs generated from proto/ (pyproject.toml,
+# without the binaries, which the tests take from build/): a few seconds, so
+# always, and the venv holds this checkout's.
+"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps \
+  --config-settings=cmake.define.MESHRUN_PYTHON_ONLY=ON --config-settings=build-dir=build-python .
 echo "install-deps: meshrun $("$venv/bin/python3" -c 'import meshrun; print(meshrun.__version__)') (python/meshrun) installed into $venv"
