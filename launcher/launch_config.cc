@@ -40,11 +40,17 @@ namespace {
 
 constexpr int kDefaultRdzvPort = 29400;
 
-// torchrun uses $PYTHON_EXEC, else its own interpreter; ours is python3 from
-// PATH, resolved by the spawner.
-std::string PythonExecutable(const std::map<std::string, std::string>& env) {
+// torchrun uses $PYTHON_EXEC, else its own interpreter (sys.executable: the
+// venv's python that torchrun was installed with). Ours: $PYTHON_EXEC, else
+// the python3 of the venv meshrun was pip-installed into (so that a venv's
+// meshrun run by its path, unactivated, runs that venv's torch), else
+// python3 from PATH, resolved by the spawner.
+std::string PythonExecutable(const std::map<std::string, std::string>& env,
+                             const HostProbe& host) {
   auto it = env.find("PYTHON_EXEC");
-  return it != env.end() && !it->second.empty() ? it->second : std::string("python3");
+  if (it != env.end() && !it->second.empty()) return it->second;
+  std::string venv_python = host.venv_python ? host.venv_python() : "";
+  return venv_python.empty() ? std::string("python3") : venv_python;
 }
 
 // --nnodes, the rendezvous flags, --node-rank and --master-*: --standalone
@@ -528,11 +534,12 @@ absl::Status RefuseUnsupportedFlags(const FlagValues& flags) {
 // The worker command, as torchrun's config_from_args builds it.
 absl::Status BuildWorkerCommand(const FlagValues& flags,
                                 const std::map<std::string, std::string>& env,
-                                LaunchConfig* config) {
+                                const HostProbe& host, LaunchConfig* config) {
   config->module = flags.Switch(kModule);
   config->no_python = flags.Switch(kNoPython);
   config->run_path = flags.Switch(kRunPath);
-  std::string python = PythonExecutable(env);
+  config->python = PythonExecutable(env, host);
+  const std::string& python = config->python;
   if (config->run_path) {
     // torchrun: --run-path wins over --no-python and drops -m.
     std::vector<std::string> dropped;
@@ -674,6 +681,23 @@ HostProbe SystemHostProbe() {
     }
     return id;
   };
+  probe.venv_python = [] {
+    // bin/meshrun beside bin/python3, under a folder that pyvenv.cfg (venv)
+    // or conda-meta/ (conda) marks as an environment: not /usr/bin/meshrun
+    // beside /usr/bin/python3, where PATH's python3 (maybe an activated
+    // venv's) is the user's choice.
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec) return std::string();
+    const std::filesystem::path bin = exe.parent_path();
+    const std::filesystem::path python = bin / "python3";
+    const std::filesystem::path env = bin.parent_path();
+    if (access(python.c_str(), X_OK) != 0) return std::string();
+    if (!std::filesystem::exists(env / "pyvenv.cfg", ec) &&
+        !std::filesystem::is_directory(env / "conda-meta", ec))
+      return std::string();
+    return python.string();
+  };
   return probe;
 }
 
@@ -744,7 +768,7 @@ absl::StatusOr<LaunchConfig> ParseLaunchArgs(
     }
   }
   if (status.ok()) status = ParseWorkerFlags(flags, env, host, &config);
-  if (status.ok()) status = BuildWorkerCommand(flags, env, &config);
+  if (status.ok()) status = BuildWorkerCommand(flags, env, host, &config);
   if (!status.ok()) return status;
   return config;
 }

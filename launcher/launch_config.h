@@ -230,6 +230,9 @@ struct LaunchConfig {
   // args...], or [script, args...] with --no-python. argv[0] is resolved from
   // PATH by the spawner when it has no slash.
   std::vector<std::string> worker_argv;
+  // The interpreter of Python workers and of the --ray driver: $PYTHON_EXEC,
+  // else the python3 of meshrun's own virtualenv, else "python3" from PATH.
+  std::string python;
 
   // --metrics-port: the embedded daemon's HTTP port (status page, metrics);
   // -1 for none, 0 for kernel-assigned.
@@ -259,9 +262,13 @@ struct HostProbe {
   std::function<int()> gpu_count;
   // A fresh, unique run id for --standalone.
   std::function<std::string()> new_run_id;
+  // The python3 of the virtualenv (or conda env) this meshrun is installed
+  // in, where it is one (the pip wheel's): "" otherwise, and when unset.
+  std::function<std::string()> venv_python;
 };
 
-// The real machine: sysconf CPUs, /dev/nvidiaN device nodes, random UUIDv4.
+// The real machine: sysconf CPUs, /dev/nvidiaN device nodes, random UUIDv4,
+// the python3 beside /proc/self/exe in a virtualenv.
 HostProbe SystemHostProbe();
 
 // Parses `args` (argv without argv[0]); `env` supplies PET_* defaults and

@@ -24,6 +24,8 @@
 #include <string>
 #include <string_view>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/agent.h"
 #include "agent/dump_helper.h"
@@ -148,6 +150,27 @@ std::map<std::string, std::string> WorkerSecurityEnv(const LaunchConfig& config)
   return env;
 }
 
+// The interpreter as the spawner found it: "python3" from PATH is named
+// with the file it resolved to, and where the choice came from.
+std::string DescribePython(const std::string& python) {
+  const char* exec = getenv("PYTHON_EXEC");
+  const char* source = exec && *exec ? "$PYTHON_EXEC"
+                       : python.find('/') != std::string::npos ? "meshrun's virtualenv"
+                                                               : "PATH";
+  std::string path = python;
+  if (python.find('/') == std::string::npos) {
+    const char* search = getenv("PATH");
+    for (absl::string_view dir : absl::StrSplit(search ? search : "", ':')) {
+      std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", python);
+      if (access(candidate.c_str(), X_OK) == 0) {
+        path = candidate;
+        break;
+      }
+    }
+  }
+  return absl::StrCat(path, " (from ", source, "; set PYTHON_EXEC to choose another)");
+}
+
 // --ray: the launch is the Ray driver's (python/meshrun/ray_launch.py), which
 // starts an agent per Ray node with these same arguments less --ray. Returns
 // only when it cannot be started.
@@ -155,8 +178,7 @@ int ExecRayDriver(const std::vector<std::string>& args, const LaunchConfig& conf
   std::error_code ignored;
   const std::string self =
       std::filesystem::read_symlink("/proc/self/exe", ignored).string();
-  const char* python_exec = getenv("PYTHON_EXEC");
-  const std::string python = python_exec && *python_exec ? python_exec : "python3";
+  const std::string& python = config.python;
   std::vector<std::string> driver{
       python,
       "-m",
@@ -393,6 +415,11 @@ int Main(int argc, char** argv) {
 
   int code = agent::RunAgent(options);
   if (daemon) daemon->Shutdown(std::chrono::seconds(2));
+  // Which Python ran the workers: a script failing on `import torch` was
+  // most often run by another interpreter than the user thought.
+  if (code > 0 && code < 128 && !config.no_python)
+    std::fprintf(stderr, "meshrun: the workers' Python was %s\n",
+                 DescribePython(config.python).c_str());
   return code;
 }
 

@@ -980,6 +980,23 @@ TEST(LaunchConfigTest, WorkerArgv) {
       "and ignoring --no-python");
 }
 
+// A pip-installed meshrun runs its own virtualenv's python3, as torchrun runs
+// sys.executable; $PYTHON_EXEC still wins, and --no-python runs no Python.
+TEST(LaunchConfigTest, WorkerPythonIsTheVirtualenvsWhereMeshrunIsInstalled) {
+  HostProbe venv = FakeHost();
+  venv.venv_python = [] { return std::string("/home/u/venv/bin/python3"); };
+  LaunchConfig config = MustParse({"train.py"}, {}, venv);
+  EXPECT_EQ(config.worker_argv, (Args{"/home/u/venv/bin/python3", "-u", "train.py"}));
+  EXPECT_EQ(config.python, "/home/u/venv/bin/python3");
+  EXPECT_EQ(MustParse({"train.py"}, {{"PYTHON_EXEC", "/opt/py/bin/python"}}, venv).worker_argv,
+            (Args{"/opt/py/bin/python", "-u", "train.py"}));
+  EXPECT_EQ(MustParse({"--no-python", "./a.out"}, {}, venv).worker_argv, Args{"./a.out"});
+  // Not in a virtualenv (build/bin/meshrun, /usr/bin/meshrun): PATH's python3.
+  HostProbe system = FakeHost();
+  system.venv_python = [] { return std::string(); };
+  EXPECT_EQ(MustParse({"train.py"}, {}, system).python, "python3");
+}
+
 TEST(LaunchConfigTest, NoPythonAndModuleConflict) {
   EXPECT_EQ(ErrorOf({"--no-python", "-m", "pkg"}),
             "--no-python: cannot be combined with -m/--module");
