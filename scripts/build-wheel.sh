@@ -23,6 +23,7 @@ export PATH=$PWD/$venv/bin:$PATH
 # the same g++ under another name, which ccache would not match).
 settings=(--config-settings=cmake.define.CMAKE_CXX_COMPILER="${CXX:-c++}")
 if command -v ccache > /dev/null; then
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
   settings+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 raw=$(mktemp -d)

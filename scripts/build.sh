@@ -5,7 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
-if ! cmake -S . -B "$build_dir" -G Ninja "$@" > "$build_dir.configure.log" 2>&1; then
+# ccache where installed (scripts/install-deps.sh installs it): the wheel's
+# build (scripts/build-wheel.sh) then compiles nothing this one did. Paths
+# relative to the checkout, so build-wheel/'s compiles match build/'s.
+launcher=()
+if command -v ccache > /dev/null; then
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+if ! cmake -S . -B "$build_dir" -G Ninja "${launcher[@]}" "$@" > "$build_dir.configure.log" 2>&1; then
   # Our own configure errors ("meshrun: ...", e.g. no venv) as the one line
   # they are (CMake wraps them); anything else in full.
   ours=$(awk '/^  meshrun/ {on = 1} on && (/^$/ || /^Call Stack/) {exit} on {sub(/^  /, ""); printf "%s ", $0}' \

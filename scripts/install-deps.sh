@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 # What the build configures with, and the main job's own needs.
 packages=(
   build-essential cmake ninja-build pkg-config git
+  # The pip wheel's build reuses the tree's compiles through it.
+  ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
