@@ -154,7 +154,7 @@ std::map<std::string, std::string> WorkerSecurityEnv(const LaunchConfig& config)
 // with the file it resolved to, and where the choice came from.
 std::string DescribePython(const std::string& python) {
   const char* exec = getenv("PYTHON_EXEC");
-  const char* source = exec && *exec ? "$PYTHON_EXEC"
+  const char* source = exec && *exec                           ? "$PYTHON_EXEC"
                        : python.find('/') != std::string::npos ? "meshrun's virtualenv"
                                                                : "PATH";
   std::string path = python;

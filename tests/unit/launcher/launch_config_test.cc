@@ -988,8 +988,9 @@ TEST(LaunchConfigTest, WorkerPythonIsTheVirtualenvsWhereMeshrunIsInstalled) {
   LaunchConfig config = MustParse({"train.py"}, {}, venv);
   EXPECT_EQ(config.worker_argv, (Args{"/home/u/venv/bin/python3", "-u", "train.py"}));
   EXPECT_EQ(config.python, "/home/u/venv/bin/python3");
-  EXPECT_EQ(MustParse({"train.py"}, {{"PYTHON_EXEC", "/opt/py/bin/python"}}, venv).worker_argv,
-            (Args{"/opt/py/bin/python", "-u", "train.py"}));
+  EXPECT_EQ(
+      MustParse({"train.py"}, {{"PYTHON_EXEC", "/opt/py/bin/python"}}, venv).worker_argv,
+      (Args{"/opt/py/bin/python", "-u", "train.py"}));
   EXPECT_EQ(MustParse({"--no-python", "./a.out"}, {}, venv).worker_argv, Args{"./a.out"});
   // Not in a virtualenv (build/bin/meshrun, /usr/bin/meshrun): PATH's python3.
   HostProbe system = FakeHost();
