@@ -16,6 +16,8 @@
 #   TORCHRUN     the peer (default $MESHRUN_VENV/bin/torchrun)
 #   WAIT_QUIET   seconds to wait for the 1-minute load average to drop below
 #                half the cores before starting (default 0: just warn)
+#   WHEEL        a pip wheel (scripts/build-wheel.sh): (a) runs its meshrun
+#                beside the source build's and compares them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
@@ -38,12 +40,22 @@ wait_for_quiet bench-launcher "$wait_quiet"
 mkdir -p "$results_dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+wheel_args=()
+if [ -n "${WHEEL:-}" ]; then
+  # The wheel's meshrun as pip installs it: the file from its scripts, executable.
+  "$venv_python" -m zipfile -e "$WHEEL" "$tmp/wheel"
+  wheel_meshrun=$(echo "$tmp"/wheel/meshrun-*.data/scripts/meshrun)
+  [ -f "$wheel_meshrun" ] || { echo "bench-launcher: no meshrun in $WHEEL" >&2; exit 1; }
+  chmod +x "$wheel_meshrun"
+  wheel_args=(--meshrun-wheel "$wheel_meshrun")
+fi
 cmd=("$venv_python" bench/launcher/bench_launcher.py
      --meshrun "$build_dir/bin/meshrun" --rdzvd "$build_dir/bin/meshrun-rdzvd"
-     --torchrun "$torchrun" --python "$venv_python" --json "$results_dir/results.json" "$@")
+     --torchrun "$torchrun" --python "$venv_python" --json "$results_dir/results.json"
+     "${wheel_args[@]}" "$@")
 # The invocation as typed, with the settings that came from the environment.
 invocation="scripts/bench-launcher.sh${*:+ $*}"
-for var in WAIT_QUIET TORCHRUN MESHRUN_VENV RESULTS_DIR BUILD_DIR; do
+for var in WAIT_QUIET TORCHRUN MESHRUN_VENV RESULTS_DIR BUILD_DIR WHEEL; do
   [ -n "${!var:-}" ] && invocation="$var=${!var} $invocation"
 done
 started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')

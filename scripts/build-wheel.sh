@@ -22,8 +22,9 @@ export PATH=$PWD/$venv/bin:$PATH
 # sysconfig names, which scikit-build-core would pass (x86_64-linux-gnu-g++,
 # the same g++ under another name, which ccache would not match).
 settings=(--config-settings=cmake.define.CMAKE_CXX_COMPILER="${CXX:-c++}")
-if command -v ccache > /dev/null; then
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+if [ "${MESHRUN_CCACHE:-1}" != 0 ] && command -v ccache > /dev/null; then
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1} \
+    CCACHE_DEPEND=${CCACHE_DEPEND:-1}
   settings+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 raw=$(mktemp -d)

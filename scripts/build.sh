@@ -5,13 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
-# ccache where installed (scripts/install-deps.sh installs it): the wheel's
-# build (scripts/build-wheel.sh) then compiles nothing this one did. Paths
-# relative to the checkout, so build-wheel/'s compiles match build/'s.
+# ccache where installed (scripts/install-deps.sh installs it; MESHRUN_CCACHE=0
+# for none): the wheel's build (scripts/build-wheel.sh) then compiles nothing
+# this one did. Paths relative to the checkout, so build-wheel/'s compiles
+# match build/'s; depend mode, so that a miss costs no second preprocessing.
 launcher=()
-if command -v ccache > /dev/null; then
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+if [ "${MESHRUN_CCACHE:-1}" != 0 ] && command -v ccache > /dev/null; then
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1} \
+    CCACHE_DEPEND=${CCACHE_DEPEND:-1}
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+else
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_C_COMPILER_LAUNCHER=)
 fi
 if ! cmake -S . -B "$build_dir" -G Ninja "${launcher[@]}" "$@" > "$build_dir.configure.log" 2>&1; then
   # Our own configure errors ("meshrun: ...", e.g. no venv) as the one line

@@ -452,6 +452,10 @@ def main():
         default=60.0,
         help="seconds to watch the survivors after the kill",
     )
+    p.add_argument(
+        "--meshrun-wheel",
+        help="the pip wheel's meshrun: (a) runs it beside --meshrun, the source build's",
+    )
     p.add_argument("--sections", default="launch,restart,loss")
     p.add_argument("--json", help="also write the summary here")
     args = p.parse_args()
@@ -464,6 +468,24 @@ def main():
         run(args, launchers, tmpdir)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def print_wheel_rows(launch):
+    """The pip wheel's meshrun (static, from build-wheel.sh) against the
+    source build's, from the same interleaved rounds: within 10% of it."""
+    wheel, source = launch["wheel"], launch
+    print("\n| (a) launch, medians | wheel's meshrun | source build's | ratio | target | met |")
+    print("|---|---|---|---|---|---|")
+    for name, key, fmt in (
+        ("wall", "median_wall_s", fmt_s),
+        ("peak RSS", "median_maxrss_kib", lambda k: f"{k / 1024:.1f} MiB"),
+        ("CPU user+sys", "median_cpu_s", fmt_s),
+    ):
+        w, b = wheel[key], source[key]["meshrun"]
+        ratio = w / b if b else float("nan")
+        target = "" if key == "median_cpu_s" else "<= 1.10"
+        met = "" if not target else ("yes" if ratio <= 1.10 else "NO")
+        print(f"| {name} | {fmt(w)} | {fmt(b)} | {ratio:.2f} | {target} | {met} |")
 
 
 def run(args, launchers, tmpdir):
@@ -487,6 +509,10 @@ def run(args, launchers, tmpdir):
             ("meshrun", launchers.standalone("meshrun", None, ["/bin/true"]), args.meshrun_repeats),
             ("torchrun", launchers.standalone("torchrun", None, ["/bin/true"]), 1),
         ]
+        if args.meshrun_wheel:
+            # The wheel's static binary, interleaved with the source build's.
+            wheel_argv = [args.meshrun_wheel, *cases[0][1][1:]]
+            cases.insert(1, ("wheel", wheel_argv, args.meshrun_repeats))
         r = run_series(cases, args.runs, env, tmpdir, 120)
         col = {k: [list(x) for x in zip(*r[k], strict=False)] for k in ("meshrun", "torchrun")}
         m_wall, t_wall = med(col["meshrun"][0]), med(col["torchrun"][0])
@@ -505,6 +531,17 @@ def run(args, launchers, tmpdir):
             speedup=t_wall / m_wall,
             rss_fraction=m_rss / t_rss,
         )
+        if args.meshrun_wheel:
+            wheel = [list(x) for x in zip(*r["wheel"], strict=False)]
+            summary["launch"]["wheel"] = dict(
+                command=shell_join(wheel_argv),
+                wall_s=wheel[0],
+                maxrss_kib=wheel[1],
+                cpu_s=wheel[2],
+                median_wall_s=med(wheel[0]),
+                median_maxrss_kib=med(wheel[1]),
+                median_cpu_s=med(wheel[2]),
+            )
         out.append(
             (
                 "(a) launch wall, median",
@@ -681,11 +718,15 @@ def run(args, launchers, tmpdir):
     for name, m, t, ratio, target, met in out:
         met_txt = met if isinstance(met, str) else "" if met is None else ("yes" if met else "NO")
         print(f"| {name} | {m} | {t} | {ratio} | {target} | {met_txt} |")
+    if "launch" in summary and "wheel" in summary["launch"]:
+        print_wheel_rows(summary["launch"])
 
     print("\n```")
     if "launch" in summary:
         print("Raw (a), seconds / KiB, in run order:")
-        for kind in ("meshrun", "torchrun"):
+        for kind in ("meshrun", "wheel", "torchrun"):
+            if kind not in summary["launch"]:
+                continue
             d = summary["launch"][kind]
             print(f"  {kind:8} wall  " + " ".join(f"{w:.3f}" for w in d["wall_s"]))
             print(f"  {kind:8} rss   " + " ".join(str(k) for k in d["maxrss_kib"]))

@@ -13,8 +13,9 @@
 # (a .pth file after the venv's own site-packages, so the wheel's grpcio and
 # protobuf come first) instead of a second 5 GB copy.
 #
-# clean-root:  pip installs the wheel and its two dependencies, nothing else;
-#   --version of the three commands names this checkout's commit; ldd finds
+# clean-root:  pip installs the wheel and its two dependencies, nothing else,
+#   and for an older glibc than its tag's would refuse it; --version of the three
+#   commands names this checkout's commit; ldd finds
 #   glibc alone; a program without torch runs, and a torch script in a venv
 #   without torch fails saying which Python ran it; with torch: DDP
 #   standalone, DDP on two "nodes" through the wheel's meshrun-rdzvd with a
@@ -143,6 +144,24 @@ clean_root_case() {
   extra=$(grep -v -i -E '^(meshrun|grpcio|protobuf|typing_extensions|pip|setuptools)==' \
     "$work/freeze.log" || true)
   [ -z "$extra" ] || fail "pip installed more than meshrun, grpcio and protobuf: $extra"
+
+  # Its tag is right: pip for a glibc older than the tag's refuses it in its
+  # own words (asked here with --platform), and takes it for the tag's own.
+  glibc_minor=$(sed -n 's/.*-manylinux_2_\([0-9]*\)_x86_64\.whl$/\1/p' <<< "$wheel")
+  for platform in "manylinux_2_$((glibc_minor - 1))_x86_64 refused" \
+                  "manylinux_2_${glibc_minor}_x86_64 accepted"; do
+    read -r tag expected <<< "$platform"
+    code=0
+    in_root /venv/bin/pip install --dry-run --no-deps --only-binary=:all: --platform "$tag" \
+      --target /tmp/platform-check "/wheels/$(basename "$wheel")" > "$work/platform.log" 2>&1 ||
+      code=$?
+    if [ "$expected" = refused ]; then
+      [ "$code" -ne 0 ] && grep -q "is not a supported wheel on this platform" "$work/platform.log" ||
+        fail "pip for $tag did not refuse the wheel"
+    else
+      [ "$code" -eq 0 ] || fail "pip for $tag refused the wheel"
+    fi
+  done
 
   # --version names this checkout's commit, the same for all three.
   version=$(in_root /venv/bin/meshrun --version)
