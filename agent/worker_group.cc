@@ -370,31 +370,6 @@ std::vector<std::string> WorkerEnvironment(
   return result;
 }
 
-// The paths execvp would try for `file`, with the worker's PATH.
-std::vector<std::string> ExecCandidates(const std::string& file,
-                                        const std::map<std::string, std::string>& env) {
-  if (file.empty()) return {};
-  if (file.find('/') != std::string::npos) return {file};
-  std::string path;
-  if (auto it = env.find("PATH"); it != env.end()) {
-    path = it->second;
-  } else if (const char* inherited = ::getenv("PATH")) {
-    path = inherited;
-  } else {
-    path = "/bin:/usr/bin";  // glibc's default for execvp
-  }
-  std::vector<std::string> candidates;
-  size_t start = 0;
-  while (true) {
-    size_t colon = path.find(':', start);
-    std::string dir = path.substr(start, colon - start);
-    candidates.push_back(dir.empty() ? file : absl::StrCat(dir, "/", file));
-    if (colon == std::string::npos) break;
-    start = colon + 1;
-  }
-  return candidates;
-}
-
 // A spec turned into what fork/exec needs, all allocated before the fork.
 struct Prepared {
   WorkerSpec spec;
@@ -453,6 +428,30 @@ std::map<pid_t, std::chrono::microseconds> ProcessGroupCpuTimes() {
 }
 
 }  // namespace
+
+std::vector<std::string> ExecCandidates(const std::string& file,
+                                        const std::map<std::string, std::string>& env) {
+  if (file.empty()) return {};
+  if (file.find('/') != std::string::npos) return {file};
+  std::string path;
+  if (auto it = env.find("PATH"); it != env.end()) {
+    path = it->second;
+  } else if (const char* inherited = ::getenv("PATH")) {
+    path = inherited;
+  } else {
+    path = "/bin:/usr/bin";  // glibc's default for execvp
+  }
+  std::vector<std::string> candidates;
+  size_t start = 0;
+  while (true) {
+    size_t colon = path.find(':', start);
+    std::string dir = path.substr(start, colon - start);
+    candidates.push_back(dir.empty() ? file : absl::StrCat(dir, "/", file));
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  return candidates;
+}
 
 struct WorkerGroup::Pipe {
   Pipe(boost::asio::io_context& io, int fd, std::unique_ptr<OutputSink> sink)

@@ -36,6 +36,11 @@
 
 namespace meshrun::agent {
 
+// The paths execvp would try for `file` with `env`'s PATH (else this
+// process's, else glibc's default): `file` itself when it has a slash.
+std::vector<std::string> ExecCandidates(const std::string& file,
+                                        const std::map<std::string, std::string>& env);
+
 struct WorkerSpec {
   int local_rank = 0;
   int global_rank = 0;

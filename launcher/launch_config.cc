@@ -45,12 +45,19 @@ constexpr int kDefaultRdzvPort = 29400;
 // the python3 of the venv meshrun was pip-installed into (so that a venv's
 // meshrun run by its path, unactivated, runs that venv's torch), else
 // python3 from PATH, resolved by the spawner.
-std::string PythonExecutable(const std::map<std::string, std::string>& env,
-                             const HostProbe& host) {
-  auto it = env.find("PYTHON_EXEC");
-  if (it != env.end() && !it->second.empty()) return it->second;
-  std::string venv_python = host.venv_python ? host.venv_python() : "";
-  return venv_python.empty() ? std::string("python3") : venv_python;
+void ChoosePython(const std::map<std::string, std::string>& env, const HostProbe& host,
+                  LaunchConfig* config) {
+  if (auto it = env.find("PYTHON_EXEC"); it != env.end() && !it->second.empty()) {
+    config->python = it->second;
+    config->python_source = "$PYTHON_EXEC";
+  } else if (std::string venv = host.venv_python ? host.venv_python() : "";
+             !venv.empty()) {
+    config->python = venv;
+    config->python_source = "meshrun's virtualenv";
+  } else {
+    config->python = "python3";
+    config->python_source = "PATH";
+  }
 }
 
 // --nnodes, the rendezvous flags, --node-rank and --master-*: --standalone
@@ -538,7 +545,7 @@ absl::Status BuildWorkerCommand(const FlagValues& flags,
   config->module = flags.Switch(kModule);
   config->no_python = flags.Switch(kNoPython);
   config->run_path = flags.Switch(kRunPath);
-  config->python = PythonExecutable(env, host);
+  ChoosePython(env, host, config);
   const std::string& python = config->python;
   if (config->run_path) {
     // torchrun: --run-path wins over --no-python and drops -m.

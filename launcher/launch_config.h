@@ -233,6 +233,9 @@ struct LaunchConfig {
   // The interpreter of Python workers and of the --ray driver: $PYTHON_EXEC,
   // else the python3 of meshrun's own virtualenv, else "python3" from PATH.
   std::string python;
+  // Where `python` came from, for messages: "$PYTHON_EXEC", "meshrun's
+  // virtualenv" or "PATH".
+  std::string python_source;
 
   // --metrics-port: the embedded daemon's HTTP port (status page, metrics);
   // -1 for none, 0 for kernel-assigned.

@@ -25,11 +25,11 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/agent.h"
 #include "agent/dump_helper.h"
 #include "agent/resources.h"
+#include "agent/worker_group.h"
 #include "launcher/launch_config.h"
 #include "launcher/local_address.h"
 #include "launcher/status_command.h"
@@ -150,25 +150,18 @@ std::map<std::string, std::string> WorkerSecurityEnv(const LaunchConfig& config)
   return env;
 }
 
-// The interpreter as the spawner found it: "python3" from PATH is named
-// with the file it resolved to, and where the choice came from.
-std::string DescribePython(const std::string& python) {
-  const char* exec = getenv("PYTHON_EXEC");
-  const char* source = exec && *exec                           ? "$PYTHON_EXEC"
-                       : python.find('/') != std::string::npos ? "meshrun's virtualenv"
-                                                               : "PATH";
-  std::string path = python;
-  if (python.find('/') == std::string::npos) {
-    const char* search = getenv("PATH");
-    for (absl::string_view dir : absl::StrSplit(search ? search : "", ':')) {
-      std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", python);
-      if (access(candidate.c_str(), X_OK) == 0) {
-        path = candidate;
-        break;
-      }
+// The workers' interpreter as the spawner finds it (a name on PATH as the
+// file it resolves to), and where the choice came from.
+std::string DescribePython(const LaunchConfig& config) {
+  std::string path = config.python;
+  for (const std::string& candidate : agent::ExecCandidates(config.python, {})) {
+    if (access(candidate.c_str(), X_OK) == 0) {
+      path = candidate;
+      break;
     }
   }
-  return absl::StrCat(path, " (from ", source, "; set PYTHON_EXEC to choose another)");
+  return absl::StrCat(path, " (from ", config.python_source,
+                      "; set PYTHON_EXEC to choose another)");
 }
 
 // --ray: the launch is the Ray driver's (python/meshrun/ray_launch.py), which
@@ -419,7 +412,7 @@ int Main(int argc, char** argv) {
   // most often run by another interpreter than the user thought.
   if (code > 0 && code < 128 && !config.no_python)
     std::fprintf(stderr, "meshrun: the workers' Python was %s\n",
-                 DescribePython(config.python).c_str());
+                 DescribePython(config).c_str());
   return code;
 }
 

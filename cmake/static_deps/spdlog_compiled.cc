@@ -22,7 +22,6 @@
 #include <spdlog/sinks/base_sink-inl.h>
 #include <spdlog/sinks/sink-inl.h>
 #include <spdlog/sinks/stdout_color_sinks-inl.h>
-#include <spdlog/sinks/stdout_sinks-inl.h>
 #include <spdlog/spdlog-inl.h>
 
 #include <mutex>
@@ -49,18 +48,4 @@ template SPDLOG_API std::shared_ptr<logger> stderr_color_mt<synchronous_factory>
 template SPDLOG_API std::shared_ptr<logger> stderr_color_st<synchronous_factory>(
     const std::string& logger_name, color_mode mode);
 
-template class SPDLOG_API sinks::stdout_sink_base<console_mutex>;
-template class SPDLOG_API sinks::stdout_sink_base<console_nullmutex>;
-template class SPDLOG_API sinks::stdout_sink<console_mutex>;
-template class SPDLOG_API sinks::stdout_sink<console_nullmutex>;
-template class SPDLOG_API sinks::stderr_sink<console_mutex>;
-template class SPDLOG_API sinks::stderr_sink<console_nullmutex>;
-template SPDLOG_API std::shared_ptr<logger> stdout_logger_mt<synchronous_factory>(
-    const std::string& logger_name);
-template SPDLOG_API std::shared_ptr<logger> stdout_logger_st<synchronous_factory>(
-    const std::string& logger_name);
-template SPDLOG_API std::shared_ptr<logger> stderr_logger_mt<synchronous_factory>(
-    const std::string& logger_name);
-template SPDLOG_API std::shared_ptr<logger> stderr_logger_st<synchronous_factory>(
-    const std::string& logger_name);
 }  // namespace spdlog

@@ -7,12 +7,15 @@ ROOT gets the files of Debian's Essential packages and of the PACKAGEs, and
 of everything they need (Pre-Depends and Depends, recursively, resolved among
 the installed packages), plus a dpkg database that lists exactly those: what
 apt would put on a fresh Debian 12 before installing a package that depends on
-the PACKAGEs. No network and no mirror: the files are this machine's. Prints
+the PACKAGEs; and what the installer adds, /dev's basic nodes and /etc/hosts
+(so it needs root). No network and no mirror: the files are this machine's. Prints
 the packages' names and the root's size.
 """
 
 import os
 import re
+import socket
+import stat
 import subprocess
 import sys
 
@@ -107,6 +110,20 @@ def main():
     with open(os.path.join(admin, "status"), "w") as f:
         f.write(status)
     open(os.path.join(admin, "available"), "w").close()
+    # What an installed system has that no package makes: the device nodes
+    # programs open, and the /etc/hosts Debian's installer writes (torchrun
+    # resolves "localhost", and its workers MASTER_ADDR, the host's name).
+    os.makedirs(os.path.join(root, "dev/shm"), exist_ok=True)
+    for name, minor in (("null", 3), ("zero", 5), ("random", 8), ("urandom", 9)):
+        node = os.path.join(root, "dev", name)
+        if not os.path.lexists(node):
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+            os.chmod(node, 0o666)
+    with open(os.path.join(root, "etc/hosts"), "w") as f:
+        f.write(
+            f"127.0.0.1\tlocalhost\n127.0.1.1\t{socket.gethostname()}\n"
+            "::1\t\tlocalhost ip6-localhost ip6-loopback\n"
+        )
     size = subprocess.run(
         ["du", "-sm", root], check=True, capture_output=True, text=True
     ).stdout.split()[0]

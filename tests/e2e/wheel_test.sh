@@ -83,16 +83,8 @@ if compgen -G "$root/usr/lib/x86_64-linux-gnu/libgrpc*" > /dev/null ||
    compgen -G "$root/usr/lib/x86_64-linux-gnu/libprotobuf*" > /dev/null; then
   fail "the clean root has Debian's gRPC or protobuf"
 fi
-# What Debian's installer writes and no package makes: torchrun resolves
-# "localhost", and its workers MASTER_ADDR, the host's name.
-printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' \
-  "$(hostname)" > "$root/etc/hosts"
-mkdir -p "$root/dev/shm" "$root/proc" "$root/host-site" "$root/opt" "$root/wheels" "$root/tmp"
+mkdir -p "$root/proc" "$root/host-site" "$root/opt" "$root/wheels" "$root/tmp"
 chmod 1777 "$root/tmp"
-for node in "null c 1 3" "zero c 1 5" "random c 1 8" "urandom c 1 9"; do
-  read -r name type major minor <<< "$node"
-  [ -e "$root/dev/$name" ] || mknod -m 666 "$root/dev/$name" "$type" "$major" "$minor"
-done
 mount -t proc proc "$root/proc"
 mount -t tmpfs tmpfs "$root/dev/shm"
 host_site=$("$host_venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -988,6 +988,7 @@ TEST(LaunchConfigTest, WorkerPythonIsTheVirtualenvsWhereMeshrunIsInstalled) {
   LaunchConfig config = MustParse({"train.py"}, {}, venv);
   EXPECT_EQ(config.worker_argv, (Args{"/home/u/venv/bin/python3", "-u", "train.py"}));
   EXPECT_EQ(config.python, "/home/u/venv/bin/python3");
+  EXPECT_EQ(config.python_source, "meshrun's virtualenv");
   EXPECT_EQ(
       MustParse({"train.py"}, {{"PYTHON_EXEC", "/opt/py/bin/python"}}, venv).worker_argv,
       (Args{"/opt/py/bin/python", "-u", "train.py"}));
@@ -996,6 +997,7 @@ TEST(LaunchConfigTest, WorkerPythonIsTheVirtualenvsWhereMeshrunIsInstalled) {
   HostProbe system = FakeHost();
   system.venv_python = [] { return std::string(); };
   EXPECT_EQ(MustParse({"train.py"}, {}, system).python, "python3");
+  EXPECT_EQ(MustParse({"train.py"}, {}, system).python_source, "PATH");
 }
 
 TEST(LaunchConfigTest, NoPythonAndModuleConflict) {
