@@ -21,6 +21,8 @@
 #                                         # with .device carried
 #   bash scripts/device-check.sh ft       # meshrun.ft's part alone (anywhere:
 #                                         # without CUDA it runs its CPU part)
+#   bash scripts/device-check.sh wheel    # the pip wheel's part alone (anywhere:
+#                                         # without CUDA, install and --version)
 #
 # run: device placement (device_placement_worker: the current device after
 # InitProcessGroup, FullyShard's gathered parameters on their device, with
@@ -36,6 +38,12 @@
 # fsdp_lifecycle_worker --device cuda), then gpt_step_bench against
 # gpt_step_bench.py (layouts none, ddp, fsdp). Logs and summary.txt land in
 # $OUT (or .device/out). Exit 0 when every layout and ft check passed.
+#
+# wheel (issue 46 item 4; run does it first): the pip wheel that `bundle`
+# copied from dist/ (scripts/build-wheel.sh) is pip-installed, without the
+# network, into the environment of that machine's python3 (its own CUDA
+# torch, grpcio and protobuf are there already), and its `meshrun` launches
+# an NCCL DDP job (tests/device/ddp_nccl.py) on every GPU.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=$root/.device/bundle
@@ -48,7 +56,51 @@ make_bundle() {
   mkdir -p "$bundle"
   for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$bundle"; done
   rm -rf "$debs" "$bundle/usr/share/doc"
+  # The pip wheel, for wheel_check.
+  local wheels=("$root"/dist/meshrun-*.whl)
+  [ -f "${wheels[0]}" ] || { echo "device-check: no wheel in dist/: run scripts/build-wheel.sh first" >&2; exit 2; }
+  mkdir -p "$bundle/wheel"
+  cp "${wheels[@]}" "$bundle/wheel/"
   du -sh "$bundle"
+}
+
+# The pip wheel on the GPU machine; appends its PASS/FAIL/SKIP lines to $1
+# (a summary), its log beside it. Returns 1 when a check failed.
+wheel_check() {
+  local summary=$1 python=${PYTHON:-python3}
+  local log=${summary%/*}/wheel.log
+  local wheels=("$bundle"/wheel/meshrun-*.whl)
+  if [ ! -f "${wheels[0]}" ]; then
+    echo "FAIL wheel: none in $bundle/wheel (bundle copies it from dist/)" | tee -a "$summary"
+    return 1
+  fi
+  # --no-deps: grpcio and protobuf are that machine's own (the launcher's
+  # binaries need neither; meshrun's Python modules import them).
+  if ! "$python" -m pip install -q --no-index --no-deps --no-compile --force-reinstall \
+       "${wheels[0]}" > "$log" 2>&1; then
+    echo "FAIL wheel install: $(tail -2 "$log" | tr '\n' ' ')" | tee -a "$summary"
+    return 1
+  fi
+  local bin
+  bin=$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+  local versions
+  versions="$("$bin/meshrun" --version 2>&1 | head -1); $("$bin/meshrun-rdzvd" --version 2>&1 | head -1)"
+  echo "PASS wheel install into $bin: $versions" | tee -a "$summary"
+  if ! "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
+    echo "SKIP wheel NCCL DDP: no CUDA (or no torch) for $python" | tee -a "$summary"
+    return 0
+  fi
+  local gpus
+  gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
+  # The wheel's launcher picks the python3 beside it (this venv's, with its
+  # CUDA torch): no PYTHON_EXEC.
+  if (cd "${summary%/*}" && timeout 300 "$bin/meshrun" --standalone --nproc-per-node="$gpus" \
+        "$root/tests/device/ddp_nccl.py") >> "$log" 2>&1 && grep -q '^DDP_NCCL .* ok$' "$log"; then
+    echo "PASS wheel NCCL DDP: $(grep -m1 '^DDP_NCCL' "$log")" | tee -a "$summary"
+  else
+    echo "FAIL wheel NCCL DDP: $(grep -m3 -h 'FAIL\|rror\|^DDP_NCCL' "$log" | tr '\n' ' ')" | tee -a "$summary"
+    return 1
+  fi
 }
 
 # meshrun.ft on CUDA; appends its PASS/FAIL/SKIP lines to $1 (a summary),
@@ -101,6 +153,7 @@ run_check() {
   export LD_LIBRARY_PATH=$bundle/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   local torchrun=("$python" -m torch.distributed.run --standalone --no-python)
   local failed=0
+  wheel_check "$summary" || failed=1
 
   # Device placement (issue 44): InitProcessGroup("nccl") makes LOCAL_RANK's
   # GPU current, and FullyShard's gathered parameters (allocated through the
@@ -223,5 +276,11 @@ case "${1:-}" in
     : > "$out/summary.txt"
     ft_check "$out/summary.txt"
     ;;
-  *) echo "usage: $0 bundle|run|ft" >&2; exit 2 ;;
+  wheel)
+    out=${OUT:-$root/.device/out}
+    mkdir -p "$out"
+    : > "$out/summary.txt"
+    wheel_check "$out/summary.txt"
+    ;;
+  *) echo "usage: $0 bundle|run|ft|wheel" >&2; exit 2 ;;
 esac
