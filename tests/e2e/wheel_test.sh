@@ -5,6 +5,7 @@
 # protobuf of Debian's), it runs PyTorch programs as torchrun would.
 #
 #   wheel_test.sh WHEEL_DIR CACHE_DIR HOST_VENV clean-root|older-torch
+#   wheel_test.sh --prefetch CACHE_DIR HOST_VENV
 #
 # WHEEL_DIR holds the one wheel scripts/build-wheel.sh made; CACHE_DIR keeps
 # the wheels pip downloads for the root (its dependencies, and torch 2.4.1
@@ -28,9 +29,28 @@
 # closure of python3-venv and libstdc++6, from this machine's packages), as
 # in deb_test.sh.
 # Needs root (chroot, mounts); exit 77 (skipped) otherwise.
+#
+# --prefetch only downloads into CACHE_DIR what the cases would: most of
+# older-torch's time on a fresh machine is its 2.7 GB download, which
+# scripts/test.sh runs beside the build (network against compiler), not
+# beside the other tests.
 set -euo pipefail
+pinned() { sed -n "s/^$1==\([^ ]*\).*/\1/p" "$(dirname "$0")/../../scripts/python-requirements.txt"; }
+download_deps() {  # CACHE_DIR HOST_VENV
+  "$2/bin/pip" download -q --only-binary=:all: --dest "$1/deps" \
+    "grpcio==$(pinned grpcio)" "protobuf==$(pinned protobuf)"
+}
+download_torch_2_4() {  # CACHE_DIR HOST_VENV
+  "$2/bin/pip" download -q --only-binary=:all: --dest "$1/torch-2.4.1" torch==2.4.1
+}
+if [ "${1:-}" = --prefetch ] && [ $# -eq 3 ]; then
+  mkdir -p "$2"
+  download_deps "$2" "$3" && download_torch_2_4 "$2" "$3"
+  exit
+fi
 if [ $# -ne 4 ]; then
   echo "usage: wheel_test.sh WHEEL_DIR CACHE_DIR HOST_VENV clean-root|older-torch" >&2
+  echo "       wheel_test.sh --prefetch CACHE_DIR HOST_VENV" >&2
   exit 2
 fi
 wheel_dir=$(cd "$1" 2> /dev/null && pwd) || { echo "wheel_test: no folder $1"; exit 1; }
@@ -69,7 +89,6 @@ fail() {
   exit 1
 }
 start=$(date +%s)
-pinned() { sed -n "s/^$1==\([^ ]*\).*/\1/p" "$src/scripts/python-requirements.txt"; }
 
 # --- The clean root ----------------------------------------------------------
 # libstdc++6 too: the manylinux policy counts it as the system's, and the
@@ -95,8 +114,7 @@ cp "$src/examples/seeds/002_ddp_elastic/train_script_ft.py" "$root/opt/"
 
 # The wheel's dependencies (the project's pins, which its ranges must
 # allow), fetched here: the root installs with --no-index.
-"$host_venv/bin/pip" download -q --only-binary=:all: --dest "$cache/deps" \
-  "grpcio==$(pinned grpcio)" "protobuf==$(pinned protobuf)" > "$work/download.log" 2>&1 ||
+download_deps "$cache" "$host_venv" > "$work/download.log" 2>&1 ||
   fail "pip download of the wheel's dependencies failed"
 cp "$cache"/deps/*.whl "$root/wheels/"
 
@@ -264,8 +282,8 @@ for module, where in ((meshrun, "/venv/"), (grpc, "/venv/"), (google.protobuf, "
 }
 
 older_torch_case() {
-  "$host_venv/bin/pip" download -q --only-binary=:all: --dest "$cache/torch-2.4.1" \
-    torch==2.4.1 > "$work/download.log" 2>&1 || fail "pip download of torch 2.4.1 failed"
+  download_torch_2_4 "$cache" "$host_venv" > "$work/download.log" 2>&1 ||
+    fail "pip download of torch 2.4.1 failed"
   mkdir -p "$root/torch-2.4.1"
   mount --bind -o ro "$cache/torch-2.4.1" "$root/torch-2.4.1"
   make_venv /venv24 --find-links /torch-2.4.1 torch==2.4.1 "/wheels/$(basename "$wheel")"
