@@ -105,5 +105,11 @@ cat "$tmp/stdout"
   grep -v '^SUMMARY_JSON ' "$tmp/stdout" || true
   bench_logs
 } > "$results_dir/results.md"
+# The files name the checkout's paths and the wheel's extraction folder:
+# neither is where a reader's are.
+for results in "$results_dir/results.md" "$results_dir/results.json"; do
+  strip_checkout_paths "$results"
+  sed -i "s#$tmp/wheel/#<wheel>/#g" "$results"
+done
 echo "bench-launcher: wrote $results_dir/results.md and $results_dir/results.json" >&2
 exit "$status"

@@ -37,8 +37,10 @@ constexpr int kKeepAliveSeconds = 1;
 constexpr int kKeepAliveAttempts = 3;
 constexpr auto kLease = seconds(kKeepAliveSeconds * kKeepAliveAttempts);
 // Beyond the lease: the last heartbeat's own deadline and stopping workers
-// (SIGTERM first, SIGKILL after --shutdown-timeout=2).
-constexpr auto kStopSlack = seconds(5);
+// (SIGTERM first, SIGKILL after --shutdown-timeout=2), with room for a
+// loaded machine. Lease and slack stay well inside the workers' own time
+// (kWorkSeconds), so a node that trained on is still told apart.
+constexpr auto kStopSlack = seconds(10);
 
 // Each worker appends its pid to its node's file and sleeps. (Attempts
 // follow one another, so a node's lines come kNproc per attempt.)
@@ -123,7 +125,8 @@ TEST_F(PartitionTest, CutOffNodeStopsItsWorkersAndTheOthersFinish) {
   ASSERT_FALSE(endpoint_.empty());
   // Long enough for the cut to land in the first attempt; the survivors'
   // second attempt runs it again and then ends.
-  constexpr int kWorkSeconds = 20;
+  constexpr int kWorkSeconds = 30;
+  static_assert(kLease + kStopSlack < seconds(kWorkSeconds));
   for (int node = 0; node < kNodes; ++node) StartAgent(node, kWorkSeconds);
 
   // Every worker of every node is running in attempt 0.

@@ -269,9 +269,11 @@ TEST_F(DaemonRestartTest, DaemonGoneLongerThanTheGraceStopsTheWorkers) {
   for (auto& agent : agents) {
     EXPECT_EQ(ExitCode(*agent, seconds(30)), 75) << agent->output();
     const auto took = Clock::now() - killed;
-    // The lease counts from the last heartbeat (every 1 s) before the kill;
-    // stopping Python workers with SIGTERM takes well under a second.
-    EXPECT_LT(took, grace + seconds(2)) << agent->output();
+    // The message below says the grace (2.0 s) was the reason; this bound
+    // only tells "stopped on the grace" from "ran on to the workers' own
+    // 90 s", with room for a loaded machine (the lease counts from the last
+    // heartbeat before the kill, and SIGTERM's stop and the exit follow).
+    EXPECT_LT(took, grace + seconds(15)) << agent->output();
     EXPECT_NE(
         agent->output().find("meshrun: lost the rendezvous daemon at " + daemon.endpoint +
                              ": no successful heartbeat for 2.0 s"),
