@@ -6,7 +6,8 @@ regression set on cuda:LOCAL_RANK; rank 0 prints each step's world-mean loss
 and, at the end, "DDP_NCCL world=N backend=nccl device=cuda:K final_loss=X".
 It exits non-zero if the loss did not fall, if the parameters differ across
 ranks after training (DDP's all-reduce on NCCL keeps them equal), or if the
-launcher's environment is not torchrun's.
+launcher did not set torchrun's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT.
 
     meshrun --standalone --nproc-per-node=<GPUs> tests/device/ddp_nccl.py
 """
