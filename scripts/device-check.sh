@@ -83,9 +83,16 @@ wheel_check() {
   fi
   local bin
   bin=$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-  local versions
-  versions="$("$bin/meshrun" --version 2>&1 | head -1); $("$bin/meshrun-rdzvd" --version 2>&1 | head -1)"
-  echo "PASS wheel install into $bin: $versions" | tee -a "$summary"
+  local command version versions=()
+  for command in meshrun meshrun-rdzvd meshrun-slurm; do
+    if ! version=$("$bin/$command" --version 2>&1) ||
+       [[ ! $version =~ ^meshrun(-rdzvd)?\ [0-9.]+\ \(commit ]]; then
+      echo "FAIL wheel $command --version: $(echo "$version" | head -2 | tr '\n' ' ')" | tee -a "$summary"
+      return 1
+    fi
+    versions+=("$version")
+  done
+  echo "PASS wheel install into $bin: ${versions[*]}" | tee -a "$summary"
   if ! "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null; then
     echo "SKIP wheel NCCL DDP: no CUDA (or no torch) for $python" | tee -a "$summary"
     return 0

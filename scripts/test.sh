@@ -12,10 +12,11 @@ build_dir=${BUILD_DIR:-build}
 prefetch=
 if [ "${BUILD_WHEEL:-1}" != 0 ] && [ "$(id -u)" -eq 0 ]; then
   mkdir -p "$build_dir"
-  bash tests/e2e/wheel_test.sh --prefetch "$build_dir/wheel-test" "${MESHRUN_VENV:-.venv}" \
-    > "$build_dir/wheel-test-prefetch.log" 2>&1 &
+  # Its own process group (setsid), so that a failed build ends pip too.
+  setsid bash tests/e2e/wheel_test.sh --prefetch "$build_dir/wheel-test" \
+    "${MESHRUN_VENV:-.venv}" > "$build_dir/wheel-test-prefetch.log" 2>&1 &
   prefetch=$!
-  trap 'kill "$prefetch" 2> /dev/null || true' EXIT
+  trap 'kill -- -"$prefetch" 2> /dev/null || true' EXIT
 fi
 bash scripts/build.sh "$@"
 # The pip wheel, which the Wheel.* tests install (about a minute after the
