@@ -281,8 +281,10 @@ TEST_F(LauncherTest, KilledAgentTakesItsWorkersAndTheOthersCarryOn) {
     agents.push_back(Launch({"--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
                              "--rdzv-endpoint=" + daemon.endpoint(), "--rdzv-id=killed",
                              "--node-rank=" + std::to_string(node),
-                             // The survivors re-form when its lease (2 s) runs out.
-                             "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=2",
+                             // The survivors re-form when its lease (5 s) runs out;
+                             // a 2 s one expelled a survivor whose heartbeats a
+                             // loaded machine (load 13) delayed past it (exit 75).
+                             "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=5",
                              "--no-python", kWorker, "until-world-below", "3"}));
   auto line = agents[2]->ReadUntil("pid=", seconds(30));
   ASSERT_TRUE(line) << agents[2]->output();
