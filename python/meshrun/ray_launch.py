@@ -173,23 +173,51 @@ def spawn_dying_with_parent(argv: list[str], env: dict[str, str], cwd: str) -> s
     )
 
 
-def agent_processes(agent_id: str) -> list[int]:
-    """This machine's live processes (not zombies) that carry ``agent_id``."""
-    mark = f"{AGENT_ID_ENV}={agent_id}".encode()
-    found = []
+# A process's /proc/PID/environ reads empty from the moment exec installs its
+# new memory until the kernel has copied the environment in: a window in which
+# the exec's caller has already returned (subprocess.Popen included). Such a
+# process is looked at again for this long before its empty environment is
+# taken for real (env -i).
+EXEC_WINDOW_S = 1.0
+PF_KTHREAD = 0x00200000  # kernel threads have no environment either
+
+
+def _scan_processes(mark: bytes) -> tuple[list[int], list[int]]:
+    """This machine's live processes (not zombies) that carry ``mark``, and
+    the user processes whose environment read empty."""
+    found: list[int] = []
+    empty: list[int] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                if mark not in f.read().split(b"\0"):
-                    continue
+                environ = f.read()
             with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
-        except (OSError, IndexError):
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
+                continue
+            if not environ:
+                if not int(fields[6]) & PF_KTHREAD:
+                    empty.append(int(entry))
+                continue
+            if mark in environ.split(b"\0"):
+                found.append(int(entry))
+        except (OSError, IndexError, ValueError):
             continue  # gone meanwhile, or not ours to read
-        found.append(int(entry))
+    return found, empty
+
+
+def agent_processes(agent_id: str) -> list[int]:
+    """This machine's live processes (not zombies) that carry ``agent_id``,
+    including one caught in the middle of its exec (EXEC_WINDOW_S)."""
+    mark = f"{AGENT_ID_ENV}={agent_id}".encode()
+    found, empty = _scan_processes(mark)
+    settle = time.monotonic() + EXEC_WINDOW_S
+    while empty and time.monotonic() < settle:
+        time.sleep(0.01)
+        found, still_empty = _scan_processes(mark)
+        empty = [pid for pid in still_empty if pid in empty]
     return found
 
 

@@ -123,6 +123,43 @@ class ReaperTest(unittest.TestCase):
                     p.kill()
                     p.wait(timeout=10)
 
+    def test_looks_again_at_a_process_caught_in_its_exec(self) -> None:
+        # Popen returns once the child's exec has closed its descriptors,
+        # before the kernel has copied its environment in: read at once,
+        # /proc/PID/environ was empty one time in five here (one in two under
+        # load), and under CI's load the reaper missed such a process. The
+        # window is too short to hit on purpose, so the scan is played here:
+        # empty first, then the agent's.
+        scans = iter([([], [4242]), ([], [4242]), ([4242], [])])
+        with unittest.mock.patch.object(ray_launch, "_scan_processes", lambda mark: next(scans)):
+            self.assertEqual(ray_launch.agent_processes("a"), [4242])
+        # A process whose environment is empty for good (env -i) is given up
+        # on after EXEC_WINDOW_S.
+        with unittest.mock.patch.object(ray_launch, "_scan_processes", lambda mark: ([], [4242])):
+            started = time.monotonic()
+            self.assertEqual(ray_launch.agent_processes("a"), [])
+            self.assertGreaterEqual(time.monotonic() - started, ray_launch.EXEC_WINDOW_S)
+
+    def test_scan_tells_an_empty_environment_from_another_agent(self) -> None:
+        agent_id = uuid.uuid4().hex
+        ours = subprocess.Popen(
+            ["sleep", "600"], env={**os.environ, ray_launch.AGENT_ID_ENV: agent_id}
+        )
+        bare = subprocess.Popen(["sleep", "600"], env={})
+        try:
+            mark = f"{ray_launch.AGENT_ID_ENV}={agent_id}".encode()
+            deadline = time.monotonic() + 10
+            while True:
+                found, empty = ray_launch._scan_processes(mark)
+                if found == [ours.pid] and bare.pid in empty:
+                    break
+                self.assertLess(time.monotonic(), deadline, (found, empty))
+                time.sleep(0.01)
+        finally:
+            for p in [ours, bare]:
+                p.kill()
+                p.wait(timeout=10)
+
     def test_says_when_the_agent_outlives_it(self) -> None:
         agent_id = uuid.uuid4().hex
         sleeper = subprocess.Popen(
