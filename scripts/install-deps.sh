@@ -36,6 +36,8 @@ test_packages=(
   # Packaging (Install.* tests): man pages, dpkg-shlibdeps for the package's
   # Depends, systemd-analyze to verify the daemon's unit, curl for /metrics.
   help2man dpkg-dev systemd curl
+  # The daemon's state in etcd (EtcdFailoverTest): a three-member cluster.
+  etcd-server etcd-client
 )
 case "${1:-}" in
   --main-job) ;;

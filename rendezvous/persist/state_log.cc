@@ -56,74 +56,167 @@ std::string WalPath(const std::string& dir, uint64_t gen) {
   return absl::StrCat(dir, "/wal.", gen);
 }
 
+// --state-dir's medium: LOCK, snapshot, wal.<gen> (see state_log.h).
+class DirMedium final : public StateMedium {
+ public:
+  static absl::StatusOr<std::unique_ptr<DirMedium>> Open(const std::string& dir) {
+    std::unique_ptr<DirMedium> medium(new DirMedium());
+    medium->dir_ = dir;
+    std::error_code error;
+    fs::create_directories(dir, error);
+    if (error) return absl::InternalError(error.message());
+    const std::string lock_path = dir + "/LOCK";
+    medium->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (medium->lock_fd_ < 0) {
+      return absl::InternalError(absl::StrCat("cannot open ", lock_path, ": ", Errno()));
+    }
+    if (::flock(medium->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      std::string holder;
+      char buf[32] = {};
+      if (::pread(medium->lock_fd_, buf, sizeof buf - 1, 0) > 0) holder = buf;
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' '))
+        holder.pop_back();
+      return absl::FailedPreconditionError(
+          absl::StrCat("in use by another meshrun-rdzvd",
+                       holder.empty() ? "" : absl::StrCat(" (pid ", holder, ")")));
+    }
+    const std::string pid = absl::StrCat(::getpid(), "\n");
+    if (::ftruncate(medium->lock_fd_, 0) != 0 ||
+        ::pwrite(medium->lock_fd_, pid.data(), pid.size(), 0) < 0) {
+      return absl::InternalError(absl::StrCat("cannot write ", lock_path, ": ", Errno()));
+    }
+    return medium;
+  }
+  ~DirMedium() override {
+    if (wal_fd_ >= 0) ::close(wal_fd_);
+    if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+  }
+
+  std::string name() const override { return "state dir " + dir_; }
+
+  absl::StatusOr<std::optional<std::string>> ReadSnapshot() override {
+    const std::string path = dir_ + "/snapshot";
+    std::error_code error;
+    if (!fs::exists(path, error)) return std::nullopt;
+    auto bytes = ReadWhole(path);
+    if (!bytes.ok()) return bytes.status();
+    return std::optional<std::string>(std::move(*bytes));
+  }
+
+  absl::StatusOr<std::string> ReadLog(uint64_t gen) override {
+    generation_ = gen;
+    const std::string path = WalPath(dir_, gen);
+    std::error_code error;
+    if (!fs::exists(path, error)) return std::string();
+    return ReadWhole(path);
+  }
+
+  absl::Status Append(std::string_view frames) override {
+    if (absl::Status s = WriteAll(wal_fd_, frames); !s.ok()) return s;
+    if (::fdatasync(wal_fd_) != 0) return absl::InternalError("fdatasync: " + Errno());
+    return absl::OkStatus();
+  }
+
+  absl::Status InstallSnapshot(const std::string& bytes, uint64_t gen) override {
+    // The new log exists before the snapshot that names it.
+    const std::string wal_path = WalPath(dir_, gen);
+    int wal = ::open(wal_path.c_str(),
+                     O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    if (wal < 0) {
+      return absl::InternalError(absl::StrCat("cannot create ", wal_path, ": ", Errno()));
+    }
+    const std::string tmp = dir_ + "/snapshot.tmp";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      ::close(wal);
+      return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", Errno()));
+    }
+    absl::Status status = WriteAll(fd, bytes);
+    if (status.ok() && ::fsync(fd) != 0)
+      status = absl::InternalError("fsync: " + Errno());
+    ::close(fd);
+    if (status.ok() && ::rename(tmp.c_str(), (dir_ + "/snapshot").c_str()) != 0)
+      status = absl::InternalError("rename snapshot: " + Errno());
+    if (status.ok()) status = SyncDir(dir_);
+    if (!status.ok()) {
+      ::close(wal);
+      return status;
+    }
+    if (wal_fd_ >= 0) ::close(wal_fd_);
+    wal_fd_ = wal;
+    generation_ = gen;
+    // Logs of older generations (the previous one, or one left by a crash
+    // between rename and unlink) are covered by the snapshot.
+    std::error_code error;
+    for (const auto& entry : fs::directory_iterator(dir_, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("wal.", 0) == 0 && name != absl::StrCat("wal.", generation_)) {
+        fs::remove(entry.path(), error);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  DirMedium() = default;
+  std::string dir_;
+  int lock_fd_ = -1;
+  int wal_fd_ = -1;
+  uint64_t generation_ = 0;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StateLog>> StateLog::Open(
     const std::string& dir, size_t snapshot_after_bytes, KvStore* store,
     RendezvousState* rendezvous, RdzvTime now, StateLoadReport* report) {
+  auto medium = DirMedium::Open(dir);
+  if (!medium.ok()) {
+    return absl::Status(medium.status().code(),
+                        absl::StrCat("state dir ", dir, ": ", medium.status().message()));
+  }
+  return Open(std::move(*medium), snapshot_after_bytes, store, rendezvous, now, report);
+}
+
+absl::StatusOr<std::unique_ptr<StateLog>> StateLog::Open(
+    std::unique_ptr<StateMedium> medium, size_t snapshot_after_bytes, KvStore* store,
+    RendezvousState* rendezvous, RdzvTime now, StateLoadReport* report) {
+  const std::string name = medium->name();
   auto fail = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("state dir ", dir, ": ", s.message()));
+    return absl::Status(s.code(), absl::StrCat(name, ": ", s.message()));
   };
   std::unique_ptr<StateLog> log(new StateLog());
-  log->dir_ = dir;
+  log->medium_ = std::move(medium);
   log->snapshot_after_bytes_ = snapshot_after_bytes;
-  std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) return fail(absl::InternalError(error.message()));
-
-  const std::string lock_path = dir + "/LOCK";
-  log->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (log->lock_fd_ < 0) {
-    return fail(
-        absl::InternalError(absl::StrCat("cannot open ", lock_path, ": ", Errno())));
-  }
-  if (::flock(log->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    std::string holder;
-    char buf[32] = {};
-    if (::pread(log->lock_fd_, buf, sizeof buf - 1, 0) > 0) holder = buf;
-    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' '))
-      holder.pop_back();
-    return fail(absl::FailedPreconditionError(
-        absl::StrCat("in use by another meshrun-rdzvd",
-                     holder.empty() ? "" : absl::StrCat(" (pid ", holder, ")"))));
-  }
-  const std::string pid = absl::StrCat(::getpid(), "\n");
-  if (::ftruncate(log->lock_fd_, 0) != 0 ||
-      ::pwrite(log->lock_fd_, pid.data(), pid.size(), 0) < 0) {
-    return fail(
-        absl::InternalError(absl::StrCat("cannot write ", lock_path, ": ", Errno())));
-  }
 
   // Load: the snapshot (if any) names the log generation that follows it.
   uint64_t gen = 0;
-  const std::string snapshot_path = dir + "/snapshot";
-  if (fs::exists(snapshot_path, error)) {
-    auto bytes = ReadWhole(snapshot_path);
-    if (!bytes.ok()) return fail(bytes.status());
-    auto next = codec::DecodeSnapshot(*bytes, store, rendezvous, now);
+  auto snapshot = log->medium_->ReadSnapshot();
+  if (!snapshot.ok()) return fail(snapshot.status());
+  if (snapshot->has_value()) {
+    auto next = codec::DecodeSnapshot(**snapshot, store, rendezvous, now);
     if (!next.ok()) {
       return fail(absl::DataLossError(
           absl::StrCat("snapshot is damaged (", next.status().message(),
                        "); refusing to start rather than lose part of the state. Move "
-                       "the directory away to start empty")));
+                       "it away to start empty")));
     }
     gen = *next;
     report->had_snapshot = true;
   }
-  const std::string wal_path = WalPath(dir, gen);
-  if (fs::exists(wal_path, error)) {
-    auto bytes = ReadWhole(wal_path);
-    if (!bytes.ok()) return fail(bytes.status());
+  auto bytes = log->medium_->ReadLog(gen);
+  if (!bytes.ok()) return fail(bytes.status());
+  if (!bytes->empty()) {
     auto scan = codec::ScanFrames(*bytes);
     if (!scan.ok()) {
       return fail(absl::DataLossError(
-          absl::StrCat("log ", wal_path, " is damaged (", scan.status().message(),
+          absl::StrCat("log ", gen, " is damaged (", scan.status().message(),
                        "); refusing to start rather than lose part of the state")));
     }
     for (std::string_view record : scan->records) {
       if (absl::Status s = codec::ApplyRecord(record, store, rendezvous, now); !s.ok()) {
         return fail(absl::DataLossError(absl::StrCat(
-            "log ", wal_path, " record ", report->log_records, ": ", s.message())));
+            "log ", gen, " record ", report->log_records, ": ", s.message())));
       }
       ++report->log_records;
     }
@@ -140,50 +233,13 @@ absl::StatusOr<std::unique_ptr<StateLog>> StateLog::Open(
       !s.ok()) {
     return fail(s);
   }
-  // Logs of older generations (a crash between rename and unlink) are stale.
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("wal.", 0) == 0 && name != absl::StrCat("wal.", log->generation_)) {
-      fs::remove(entry.path(), error);
-    }
-  }
   return log;
 }
 
-StateLog::~StateLog() {
-  Stop();
-  if (wal_fd_ >= 0) ::close(wal_fd_);
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
-}
+StateLog::~StateLog() { Stop(); }
 
 absl::Status StateLog::InstallSnapshot(const std::string& bytes, uint64_t gen) {
-  // The new log exists before the snapshot that names it.
-  const std::string wal_path = WalPath(dir_, gen);
-  int wal =
-      ::open(wal_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-  if (wal < 0) {
-    return absl::InternalError(absl::StrCat("cannot create ", wal_path, ": ", Errno()));
-  }
-  const std::string tmp = dir_ + "/snapshot.tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    ::close(wal);
-    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", Errno()));
-  }
-  absl::Status status = WriteAll(fd, bytes);
-  if (status.ok() && ::fsync(fd) != 0) status = absl::InternalError("fsync: " + Errno());
-  ::close(fd);
-  if (status.ok() && ::rename(tmp.c_str(), (dir_ + "/snapshot").c_str()) != 0)
-    status = absl::InternalError("rename snapshot: " + Errno());
-  if (status.ok()) status = SyncDir(dir_);
-  if (!status.ok()) {
-    ::close(wal);
-    return status;
-  }
-  if (wal_fd_ >= 0) ::close(wal_fd_);
-  std::error_code ignored;
-  fs::remove(WalPath(dir_, generation_), ignored);
-  wal_fd_ = wal;
+  if (absl::Status s = medium_->InstallSnapshot(bytes, gen); !s.ok()) return s;
   generation_ = gen;
   wal_bytes_ = 0;
   std::lock_guard<std::mutex> lock(mu_);
@@ -265,7 +321,7 @@ void StateLog::Fatal(const std::string& what) {
   // Nothing more can be made durable, so nothing more may be acknowledged:
   // end like a crash. Agents keep their workers and reconnect to a restarted
   // daemon, which loads what did reach the disk.
-  spdlog::critical("state dir {}: {}; exiting", dir_, what);
+  spdlog::critical("{}: {}; exiting", medium_->name(), what);
   std::fflush(nullptr);
   ::_exit(3);
 }
@@ -293,9 +349,8 @@ void StateLog::FlushLoop() {
       upto = last_seq_;
     }
     if (!data.empty()) {
-      if (absl::Status s = WriteAll(wal_fd_, data); !s.ok())
+      if (absl::Status s = medium_->Append(data); !s.ok())
         Fatal(std::string(s.message()));
-      if (::fdatasync(wal_fd_) != 0) Fatal("fdatasync: " + Errno());
       wal_bytes_ += data.size();
     }
     {

@@ -1,16 +1,17 @@
 #pragma once
 
-// The daemon's --state-dir: a write-ahead log of state changes with group
-// commit, plus a snapshot that compacts it. Files in DIR:
+// The daemon's durable state: a write-ahead log of state changes with group
+// commit, plus a snapshot that compacts it, kept on a StateMedium
+// (state_medium.h): a directory, or etcd. The directory's files (--state-dir):
 //   LOCK          flock'ed for the daemon's lifetime (holds its pid), so a
 //                 second daemon on the same directory is refused
 //   snapshot      the whole state (state_codec's snapshot format), replaced
 //                 atomically (written aside, fsync'd, renamed)
 //   wal.<gen>     records since that snapshot; <gen> is named in it
 // Records are appended to memory by the services; a flusher thread writes
-// everything queued so far with one write + fdatasync, so concurrent writers
-// share one fsync (group commit). When the log passes `snapshot_after_bytes`
-// the flusher takes a snapshot and starts a new log generation.
+// everything queued so far with one write + fdatasync (one etcd transaction),
+// so concurrent writers share one fsync (group commit). When the log passes
+// `snapshot_after_bytes` the flusher takes a snapshot and starts a new log generation.
 //
 // Thread-safe. Lock order: a service's mutex, then the log's own; the
 // flusher takes service mutexes (through the hooks) without holding the log's.
@@ -30,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "rendezvous/core/kv_store.h"
 #include "rendezvous/core/rendezvous_state.h"
+#include "rendezvous/persist/state_medium.h"
 
 namespace meshrun::rdzv {
 
@@ -51,6 +53,10 @@ class StateLog {
   // not serve), INTERNAL for I/O failures.
   static absl::StatusOr<std::unique_ptr<StateLog>> Open(
       const std::string& dir, size_t snapshot_after_bytes, KvStore* store,
+      RendezvousState* rendezvous, RdzvTime now, StateLoadReport* report);
+  // The same on another medium (etcd), whose errors keep their codes.
+  static absl::StatusOr<std::unique_ptr<StateLog>> Open(
+      std::unique_ptr<StateMedium> medium, size_t snapshot_after_bytes, KvStore* store,
       RendezvousState* rendezvous, RdzvTime now, StateLoadReport* report);
   ~StateLog();  // Stop()
   StateLog(const StateLog&) = delete;
@@ -105,15 +111,13 @@ class StateLog {
   std::vector<std::function<void()>> TakeReadyLocked();
   // Runs the ready callbacks, without mu_ held.
   void RunReady();
-  // Writes the snapshot for generation `gen`, starts wal.<gen>, drops the
-  // previous generation. Flusher thread (or Open) only.
+  // Writes the snapshot for generation `gen` and starts its log. Flusher
+  // thread (or Open) only.
   absl::Status InstallSnapshot(const std::string& bytes, uint64_t gen);
   [[noreturn]] void Fatal(const std::string& what);
 
-  std::string dir_;
+  std::unique_ptr<StateMedium> medium_;
   size_t snapshot_after_bytes_ = 0;
-  int lock_fd_ = -1;
-  int wal_fd_ = -1;          // flusher thread only (after Open)
   uint64_t generation_ = 0;  // flusher thread only (after Open)
   uint64_t wal_bytes_ = 0;   // flusher thread only
 

@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
       };
   daemon->rendezvous_ =
       std::make_unique<RendezvousService>(std::move(rendezvous_options));
-  if (!options.state_dir.empty()) {
+  daemon->extra_metrics_ = options.extra_metrics;
+  if (!options.state_dir.empty() || options.state_medium) {
     if (absl::Status s = daemon->OpenState(options); !s.ok()) return s;
   }
 
@@ -175,8 +176,12 @@ absl::Status Daemon::OpenState(const DaemonOptions& options) {
   const RdzvTime now = RdzvClock::now();
   store.WithStore([&](KvStore& kv) {
     rendezvous.WithState([&](RendezvousState& state) {
-      auto log = StateLog::Open(options.state_dir, options.state_snapshot_after_bytes,
-                                &kv, &state, now, &report);
+      auto log =
+          options.state_medium
+              ? StateLog::Open(options.state_medium(), options.state_snapshot_after_bytes,
+                               &kv, &state, now, &report)
+              : StateLog::Open(options.state_dir, options.state_snapshot_after_bytes, &kv,
+                               &state, now, &report);
       if (log.ok()) {
         state_log_ = std::move(*log);
       } else {
@@ -186,11 +191,11 @@ absl::Status Daemon::OpenState(const DaemonOptions& options) {
   });
   if (!status.ok()) return status;
   spdlog::info(
-      "state dir {}: restored {} store entries and {} runs ({}snapshot, {} log "
+      "{}: restored {} store entries and {} runs ({}snapshot, {} log "
       "records{})",
-      options.state_dir, report.store_entries, report.runs,
-      report.had_snapshot ? "" : "no ", report.log_records,
-      report.torn_tail ? ", a torn last record dropped" : "");
+      options.state_medium ? std::string("etcd") : "state dir " + options.state_dir,
+      report.store_entries, report.runs, report.had_snapshot ? "" : "no ",
+      report.log_records, report.torn_tail ? ", a torn last record dropped" : "");
   store.set_state_log(state_log_.get());
   rendezvous.set_state_log(state_log_.get());
   rendezvous.Restored();
@@ -226,6 +231,7 @@ std::string Daemon::MetricsText() {
   if (tcpstore_) tcpstore_->CollectMetrics(&families);
   if (link_) link_->CollectMetrics(&families);
   if (http_) http_->CollectMetrics(&families);
+  if (extra_metrics_) extra_metrics_(&families);
   AddProcessMemoryMetrics(ReadProcessMemory(), &families);
   // Prometheus' convention for what a process runs: a constant 1 with labels.
   const BuildInfo build = GetBuildInfo();

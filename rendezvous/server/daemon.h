@@ -5,16 +5,20 @@
 // embeds it in-process.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "rendezvous/persist/state_medium.h"
 #include "rendezvous/security/security.h"
 #include "rendezvous/server/rendezvous_service.h"
 #include "rendezvous/server/store_link_server.h"
 #include "rendezvous/server/store_service.h"
 #include "rendezvous/server/tcpstore_server.h"
 #include "rendezvous/status/http_server.h"
+#include "rendezvous/status/metrics.h"
 
 namespace grpc {
 class Channel;
@@ -44,6 +48,10 @@ struct DaemonOptions {
   // Non-empty: persist runs and store contents here (see state_log.h) and
   // resume from what it holds. Empty: state lives in memory only.
   std::string state_dir;
+  // Set: persist on this medium instead (etcd; state_dir must be empty).
+  std::function<std::unique_ptr<StateMedium>()> state_medium;
+  // Set: adds families to /metrics (the etcd leadership's).
+  std::function<void(std::vector<MetricFamily>*)> extra_metrics;
   // The log is compacted into a new snapshot once it grows past this.
   size_t state_snapshot_after_bytes = 64 << 20;
   // The HTTP port for /metrics, /api/status and the status page, on `host`:
@@ -104,6 +112,7 @@ class Daemon {
   Daemon() = default;
   absl::Status OpenState(const DaemonOptions& options);
   std::string host_;
+  std::function<void(std::vector<MetricFamily>*)> extra_metrics_;
   int port_ = 0;
   std::unique_ptr<StoreService> store_;
   std::unique_ptr<RendezvousService> rendezvous_;

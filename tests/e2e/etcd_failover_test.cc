@@ -1,0 +1,386 @@
+// meshrun-rdzvd replicas on etcd, end to end: a real three-member etcd
+// cluster (Debian's etcd-server) and three real daemons, each on a "control
+// host" of its own (a network namespace; netns_lab.h), and clients on a
+// worker host. The leader's host is cut off and its daemon SIGKILLed, a
+// leader is paused past its lease, etcd is cut off from every daemon, and
+// bad etcd settings are given: what a daemon acknowledged is never lost, a
+// daemon that lost its lease never serves again once another leads, and bad
+// input is refused with one line and exit 2 before anything is written.
+// Needs root, iproute2 and etcd (skipped, with the reason, otherwise).
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/e2e/netns_lab.h"
+#include "tests/support/child_process.h"
+
+namespace meshrun {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::BinDir;
+using testing::ChildProcess;
+using testing::ExitCode;
+using testing::NetnsLab;
+namespace fs = std::filesystem;
+
+constexpr char kEtcd[] = "/usr/bin/etcd";
+constexpr char kEtcdctl[] = "/usr/bin/etcdctl";
+// Hosts of the lab: etcd members, daemons, then a client host.
+constexpr int kMembers = 3;
+constexpr int kDaemons = 3;
+constexpr int kFirstDaemonHost = kMembers;
+constexpr int kClientHost = kMembers + kDaemons;
+constexpr int kHosts = kClientHost + 1;
+constexpr int kDaemonPort = 29400;
+
+class EtcdFailoverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (auto why = NetnsLab::Unavailable()) GTEST_SKIP() << *why;
+    if (access(kEtcd, X_OK) != 0 || access(kEtcdctl, X_OK) != 0)
+      GTEST_SKIP() << "no etcd here (install etcd-server and etcd-client)";
+    lab_ = std::make_unique<NetnsLab>(kHosts);
+    char dir[] = "/tmp/meshrun-etcd-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+  }
+
+  void TearDown() override {
+    for (auto& daemon : daemons_)
+      daemon.reset();  // ended by pid before their namespaces go
+    clients_.clear();
+    members_.clear();
+    lab_.reset();
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  std::string MemberUrl(int member, int port) const {
+    return "http://" + lab_->node_address(member) + ":" + std::to_string(port);
+  }
+  std::string EtcdEndpoints(int members = kMembers) const {
+    std::string list;
+    for (int i = 0; i < members; ++i)
+      list += (i ? "," : "") + lab_->node_address(i) + ":2379";
+    return list;
+  }
+
+  // A cluster of `members` members, one per host from host 0. Fast
+  // heartbeats, so that losing a member's raft leader costs about a second.
+  void StartEtcd(int members = kMembers) {
+    std::string cluster;
+    for (int i = 0; i < members; ++i)
+      cluster += (i ? "," : "") + ("e" + std::to_string(i) + "=" + MemberUrl(i, 2380));
+    for (int i = 0; i < members; ++i) {
+      const std::string name = "e" + std::to_string(i);
+      // Its log to a file: etcd writes much at start, and a pipe nobody
+      // reads would stop it. (exec: the pid stays etcd's.)
+      const std::string command =
+          std::string("exec ") + kEtcd + " --name " + name + " --data-dir " + dir_ + "/" +
+          name + " --listen-client-urls " + MemberUrl(i, 2379) +
+          " --advertise-client-urls " + MemberUrl(i, 2379) + " --listen-peer-urls " +
+          MemberUrl(i, 2380) + " --initial-advertise-peer-urls " + MemberUrl(i, 2380) +
+          " --initial-cluster " + cluster +
+          " --initial-cluster-state new --heartbeat-interval 100 --election-timeout 1000"
+          " --auto-compaction-mode revision --auto-compaction-retention 1000 > " +
+          dir_ + "/" + name + ".log 2>&1";
+      members_.push_back(
+          std::make_unique<ChildProcess>(lab_->InNode(i, {"/bin/sh", "-c", command})));
+    }
+  }
+
+  // etcdctl on the client host; its output.
+  std::string Etcdctl(const std::vector<std::string>& args, int* code = nullptr,
+                      const std::string& endpoints = "") {
+    std::vector<std::string> argv{"/usr/bin/env",
+                                  "ETCDCTL_API=3",
+                                  kEtcdctl,
+                                  "--endpoints",
+                                  endpoints.empty() ? EtcdEndpoints() : endpoints,
+                                  "--dial-timeout",
+                                  "5s"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ChildProcess ctl(lab_->InNode(kClientHost, argv), /*merge_stderr=*/true);
+    int exit_code = ExitCode(ctl, seconds(60));
+    if (code) *code = exit_code;
+    return ctl.output();
+  }
+
+  // The daemon on control host `index`; its stdout and stderr merged.
+  ChildProcess& StartDaemon(int index, const std::vector<std::string>& extra = {},
+                            int members = kMembers) {
+    std::vector<std::string> argv{BinDir() + "/meshrun-rdzvd",
+                                  "--host",
+                                  lab_->node_address(kFirstDaemonHost + index),
+                                  "--port",
+                                  std::to_string(kDaemonPort),
+                                  "--metrics-port",
+                                  "9400",
+                                  "--etcd-endpoints",
+                                  EtcdEndpoints(members),
+                                  "--etcd-lease-ttl",
+                                  "2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    daemons_[index] =
+        std::make_unique<ChildProcess>(lab_->InNode(kFirstDaemonHost + index, argv),
+                                       /*merge_stderr=*/true);
+    return *daemons_[index];
+  }
+  std::string DaemonEndpoint(int index) const {
+    return lab_->node_address(kFirstDaemonHost + index) + ":" +
+           std::to_string(kDaemonPort);
+  }
+
+  // Whether `process` has printed `needle` (ever), reading its output for up
+  // to `timeout`.
+  static bool Saw(ChildProcess& process, const std::string& needle,
+                  milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (process.output().find(needle) == std::string::npos) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      process.ReadLine(milliseconds(20));
+    }
+    return true;
+  }
+
+  // Which daemon serves, once one does within `timeout`: -1 if none. (A
+  // daemon that served before, now gone, is named in `except`.)
+  int WaitForLeader(seconds timeout, std::vector<int> except = {}) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (int i = 0; i < kDaemons; ++i) {
+        if (std::find(except.begin(), except.end(), i) != except.end() || !daemons_[i])
+          continue;
+        if (Saw(*daemons_[i], "MESHRUN_RDZVD_ENDPOINT=", milliseconds(20))) return i;
+      }
+    }
+    for (int i = 0; i < kDaemons; ++i) {
+      if (daemons_[i]) std::printf("daemon %d:\n%s\n", i, daemons_[i]->output().c_str());
+    }
+    for (size_t i = 0; i < members_.size(); ++i) {
+      std::ifstream log(dir_ + "/e" + std::to_string(i) + ".log");
+      std::string out((std::istreambuf_iterator<char>(log)), {});
+      std::printf("etcd member %zu (the end of its log):\n%s\n", i,
+                  out.substr(out.size() > 3000 ? out.size() - 3000 : 0).c_str());
+    }
+    return -1;
+  }
+
+  // The store tool on the client host: `args` after ENDPOINT NAMESPACE.
+  ChildProcess& Store(int daemon, const std::vector<std::string>& args) {
+    std::vector<std::string> argv{BinDir() + "/store_tool", DaemonEndpoint(daemon),
+                                  "run/"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    clients_.push_back(
+        std::make_unique<ChildProcess>(lab_->InNode(kClientHost, argv), true));
+    return *clients_.back();
+  }
+  void Set(int daemon, const std::string& key, const std::string& value) {
+    ChildProcess& set = Store(daemon, {"set", key, value});
+    ASSERT_EQ(ExitCode(set, seconds(30)), 0) << set.output();
+  }
+  // Whether `key` is in the store of `daemon` (a wait that returns at once).
+  bool Has(int daemon, const std::string& key) {
+    ChildProcess& wait = Store(daemon, {"wait", key, "2000"});
+    return ExitCode(wait, seconds(30)) == 0;
+  }
+
+  // /metrics of a daemon, fetched on the client host.
+  std::string Metrics(int daemon) {
+    ChildProcess curl(
+        lab_->InNode(kClientHost,
+                     {"/usr/bin/curl", "-s", "--max-time", "5",
+                      "http://" + lab_->node_address(kFirstDaemonHost + daemon) +
+                          ":9400/metrics"}),
+        true);
+    ExitCode(curl, seconds(20));
+    return curl.output();
+  }
+
+  std::unique_ptr<NetnsLab> lab_;
+  std::string dir_;
+  std::vector<std::unique_ptr<ChildProcess>> members_;
+  std::unique_ptr<ChildProcess> daemons_[kDaemons];
+  std::vector<std::unique_ptr<ChildProcess>> clients_;
+};
+
+TEST_F(EtcdFailoverTest, LeadersHostLostThenAnEtcdMemberAndNothingAcknowledgedIsLost) {
+  StartEtcd();
+  for (int i = 0; i < kDaemons; ++i) StartDaemon(i);
+  const int first = WaitForLeader(seconds(60));
+  ASSERT_GE(first, 0) << "no daemon leads";
+  for (int i = 0; i < kDaemons; ++i) {
+    if (i == first) continue;
+    ASSERT_TRUE(Saw(*daemons_[i], "MESHRUN_RDZVD_STANDBY=", seconds(30)))
+        << daemons_[i]->output();
+    EXPECT_FALSE(Saw(*daemons_[i], "MESHRUN_RDZVD_ENDPOINT=", milliseconds(100)));
+  }
+  for (int k = 0; k < 20; ++k) Set(first, "k" + std::to_string(k), "v");
+
+  // The leader's host goes: its link down, its daemon SIGKILLed.
+  lab_->Cut(kFirstDaemonHost + first);
+  daemons_[first]->Signal(SIGKILL);
+  const auto lost = std::chrono::steady_clock::now();
+  const int second = WaitForLeader(seconds(30), {first});
+  ASSERT_GE(second, 0) << "no standby took over";
+  const double takeover_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - lost).count();
+  std::printf("takeover after %.2f s (lease 2 s)\n", takeover_s);
+  for (int k = 0; k < 20; ++k)
+    EXPECT_TRUE(Has(second, "k" + std::to_string(k))) << "k" << k << " lost";
+  Set(second, "after-first", "v");
+
+  // Then an etcd member too (the one the new leader talks to first, as
+  // likely as any other): two of three keep the quorum.
+  members_[0]->Signal(SIGKILL);
+  Set(second, "after-member", "v");
+  EXPECT_TRUE(Has(second, "k0"));
+  EXPECT_TRUE(Has(second, "after-first"));
+
+  // And the last standby takes over from the second leader with all of it.
+  daemons_[second]->Signal(SIGKILL);
+  const int third = WaitForLeader(seconds(30), {first, second});
+  ASSERT_GE(third, 0);
+  for (const char* key : {"k0", "k19", "after-first", "after-member"})
+    EXPECT_TRUE(Has(third, key)) << key << " lost";
+
+  // The first leader's host comes back with a new daemon: it stands by.
+  lab_->Heal(kFirstDaemonHost + first);
+  ChildProcess& back = StartDaemon(first);
+  ASSERT_TRUE(
+      Saw(back, "standing by: the leader is " + DaemonEndpoint(third), seconds(30)))
+      << back.output();
+  EXPECT_FALSE(Saw(back, "MESHRUN_RDZVD_ENDPOINT=", seconds(3))) << back.output();
+}
+
+TEST_F(EtcdFailoverTest, PausedLeaderNeverServesAgainOnceAnotherLeads) {
+  StartEtcd();
+  StartDaemon(0);
+  ASSERT_EQ(WaitForLeader(seconds(60)), 0);
+  StartDaemon(1);
+  ASSERT_TRUE(Saw(*daemons_[1], "MESHRUN_RDZVD_STANDBY=", seconds(30)));
+  Set(0, "before", "v");
+
+  // Paused past its lease (2 s): the standby takes over.
+  daemons_[0]->Signal(SIGSTOP);
+  ASSERT_EQ(WaitForLeader(seconds(30), {0}), 1) << daemons_[1]->output();
+  Set(1, "during", "v");
+
+  // Resumed, the old leader finds another leading and exits with 3 rather
+  // than serve what it holds (which lacks "during").
+  daemons_[0]->Signal(SIGCONT);
+  EXPECT_EQ(ExitCode(*daemons_[0], seconds(30)), 3) << daemons_[0]->output();
+  EXPECT_NE(daemons_[0]->output().find("lost the leadership"), std::string::npos)
+      << daemons_[0]->output();
+  EXPECT_TRUE(Has(1, "before"));
+  EXPECT_TRUE(Has(1, "during"));
+  Set(1, "after", "v");
+  // One leader key, the second daemon's, in term 2.
+  const std::string leader = Etcdctl({"get", "/meshrun/leader", "--print-value-only"});
+  EXPECT_NE(leader.find(DaemonEndpoint(1) + " term=2 "), std::string::npos) << leader;
+}
+
+TEST_F(EtcdFailoverTest, EtcdOutOfReachHoldsWritesAndLosesNothing) {
+  StartEtcd();
+  StartDaemon(0);
+  ASSERT_EQ(WaitForLeader(seconds(60)), 0);
+  ASSERT_TRUE(Saw(*daemons_[0], "MESHRUN_RDZVD_METRICS=", seconds(10)));
+  Set(0, "before", "v");
+  EXPECT_NE(Metrics(0).find("meshrun_etcd_reachable 1"), std::string::npos);
+
+  for (int i = 0; i < kMembers; ++i) lab_->Cut(i);
+  // A write now is held, not acknowledged, until etcd is back.
+  ChildProcess& held = Store(0, {"set", "during", "v"});
+  std::string metrics;
+  for (int i = 0; i < 100; ++i) {
+    metrics = Metrics(0);
+    if (metrics.find("meshrun_etcd_reachable 0") != std::string::npos) break;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_NE(metrics.find("meshrun_etcd_reachable 0"), std::string::npos) << metrics;
+  EXPECT_TRUE(held.Running()) << "acknowledged while etcd was out of reach: "
+                              << held.output();
+  // Replies wait behind the held write (one might show it before it is
+  // durable), but the daemon still leads and answers /metrics.
+  EXPECT_TRUE(daemons_[0]->Running()) << daemons_[0]->output();
+
+  for (int i = 0; i < kMembers; ++i) lab_->Heal(i);
+  EXPECT_EQ(ExitCode(held, seconds(60)), 0) << held.output();
+  EXPECT_TRUE(Has(0, "before"));
+  EXPECT_TRUE(Has(0, "during"));
+  EXPECT_TRUE(daemons_[0]->Running()) << daemons_[0]->output();
+  for (int i = 0; i < 100; ++i) {
+    metrics = Metrics(0);
+    if (metrics.find("meshrun_etcd_reachable 1") != std::string::npos) break;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_NE(metrics.find("meshrun_etcd_reachable 1"), std::string::npos) << metrics;
+}
+
+TEST_F(EtcdFailoverTest, BadEtcdSettingsAreRefusedWithExit2AndNothingWritten) {
+  StartEtcd(1);
+  auto refused = [&](const std::vector<std::string>& flags, const std::string& why) {
+    std::vector<std::string> argv{BinDir() + "/meshrun-rdzvd",
+                                  "--host",
+                                  lab_->node_address(kFirstDaemonHost),
+                                  "--port",
+                                  "0",
+                                  "--etcd-dial-timeout",
+                                  "30"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    ChildProcess daemon(lab_->InNode(kFirstDaemonHost, argv), /*merge_stderr=*/true);
+    EXPECT_EQ(ExitCode(daemon, seconds(60)), 2) << daemon.output();
+    EXPECT_NE(daemon.output().find(why), std::string::npos) << daemon.output();
+    // One line, no stack trace.
+    EXPECT_EQ(daemon.output().find('\n'), daemon.output().size() - 1) << daemon.output();
+  };
+  const std::string etcd = "--etcd-endpoints=" + EtcdEndpoints(1);
+  refused({"--etcd-endpoints=nohost"}, "is not HOST:PORT");
+  refused({etcd, "--state-dir", dir_ + "/state"}, "excludes");
+  // Something that is not etcd: a meshrun-rdzvd (gRPC) and its HTTP port.
+  ChildProcess other(lab_->InNode(kClientHost, {BinDir() + "/meshrun-rdzvd", "--host",
+                                                lab_->node_address(kClientHost), "--port",
+                                                "29400", "--metrics-port", "9400"}),
+                     true);
+  ASSERT_TRUE(other.ReadUntil("MESHRUN_RDZVD_METRICS=", seconds(20)));
+  refused({"--etcd-endpoints=" + lab_->node_address(kClientHost) + ":29400"},
+          "does not answer as etcd");
+  refused({"--etcd-endpoints=" + lab_->node_address(kClientHost) + ":9400"},
+          "does not answer as etcd");
+  // A prefix holding keys that are not meshrun's, and another deployment's.
+  int code = -1;
+  Etcdctl({"put", "/theirs/config", "x"}, &code, EtcdEndpoints(1));
+  ASSERT_EQ(code, 0);
+  refused({etcd, "--etcd-prefix=/theirs/"}, "did not write");
+  EXPECT_EQ(
+      Etcdctl({"get", "--prefix", "/theirs/", "--keys-only"}, nullptr, EtcdEndpoints(1)),
+      "/theirs/config\n\n");
+  StartDaemon(0, {"--etcd-deployment", "blue"}, 1);
+  ASSERT_EQ(WaitForLeader(seconds(60)), 0) << daemons_[0]->output();
+  daemons_[0].reset();
+  refused({etcd, "--etcd-deployment=green"}, "belongs to meshrun deployment 'blue'");
+  // Authentication on: no user, and a wrong password.
+  Etcdctl({"user", "add", "root:right"}, &code, EtcdEndpoints(1));
+  ASSERT_EQ(code, 0);
+  Etcdctl({"auth", "enable"}, &code, EtcdEndpoints(1));
+  ASSERT_EQ(code, 0);
+  std::ofstream(dir_ + "/wrong") << "wrong\n";
+  refused({etcd, "--etcd-user=root", "--etcd-password-file=" + dir_ + "/wrong"},
+          "refused user root");
+  refused({etcd, "--etcd-deployment=blue"}, "user name is empty");
+}
+
+}  // namespace
+}  // namespace meshrun
