@@ -40,6 +40,7 @@
 #include "agent/stack_dump.h"
 #include "agent/worker_env.h"
 #include "agent/worker_group.h"
+#include "rendezvous/client/endpoint_list.h"
 #include "rendezvous/client/rendezvous_client.h"
 #include "rendezvous/core/step_times.h"
 #include "rendezvous/relay/store_relay.h"
@@ -266,7 +267,10 @@ class Agent {
     if (!StartWorkerWatchdog()) return 1;
     if (!StartHangWatch()) return 1;
     if (!PrepareLogRoot()) return 1;
-    channel_ = rdzv::MakeChannel(options_.rdzv_endpoint, options_.security);
+    channel_ = rdzv::IsEndpointList(options_.rdzv_endpoint)
+                   ? rdzv::MakeChannel(options_.rdzv_endpoint, options_.security,
+                                       ReplicaChannelArgs(heartbeat_interval_))
+                   : rdzv::MakeChannel(options_.rdzv_endpoint, options_.security);
     client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
     // A heartbeat slower than its interval is no use, and a cut-off node's
     // agent must not wait out the general call timeout before exiting.
@@ -309,6 +313,28 @@ class Agent {
   }
 
  private:
+  // With a list of daemon replicas (rendezvous/client/endpoint_list.h), the
+  // agent's channel must leave a daemon whose host went silent (no reset: a
+  // cut link, a dead machine) well within the reconnect grace, and find the
+  // one that serves next soon after it starts: pings catch a dead connection
+  // within two heartbeat intervals (at most 5 s each; the daemon accepts one
+  // a second), a connect attempt that hangs gives way to the list's next
+  // address after 3 s, and attempts repeat every 2 s at most. One endpoint
+  // keeps gRPC's defaults.
+  static grpc::ChannelArguments ReplicaChannelArgs(std::chrono::milliseconds interval) {
+    const int ping_ms =
+        static_cast<int>(std::clamp<int64_t>(interval.count(), 1000, 5000));
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ping_ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ping_ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 3000);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    return args;
+  }
+
   void WaitForSignal() {
     signals_.async_wait([this](const boost::system::error_code& error, int number) {
       if (error) return;
@@ -351,7 +377,7 @@ class Agent {
         probe = std::make_shared<Probe>();
         std::thread([probe, endpoint = options_.rdzv_endpoint,
                      tls = options_.security.tls()] {
-          ProbeResult result = ProbeEndpoint(endpoint, tls, std::chrono::seconds(3));
+          ProbeResult result = ProbeEndpoints(endpoint, tls, std::chrono::seconds(3));
           std::lock_guard<std::mutex> lock(probe->mu);
           probe->result = std::move(result);
         }).detach();

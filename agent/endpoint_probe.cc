@@ -8,6 +8,11 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "rendezvous/client/endpoint_list.h"
 
 namespace meshrun::agent {
 
@@ -153,6 +158,25 @@ ProbeResult ProbeEndpoint(const std::string& endpoint, bool tls,
   return {ProbeResult::Kind::kNotMeshrun, "the server on " + endpoint +
                                               " does not speak gRPC: not a meshrun "
                                               "rendezvous daemon (wrong port?)"};
+}
+
+ProbeResult ProbeEndpoints(const std::string& endpoints, bool tls,
+                           std::chrono::milliseconds timeout) {
+  const std::vector<std::string> entries = rdzv::SplitEndpointList(endpoints);
+  if (entries.size() == 1) return ProbeEndpoint(endpoints, tls, timeout);
+  std::optional<ProbeResult::Kind> first;
+  std::vector<std::string> details;
+  for (const std::string& entry : entries) {
+    ProbeResult result = ProbeEndpoint(entry, tls, timeout);
+    if (result.kind == ProbeResult::Kind::kAnswers ||
+        result.kind == ProbeResult::Kind::kNotMeshrun) {
+      result.detail = entry + ": " + result.detail;
+      return result;
+    }
+    if (!first) first = result.kind;
+    details.push_back(entry + ": " + result.detail);
+  }
+  return {*first, "no replica serves (" + absl::StrJoin(details, "; ") + ")"};
 }
 
 }  // namespace meshrun::agent

@@ -43,4 +43,11 @@ struct ProbeResult {
 ProbeResult ProbeEndpoint(const std::string& endpoint, bool tls,
                           std::chrono::milliseconds timeout);
 
+// Each endpoint of a list of daemon replicas "A,B,..." in turn (`timeout`
+// each): kAnswers when one answers; kNotMeshrun when one is not a meshrun
+// daemon (a wrong port in the list); otherwise the first entry's kind and
+// every entry's detail. One endpoint: ProbeEndpoint.
+ProbeResult ProbeEndpoints(const std::string& endpoints, bool tls,
+                           std::chrono::milliseconds timeout);
+
 }  // namespace meshrun::agent

@@ -26,9 +26,11 @@ constexpr FlagDef kFlagRows[] = {
      "rendezvous at --rdzv-endpoint or else --master-addr:--master-port; c10d, "
      "meshrun or dynamic: meshrun's elastic rendezvous daemon. As with torchrun, "
      "static on one node with neither endpoint nor --master-port is --standalone."},
-    {"--rdzv-endpoint", "", true, "HOST[:PORT]", "",
+    {"--rdzv-endpoint", "", true, "HOST[:PORT][,...]", "",
      "Rendezvous daemon address (c10d: default localhost:29400; static: PORT "
-     "required); IPv6 as [ADDR]:PORT."},
+     "required); IPv6 as [ADDR]:PORT. c10d: a comma-separated list names daemon "
+     "replicas, of which whichever serves is used and followed when another takes "
+     "over; with a list, meshrun never hosts the daemon itself."},
     {"--rdzv-id", "", true, "ID", "none", "Run id shared by every node of the job."},
     {"--rdzv-conf", "", true, "K=V,...", "",
      "Rendezvous settings in seconds: join_timeout (alias timeout), "

@@ -179,25 +179,39 @@ absl::Status ParseRendezvousFlags(const FlagValues& flags, const HostProbe& host
   if (!config->standalone) {
     std::optional<Given> endpoint = flags.Get(kRdzvEndpoint);
     if (endpoint && !absl::StripAsciiWhitespace(endpoint->text).empty()) {
-      auto parsed = ParseEndpoint(absl::StripAsciiWhitespace(endpoint->text));
-      if (!parsed.ok()) {
-        return FlagError(kRdzvEndpoint, *endpoint, parsed.status().message());
+      auto list =
+          ParseEndpointList(absl::StripAsciiWhitespace(endpoint->text), kDefaultRdzvPort);
+      if (!list.ok()) {
+        return FlagError(kRdzvEndpoint, *endpoint, list.status().message());
       }
-      if (config->rdzv_backend == RdzvBackend::kStatic && !parsed->second.has_value()) {
-        return FlagError(
-            kRdzvEndpoint, *endpoint,
-            Got("HOST:PORT (the static backend needs a port)", endpoint->text));
+      // Replicas elect a serving daemon among themselves; the static
+      // backend's daemon is node 0's, one address.
+      if (config->rdzv_backend == RdzvBackend::kStatic && list->size() > 1) {
+        return FlagError(kRdzvEndpoint, *endpoint,
+                         absl::StrCat("a list of daemon replicas needs "
+                                      "--rdzv-backend=c10d (the static backend's "
+                                      "daemon is node 0's), got '",
+                                      endpoint->text, "'"));
       }
-      // Port 0 only makes sense for a daemon nobody else has to find.
-      if (parsed->second == 0) {
-        return FlagError(
-            kRdzvEndpoint, *endpoint,
-            absl::StrCat("port 0 cannot be reached by the agents "
-                         "(--standalone runs a daemon on a free port), got '",
-                         endpoint->text, "'"));
+      for (const auto& [host_name, port] : *list) {
+        if (config->rdzv_backend == RdzvBackend::kStatic && !port.has_value()) {
+          return FlagError(
+              kRdzvEndpoint, *endpoint,
+              Got("HOST:PORT (the static backend needs a port)", endpoint->text));
+        }
+        // Port 0 only makes sense for a daemon nobody else has to find.
+        if (port == 0) {
+          return FlagError(
+              kRdzvEndpoint, *endpoint,
+              absl::StrCat("port 0 cannot be reached by the agents "
+                           "(--standalone runs a daemon on a free port), got '",
+                           endpoint->text, "'"));
+        }
+        HostPort parsed{host_name, port.value_or(kDefaultRdzvPort)};
+        if (list->size() > 1) config->rdzv_endpoints.push_back(parsed);
       }
       config->rdzv_endpoint =
-          HostPort{parsed->first, parsed->second.value_or(kDefaultRdzvPort)};
+          HostPort{list->front().first, list->front().second.value_or(kDefaultRdzvPort)};
       config->rdzv_endpoint_given = true;
     } else if (config->rdzv_backend == RdzvBackend::kStatic) {
       config->rdzv_endpoint = HostPort{std::string(bare_addr), config->master_port};
@@ -235,6 +249,12 @@ absl::Status ParseRendezvousFlags(const FlagValues& flags, const HostProbe& host
   absl::StatusOr<RdzvConf> rdzv_conf = ParseRdzvConf(conf.text);
   if (!rdzv_conf.ok()) return FlagError(kRdzvConf, conf, rdzv_conf.status().message());
   config->rdzv_conf = *rdzv_conf;
+  if (!config->rdzv_endpoints.empty() && config->rdzv_conf.is_host.value_or(false)) {
+    return FlagError(kRdzvConf, conf,
+                     "is_host: a launcher given a list of daemon replicas "
+                     "(--rdzv-endpoint=A,B,...) never hosts the daemon; run "
+                     "meshrun-rdzvd replicas");
+  }
 
   return absl::OkStatus();
 }
@@ -775,6 +795,14 @@ absl::StatusOr<LaunchConfig> ParseLaunchArgs(
     }
   }
   if (status.ok()) status = ParseWorkerFlags(flags, env, host, &config);
+  if (status.ok() && !config.rdzv_endpoints.empty() &&
+      config.worker_store == WorkerStore::kDaemon) {
+    // torch's TCPStore client knows one address and never reconnects.
+    return FlagError(kWorkerStore, flags.GetOr(kWorkerStore),
+                     "daemon: workers' TCPStore clients cannot follow a list of "
+                     "daemon replicas (--rdzv-endpoint=A,B,...); the default, agent, "
+                     "does");
+  }
   if (status.ok()) status = BuildWorkerCommand(flags, env, host, &config);
   if (!status.ok()) return status;
   return config;

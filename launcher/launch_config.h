@@ -127,6 +127,10 @@ struct LaunchConfig {
   // --master-addr:--master-port. --standalone: localhost:0. Dynamic backend
   // without --rdzv-endpoint: localhost:29400.
   HostPort rdzv_endpoint{"localhost", 29400};
+  // Every endpoint given, in order (c10d's --rdzv-endpoint=A,B,...: daemon
+  // replicas, one serving at a time); rdzv_endpoint is the first. Empty when
+  // rdzv_endpoint alone is meant (one endpoint, or a default).
+  std::vector<HostPort> rdzv_endpoints;
   // False when rdzv_endpoint is a default (a flag/PET_ value was not given).
   bool rdzv_endpoint_given = false;
   // --rdzv-id: the run (job) id shared by all nodes; a fresh UUID under

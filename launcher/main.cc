@@ -273,7 +273,10 @@ int Main(int argc, char** argv) {
 
   // gRPC aborts when it cannot make its descriptors, so check for them
   // before anything starts (a daemon hosted here takes more).
-  const bool may_host = config.standalone || IsLocalAddress(config.rdzv_endpoint.host);
+  // A list names daemon replicas, which run on their own: never hosted here.
+  const bool replicas = !config.rdzv_endpoints.empty();
+  const bool may_host =
+      config.standalone || (!replicas && IsLocalAddress(config.rdzv_endpoint.host));
   if (auto s = agent::CheckDescriptors(
           agent::DescriptorsNeeded(config.nproc_per_node, may_host));
       !s.ok()) {
@@ -307,8 +310,14 @@ int Main(int argc, char** argv) {
     daemon_address = {"127.0.0.1", daemon->port()};
   } else {
     endpoint = FormatEndpoint(rdzv.host, rdzv.port);
+    for (size_t i = 1; i < config.rdzv_endpoints.size(); ++i) {
+      absl::StrAppend(
+          &endpoint, ",",
+          FormatEndpoint(config.rdzv_endpoints[i].host, config.rdzv_endpoints[i].port));
+    }
     daemon_address = rdzv;
-    bool host_it = config.rdzv_conf.is_host.value_or(IsLocalAddress(rdzv.host));
+    bool host_it =
+        !replicas && config.rdzv_conf.is_host.value_or(IsLocalAddress(rdzv.host));
     if (config.rdzv_backend == RdzvBackend::kStatic && !config.rdzv_conf.is_host)
       host_it = config.node_rank == 0;
     // A daemon already serving there (another agent of this machine, or a
@@ -356,9 +365,12 @@ int Main(int argc, char** argv) {
   options.run_id = config.rdzv_id;
   options.role = config.role;
   options.node_id = NodeId();
-  options.host = !config.local_addr.empty()                   ? config.local_addr
-                 : IsLoopback(rdzv.host) || config.standalone ? "127.0.0.1"
-                                                              : LocalHostName();
+  bool loopback = IsLoopback(rdzv.host);
+  for (const HostPort& replica : config.rdzv_endpoints)
+    loopback = loopback && IsLoopback(replica.host);
+  options.host = !config.local_addr.empty()      ? config.local_addr
+                 : loopback || config.standalone ? "127.0.0.1"
+                                                 : LocalHostName();
   options.nproc = config.nproc_per_node;
   if (config.restart_scope == RestartScope::kReplica)
     options.replica_size = config.replica_size;

@@ -3,10 +3,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
-#include "absl/strings/numbers.h"
+#include "rendezvous/client/endpoint_list.h"
 #include "rendezvous/client/rendezvous_client.h"
 #include "rendezvous/security/security.h"
 #include "rendezvous/status/status_proto.h"
@@ -15,16 +16,18 @@
 namespace meshrun::launcher {
 namespace {
 
-// HOST:PORT with a port, IPv6 as [ADDR]:PORT.
-bool ValidEndpoint(const std::string& endpoint) {
-  size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  int port = 0;
-  if (!absl::SimpleAtoi(endpoint.substr(colon + 1), &port) || port <= 0 || port > 65535)
-    return false;
-  std::string host = endpoint.substr(0, colon);
-  if (host.front() == '[') return host.back() == ']' && host.size() > 2;
-  return host.find(':') == std::string::npos;
+// HOST:PORT with a port, IPv6 as [ADDR]:PORT, or a comma-separated list of
+// them (daemon replicas: the one that serves answers).
+bool ValidEndpoints(const std::string& endpoints) {
+  std::vector<std::string> seen;
+  for (const std::string& entry : rdzv::SplitEndpointList(endpoints)) {
+    std::string host;
+    int port = 0;
+    if (!rdzv::SplitHostPort(entry, &host, &port)) return false;
+    if (std::find(seen.begin(), seen.end(), entry) != seen.end()) return false;
+    seen.push_back(entry);
+  }
+  return true;
 }
 
 }  // namespace
@@ -37,7 +40,8 @@ int RunStatusCommand(const std::vector<std::string>& args) {
   rdzv::ClientSecurityFiles security_files;
   CLI::App app{"meshrun status: the runs a rendezvous daemon knows", "meshrun status"};
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", endpoint,
-                 "The daemon's HOST:PORT (its gRPC port)")
+                 "The daemon's HOST:PORT (its gRPC port), or a comma-separated "
+                 "list of daemon replicas")
       ->required();
   app.add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", run_id,
                  "Show only this run (default: every run)");
@@ -61,10 +65,10 @@ int RunStatusCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "meshrun status: %s (see meshrun status --help)\n", e.what());
     return 2;
   }
-  if (!ValidEndpoint(endpoint)) {
+  if (!ValidEndpoints(endpoint)) {
     std::fprintf(stderr,
                  "meshrun status: --rdzv-endpoint: expected HOST:PORT (IPv6 as "
-                 "[ADDR]:PORT), got '%s'\n",
+                 "[ADDR]:PORT) or a list of distinct ones, comma-separated, got '%s'\n",
                  endpoint.c_str());
     return 2;
   }

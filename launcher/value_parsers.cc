@@ -160,6 +160,29 @@ absl::StatusOr<std::pair<std::string, std::optional<int>>> ParseEndpoint(
   return std::make_pair(std::string(host), port);
 }
 
+absl::StatusOr<std::vector<std::pair<std::string, std::optional<int>>>> ParseEndpointList(
+    absl::string_view text, int default_port) {
+  std::vector<std::pair<std::string, std::optional<int>>> endpoints;
+  std::vector<std::pair<std::string, int>> seen;
+  for (absl::string_view entry : absl::StrSplit(text, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("empty entry in the endpoint list '", text, "'"));
+    }
+    auto parsed = ParseEndpoint(entry);
+    if (!parsed.ok()) return parsed.status();
+    std::pair<std::string, int> key{parsed->first, parsed->second.value_or(default_port)};
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", entry, "' appears twice in the endpoint list '", text, "'"));
+    }
+    seen.push_back(std::move(key));
+    endpoints.push_back(*std::move(parsed));
+  }
+  return endpoints;
+}
+
 absl::StatusOr<RdzvConf> ParseRdzvConf(absl::string_view text) {
   RdzvConf conf;
   text = absl::StripAsciiWhitespace(text);

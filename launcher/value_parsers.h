@@ -31,6 +31,10 @@ std::optional<int> ParsePort(absl::string_view text);
 // "host", "host:port", "[v6]", "[v6]:port"; nullopt port when none given.
 absl::StatusOr<std::pair<std::string, std::optional<int>>> ParseEndpoint(
     absl::string_view text);
+// A comma-separated list of ParseEndpoint's forms: no empty entry, and no
+// endpoint twice (an entry without a port counts as `default_port`).
+absl::StatusOr<std::vector<std::pair<std::string, std::optional<int>>>> ParseEndpointList(
+    absl::string_view text, int default_port);
 // --rdzv-conf's K=V,... (torch's keys and spellings).
 absl::StatusOr<RdzvConf> ParseRdzvConf(absl::string_view text);
 // -r / -t: "3" for every rank, or "0:1,1:2".

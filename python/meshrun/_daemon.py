@@ -7,6 +7,7 @@ is asked again (the daemon answers a decided step with its decision).
 """
 
 import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -54,13 +55,59 @@ def _token(env: Mapping[str, str]) -> str:
     return token
 
 
+def _split_host_port(entry: str) -> tuple[str, int]:
+    host, _, port = entry.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(f"MESHRUN_STORE_ENDPOINT entry {entry!r} is not host:port")
+    return host, int(port)
+
+
+def channel_target(endpoint: str) -> tuple[str, str]:
+    """The gRPC target for the daemon's endpoint, and the host name a TLS
+    channel checks certificates against ("" for one endpoint).
+
+    One "host:port" is the target as it is. A list "h1:p1,h2:p2" names daemon
+    replicas, of which one serves at a time: as the C++ clients do
+    (rendezvous/client/endpoint_list.h), every entry is resolved now and the
+    target names all their addresses in order ("ipv4:a:p,b:p", or "ipv6:" with
+    IPv4 addresses mapped), so gRPC's pick_first connects to the first that
+    accepts and, after losing it, searches the list again.
+    """
+    if "," not in endpoint:
+        return endpoint, ""
+    entries = [entry.strip() for entry in endpoint.split(",")]
+    addresses: list[tuple[str, int]] = []
+    for entry in entries:
+        host, port = _split_host_port(entry)
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            continue  # the others may serve
+        for family, _, _, _, sockaddr in found:
+            if family in (socket.AF_INET, socket.AF_INET6) and (sockaddr[0], port) not in addresses:
+                addresses.append((sockaddr[0], port))
+    tls_name = _split_host_port(entries[0])[0]
+    if not addresses:
+        return entries[0], tls_name
+    if all(":" not in ip for ip, _ in addresses):
+        return "ipv4:" + ",".join(f"{ip}:{port}" for ip, port in addresses), tls_name
+    parts = [f"[{ip}]:{port}" if ":" in ip else f"[::ffff:{ip}]:{port}" for ip, port in addresses]
+    return "ipv6:" + ",".join(parts), tls_name
+
+
 def _channel(endpoint: str, env: Mapping[str, str]) -> grpc.Channel:
     """TLS when MESHRUN_RDZV_TLS_CA names the daemon's CA (with a client
-    certificate when MESHRUN_RDZV_TLS_CERT and _KEY name one)."""
-    options = [("grpc.enable_http_proxy", 0)]
+    certificate when MESHRUN_RDZV_TLS_CERT and _KEY name one). `endpoint` may
+    be a list of daemon replicas (channel_target)."""
+    options: list[tuple[str, object]] = [("grpc.enable_http_proxy", 0)]
+    endpoint, tls_name = channel_target(endpoint)
     ca = env.get("MESHRUN_RDZV_TLS_CA", "")
     if not ca:
         return grpc.insecure_channel(endpoint, options=options)
+    if tls_name:
+        options.append(("grpc.ssl_target_name_override", tls_name))
     cert, key = env.get("MESHRUN_RDZV_TLS_CERT", ""), env.get("MESHRUN_RDZV_TLS_KEY", "")
     creds = grpc.ssl_channel_credentials(
         root_certificates=_read(ca, "MESHRUN_RDZV_TLS_CA"),

@@ -1,7 +1,10 @@
 #include "rendezvous/relay/store_relay.h"
 
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,10 +14,12 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <condition_variable>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <unordered_set>
 #include <utility>
@@ -22,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "meshrun/v1/store.grpc.pb.h"
+#include "rendezvous/client/endpoint_list.h"
 #include "rendezvous/client/store_client.h"
 #include "rendezvous/core/store_link_wire.h"
 #include "rendezvous/server/store_backend.h"
@@ -233,29 +239,15 @@ class StoreRelay::Backend final : public StoreBackend {
                            public std::enable_shared_from_this<LinkStream> {
    public:
     LinkStream(Backend* backend, asio::io_context& io)
-        : backend_(backend), socket_(io), resolver_(io) {}
+        : backend_(backend), socket_(io), resolver_(io), connect_timer_(io) {}
 
+    // Resolves the daemon's endpoint (every replica's, in the list's order),
+    // then connects to the first address that takes the connection.
     void Begin() {
-      auto [host, port] = SplitHostPort(backend_->options_.daemon);
       ++in_flight_;
-      resolver_.async_resolve(
-          host, port,
-          [self = shared_from_this()](boost::system::error_code ec,
-                                      tcp::resolver::results_type endpoints) {
-            if (ec) return self->Failed("cannot resolve the daemon: " + ec.message());
-            asio::async_connect(
-                self->socket_, endpoints,
-                [self](boost::system::error_code connect_ec, const tcp::endpoint&) {
-                  if (connect_ec)
-                    return self->Failed("cannot connect: " + connect_ec.message());
-                  self->connected_ = true;
-                  boost::system::error_code ignored;
-                  self->socket_.set_option(tcp::no_delay(true), ignored);
-                  self->SendHello();
-                });
-          });
+      entries_ = SplitEndpointList(backend_->options_.daemon);
+      ResolveEntry(0);
     }
-
     void WriteOut() override {
       // Framed here, under the backend's lock, as `out` is.
       wbuf_.clear();
@@ -284,6 +276,81 @@ class StoreRelay::Backend final : public StoreBackend {
       if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
         host = host.substr(1, host.size() - 2);
       return {host, colon == std::string::npos ? "" : endpoint.substr(colon + 1)};
+    }
+
+    void ResolveEntry(size_t entry) {
+      if (!why_.empty()) return;  // stopped meanwhile (Failed ended the read side)
+      if (entry == entries_.size()) {
+        if (addresses_.empty())
+          return Failed("cannot resolve the daemon: " + last_error_);
+        return ConnectTo(0);
+      }
+      auto [host, port] = SplitHostPort(entries_[entry]);
+      resolver_.async_resolve(
+          host, port,
+          [self = shared_from_this(), entry](boost::system::error_code ec,
+                                             tcp::resolver::results_type found) {
+            if (ec) {
+              self->last_error_ = self->entries_[entry] + ": " + ec.message();
+            } else {
+              for (const auto& result : found)
+                self->addresses_.push_back(result.endpoint());
+            }
+            self->ResolveEntry(entry + 1);
+          });
+    }
+
+    // One address after the other. With a list of replicas, a connect that
+    // hangs (a host gone silent) gives way to the next address after
+    // StoreRelayOptions::connect_timeout, and the link is kept alive by TCP
+    // keep-alive, so that a silent host is left for the next replica.
+    void ConnectTo(size_t index) {
+      if (!why_.empty()) return;  // stopped meanwhile (Failed ended the read side)
+      if (index == addresses_.size()) return Failed("cannot connect: " + last_error_);
+      const bool replicas = entries_.size() > 1;
+      boost::system::error_code ignored;
+      socket_.close(ignored);
+      timed_out_ = false;
+      if (replicas) {
+        connect_timer_.expires_after(backend_->options_.connect_timeout);
+        connect_timer_.async_wait(
+            [self = shared_from_this()](boost::system::error_code ec) {
+              if (ec) return;  // cancelled: the connect ended first
+              self->timed_out_ = true;
+              boost::system::error_code ignored_close;
+              self->socket_.close(ignored_close);
+            });
+      }
+      socket_.async_connect(addresses_[index], [self = shared_from_this(), index,
+                                                replicas](boost::system::error_code ec) {
+        self->connect_timer_.cancel();
+        if (!self->why_.empty()) return;  // stopped meanwhile
+        if (ec) {
+          std::ostringstream where;
+          where << self->addresses_[index];
+          self->last_error_ =
+              where.str() + ": " + (self->timed_out_ ? "timed out" : ec.message());
+          return self->ConnectTo(index + 1);
+        }
+        self->connected_ = true;
+        boost::system::error_code ignored_option;
+        self->socket_.set_option(tcp::no_delay(true), ignored_option);
+        if (replicas) self->KeepAlive();
+        self->SendHello();
+      });
+    }
+
+    // A dead peer host is noticed within about 11 s, idle or not.
+    void KeepAlive() {
+      const int fd = socket_.native_handle();
+      const int on = 1, idle_s = 5, interval_s = 2, probes = 3;
+      const unsigned int user_timeout_ms = 11000;
+      setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s);
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+      setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
+                 sizeof user_timeout_ms);
     }
 
     void SendHello() {
@@ -346,6 +413,7 @@ class StoreRelay::Backend final : public StoreBackend {
       boost::system::error_code ignored;
       socket_.close(ignored);
       resolver_.cancel();
+      connect_timer_.cancel();
       Done();
     }
     void Done() {
@@ -363,6 +431,12 @@ class StoreRelay::Backend final : public StoreBackend {
     Backend* const backend_;
     tcp::socket socket_;
     tcp::resolver resolver_;
+    asio::steady_timer connect_timer_;
+    // I/O thread only: the daemon's endpoints and their addresses, in order.
+    std::vector<std::string> entries_;
+    std::vector<tcp::endpoint> addresses_;
+    std::string last_error_;
+    bool timed_out_ = false;
     // The read side (connect, then reads) and a write; the link is done at 0.
     std::atomic<int> in_flight_{0};
     // I/O thread only.

@@ -33,7 +33,10 @@ namespace meshrun::rdzv {
 class TcpStoreServer;
 
 struct StoreRelayOptions {
-  std::string daemon;  // "host:port" of meshrun-rdzvd
+  // "host:port" of meshrun-rdzvd, or a list "h1:p1,h2:p2" of daemon replicas
+  // (rendezvous/client/endpoint_list.h): each connection goes to the first
+  // that takes it.
+  std::string daemon;
   ClientSecurity security;
   // Where workers connect.
   std::string host = "127.0.0.1";
@@ -55,6 +58,9 @@ struct StoreRelayOptions {
   // replaced at once. gRPC waits for the channel itself in between.
   std::chrono::milliseconds min_reconnect_delay{50};
   std::chrono::milliseconds max_reconnect_delay{1000};
+  // With a list of replicas: how long a store link's connect to one address
+  // may hang (a silent host) before the next is tried.
+  std::chrono::milliseconds connect_timeout{3000};
   // Tests only: runs on gRPC's thread when a gRPC stream has ended, as its
   // OnDone starts (gRPC has freed its call object; the relay has not yet
   // freed the stream or carried on without it), so that a test can hold

@@ -9,7 +9,9 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "rendezvous/client/endpoint_list.h"
 
 namespace meshrun::rdzv {
 
@@ -240,9 +242,20 @@ std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(
   return std::make_shared<CoreServerCredentials>(creds);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& endpoint,
                                            const ClientSecurity& security,
-                                           const grpc::ChannelArguments& args) {
+                                           const grpc::ChannelArguments& given_args) {
+  const ChannelTarget resolved = ResolveChannelTarget(endpoint);
+  const std::string& target = resolved.target;
+  grpc::ChannelArguments args = given_args;
+  if (!resolved.unresolved.empty()) {
+    spdlog::warn("rendezvous endpoint list {}: {} did not resolve; left out", endpoint,
+                 absl::StrJoin(resolved.unresolved, ", "));
+  }
+  // A sockaddr target names no host: check every replica's certificate
+  // against the list's first host name.
+  if (security.tls() && !resolved.tls_name.empty())
+    args.SetSslTargetNameOverride(resolved.tls_name);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (security.tls()) {
     grpc::SslCredentialsOptions ssl;
@@ -261,9 +274,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                                                  std::move(interceptors));
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& endpoint,
                                            const ClientSecurity& security) {
-  return MakeChannel(target, security, grpc::ChannelArguments());
+  return MakeChannel(endpoint, security, grpc::ChannelArguments());
 }
 
 }  // namespace meshrun::rdzv

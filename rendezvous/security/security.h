@@ -77,11 +77,15 @@ absl::StatusOr<ServerSecurity> LoadServerSecurity(const ServerSecurityFiles& fil
 std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(
     const ServerSecurity& security);
 
-// A channel to `target` that authenticates every call as `security` says.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+// A channel to the daemon at `endpoint` ("host:port", any gRPC target, or a
+// list of replicas "h1:p1,h2:p2": rendezvous/client/endpoint_list.h, which
+// resolves a list's host names now) that authenticates every call as
+// `security` says. With TLS, every replica of a list must hold a certificate
+// valid for the list's first host name.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& endpoint,
                                            const ClientSecurity& security,
                                            const grpc::ChannelArguments& args);
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& endpoint,
                                            const ClientSecurity& security);
 
 }  // namespace meshrun::rdzv

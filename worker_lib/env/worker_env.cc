@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 extern char** environ;
 
@@ -93,7 +94,7 @@ absl::StatusOr<bool> ParseBool(const std::string& name, const std::string& text)
 }
 
 // "host:port" or "[v6]:port" with a port in 1..65535.
-bool ValidEndpoint(const std::string& endpoint) {
+bool ValidOneEndpoint(const std::string& endpoint) {
   auto colon = endpoint.rfind(':');
   if (colon == std::string::npos || colon == 0) return false;
   std::string port = endpoint.substr(colon + 1);
@@ -102,6 +103,15 @@ bool ValidEndpoint(const std::string& endpoint) {
     return false;
   int value = std::atoi(port.c_str());
   return value >= 1 && value <= 65535;
+}
+
+// One endpoint, or a comma-separated list of daemon replicas (meshrun
+// --rdzv-endpoint=A,B,...), each valid.
+bool ValidEndpoint(const std::string& endpoint) {
+  for (absl::string_view entry : absl::StrSplit(endpoint, ',')) {
+    if (!ValidOneEndpoint(std::string(absl::StripAsciiWhitespace(entry)))) return false;
+  }
+  return true;
 }
 
 #define MESHRUN_ASSIGN_OR_RETURN(lhs, expr)     \
@@ -214,8 +224,8 @@ absl::StatusOr<WorkerEnv> ParseWorkerEnv(const std::map<std::string, std::string
   }
   if (endpoint != nullptr) {
     if (!ValidEndpoint(*endpoint)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("MESHRUN_STORE_ENDPOINT='", *endpoint, "' is not host:port"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MESHRUN_STORE_ENDPOINT='", *endpoint, "' is not host:port or a list of them"));
     }
     if (prefix->empty())
       return absl::InvalidArgumentError("MESHRUN_STORE_PREFIX is empty");

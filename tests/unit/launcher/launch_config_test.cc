@@ -529,6 +529,66 @@ TEST(LaunchConfigTest, RdzvEndpointErrors) {
                          ", got '::1:29400' (put IPv6 addresses in brackets)"));
 }
 
+// --rdzv-endpoint=A,B,...: daemon replicas, in order, each with the default
+// port where it names none.
+TEST(LaunchConfigTest, RdzvEndpointList) {
+  LaunchConfig config = MustParse(
+      {"--rdzv-backend=c10d", "--rdzv-endpoint=n0:5, n1 ,[fd00::2]:7,[::1]", "train.py"});
+  EXPECT_EQ(config.rdzv_endpoint, (HostPort{"n0", 5}));
+  EXPECT_EQ(
+      config.rdzv_endpoints,
+      (std::vector<HostPort>{{"n0", 5}, {"n1", 29400}, {"fd00::2", 7}, {"::1", 29400}}));
+  EXPECT_TRUE(config.rdzv_endpoint_given);
+  // One endpoint is no list.
+  EXPECT_TRUE(MustParse({"--rdzv-backend=c10d", "--rdzv-endpoint=n0:5", "train.py"})
+                  .rdzv_endpoints.empty());
+  EXPECT_EQ(
+      MustParse({"--rdzv-backend=c10d", "train.py"}, {{"PET_RDZV_ENDPOINT", "a:1,b:2"}})
+          .rdzv_endpoints.size(),
+      2u);
+}
+
+TEST(LaunchConfigTest, RdzvEndpointListErrors) {
+  const std::string kExpected = "HOST[:PORT] with PORT in 0..65535, IPv6 as [ADDR]:PORT";
+  struct Case {
+    std::string value;
+    std::string error;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"a:1,,b:2", "empty entry in the endpoint list 'a:1,,b:2'"},
+           {"a:1,", "empty entry in the endpoint list 'a:1,'"},
+           {",a:1", "empty entry in the endpoint list ',a:1'"},
+           {"a:1, ,b:2", "empty entry in the endpoint list 'a:1, ,b:2'"},
+           {"a:1,b:x", absl::StrCat("expected ", kExpected, ", got 'b:x'")},
+           {"a:1,b:70000", absl::StrCat("expected ", kExpected, ", got 'b:70000'")},
+           {"a:1,::1:5", absl::StrCat("expected ", kExpected,
+                                      ", got '::1:5' (put IPv6 addresses in brackets)")},
+           {"a:1,b:2,a:1", "'a:1' appears twice in the endpoint list 'a:1,b:2,a:1'"},
+           {"a,a:29400", "'a:29400' appears twice in the endpoint list 'a,a:29400'"},
+           {"a:1,b:0",
+            "port 0 cannot be reached by the agents (--standalone runs a daemon on a "
+            "free port), got 'a:1,b:0'"}}) {
+    SCOPED_TRACE(c.value);
+    EXPECT_EQ(ErrorOf({"--rdzv-backend=c10d", "--rdzv-endpoint", c.value, "train.py"}),
+              absl::StrCat("--rdzv-endpoint: ", c.error));
+  }
+  // Replicas elect their daemon; the static backend's is node 0's.
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=static", "--node-rank=0", "--rdzv-endpoint=a:1,b:2",
+                     "train.py"}),
+            "--rdzv-endpoint: a list of daemon replicas needs --rdzv-backend=c10d (the "
+            "static backend's daemon is node 0's), got 'a:1,b:2'");
+  // Neither can this launcher host one of them, nor a stock TCPStore follow.
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=c10d", "--rdzv-endpoint=a:1,b:2",
+                     "--rdzv-conf=is_host=1", "train.py"}),
+            "--rdzv-conf: is_host: a launcher given a list of daemon replicas "
+            "(--rdzv-endpoint=A,B,...) never hosts the daemon; run meshrun-rdzvd "
+            "replicas");
+  EXPECT_EQ(ErrorOf({"--rdzv-backend=c10d", "--rdzv-endpoint=a:1,b:2",
+                     "--worker-store=daemon", "train.py"}),
+            "--worker-store: daemon: workers' TCPStore clients cannot follow a list of "
+            "daemon replicas (--rdzv-endpoint=A,B,...); the default, agent, does");
+}
+
 // Port 0 names no port another agent (or this one) could reach.
 TEST(LaunchConfigTest, RdzvEndpointPortZeroIsRefused) {
   for (const char* backend : {"--rdzv-backend=c10d", "--rdzv-backend=static"}) {

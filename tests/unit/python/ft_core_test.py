@@ -3,9 +3,11 @@ the sampler's batches (against torch's DistributedSampler), a heal's payload
 and its transfer over an in-process Gloo group, the backend picked by
 device, and the gradient buffers."""
 
+import concurrent.futures
 import datetime
 import io
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -16,7 +18,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 from meshrun import _state, ft
-from meshrun._daemon import Quorum
+from meshrun._daemon import Quorum, _channel, channel_target
 from meshrun._identity import IdentityError, identity_from_env
 from meshrun._replica_group import ReplicaDimension, nccl_group
 from torch._C._distributed_c10d import ErrorType
@@ -91,6 +93,40 @@ class IdentityTest(unittest.TestCase):
 
     def test_refuses_a_garbled_number(self) -> None:
         self.assertIn("not an integer", self.refused(MESHRUN_REPLICA_RESTARTS="x"))
+
+
+class ChannelTargetTest(unittest.TestCase):
+    """MESHRUN_STORE_ENDPOINT as a list of daemon replicas (meshrun
+    --rdzv-endpoint=A,B): one channel over every address, in order."""
+
+    def test_one_endpoint_is_the_target_as_it_is(self) -> None:
+        self.assertEqual(channel_target("node0:29400"), ("node0:29400", ""))
+
+    def test_a_list_names_every_address_in_order(self) -> None:
+        self.assertEqual(
+            channel_target("127.0.0.2:5, 127.0.0.1:6"),
+            ("ipv4:127.0.0.2:5,127.0.0.1:6", "127.0.0.2"),
+        )
+        self.assertEqual(
+            channel_target("[::1]:5,127.0.0.1:6"), ("ipv6:[::1]:5,[::ffff:127.0.0.1]:6", "::1")
+        )
+
+    def test_the_channel_skips_a_replica_that_refuses(self) -> None:
+        import grpc
+
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        # A port nothing listens on (bound, so no one else takes it meanwhile).
+        with socket.socket() as standby:
+            standby.bind(("127.0.0.1", 0))
+            refused = standby.getsockname()[1]
+            channel = _channel(f"127.0.0.1:{refused},127.0.0.1:{port}", {})
+            try:
+                grpc.channel_ready_future(channel).result(timeout=20)
+            finally:
+                channel.close()
+                server.stop(None)
 
 
 class SamplerTest(unittest.TestCase):

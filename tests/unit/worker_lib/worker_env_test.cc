@@ -171,9 +171,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"TORCHELASTIC_USE_AGENT_STORE", "maybe",
                  "TORCHELASTIC_USE_AGENT_STORE='maybe' is not a boolean (True or False)"},
         BadValue{"MESHRUN_STORE_ENDPOINT", "127.0.0.1",
-                 "MESHRUN_STORE_ENDPOINT='127.0.0.1' is not host:port"},
+                 "MESHRUN_STORE_ENDPOINT='127.0.0.1' is not host:port or a list of them"},
         BadValue{"MESHRUN_STORE_ENDPOINT", "host:0",
-                 "MESHRUN_STORE_ENDPOINT='host:0' is not host:port"},
+                 "MESHRUN_STORE_ENDPOINT='host:0' is not host:port or a list of them"},
+        BadValue{"MESHRUN_STORE_ENDPOINT", "a:1,,b:2",
+                 "MESHRUN_STORE_ENDPOINT='a:1,,b:2' is not host:port or a list of them"},
         BadValue{"MESHRUN_STORE_PREFIX", "", "MESHRUN_STORE_PREFIX is empty"}));
 
 TEST(WorkerEnvTest, MeshrunStoreVariablesComeTogether) {
@@ -191,6 +193,14 @@ TEST(WorkerEnvTest, AcceptsIpv6EndpointsAndSpacesAroundNumbers) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->store_endpoint, "[::1]:29400");
   EXPECT_EQ(parsed->rank, 5);
+}
+
+// meshrun --rdzv-endpoint=A,B: the daemon replicas, as a list.
+TEST(WorkerEnvTest, AcceptsAListOfDaemonReplicas) {
+  auto parsed = ParseWorkerEnv(
+      With(MeshrunEnv(), "MESHRUN_STORE_ENDPOINT", "10.0.0.1:29400,[::1]:29401,node2:1"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->store_endpoint, "10.0.0.1:29400,[::1]:29401,node2:1");
 }
 
 TEST(WorkerEnvTest, AgentStoreFlag) {
