@@ -27,7 +27,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.security = std::move(*security);
-  options.connect_timeout = std::chrono::seconds(5);
+  // STORE_TOOL_CONNECT_MS: longer where the daemon may be failing over to a
+  // replica (the first of a list on a silent host costs seconds).
+  const char* connect_ms = std::getenv("STORE_TOOL_CONNECT_MS");
+  options.connect_timeout =
+      std::chrono::milliseconds(connect_ms != nullptr ? std::atoi(connect_ms) : 5000);
   auto client = meshrun::rdzv::StoreClient::Connect(options);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
