@@ -73,6 +73,10 @@ struct Config {
   // store relays, this many clients a relay (a simulated node), as workers
   // under meshrun --rdzv-backend=c10d do; 0: directly.
   int meshrun_via_relays = 0;
+  // Non-empty: every daemon keeps its state in the etcd at these endpoints
+  // (--etcd-endpoints; a prefix of its own each), so what a replicated
+  // daemon costs the store shows beside a run without.
+  std::string rdzvd_etcd;
   std::string json_path;
 
   bool Runs(Impl impl) const {
@@ -182,6 +186,13 @@ absl::StatusOr<Server> StartServer(Impl impl, const Config& config, int clients)
     if (config.rdzvd_tcpstore_threads > 0)
       argv.insert(argv.end(),
                   {"--tcpstore-threads", std::to_string(config.rdzvd_tcpstore_threads)});
+    if (!config.rdzvd_etcd.empty()) {
+      static int daemons_started = 0;
+      argv.insert(argv.end(), {"--etcd-endpoints", config.rdzvd_etcd, "--etcd-prefix",
+                               "/store-bench/" + std::to_string(getpid()) + "-" +
+                                   std::to_string(++daemons_started) + "/"});
+    }
+    // (With etcd, a MESHRUN_RDZVD_STANDBY line comes first.)
     marker = "MESHRUN_RDZVD_ENDPOINT=";
   } else {
     argv = {SelfPath(), "--mode", "tcpstore-server", "--timeout-ms",
@@ -1186,6 +1197,9 @@ int main(int argc, char** argv) {
                  "server on both sides: an A/A check of the harness)")
       ->check(CLI::IsMember({"rdzvd", "torch"}))
       ->capture_default_str();
+  app.add_option(
+      "--rdzvd-etcd", config.rdzvd_etcd,
+      "Daemons keep their state in etcd at HOST:PORT[,...] (--etcd-endpoints)");
   app.add_option("--json", config.json_path, "Also write the summary JSON here");
   // Child roles.
   app.add_option("--impl", impl)

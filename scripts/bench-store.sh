@@ -8,6 +8,8 @@
 #   scripts/bench-store.sh                     # everything, ~8-10 minutes
 #   scripts/bench-store.sh --sections ops --reps 1 --duration-ms 1000   # quick look
 #   scripts/bench-store.sh --meshrun-tcpstore-server torch   # A/A: the harness's noise
+#   scripts/bench-store.sh --etcd              # the daemon on etcd against one without
+#                                              # (bench/results/store-etcd.md, ~3 minutes)
 #
 # It runs in a network namespace of its own with only a loopback device, when
 # it may (root: unshare --net): all traffic stays on 127.0.0.1. c10d's client
@@ -45,6 +47,76 @@ wait_for_quiet bench-store "$wait_quiet"
 mkdir -p "$results_dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+
+# --etcd (issue 47): what keeping the daemon's state in etcd costs the store.
+# Workers' traffic through agents' relays (8 clients a relay), 64 clients'
+# ops/s and a 1,000-rank barrier, once against a daemon without a state medium
+# and once against a daemon on a one-member etcd (started here, in the same
+# namespace of its own), each beside torch's server as in the full run.
+if [ "${1:-}" = "--etcd" ]; then
+  shift
+  command -v etcd > /dev/null || { echo "bench-store: --etcd needs etcd (etcd-server)" >&2; exit 1; }
+  unshare --net -- true 2>/dev/null ||
+    { echo "bench-store: --etcd needs a network namespace of its own (root)" >&2; exit 1; }
+  common=(--sections ops,barrier --ops-clients 64 --barrier-sizes 1000 --meshrun-via-relays 8 "$@")
+  started=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+  t0=$(date +%s)
+  load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+  # shellcheck disable=SC2016
+  unshare --net -- sh -c '
+    ip link set lo up
+    dir=$1 bench=$2
+    shift 2
+    etcd --data-dir "$dir/etcd" --listen-client-urls http://127.0.0.1:2379 \
+      --advertise-client-urls http://127.0.0.1:2379 > "$dir/etcd.log" 2>&1 &
+    etcd=$!
+    "$bench" --json "$dir/single.json" "$@" > "$dir/single.out" &&
+      "$bench" --json "$dir/etcd.json" --rdzvd-etcd 127.0.0.1:2379 "$@" > "$dir/etcd.out"
+    status=$?
+    kill "$etcd"
+    exit "$status"' sh "$tmp" "$bench" "${common[@]}" 2> "$tmp/stderr" ||
+    { tail -20 "$tmp/stderr" >&2; exit 1; }
+  {
+    echo "# Store benchmark: meshrun-rdzvd with its state in etcd against one without"
+    echo
+    echo "Produced by \`scripts/bench-store.sh --etcd\` (bench/store_bench.cc); do not edit by hand."
+    echo
+    echo "- Command: \`scripts/bench-store.sh --etcd${*:+ $*}\`: store_bench ${common[*]}, then the same with --rdzvd-etcd"
+    echo "- Date: $started (took $(( $(date +%s) - t0 )) s)"
+    machine_line
+    echo "- meshrun: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (+ uncommitted changes)'); etcd $(etcd --version | head -1 | awk '{print $3}'), one member on 127.0.0.1, in a network namespace of its own"
+    echo "- Load average before: $load_before; after: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo
+    echo "## Results (medians; c10d's TCPStore client through meshrun's relays)"
+    echo
+    "$venv_python" - "$tmp/single.json" "$tmp/etcd.json" <<'PY'
+import json
+import sys
+
+single, etcd = (json.load(open(path)) for path in sys.argv[1:3])
+
+
+def cell(doc: dict, section: str, key: str, size: int) -> dict:
+    return next(c for c in doc["cells"] if c["section"] == section and c.get(key) == size)
+
+
+print("| measure | no state medium | on etcd | etcd / none | torch's server (etcd run) |")
+print("|---|---:|---:|---:|---:|")
+a, b = cell(single, "ops", "clients", 64), cell(etcd, "ops", "clients", 64)
+print(f"| ops/s, 64 clients | {a['meshrun_ops_per_s']:.0f} | {b['meshrun_ops_per_s']:.0f} "
+      f"| {b['meshrun_ops_per_s'] / a['meshrun_ops_per_s']:.2f} | {b['libuv_ops_per_s']:.0f} |")
+a, b = cell(single, "barrier", "n", 1000), cell(etcd, "barrier", "n", 1000)
+print(f"| 1,000-rank barrier (s) | {a['meshrun_s']:.3f} | {b['meshrun_s']:.3f} "
+      f"| {b['meshrun_s'] / a['meshrun_s']:.2f} | {b['libuv_s']:.3f} |")
+PY
+    echo
+    echo "Every set, add and compare_set is in etcd (one transaction a flush) before it is"
+    echo "answered; gets and waits are answered after the writes before them are."
+  } > "$results_dir/store-etcd.md"
+  echo "bench-store: wrote $results_dir/store-etcd.md" >&2
+  exit 0
+fi
+
 cmd=("$bench" --json "$results_dir/store.json" "$@")
 run=("${cmd[@]}")
 netns="the machine's own (NO_NETNS=1 or unshare --net unavailable)"

@@ -102,6 +102,20 @@ def _channel(endpoint: str, env: Mapping[str, str]) -> grpc.Channel:
     certificate when MESHRUN_RDZV_TLS_CERT and _KEY name one). `endpoint` may
     be a list of daemon replicas (channel_target)."""
     options: list[tuple[str, object]] = [("grpc.enable_http_proxy", 0)]
+    if "," in endpoint:
+        # As the agent's channel to a list: a leader gone silent (its host
+        # cut off) is noticed by pings within seconds, and a connection
+        # attempt to it gives up after 3 s (gRPC's default is 20) so the next
+        # replica is tried.
+        options += [
+            ("grpc.keepalive_time_ms", 2000),
+            ("grpc.keepalive_timeout_ms", 2000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.min_reconnect_backoff_ms", 3000),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
     endpoint, tls_name = channel_target(endpoint)
     ca = env.get("MESHRUN_RDZV_TLS_CA", "")
     if not ca:

@@ -47,6 +47,9 @@ constexpr int kFirstDaemonHost = kMembers;
 constexpr int kClientHost = kMembers + kDaemons;
 constexpr int kWorkerHosts[] = {kClientHost, kClientHost + 1};
 constexpr int kHosts = kClientHost + 2;
+const std::string kFtProgram =
+    std::string(MESHRUN_SOURCE_DIR) + "/bench/recovery/ft_python_recovery.py";
+const std::string kDdpScript = std::string(MESHRUN_SOURCE_DIR) + "/examples/ddp_train.py";
 const std::string kFollowWorker =
     std::string(MESHRUN_SOURCE_DIR) + "/tests/integration/workers/follow_worker.py";
 constexpr int kDaemonPort = 29400;
@@ -349,6 +352,147 @@ TEST_F(EtcdFailoverTest, AgentsFollowTheNewLeaderWithoutRestartingWorkers) {
     EXPECT_EQ(Count(agent->output(), "restart=0"), 2u) << agent->output();
     EXPECT_EQ(Count(agent->output(), " done reads="), 2u) << agent->output();
   }
+}
+
+// "epoch E loss L" lines of rank 0, in order.
+std::vector<double> EpochLosses(const std::string& output) {
+  std::vector<double> losses;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    int epoch = 0;
+    double loss = 0;
+    const size_t at = line.find("epoch ");
+    if (at != std::string::npos &&
+        std::sscanf(line.c_str() + at, "epoch %d loss %lf", &epoch, &loss) == 2)
+      losses.push_back(loss);
+  }
+  return losses;
+}
+
+// A PyTorch DDP script, unchanged (examples/ddp_train.py, Gloo between the
+// two worker hosts), under the default restart scope: the leader's host is
+// lost mid-training, then an etcd member. No worker restarts, and the run
+// trains to the losses of the same job run on one host with nothing lost.
+TEST_F(EtcdFailoverTest, DdpJobLosesTheLeadersHostAndAnEtcdMemberWithoutARestart) {
+  StartEtcd();
+  for (int i = 0; i < kDaemons; ++i) StartDaemon(i, {}, kMembers, /*lease_s=*/5);
+  const int first = WaitForLeader(seconds(60));
+  ASSERT_GE(first, 0);
+  std::string list;
+  for (int i = 0; i < kDaemons; ++i) list += (i ? "," : "") + DaemonEndpoint(i);
+  const std::vector<std::string> script = {kDdpScript, "--epochs", "80", "--samples",
+                                           "2048"};
+  auto launch = [&](int host, std::vector<std::string> flags) {
+    std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON,
+                                  "GLOO_SOCKET_IFNAME=" + lab_->node_interface(host),
+                                  "OMP_NUM_THREADS=1", BinDir() + "/meshrun"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), script.begin(), script.end());
+    return std::make_unique<ChildProcess>(lab_->InNode(host, argv),
+                                          /*merge_stderr=*/true);
+  };
+  std::unique_ptr<ChildProcess> agents[2];
+  for (int node = 0; node < 2; ++node) {
+    agents[node] = launch(kWorkerHosts[node],
+                          {"--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                           "--rdzv-endpoint=" + list, "--rdzv-id=etcd-ddp",
+                           "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=30",
+                           "--node-rank=" + std::to_string(node),
+                           "--local-addr=" + lab_->node_address(kWorkerHosts[node])});
+  }
+  ASSERT_TRUE(Saw(*agents[0], "epoch 2 loss", seconds(240))) << agents[0]->output();
+
+  lab_->Cut(kFirstDaemonHost + first);
+  daemons_[first]->Signal(SIGKILL);
+  const int second = WaitForLeader(seconds(30), {first});
+  ASSERT_GE(second, 0);
+  for (auto& agent : agents) {
+    ASSERT_TRUE(Saw(*agent, "reconnected to the rendezvous daemon", seconds(60)))
+        << agent->output();
+  }
+  members_[0]->Signal(SIGKILL);  // two of three members keep etcd's quorum
+  for (auto& agent : agents)
+    EXPECT_EQ(ExitCode(*agent, seconds(300)), 0) << agent->output();
+  const std::string& out = agents[0]->output();
+  EXPECT_EQ(Count(out, "restart_count="), 1u) << out;
+  EXPECT_NE(out.find("world_size=4 restart_count=0"), std::string::npos) << out;
+  // Trained on through the failover: its last epoch came after it.
+  EXPECT_LT(out.find("lost the rendezvous daemon"), out.find("epoch 79 loss")) << out;
+
+  // The same job on one host (the same ranks and world): the same losses.
+  auto alone = launch(kClientHost, {"--standalone", "--nproc-per-node=4"});
+  ASSERT_EQ(ExitCode(*alone, seconds(300)), 0) << alone->output();
+  const std::vector<double> want = EpochLosses(alone->output());
+  const std::vector<double> got = EpochLosses(out);
+  ASSERT_EQ(want.size(), 80u) << alone->output();
+  ASSERT_EQ(got.size(), want.size()) << out;
+  for (size_t e = 0; e < want.size(); ++e)
+    EXPECT_NEAR(got[e], want[e], 1e-5 + 1e-4 * want[e]) << "epoch " << e;
+}
+
+// A meshrun.ft program (the recovery benchmark's GPT, four replica groups of
+// one worker on two hosts) under --restart-scope=replica: the leader's host
+// is lost mid-training, then an etcd member. No worker restarts and no
+// committed step is trained twice: every step's line comes once, in order.
+TEST_F(EtcdFailoverTest, FtProgramLosesTheLeadersHostAndAnEtcdMemberWithoutARestart) {
+  StartEtcd();
+  for (int i = 0; i < kDaemons; ++i) StartDaemon(i, {}, kMembers, /*lease_s=*/5);
+  const int first = WaitForLeader(seconds(60));
+  ASSERT_GE(first, 0);
+  std::string list;
+  for (int i = 0; i < kDaemons; ++i) list += (i ? "," : "") + DaemonEndpoint(i);
+  constexpr int kSteps = 40;
+  std::unique_ptr<ChildProcess> agents[2];
+  for (int node = 0; node < 2; ++node) {
+    const int host = kWorkerHosts[node];
+    agents[node] = std::make_unique<ChildProcess>(
+        lab_->InNode(host, {"/usr/bin/env",
+                            "PYTHONPATH=" MESHRUN_PYTHONPATH,
+                            "GLOO_SOCKET_IFNAME=" + lab_->node_interface(host),
+                            "OMP_NUM_THREADS=1",
+                            BinDir() + "/meshrun",
+                            "--nnodes=2",
+                            "--nproc-per-node=2",
+                            "--rdzv-backend=c10d",
+                            "--rdzv-endpoint=" + list,
+                            "--rdzv-id=etcd-ft",
+                            "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=30",
+                            "--node-rank=" + std::to_string(node),
+                            "--local-addr=" + lab_->node_address(host),
+                            "--restart-scope=replica",
+                            "--replica-size=1",
+                            "--no-python",
+                            MESHRUN_PYTHON,
+                            "-u",
+                            kFtProgram,
+                            "--system=meshrun",
+                            "--sizes=parity",
+                            "--steps=" + std::to_string(kSteps)}),
+        /*merge_stderr=*/true);
+  }
+  // Rank 0 (on the first host) prints the steps.
+  ASSERT_TRUE(Saw(*agents[0], "step 10 loss", seconds(240))) << agents[0]->output();
+  lab_->Cut(kFirstDaemonHost + first);
+  daemons_[first]->Signal(SIGKILL);
+  ASSERT_GE(WaitForLeader(seconds(30), {first}), 0);
+  ASSERT_TRUE(Saw(*agents[0], "reconnected to the rendezvous daemon", seconds(60)))
+      << agents[0]->output();
+  members_[0]->Signal(SIGKILL);
+  for (auto& agent : agents)
+    EXPECT_EQ(ExitCode(*agent, seconds(300)), 0) << agent->output();
+  const std::string& out = agents[0]->output();
+  EXPECT_EQ(Count(out, "incarnation 0"), 2u) << out;
+  EXPECT_EQ(Count(out, "incarnation 1"), 0u) << out;
+  // Each step's loss line once (a step voted down at the failover is
+  // trained again under its own number: that is a discard, not a loss).
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_EQ(Count(out, "step " + std::to_string(step) + " loss "), 1u)
+        << "step " << step << "\n"
+        << out;
+  }
+  EXPECT_LT(out.find("lost the rendezvous daemon"),
+            out.find("step " + std::to_string(kSteps - 1) + " loss"))
+      << out;
 }
 
 TEST_F(EtcdFailoverTest, PausedLeaderNeverServesAgainOnceAnotherLeads) {

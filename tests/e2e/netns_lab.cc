@@ -56,7 +56,7 @@ NetnsLab::NetnsLab(int nodes) {
       const std::string ns = tag_ + "-n" + std::to_string(i);
       Ip({"netns", "add", ns});
       nodes_.push_back(ns);
-      const std::string node_side = tag_ + "n" + std::to_string(i);
+      const std::string node_side = node_interface(i);
       // Created inside the hub namespace, so no name ever lands in the
       // machine's own namespace.
       Ip({"-n", hub_, "link", "add", HubVeth(i), "type", "veth", "peer", "name",
@@ -92,6 +92,10 @@ void NetnsLab::TearDown() {
     }
     hub_.clear();
   }
+}
+
+std::string NetnsLab::node_interface(int node) const {
+  return tag_ + "n" + std::to_string(node);
 }
 
 std::string NetnsLab::node_address(int node) const {

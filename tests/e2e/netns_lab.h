@@ -25,6 +25,9 @@ class NetnsLab {
 
   std::string hub_address() const { return "10.200.0.1"; }
   std::string node_address(int node) const;
+  // The name of node `node`'s interface, inside its namespace (for
+  // GLOO_SOCKET_IFNAME: Gloo otherwise looks for the machine's host name).
+  std::string node_interface(int node) const;
   // `argv` run inside the hub's / node's namespace (same pid: ip execs it).
   std::vector<std::string> InHub(const std::vector<std::string>& argv) const;
   std::vector<std::string> InNode(int node, const std::vector<std::string>& argv) const;

@@ -157,8 +157,14 @@ TEST_P(DaemonRestartBySignalTest, DaemonWithStateDirResumesWithoutRestartingWork
   const std::string state = dir_.path() + "/state";
   Daemon daemon = StartDaemon(0, state);
   ASSERT_FALSE(daemon.endpoint.empty());
-  std::unique_ptr<ChildProcess> agents[2] = {LaunchAgent(daemon.endpoint, 0, go_, 90),
-                                             LaunchAgent(daemon.endpoint, 1, go_, 90)};
+  // The daemon is gone from the signal until the restarted one serves: a
+  // graceful stop (its calls' grace, 2 s) and a start, which took 5 s under
+  // a load average of 6, past the keep-alive's 5 s (stopped workers). This
+  // case is about the resume, not the grace (DaemonGoneLonger... is).
+  const std::vector<std::string> grace = {"--rdzv-reconnect-grace=60"};
+  std::unique_ptr<ChildProcess> agents[2] = {
+      LaunchAgent(daemon.endpoint, 0, go_, 90, grace),
+      LaunchAgent(daemon.endpoint, 1, go_, 90, grace)};
   std::map<int, pid_t> pids;  // global rank -> worker pid
   for (auto& agent : agents) {
     auto starts = AwaitStarts(*agent, 2);
