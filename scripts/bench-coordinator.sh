@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The coordinator killed mid-training (issue 30): meshrun-rdzvd --state-dir
-# SIGKILLed and started again under meshrun.ft, against torchft's Lighthouse
-# killed and started again under torchft, on the recovery benchmark's GPT
+# The coordinator killed mid-training (issues 30, 47): meshrun-rdzvd
+# --state-dir SIGKILLed and started again under meshrun.ft, the leader of two
+# meshrun-rdzvd on etcd SIGKILLed (the standby takes over), against torchft's
+# Lighthouse killed and started again under torchft, on the recovery benchmark's GPT
 # (bench/recovery/coordinator_restart.py says what is measured); records
 # bench/recovery/coordinator_results.md.
 #
@@ -39,7 +40,7 @@ mark_start
 run_driver "${cmd[@]}"
 cat "$tmp/stdout"
 {
-  echo "# The coordinator killed mid-training: meshrun-rdzvd --state-dir vs torchft's Lighthouse"
+  echo "# The coordinator killed mid-training: meshrun-rdzvd --state-dir, meshrun-rdzvd replicas on etcd, torchft's Lighthouse"
   echo
   echo "Produced by \`scripts/bench-coordinator.sh\` (bench/recovery/coordinator_restart.py,"
   echo "ft_python_recovery.py, torchft_launch.py); do not edit by hand."
@@ -55,11 +56,14 @@ cat "$tmp/stdout"
   echo
   echo "Four replica groups of one worker train the recovery benchmark's GPT"
   echo "(ft_python_recovery.py): meshrun.ft under one \`meshrun --restart-scope=replica"
-  echo "--replica-size=1 --nproc-per-node=4\` on a \`meshrun-rdzvd --state-dir\`; torchft's"
+  echo "--replica-size=1 --nproc-per-node=4\` on a \`meshrun-rdzvd --state-dir\`, or on two"
+  echo "\`meshrun-rdzvd --etcd-endpoints\` over a one-member etcd (default 3 s lease; the job's"
+  echo "\`--rdzv-endpoint\` lists both); torchft's"
   echo "Manager, DDP and Optimizer with a torchrun per group and \`torchft_lighthouse"
   echo "--min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000\`. At the line of"
-  echo "step --kill-at-step the coordinator is SIGKILLed, and started again --down"
-  echo "seconds later on its port. Columns: coordinator_restart.py's docstring."
+  echo "step --kill-at-step the coordinator (the leading daemon) is SIGKILLed, and started"
+  echo "again --down seconds later on its port (on etcd: not started again; the standby"
+  echo "takes over). Columns: coordinator_restart.py's docstring."
   echo
   echo "## Results"
   echo
