@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "meshrun/v1/store.grpc.pb.h"
+#include "rendezvous/client/endpoint_list.h"
 
 namespace meshrun::rdzv {
 
@@ -61,6 +62,10 @@ std::shared_ptr<grpc::Channel> MakeStoreChannel(const std::string& target,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  // A list of daemon replicas whose first is on a host gone silent: each
+  // pass over the list waits out that connect, 20 s by default, longer than
+  // a failover. (A worker's store_tool gave up at its 5 s connect timeout.)
+  if (IsEndpointList(target)) args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 3000);
   return MakeChannel(target, security, args);
 }
 

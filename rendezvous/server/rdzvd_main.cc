@@ -8,7 +8,8 @@
 // and stands by, its port bound but not listening (agents' connections are
 // refused, so they try the next endpoint), until it becomes the leader; it
 // then loads the state from etcd and serves as above. A leader that finds
-// another daemon leading exits with 3 without serving again.
+// another daemon leading exits with 75 (EX_TEMPFAIL: a supervisor that
+// starts it again gets a standby) without answering again.
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -428,7 +429,7 @@ int main(int argc, char** argv) {
       log->critical("lost the leadership ({}); exiting so as not to serve stale state",
                     why);
       std::fflush(nullptr);
-      _exit(3);
+      _exit(75);
     });
   }
   std::printf("MESHRUN_RDZVD_ENDPOINT=%s\n", (*daemon)->endpoint().c_str());
