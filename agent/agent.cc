@@ -272,15 +272,13 @@ class Agent {
                                        ReplicaChannelArgs(heartbeat_interval_))
                    : rdzv::MakeChannel(options_.rdzv_endpoint, options_.security);
     client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
-    // A heartbeat may take up to two intervals (within the grace): with one,
-    // a daemon answering in 1.2 s on a starved machine (the soak test beside
-    // libtorch tests: probe p99 0.5 s) was counted as gone, and after a 3 s
-    // grace the node stopped its workers. A cut-off node's agent still stops
-    // them when the grace (its own timer) runs out, and its exit cancels the
-    // call in flight.
+    // A heartbeat slower than its interval is no use, and a cut-off node's
+    // agent must not wait out the general call timeout before exiting. (The
+    // loop sends the next one only after this one ends: a longer deadline
+    // spaces heartbeats out past the daemon's lease. PartitionTest's
+    // survivors were expelled with two intervals.)
     heartbeat_client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
-    heartbeat_client_->set_call_timeout(std::min<std::chrono::milliseconds>(
-        heartbeat_interval_ * 2, std::max(grace_, heartbeat_interval_)));
+    heartbeat_client_->set_call_timeout(heartbeat_interval_);
     // Reports for show (worker exits, health) go on the call queue, which
     // the agent's exit drains with a deadline of its own, so they may wait as
     // long as other calls: with 2 s, a node's exits report was dropped under

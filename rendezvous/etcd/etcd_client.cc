@@ -76,9 +76,12 @@ EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options))
     // gRPC's default backoff of up to two minutes.
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    // (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the least time a
-    // connection attempt gets, and at 100 ms attempts to members that had
-    // just come up failed for 30 s as "tcp handshaker shutdown".)
+    // Each connection attempt gets 2 s (etcdctl's dial timeout; gRPC's own
+    // is 20 s): a connection a member accepted while starting, before it
+    // served gRPC, never got its SETTINGS frame, and with 20 s a daemon
+    // started beside the cluster gave up at its 30 s dial timeout. (At
+    // 100 ms, attempts failed under load before the TCP handshake did.)
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
     // No keepalive pings: etcd closes connections that ping more often than
     // every 5 s, or without a call open (too_many_pings). A silent member is
     // left by the calls' own deadline, and the next call starts at the member

@@ -114,6 +114,18 @@ class EtcdFailoverTest : public ::testing::Test {
       members_.push_back(
           std::make_unique<ChildProcess>(lab_->InNode(i, {"/bin/sh", "-c", command})));
     }
+    // Daemons start once every member serves. (Started beside a cluster
+    // still forming, under load, some daemons' connections to every member
+    // failed for their whole 30 s dial timeout: not understood yet, see the
+    // session note; a supervisor's restart gets past it.)
+    const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+    int code = -1;
+    while (std::chrono::steady_clock::now() < deadline) {
+      Etcdctl({"endpoint", "health"}, &code, EtcdEndpoints(members));
+      if (code == 0) break;
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+    ASSERT_EQ(code, 0) << "etcd did not come up";
   }
 
   // etcdctl on the client host; its output.
