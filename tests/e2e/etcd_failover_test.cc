@@ -208,6 +208,49 @@ class EtcdFailoverTest : public ::testing::Test {
     return -1;
   }
 
+  // Three etcd members and three daemons (lease `lease_s`); the leader's
+  // index, -1 if none leads.
+  int StartReplicas(int lease_s) {
+    StartEtcd();
+    for (int i = 0; i < kDaemons; ++i) StartDaemon(i, {}, kMembers, lease_s);
+    return WaitForLeader(seconds(60));
+  }
+  // Every daemon, as agents' --rdzv-endpoint lists them.
+  std::string DaemonList() const {
+    std::string list;
+    for (int i = 0; i < kDaemons; ++i) list += (i ? "," : "") + DaemonEndpoint(i);
+    return list;
+  }
+  // `meshrun` on worker host `node` of a two-node, two-worker job over every
+  // daemon, with a 30 s reconnect grace; `env` before it (env(1)), `tail`
+  // (flags, then the program) after it.
+  std::unique_ptr<ChildProcess> StartAgent(int node, const std::string& run_id,
+                                           const std::vector<std::string>& env,
+                                           const std::vector<std::string>& tail) {
+    const int host = kWorkerHosts[node];
+    std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON,
+                                  "GLOO_SOCKET_IFNAME=" + lab_->node_interface(host),
+                                  "OMP_NUM_THREADS=1"};
+    argv.insert(argv.end(), env.begin(), env.end());
+    for (const std::string& arg :
+         {BinDir() + "/meshrun", std::string("--nnodes=2"),
+          std::string("--nproc-per-node=2"), std::string("--rdzv-backend=c10d"),
+          "--rdzv-endpoint=" + DaemonList(), "--rdzv-id=" + run_id,
+          std::string("--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=30"),
+          "--node-rank=" + std::to_string(node),
+          "--local-addr=" + lab_->node_address(host)})
+      argv.push_back(arg);
+    argv.insert(argv.end(), tail.begin(), tail.end());
+    return std::make_unique<ChildProcess>(lab_->InNode(host, argv),
+                                          /*merge_stderr=*/true);
+  }
+  // The leader's host goes (link down, daemon SIGKILLed); the next leader.
+  int LoseLeadersHost(int leader) {
+    lab_->Cut(kFirstDaemonHost + leader);
+    daemons_[leader]->Signal(SIGKILL);
+    return WaitForLeader(seconds(30), {leader});
+  }
+
   // The store tool on the client host: `args` after ENDPOINT NAMESPACE.
   ChildProcess& Store(int daemon, const std::vector<std::string>& args) {
     std::vector<std::string> argv{BinDir() + "/store_tool", DaemonEndpoint(daemon),
@@ -305,29 +348,18 @@ size_t Count(const std::string& text, const std::string& needle) {
 }
 
 TEST_F(EtcdFailoverTest, AgentsFollowTheNewLeaderWithoutRestartingWorkers) {
-  StartEtcd();
-  for (int i = 0; i < kDaemons; ++i) StartDaemon(i, {}, kMembers, /*lease_s=*/5);
-  const int first = WaitForLeader(seconds(60));
+  const int first = StartReplicas(/*lease_s=*/5);
   ASSERT_GE(first, 0);
-  std::string list;
-  for (int i = 0; i < kDaemons; ++i) list += (i ? "," : "") + DaemonEndpoint(i);
   // Two nodes of two workers; each does store traffic through its agent's
   // relay and through the list (follow_worker.py), until the test says go.
+  // Their store_tool runs wait for the next leader (a dead first address
+  // costs a 3 s connect on each pass of the list).
   const std::string go = dir_ + "/go";
   std::unique_ptr<ChildProcess> agents[2];
   for (int node = 0; node < 2; ++node) {
-    agents[node] = std::make_unique<ChildProcess>(
-        lab_->InNode(
-            kWorkerHosts[node],
-            // The workers' store_tool runs wait for the next leader (a dead
-            // first address costs a 3 s connect on each pass of the list).
-            {"/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON, "STORE_TOOL_CONNECT_MS=30000",
-             BinDir() + "/meshrun", "--nnodes=2", "--nproc-per-node=2",
-             "--rdzv-backend=c10d", "--rdzv-endpoint=" + list, "--rdzv-id=etcd-job",
-             "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=30",
-             "--node-rank=" + std::to_string(node), "--shutdown-timeout=5", kFollowWorker,
-             go, "240", BinDir() + "/store_tool"}),
-        /*merge_stderr=*/true);
+    agents[node] = StartAgent(
+        node, "etcd-job", {"STORE_TOOL_CONNECT_MS=30000"},
+        {"--shutdown-timeout=5", kFollowWorker, go, "240", BinDir() + "/store_tool"});
   }
   for (auto& agent : agents) {
     ASSERT_TRUE(Saw(*agent, "STORED rank=", seconds(180))) << agent->output();
@@ -341,10 +373,7 @@ TEST_F(EtcdFailoverTest, AgentsFollowTheNewLeaderWithoutRestartingWorkers) {
   }
 
   // The leader's host goes; a standby leads within about the lease (5 s).
-  lab_->Cut(kFirstDaemonHost + first);
-  daemons_[first]->Signal(SIGKILL);
-  const int second = WaitForLeader(seconds(30), {first});
-  ASSERT_GE(second, 0);
+  ASSERT_GE(LoseLeadersHost(first), 0);
   for (auto& agent : agents) {
     ASSERT_TRUE(Saw(*agent, "reconnected to the rendezvous daemon", seconds(60)))
         << agent->output();
@@ -388,38 +417,16 @@ std::vector<double> EpochLosses(const std::string& output) {
 // lost mid-training, then an etcd member. No worker restarts, and the run
 // trains to the losses of the same job run on one host with nothing lost.
 TEST_F(EtcdFailoverTest, DdpJobLosesTheLeadersHostAndAnEtcdMemberWithoutARestart) {
-  StartEtcd();
-  for (int i = 0; i < kDaemons; ++i) StartDaemon(i, {}, kMembers, /*lease_s=*/5);
-  const int first = WaitForLeader(seconds(60));
+  const int first = StartReplicas(/*lease_s=*/5);
   ASSERT_GE(first, 0);
-  std::string list;
-  for (int i = 0; i < kDaemons; ++i) list += (i ? "," : "") + DaemonEndpoint(i);
   const std::vector<std::string> script = {kDdpScript, "--epochs", "80", "--samples",
                                            "2048"};
-  auto launch = [&](int host, std::vector<std::string> flags) {
-    std::vector<std::string> argv{"/usr/bin/env", "PYTHON_EXEC=" MESHRUN_PYTHON,
-                                  "GLOO_SOCKET_IFNAME=" + lab_->node_interface(host),
-                                  "OMP_NUM_THREADS=1", BinDir() + "/meshrun"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.insert(argv.end(), script.begin(), script.end());
-    return std::make_unique<ChildProcess>(lab_->InNode(host, argv),
-                                          /*merge_stderr=*/true);
-  };
   std::unique_ptr<ChildProcess> agents[2];
-  for (int node = 0; node < 2; ++node) {
-    agents[node] = launch(kWorkerHosts[node],
-                          {"--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                           "--rdzv-endpoint=" + list, "--rdzv-id=etcd-ddp",
-                           "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=30",
-                           "--node-rank=" + std::to_string(node),
-                           "--local-addr=" + lab_->node_address(kWorkerHosts[node])});
-  }
+  for (int node = 0; node < 2; ++node)
+    agents[node] = StartAgent(node, "etcd-ddp", {}, script);
   ASSERT_TRUE(Saw(*agents[0], "epoch 2 loss", seconds(240))) << agents[0]->output();
 
-  lab_->Cut(kFirstDaemonHost + first);
-  daemons_[first]->Signal(SIGKILL);
-  const int second = WaitForLeader(seconds(30), {first});
-  ASSERT_GE(second, 0);
+  ASSERT_GE(LoseLeadersHost(first), 0);
   for (auto& agent : agents) {
     ASSERT_TRUE(Saw(*agent, "reconnected to the rendezvous daemon", seconds(60)))
         << agent->output();
@@ -434,7 +441,12 @@ TEST_F(EtcdFailoverTest, DdpJobLosesTheLeadersHostAndAnEtcdMemberWithoutARestart
   EXPECT_LT(out.find("lost the rendezvous daemon"), out.find("epoch 79 loss")) << out;
 
   // The same job on one host (the same ranks and world): the same losses.
-  auto alone = launch(kClientHost, {"--standalone", "--nproc-per-node=4"});
+  std::vector<std::string> standalone{"/usr/bin/env",      "PYTHON_EXEC=" MESHRUN_PYTHON,
+                                      "OMP_NUM_THREADS=1", BinDir() + "/meshrun",
+                                      "--standalone",      "--nproc-per-node=4"};
+  standalone.insert(standalone.end(), script.begin(), script.end());
+  auto alone = std::make_unique<ChildProcess>(lab_->InNode(kClientHost, standalone),
+                                              /*merge_stderr=*/true);
   ASSERT_EQ(ExitCode(*alone, seconds(300)), 0) << alone->output();
   const std::vector<double> want = EpochLosses(alone->output());
   const std::vector<double> got = EpochLosses(out);
@@ -455,46 +467,20 @@ TEST_F(EtcdFailoverTest, DdpJobLosesTheLeadersHostAndAnEtcdMemberWithoutARestart
 // FtPython.daemon_failover_etcd covers the program's failover on loopback.
 TEST_F(EtcdFailoverTest,
        DISABLED_FtProgramLosesTheLeadersHostAndAnEtcdMemberWithoutARestart) {
-  StartEtcd();
-  for (int i = 0; i < kDaemons; ++i) StartDaemon(i, {}, kMembers, /*lease_s=*/5);
-  const int first = WaitForLeader(seconds(60));
+  const int first = StartReplicas(/*lease_s=*/5);
   ASSERT_GE(first, 0);
-  std::string list;
-  for (int i = 0; i < kDaemons; ++i) list += (i ? "," : "") + DaemonEndpoint(i);
   constexpr int kSteps = 40;
   std::unique_ptr<ChildProcess> agents[2];
   for (int node = 0; node < 2; ++node) {
-    const int host = kWorkerHosts[node];
-    agents[node] = std::make_unique<ChildProcess>(
-        lab_->InNode(host, {"/usr/bin/env",
-                            "PYTHONPATH=" MESHRUN_PYTHONPATH,
-                            "GLOO_SOCKET_IFNAME=" + lab_->node_interface(host),
-                            "OMP_NUM_THREADS=1",
-                            BinDir() + "/meshrun",
-                            "--nnodes=2",
-                            "--nproc-per-node=2",
-                            "--rdzv-backend=c10d",
-                            "--rdzv-endpoint=" + list,
-                            "--rdzv-id=etcd-ft",
-                            "--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=30",
-                            "--node-rank=" + std::to_string(node),
-                            "--local-addr=" + lab_->node_address(host),
-                            "--restart-scope=replica",
-                            "--replica-size=1",
-                            "--no-python",
-                            MESHRUN_PYTHON,
-                            "-u",
-                            kFtProgram,
-                            "--system=meshrun",
-                            "--sizes=parity",
-                            "--steps=" + std::to_string(kSteps)}),
-        /*merge_stderr=*/true);
+    agents[node] =
+        StartAgent(node, "etcd-ft", {"PYTHONPATH=" MESHRUN_PYTHONPATH},
+                   {"--restart-scope=replica", "--replica-size=1", "--no-python",
+                    MESHRUN_PYTHON, "-u", kFtProgram, "--system=meshrun",
+                    "--sizes=parity", "--steps=" + std::to_string(kSteps)});
   }
   // Rank 0 (on the first host) prints the steps.
   ASSERT_TRUE(Saw(*agents[0], "step 10 loss", seconds(240))) << agents[0]->output();
-  lab_->Cut(kFirstDaemonHost + first);
-  daemons_[first]->Signal(SIGKILL);
-  ASSERT_GE(WaitForLeader(seconds(30), {first}), 0);
+  ASSERT_GE(LoseLeadersHost(first), 0);
   ASSERT_TRUE(Saw(*agents[0], "reconnected to the rendezvous daemon", seconds(60)))
       << agents[0]->output();
   members_[0]->Signal(SIGKILL);
