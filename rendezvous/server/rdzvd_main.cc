@@ -34,6 +34,7 @@
 #include "rendezvous/etcd/etcd_client.h"
 #include "rendezvous/etcd/etcd_leadership.h"
 #include "rendezvous/etcd/etcd_state_medium.h"
+#include "rendezvous/security/auth.h"
 #include "rendezvous/server/daemon.h"
 #include "rendezvous/status/build_info.h"
 
@@ -51,15 +52,6 @@ struct EtcdFlags {
   int lease_ttl_s = 3;
   int dial_timeout_s = 30;
 };
-
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream text;
-  text << in.rdbuf();
-  *out = text.str();
-  return !in.bad();
-}
 
 // Binds host:port (0: kernel-assigned) without listening, so the port is
 // this daemon's while connections to it are refused; -1 on failure.
@@ -318,8 +310,13 @@ int main(int argc, char** argv) {
     client.endpoints = *endpoints;
     client.user = etcd.user;
     if (!etcd.password_file.empty()) {
-      if (!ReadFile(etcd.password_file, &client.password))
+      // (Not ReadTokenFile: it asks for 16 bytes at least, a token's rule.)
+      std::ifstream in(etcd.password_file, std::ios::binary);
+      std::ostringstream text;
+      text << in.rdbuf();
+      if (!in || in.bad())
         return fail("--etcd-password-file: cannot read " + etcd.password_file, 2);
+      client.password = text.str();
       while (!client.password.empty() &&
              (client.password.back() == '\n' || client.password.back() == '\r'))
         client.password.pop_back();
@@ -328,12 +325,14 @@ int main(int argc, char** argv) {
     }
     if (!client.password.empty() && client.user.empty())
       return fail("an etcd password without --etcd-user", 2);
-    for (auto [flag, path, pem] :
-         {std::tuple{"--etcd-cacert", &etcd.cacert, &client.ca_pem},
-          std::tuple{"--etcd-cert", &etcd.cert, &client.cert_pem},
-          std::tuple{"--etcd-key", &etcd.key, &client.key_pem}}) {
-      if (!path->empty() && !ReadFile(*path, pem))
-        return fail(std::string(flag) + ": cannot read " + *path, 2);
+    for (auto [flag, path, pem, marker] :
+         {std::tuple{"--etcd-cacert", &etcd.cacert, &client.ca_pem, "CERTIFICATE"},
+          std::tuple{"--etcd-cert", &etcd.cert, &client.cert_pem, "CERTIFICATE"},
+          std::tuple{"--etcd-key", &etcd.key, &client.key_pem, "PRIVATE KEY"}}) {
+      if (path->empty()) continue;
+      auto read = meshrun::rdzv::ReadPemFile(*path, flag, marker);
+      if (!read.ok()) return fail(std::string(read.status().message()), 2);
+      *pem = *read;
     }
     if (client.ca_pem.empty() && !(client.cert_pem.empty() && client.key_pem.empty()))
       return fail("--etcd-cert and --etcd-key need --etcd-cacert", 2);

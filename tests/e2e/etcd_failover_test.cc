@@ -613,6 +613,7 @@ TEST_F(EtcdFailoverTest, BadEtcdSettingsAreRefusedWithExit2AndNothingWritten) {
   Etcdctl({"auth", "enable"}, &code, EtcdEndpoints(1));
   ASSERT_EQ(code, 0);
   std::ofstream(dir_ + "/wrong") << "wrong\n";
+  fs::permissions(dir_ + "/wrong", fs::perms::owner_read | fs::perms::owner_write);
   refused({etcd, "--etcd-user=root", "--etcd-password-file=" + dir_ + "/wrong"},
           "refused user root");
   refused({etcd, "--etcd-deployment=blue"}, "user name is empty");
