@@ -89,6 +89,10 @@ class Process:
         with self._lock:
             return list(self.lines)
 
+    def tail(self, lines: int = 20) -> str:
+        """Its last output lines, for a message saying why it failed."""
+        return "\n".join(line for _, line in self.output()[-lines:])
+
     def wait_for(self, pattern: str, deadline: float) -> float | None:
         """The time the first line matching `pattern` was read."""
         regex = re.compile(pattern)
@@ -147,10 +151,13 @@ class Coordinator:
 
         leader = replica(self.port)
         if leader.wait_for("^MESHRUN_RDZVD_ENDPOINT=", time.monotonic() + 60) is None:
-            raise SystemExit("coordinator_restart: no meshrun-rdzvd led on etcd")
+            raise SystemExit(f"coordinator_restart: no meshrun-rdzvd led on etcd:\n{leader.tail()}")
         self._standby = replica(standby_port)
         if self._standby.wait_for("^MESHRUN_RDZVD_STANDBY=", time.monotonic() + 30) is None:
-            raise SystemExit("coordinator_restart: the standby meshrun-rdzvd did not start")
+            why = self._standby.tail()
+            raise SystemExit(
+                f"coordinator_restart: the standby meshrun-rdzvd did not start:\n{why}"
+            )
         self.endpoint = f"127.0.0.1:{self.port},127.0.0.1:{standby_port}"
         return leader
 

@@ -77,10 +77,9 @@ EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options))
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     // Each connection attempt gets 2 s (etcdctl's dial timeout; gRPC's own
-    // is 20 s): a connection a member accepted while starting, before it
-    // served gRPC, never got its SETTINGS frame, and with 20 s a daemon
-    // started beside the cluster gave up at its 30 s dial timeout. (At
-    // 100 ms, attempts failed under load before the TCP handshake did.)
+    // is 20 s), so an attempt on a member that was cut off does not hold
+    // back the one after it came back. (At 100 ms, attempts failed under
+    // load before the TCP handshake did.)
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 2000);
     // No keepalive pings: etcd closes connections that ping more often than
     // every 5 s, or without a call open (too_many_pings). A silent member is
@@ -94,6 +93,45 @@ EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options))
     member.maintenance = etcdserverpb::Maintenance::NewStub(member.channel);
     member.auth = etcdserverpb::Auth::NewStub(member.channel);
     members_.push_back(std::move(member));
+  }
+  connection_driver_ = std::thread([this] { DriveConnections(); });
+}
+
+EtcdClient::~EtcdClient() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  connection_driver_.join();
+}
+
+// gRPC advances a connection attempt only while some thread polls, and a
+// fail-fast call on a channel in TRANSIENT_FAILURE returns at once. So in a
+// daemon that serves nothing yet (dialling etcd, standing by) no thread polls
+// between calls, and an attempt (the TCP connect, then the member's HTTP/2
+// SETTINGS) moves only with gRPC's backup poller, every 5 s: slower than the
+// attempt's own 2 s deadline, so it never completes. A daemon started while
+// its etcd was still coming up then never reached it (6 of 25 on an idle
+// machine gave up after their 30 s dial timeout). This thread polls while any
+// member is not connected.
+void EtcdClient::DriveConnections() {
+  constexpr auto kPollSlice = std::chrono::milliseconds(100);
+  constexpr auto kReadyCheckEvery = std::chrono::milliseconds(250);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    bool polled = false;
+    for (Member& member : members_) {
+      const grpc_connectivity_state state =
+          member.channel->GetState(/*try_to_connect=*/true);
+      if (state == GRPC_CHANNEL_READY) continue;
+      member.channel->WaitForStateChange(state,
+                                         std::chrono::system_clock::now() + kPollSlice);
+      polled = true;
+    }
+    lock.lock();
+    if (!polled) stop_cv_.wait_for(lock, kReadyCheckEvery, [this] { return stopping_; });
   }
 }
 

@@ -11,10 +11,12 @@
 // Thread-safe: calls from several threads run concurrently.
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,6 +42,7 @@ absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& l
 class EtcdClient {
  public:
   explicit EtcdClient(EtcdClientOptions options);
+  ~EtcdClient();
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;
 
@@ -75,12 +78,16 @@ class EtcdClient {
   absl::Status OnSomeMember(const char* what, Call&& call);
   std::unique_ptr<grpc::ClientContext> Context();
   absl::Status Authenticate(Member& member);
+  void DriveConnections();
 
   EtcdClientOptions options_;
   std::vector<Member> members_;
   std::mutex mu_;
-  size_t current_ = 0;  // guarded by mu_
-  std::string token_;   // guarded by mu_
+  size_t current_ = 0;     // guarded by mu_
+  std::string token_;      // guarded by mu_
+  bool stopping_ = false;  // guarded by mu_
+  std::condition_variable stop_cv_;
+  std::thread connection_driver_;
 };
 
 }  // namespace meshrun::rdzv
