@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   rendezvous_options.serves_tcpstore = serve_tcpstore;
   rendezvous_options.tcpstore_run = options.tcpstore_run;
   rendezvous_options.closed_run_retention = options.closed_run_retention;
+  rendezvous_options.annotate_status = options.extra_status;
   // The store outlives the rendezvous service (members are destroyed in
   // reverse order), so the callback never sees a dead store.
   rendezvous_options.on_runs_forgotten =

@@ -52,6 +52,8 @@ struct DaemonOptions {
   std::function<std::unique_ptr<StateMedium>()> state_medium;
   // Set: adds families to /metrics (the etcd leadership's).
   std::function<void(std::vector<MetricFamily>*)> extra_metrics;
+  // Adds to the status (page and Status RPC) what the daemon's owner knows.
+  std::function<void(StatusSnapshot*)> extra_status;
   // The log is compacted into a new snapshot once it grows past this.
   size_t state_snapshot_after_bytes = 64 << 20;
   // The HTTP port for /metrics, /api/status and the status page, on `host`:

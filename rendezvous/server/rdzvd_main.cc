@@ -395,7 +395,16 @@ int main(int argc, char** argv) {
       medium = made.get();
       return made;
     };
-    options.extra_metrics = [&leadership, &medium](auto* families) {
+    // etcd answers the lease keep-alives and the state writes.
+    auto etcd_reachable = [&leadership, &medium] {
+      return leadership->etcd_reachable() && !(medium != nullptr && medium->stalled());
+    };
+    options.extra_status = [&leadership, &etcd_client,
+                            etcd_reachable](meshrun::rdzv::StatusSnapshot* snapshot) {
+      snapshot->etcd = meshrun::rdzv::EtcdStatusRecord{
+          leadership->term(), etcd_reachable(), etcd_client->current_endpoint()};
+    };
+    options.extra_metrics = [&leadership, etcd_reachable](auto* families) {
       families->emplace_back("meshrun_etcd_leader_term",
                              "The etcd leadership term this daemon leads in.", "gauge");
       families->back().Add({}, static_cast<double>(leadership->term()));
@@ -403,9 +412,7 @@ int main(int argc, char** argv) {
           "meshrun_etcd_reachable",
           "1 while etcd answers this daemon's lease keep-alives and state writes.",
           "gauge");
-      const bool reachable =
-          leadership->etcd_reachable() && !(medium != nullptr && medium->stalled());
-      families->back().Add({}, reachable ? 1 : 0);
+      families->back().Add({}, etcd_reachable() ? 1 : 0);
     };
   }
 

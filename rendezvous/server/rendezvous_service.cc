@@ -654,7 +654,9 @@ grpc::ServerUnaryReactor* RendezvousService::Status(grpc::CallbackServerContext*
 
 StatusSnapshot RendezvousService::Snapshot(const std::string& run_id) {
   // The quorum's lock before mu_ is taken (mu_ -> quorum_ is the order).
-  return SnapshotWithLags(run_id, quorum_.LagsByRun());
+  StatusSnapshot snapshot = SnapshotWithLags(run_id, quorum_.LagsByRun());
+  if (options_.annotate_status) options_.annotate_status(&snapshot);
+  return snapshot;
 }
 
 StatusSnapshot RendezvousService::SnapshotWithLags(

@@ -43,6 +43,9 @@ struct RendezvousServiceOptions {
   bool serves_tcpstore = false;
   // The run pinned to the TCPStore endpoint (DaemonOptions::tcpstore_run).
   std::string tcpstore_run;
+  // Adds what the service does not know to each status snapshot (the
+  // daemon's etcd leadership). Called without the service's lock.
+  std::function<void(StatusSnapshot*)> annotate_status;
 };
 
 class RendezvousService final : public meshrun::v1::Rendezvous::CallbackService {

@@ -99,12 +99,23 @@ struct RunStatusRecord {
   std::vector<SlowRankRecord> slow_ranks;
 };
 
+// A daemon replica on etcd (--etcd-endpoints): where its state is kept.
+struct EtcdStatusRecord {
+  uint64_t leader_term = 0;  // the leadership term this daemon leads in
+  // etcd answers its lease keep-alives and state writes. While it does not,
+  // the runs keep their round, but nothing is acknowledged that needs a
+  // write (new rounds, store writes) until it is back.
+  bool reachable = true;
+  std::string member;  // the member it talks to
+};
+
 struct StatusSnapshot {
   int64_t now_unix_ms = 0;
   // The daemon's build (build_info.h); empty: not shown.
   std::string version;
   std::string commit;
-  std::vector<RunStatusRecord> runs;  // by run id
+  std::vector<RunStatusRecord> runs;     // by run id
+  std::optional<EtcdStatusRecord> etcd;  // unset: not a replica on etcd
 };
 
 }  // namespace meshrun::rdzv

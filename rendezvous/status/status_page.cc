@@ -74,6 +74,7 @@ const std::string& StatusPageHtml() {
 <header>
   <h1>meshrun</h1><span class="sub">rendezvous daemon status</span>
   <span id="version" class="sub"></span>
+  <span id="etcd" class="sub"></span>
   <span class="live"><span id="dot" class="dot"></span><span id="updated">connecting...</span></span>
 </header>
 <main id="runs"><div class="empty">loading...</div></main>
@@ -224,6 +225,14 @@ async function refresh() {
     if (data.version)
       document.getElementById("version").textContent =
           data.version + " (commit " + data.commit + ")";
+    const etcd = document.getElementById("etcd");
+    if (data.etcd) {
+      etcd.textContent = data.etcd.reachable
+          ? "etcd: leading in term " + data.etcd.leader_term + " (" + data.etcd.member + ")"
+          : "etcd UNREACHABLE (term " + data.etcd.leader_term + "): runs keep their round; " +
+            "no new round or store write until it is back";
+      etcd.style.color = data.etcd.reachable ? "" : "var(--bad)";
+    }
   } catch (e) {
     document.getElementById("dot").className = "dot stale";
     document.getElementById("updated").textContent = "cannot show the status: " + e.message;

@@ -35,6 +35,12 @@ FailureCauseRecord FromProto(const v1::FailureCause& cause) {
 v1::StatusReply ToProto(const StatusSnapshot& snapshot) {
   v1::StatusReply reply;
   reply.set_now_unix_ms(snapshot.now_unix_ms);
+  if (snapshot.etcd) {
+    v1::EtcdStatus* etcd = reply.mutable_etcd();
+    etcd->set_leader_term(snapshot.etcd->leader_term);
+    etcd->set_reachable(snapshot.etcd->reachable);
+    etcd->set_member(snapshot.etcd->member);
+  }
   for (const RunStatusRecord& run : snapshot.runs) {
     v1::RunStatus* r = reply.add_runs();
     r->set_run_id(run.run_id);
@@ -103,6 +109,10 @@ v1::StatusReply ToProto(const StatusSnapshot& snapshot) {
 StatusSnapshot FromProto(const v1::StatusReply& reply) {
   StatusSnapshot snapshot;
   snapshot.now_unix_ms = reply.now_unix_ms();
+  if (reply.has_etcd()) {
+    snapshot.etcd = EtcdStatusRecord{reply.etcd().leader_term(), reply.etcd().reachable(),
+                                     reply.etcd().member()};
+  }
   for (const v1::RunStatus& r : reply.runs()) {
     RunStatusRecord& run = snapshot.runs.emplace_back();
     run.run_id = r.run_id();

@@ -332,6 +332,15 @@ std::string RenderStatusJson(const StatusSnapshot& snapshot) {
     json.Field("version", snapshot.version);
     json.Field("commit", snapshot.commit);
   }
+  if (snapshot.etcd) {
+    json.Key("etcd");
+    json.BeginObject();
+    json.Field("leader_term", snapshot.etcd->leader_term);
+    json.Key("reachable");
+    json.Bool(snapshot.etcd->reachable);
+    json.Field("member", snapshot.etcd->member);
+    json.EndObject();
+  }
   json.Key("runs");
   json.BeginArray();
   for (const RunStatusRecord& run : snapshot.runs) WriteRun(run, &json);
@@ -341,10 +350,23 @@ std::string RenderStatusJson(const StatusSnapshot& snapshot) {
 }
 
 std::string RenderStatusTable(const StatusSnapshot& snapshot, int max_traceback_lines) {
-  if (snapshot.runs.empty()) return "no runs\n";
   std::string out;
+  if (snapshot.etcd) {
+    const EtcdStatusRecord& etcd = *snapshot.etcd;
+    if (etcd.reachable) {
+      absl::StrAppend(&out, "etcd: leading in term ", etcd.leader_term, ", member ",
+                      etcd.member, "\n");
+    } else {
+      absl::StrAppend(&out, "etcd: UNREACHABLE (leading in term ", etcd.leader_term,
+                      ", last member ", etcd.member,
+                      "): runs keep their round; no new round and no store write is "
+                      "acknowledged until it is back\n");
+    }
+  }
+  if (snapshot.runs.empty()) return out + "no runs\n";
+  const size_t header = out.size();
   for (const RunStatusRecord& run : snapshot.runs) {
-    if (!out.empty()) out += "\n";
+    if (out.size() > header) out += "\n";
     absl::StrAppend(&out, "run ", run.run_id, ": ", run.state);
     if (!run.outcome.empty()) absl::StrAppend(&out, " (", run.outcome, ")");
     absl::StrAppend(&out, ", round ", run.round, ", restarts ", run.restart_count, "/",

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "rendezvous/status/status_http.h"
+#include "rendezvous/status/status_proto.h"
 
 namespace meshrun::rdzv {
 namespace {
@@ -77,6 +78,33 @@ TEST(StatusRenderTest, JsonCarriesTheDaemonsVersion) {
   EXPECT_EQ(
       RenderStatusJson(snapshot),
       R"({"now_unix_ms":5,"version":"0.1.0","commit":"0123456789ab-dirty","runs":[]})");
+}
+
+// A daemon replica on etcd says its term and whether etcd answers, in the
+// JSON, the table and through the Status RPC's proto.
+TEST(StatusRenderTest, EtcdLeadershipInJsonTableAndProto) {
+  StatusSnapshot snapshot;
+  snapshot.now_unix_ms = 5;
+  snapshot.etcd = EtcdStatusRecord{7, false, "10.0.0.1:2379"};
+  EXPECT_EQ(RenderStatusJson(snapshot),
+            R"({"now_unix_ms":5,"etcd":{"leader_term":7,"reachable":false,)"
+            R"("member":"10.0.0.1:2379"},"runs":[]})");
+  EXPECT_EQ(RenderStatusTable(snapshot),
+            "etcd: UNREACHABLE (leading in term 7, last member 10.0.0.1:2379): runs keep "
+            "their round; no new round and no store write is acknowledged until it is "
+            "back\nno runs\n");
+  const StatusSnapshot back = FromProto(ToProto(snapshot));
+  ASSERT_TRUE(back.etcd.has_value());
+  EXPECT_EQ(back.etcd->leader_term, 7u);
+  EXPECT_FALSE(back.etcd->reachable);
+  EXPECT_EQ(back.etcd->member, "10.0.0.1:2379");
+
+  snapshot.etcd->reachable = true;
+  snapshot.runs = Example().runs;
+  const std::string table = RenderStatusTable(snapshot);
+  EXPECT_EQ(table.rfind("etcd: leading in term 7, member 10.0.0.1:2379\nrun ", 0), 0u)
+      << table;
+  EXPECT_FALSE(FromProto(ToProto(StatusSnapshot{})).etcd.has_value());
 }
 
 TEST(StatusRenderTest, JsonEscapesControlBytesAndInvalidUtf8) {
