@@ -6,6 +6,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "rendezvous/core/health_summary.h"
@@ -150,8 +151,12 @@ bool IsTerminal(NodeEvent::Kind kind) {
 }  // namespace
 
 // One node's Join stream: events are queued and written one at a time; a
-// terminal event (closed, join timeout) ends the stream once written. gRPC
-// calls are made outside mu_, since a reaction may run inline.
+// terminal event (closed, join timeout) ends the stream once written. With a
+// state log, a held stream writes nothing until the state its events report
+// is durable (Hold, then Release from the log's flusher), so an agent never
+// acts on a round that a daemon restarted from that state (or the next
+// leader on etcd) would not know. gRPC calls are made outside mu_, since a
+// reaction may run inline.
 class RendezvousService::JoinStream final
     : public grpc::ServerWriteReactor<v1::RendezvousEvent> {
  public:
@@ -166,12 +171,29 @@ class RendezvousService::JoinStream final
       if (finish_requested_) return;
       events_.push_back(std::move(event));
       finish_requested_ = terminal;
-      if (!writing_) {
-        writing_ = true;
-        to_write = &events_.front();
-      }
+      to_write = NextWriteLocked();
     }
     if (to_write) StartWrite(to_write);
+  }
+
+  // Until the matching Release(), events queued are not written (and the
+  // stream does not finish). REQUIRES: the service's mu_ held and this
+  // stream registered (alive).
+  void Hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++holds_;
+  }
+  void Release() {
+    v1::RendezvousEvent* to_write = nullptr;
+    bool finish;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --holds_;
+      to_write = NextWriteLocked();
+      finish = ShouldFinishLocked();
+    }
+    if (to_write) StartWrite(to_write);
+    if (finish) Finish(final_status_);
   }
 
   // Ends the stream after the queued events (replaced by a newer join, left,
@@ -210,9 +232,15 @@ class RendezvousService::JoinStream final
   void OnDone() override { delete this; }
 
  private:
+  // The event to start writing now, if any. REQUIRES: mu_ held.
+  v1::RendezvousEvent* NextWriteLocked() {
+    if (writing_ || holds_ > 0 || events_.empty()) return nullptr;
+    writing_ = true;
+    return &events_.front();
+  }
   // REQUIRES: mu_ held. True exactly once: when the caller must Finish().
   bool ShouldFinishLocked() {
-    if (finished_ || !finish_requested_ || writing_) return false;
+    if (finished_ || !finish_requested_ || writing_ || holds_ > 0) return false;
     finished_ = true;
     return true;
   }
@@ -222,6 +250,7 @@ class RendezvousService::JoinStream final
   std::mutex mu_;
   std::deque<v1::RendezvousEvent> events_;        // guarded by mu_
   bool writing_ = false;                          // guarded by mu_
+  int holds_ = 0;                                 // guarded by mu_
   bool finish_requested_ = false;                 // guarded by mu_
   bool finished_ = false;                         // guarded by mu_
   grpc::Status final_status_ = grpc::Status::OK;  // guarded by mu_ until finished_
@@ -286,6 +315,7 @@ void RendezvousService::DispatchLocked(std::vector<NodeEvent>& events) {
   // replica groups at once.
   for (const LostReplicaGroup& lost : state_.TakeLostReplicaGroups())
     quorum_.ReplicaFailed(lost.run_id, lost.replica, ReplicaQuorum::Loss::kNodeLost);
+  std::set<JoinStream*> held;
   for (const NodeEvent& event : events) {
     auto it = streams_.find({event.run_id, event.node_id});
     if (it == streams_.end()) continue;  // the node's stream is already gone
@@ -296,11 +326,19 @@ void RendezvousService::DispatchLocked(std::vector<NodeEvent>& events) {
           options_.serves_tcpstore &&
           tcpstore_owner_.Claim(event.run_id, state_.LiveStorePrefixes()));
     }
+    if (log_ && held.insert(it->second).second) it->second->Hold();
     it->second->Push(std::move(message), terminal);
     // Once a terminal event is queued the stream finishes by itself, so it
     // must not be reachable any more.
     if (terminal) streams_.erase(it);
   }
+  if (held.empty()) return;
+  // The events go out once the changes they report are durable (collected
+  // by the log's flusher, which takes mu_ after this call releases it). A
+  // held stream stays alive until its Release.
+  log_->Poke();
+  const StateLog::Mark mark = log_->Now();
+  for (JoinStream* stream : held) log_->WhenDurable(mark, [stream] { stream->Release(); });
 }
 
 void RendezvousService::StreamBroken(const NodeKey& node, JoinStream* stream) {
