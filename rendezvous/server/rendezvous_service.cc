@@ -338,7 +338,8 @@ void RendezvousService::DispatchLocked(std::vector<NodeEvent>& events) {
   // held stream stays alive until its Release.
   log_->Poke();
   const StateLog::Mark mark = log_->Now();
-  for (JoinStream* stream : held) log_->WhenDurable(mark, [stream] { stream->Release(); });
+  for (JoinStream* stream : held)
+    log_->WhenDurable(mark, [stream] { stream->Release(); });
 }
 
 void RendezvousService::StreamBroken(const NodeKey& node, JoinStream* stream) {
