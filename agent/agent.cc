@@ -219,6 +219,9 @@ class CallQueue {
 // report) finish. Its exit ends its Join stream, which the daemon takes as a
 // departure anyway, so a daemon that does not answer must not hold it longer.
 constexpr std::chrono::seconds kExitDrain{2};
+// Heartbeat senders (Heartbeat()); each heartbeat's deadline is this many
+// intervals.
+constexpr int kHeartbeatsInFlight = 3;
 // How often an agent that cannot reach the daemon, or waits for other nodes,
 // says so.
 constexpr std::chrono::seconds kWaitReportEvery{20};
@@ -272,13 +275,10 @@ class Agent {
                                        ReplicaChannelArgs(heartbeat_interval_))
                    : rdzv::MakeChannel(options_.rdzv_endpoint, options_.security);
     client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
-    // A heartbeat slower than its interval is no use, and a cut-off node's
-    // agent must not wait out the general call timeout before exiting. (The
-    // loop sends the next one only after this one ends: a longer deadline
-    // spaces heartbeats out past the daemon's lease. PartitionTest's
-    // survivors were expelled with two intervals.)
+    // Heartbeats go out on a fixed clock, several in flight (Heartbeat()):
+    // each may be answered within kHeartbeatsInFlight intervals.
     heartbeat_client_ = std::make_unique<rdzv::RendezvousClient>(channel_);
-    heartbeat_client_->set_call_timeout(heartbeat_interval_);
+    heartbeat_client_->set_call_timeout(heartbeat_interval_ * kHeartbeatsInFlight);
     // Reports for show (worker exits, health) go on the call queue, which
     // the agent's exit drains with a deadline of its own, so they may wait as
     // long as other calls: with 2 s, a node's exits report was dropped under
@@ -444,7 +444,10 @@ class Agent {
     lease_until_ = last_contact_ + grace_;
     ArmLeaseTimer();
     reader_ = std::thread([this] { ReadRendezvous(); });
-    heartbeat_ = std::thread([this] { Heartbeat(); });
+    const auto first = std::chrono::steady_clock::now();
+    for (int i = 0; i < kHeartbeatsInFlight; ++i)
+      heartbeat_senders_.emplace_back(
+          [this, first, i] { Heartbeat(first + heartbeat_interval_ * (i + 1)); });
   }
 
   // Codes after which re-opening the stream cannot help: the daemon refused
@@ -545,12 +548,22 @@ class Agent {
     }
   }
 
-  void Heartbeat() {
+  // One of kHeartbeatsInFlight senders, staggered one interval apart from
+  // `first`: together a heartbeat every interval, each allowed
+  // kHeartbeatsInFlight intervals for its answer, and a slow answer holds
+  // back only its own sender's next one. So a daemon that answers slowly
+  // (under load) still sees this node every interval and refreshes its
+  // lease here. (One sender waiting on each answer: with a one-interval
+  // deadline a daemon slower than that for the grace lost its node,
+  // soak_test; with a longer one the heartbeats fell behind the daemon's
+  // lease, PartitionTest.)
+  void Heartbeat(std::chrono::steady_clock::time_point next) {
     std::unique_lock<std::mutex> lock(stop_mu_);
     while (!stop_threads_ && !leaving_) {
-      if (stop_cv_.wait_for(lock, heartbeat_interval_,
-                            [this] { return stop_threads_ || leaving_; }))
+      if (stop_cv_.wait_until(lock, next, [this] { return stop_threads_ || leaving_; }))
         break;
+      next = std::max(next + heartbeat_interval_ * kHeartbeatsInFlight,
+                      std::chrono::steady_clock::now());
       std::vector<v1::RankStepTime> steps;
       for (const auto& [rank, step] : step_times_) steps.push_back(step);
       lock.unlock();
@@ -671,7 +684,8 @@ class Agent {
     report_retry_timer_.cancel();
     // A heartbeat waiting on a daemon that does not answer ends now.
     heartbeat_client_->CancelCalls();
-    if (heartbeat_.joinable()) heartbeat_.join();
+    for (std::thread& sender : heartbeat_senders_) sender.join();
+    heartbeat_senders_.clear();
     {
       std::lock_guard<std::mutex> lock(stop_mu_);
       if (session_) session_->Cancel();
@@ -1586,7 +1600,7 @@ class Agent {
   std::unique_ptr<rdzv::RendezvousClient> heartbeat_client_;
   std::unique_ptr<rdzv::RendezvousClient> report_client_;
   std::thread reader_;
-  std::thread heartbeat_;
+  std::vector<std::thread> heartbeat_senders_;  // Heartbeat()
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stop_threads_ = false;  // guarded by stop_mu_
