@@ -656,7 +656,8 @@ class Agent {
       const auto now = std::chrono::steady_clock::now();
       if (now - due > std::max<std::chrono::steady_clock::duration>(
                           heartbeat_interval_, std::chrono::seconds(1))) {
-        lease_until_ = std::max(lease_until_, now + heartbeat_interval_ * 2);
+        lease_until_ =
+            std::max(lease_until_, now + heartbeat_interval_ * (kHeartbeatsInFlight + 1));
       }
       if (now < lease_until_) {
         ArmLeaseTimer();
