@@ -332,7 +332,7 @@ class Agent {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ping_ms);
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 3000);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, rdzv::kReplicaConnectTimeoutMs);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     return args;

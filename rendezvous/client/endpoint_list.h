@@ -21,6 +21,12 @@
 
 namespace meshrun::rdzv {
 
+// With a list, a connection attempt gets this long (gRPC's
+// GRPC_ARG_MIN_RECONNECT_BACKOFF_MS) before the list's next address is
+// tried: gRPC's default, 20 s, on a replica whose host went silent would
+// outlast a failover.
+inline constexpr int kReplicaConnectTimeoutMs = 3000;
+
 // Whether `endpoint` is a list of more than one endpoint (has a comma).
 bool IsEndpointList(absl::string_view endpoint);
 

@@ -62,10 +62,10 @@ std::shared_ptr<grpc::Channel> MakeStoreChannel(const std::string& target,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  // A list of daemon replicas whose first is on a host gone silent: each
-  // pass over the list waits out that connect, 20 s by default, longer than
-  // a failover. (A worker's store_tool gave up at its 5 s connect timeout.)
-  if (IsEndpointList(target)) args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 3000);
+  // (A worker's store_tool gave up at its 5 s connect timeout on gRPC's
+  // default attempt, when the list's first host had gone silent.)
+  if (IsEndpointList(target))
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kReplicaConnectTimeoutMs);
   return MakeChannel(target, security, args);
 }
 

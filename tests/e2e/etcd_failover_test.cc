@@ -25,6 +25,7 @@
 
 #include "tests/e2e/netns_lab.h"
 #include "tests/support/child_process.h"
+#include "tests/support/text.h"
 
 namespace meshrun {
 namespace {
@@ -33,6 +34,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using testing::BinDir;
 using testing::ChildProcess;
+using testing::Count;
 using testing::ExitCode;
 using testing::NetnsLab;
 namespace fs = std::filesystem;
@@ -337,15 +339,6 @@ TEST_F(EtcdFailoverTest, LeadersHostLostThenAnEtcdMemberAndNothingAcknowledgedIs
       Saw(back, "standing by: the leader is " + DaemonEndpoint(third), seconds(30)))
       << back.output();
   EXPECT_FALSE(Saw(back, "MESHRUN_RDZVD_ENDPOINT=", seconds(3))) << back.output();
-}
-
-// How many times `needle` is in `text`.
-size_t Count(const std::string& text, const std::string& needle) {
-  size_t count = 0;
-  for (size_t at = text.find(needle); at != std::string::npos;
-       at = text.find(needle, at + 1))
-    ++count;
-  return count;
 }
 
 // How many times `process` has printed `needle`, reading its output until
